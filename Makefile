@@ -1,0 +1,47 @@
+# Two commands on a fresh machine with Python 3.11, make and gcc:
+#   make demo   creates .venv, installs everything, runs the main job, prints the table
+#   make test   runs the whole test suite
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# Machines without a GPU get the CPU build of torch first, so pip never pulls a CUDA wheel.
+TORCH_CPU ?= torch==2.13.0
+STAMP := $(VENV)/.xbench-installed
+DEMO := results/demo
+
+.PHONY: install demo test test-all lint bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	@if $(BIN)/python -c "import torch" 2>/dev/null; then \
+		echo "torch already installed: $$($(BIN)/python -c 'import torch; print(torch.__version__)')"; \
+	elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+		echo "GPU found: torch comes from the project's own range (bring your CUDA build)"; \
+	else \
+		echo "no GPU: installing $(TORCH_CPU) (CPU build)"; \
+		$(BIN)/python -m pip install --quiet $(TORCH_CPU); \
+	fi
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	rm -rf $(DEMO)
+	$(BIN)/xbench env
+	$(BIN)/xbench probe --np 2 --sizes 8B:1MiB --pattern latency,bandwidth,rtt --samples 5 --out $(DEMO)/probe
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+# Slow tests too (longer sweeps, more ranks).
+test-all: $(STAMP)
+	XBENCH_SLOW=1 $(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check xbench tests benchmarks
+	$(BIN)/ruff format --check xbench tests benchmarks
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache results/demo

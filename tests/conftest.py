@@ -1,0 +1,34 @@
+"""Shared fixtures: run the real CLI in a subprocess, as a user would."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def run_xbench(*args, env=None, timeout=180, launcher=None):
+    """Run ``xbench ARGS`` (optionally under ``launcher``, e.g. ['mpiexec','-n','2'])."""
+    cmd = [*(launcher or []), str(BIN / "xbench"), *map(str, args)]
+    full_env = {**os.environ, "COLUMNS": "160"}
+    full_env.pop("XBENCH_FAULT", None)
+    full_env.update(env or {})
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=ROOT, stdin=subprocess.DEVNULL)
+
+
+@pytest.fixture
+def xbench():
+    return run_xbench
+
+
+def pytest_collection_modifyitems(config, items):
+    slow = os.environ.get("XBENCH_SLOW") == "1"
+    for item in items:
+        if "slow" in item.keywords and not slow:
+            item.add_marker(pytest.mark.skip(reason="slow test: run with XBENCH_SLOW=1 (make test-all)"))

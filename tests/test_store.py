@@ -1,0 +1,74 @@
+import json
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from xbench.errors import XbenchError
+from xbench.results import schema
+from xbench.results.store import RunStore, read_run_meta, read_table, write_table
+
+
+def _rows(n=3, **over):
+    base = dict(run_id="r1", pattern="latency", transport="mpi", device="host", fabric="shm", fabric_inferred=True, loop="c",
+                rank_a=0, rank_b=1, host_a="h", host_b="h", pair_class="intra-node", size_bytes=8, rows=None, return_bytes=None,
+                window=None, blocks=None, block_bytes=None, iterations=100, warmup=False, metric="latency_oneway", unit="us")
+    return [{**base, "sample": i, "value": 1.0 + i, **over} for i in range(n)]
+
+
+def test_round_trip_keeps_rows_types_and_metadata(tmp_path):
+    store = RunStore(tmp_path / "run", {"run_id": "r1", "hosts": ["h"]})
+    store.append(schema.PROBE_SAMPLES, _rows())
+    store.append(schema.PROBE_SAMPLES, _rows(2, size_bytes=1024, window=64, pattern="bandwidth", metric="bandwidth_window", unit="MB/s"))
+    frame = read_table(tmp_path / "run", schema.PROBE_SAMPLES)
+    assert len(frame) == 5
+    assert list(frame.columns) == schema.PROBE_SAMPLES_SCHEMA.names
+    assert frame["size_bytes"].tolist() == [8, 8, 8, 1024, 1024]
+    assert frame["window"].isna().sum() == 3
+    part = next((tmp_path / "run" / schema.PROBE_SAMPLES).glob("part-*.parquet"))
+    meta = pq.read_schema(part).metadata
+    assert meta[b"xbench.table"] == b"probe_samples"
+    assert int(meta[b"xbench.schema_version"]) == schema.SCHEMA_VERSIONS["probe_samples"]
+    assert json.loads(meta[b"xbench.run"])["run_id"] == "r1"
+    assert read_run_meta(tmp_path / "run")["hosts"] == ["h"]
+
+
+def test_one_directory_holds_one_run(tmp_path):
+    RunStore(tmp_path / "run", {"run_id": "r1"})
+    with pytest.raises(XbenchError, match="already holds run r1"):
+        RunStore(tmp_path / "run", {"run_id": "r2"})
+
+
+def test_unwritable_directory_is_a_one_line_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(XbenchError, match="cannot write results"):
+        RunStore(blocker / "sub", {"run_id": "r"})
+
+
+def test_newer_schema_and_wrong_table_are_refused(tmp_path):
+    path = write_table(tmp_path / "a.parquet", schema.PROBE_SAMPLES, _rows(), {"run_id": "r1"})
+    with pytest.raises(XbenchError, match="not 'kernel_samples'"):
+        read_table(path, schema.KERNEL_SAMPLES)
+    table = pq.read_table(path)
+    meta = dict(table.schema.metadata)
+    meta[b"xbench.schema_version"] = b"99"
+    pq.write_table(table.replace_schema_metadata(meta), tmp_path / "b.parquet")
+    with pytest.raises(XbenchError, match="newer than this xbench"):
+        read_table(tmp_path / "b.parquet", schema.PROBE_SAMPLES)
+
+
+def test_old_versions_migrate_forward(tmp_path, monkeypatch):
+    path = write_table(tmp_path / "a.parquet", schema.PROBE_SAMPLES, _rows(), {"run_id": "r1"})
+    table = pq.read_table(path)
+    pq.write_table(table.replace_schema_metadata({**table.schema.metadata, b"xbench.schema_version": b"0"}), tmp_path / "v0.parquet")
+    calls = []
+    monkeypatch.setitem(schema.MIGRATIONS[schema.PROBE_SAMPLES], 0, lambda t: calls.append(0) or t)
+    frame = read_table(tmp_path / "v0.parquet", schema.PROBE_SAMPLES)
+    assert calls == [0] and len(frame) == 3
+
+
+def test_missing_results_path(tmp_path):
+    with pytest.raises(XbenchError, match="does not exist"):
+        read_table(tmp_path / "nope", schema.PROBE_SAMPLES)
+    assert isinstance(read_table(tmp_path, schema.PROBE_SAMPLES), pd.DataFrame)

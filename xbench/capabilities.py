@@ -1,0 +1,124 @@
+"""What this machine can run: one check per capability, each with the reason when it can't.
+
+Checks never raise; each returns a :class:`Capability`. ``xbench env`` prints them and
+later commands use the same checks to explain why a path is unavailable.
+"""
+
+from __future__ import annotations
+
+import platform
+import shutil
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Capability:
+    name: str
+    ok: bool
+    detail: str
+
+
+def check_mpi() -> Capability:
+    try:
+        import mpi4py
+
+        mpi4py.rc.initialize = False  # reading the version must not start MPI
+        mpi4py.rc.finalize = False
+        from mpi4py import MPI
+
+        lib = MPI.Get_library_version().strip().splitlines()[0]
+        return Capability("MPI", True, f"{lib} (mpi4py {mpi4py.__version__})")
+    except Exception as exc:  # noqa: BLE001 - any failure here means "no usable MPI"
+        return Capability("MPI", False, f"mpi4py cannot load an MPI library: {exc}")
+
+
+def check_mpiexec() -> Capability:
+    from xbench.fabric.launch import find_mpiexec
+
+    path = find_mpiexec()
+    return Capability("mpiexec", path is not None, path or "not found: pip install mpich, or set XBENCH_MPIEXEC")
+
+
+def check_compiled_loop() -> Capability:
+    from xbench.fabric.cloop import LoopUnavailable, build_loops, find_mpicc
+
+    try:
+        path = build_loops()
+        return Capability("compiled probe loop", True, f"built with {find_mpicc()} -> {path.name}")
+    except (LoopUnavailable, OSError) as exc:
+        return Capability("compiled probe loop", False, f"{exc}; probes fall back to the Python loop")
+
+
+def check_torch() -> Capability:
+    try:
+        import torch
+    except Exception as exc:  # noqa: BLE001
+        return Capability("torch", False, f"not importable: {exc}")
+    if torch.cuda.is_available():
+        return Capability("torch", True, f"{torch.__version__}, device cuda ({torch.cuda.get_device_name(0)})")
+    reason = "CPU build" if torch.version.cuda is None else f"CUDA {torch.version.cuda} build, but no usable GPU/driver"
+    return Capability("torch", True, f"{torch.__version__}, device cpu ({reason}; {torch.get_num_threads()} threads)")
+
+
+def check_nvml() -> Capability:
+    from xbench.results.metadata import gpu_inventory
+
+    gpus = gpu_inventory()
+    if gpus:
+        names = ", ".join(f"{g['index']}: {g['name']}" for g in gpus)
+        return Capability("GPUs (NVML)", True, f"{len(gpus)} GPU(s), driver {gpus[0]['driver']}: {names}")
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception as exc:  # noqa: BLE001
+        return Capability("GPUs (NVML)", False, f"no NVIDIA driver: {type(exc).__name__}")
+    return Capability("GPUs (NVML)", False, "driver present but no GPUs")
+
+
+def check_nvrtc() -> Capability:
+    try:
+        from cuda.bindings import nvrtc
+
+        err, major, minor = nvrtc.nvrtcVersion()
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            return Capability("NVRTC", False, f"nvrtcVersion failed: {err}")
+        return Capability("NVRTC", True, f"NVRTC {major}.{minor}: compiles CUDA C++ for sm_90 without a GPU")
+    except Exception as exc:  # noqa: BLE001 - missing wheel or library
+        return Capability("NVRTC", False, f"unavailable: {exc}")
+
+
+def check_cuda_driver() -> Capability:
+    try:
+        from cuda.bindings import driver
+
+        (err,) = driver.cuInit(0)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            return Capability("CUDA driver", False, f"cuInit failed ({err.name}): no GPU here; GPU kernels and device transports cannot run")
+        err, count = driver.cuDeviceGetCount()
+        return Capability("CUDA driver", True, f"{count} device(s)")
+    except Exception as exc:  # noqa: BLE001 - libcuda absent raises on load
+        return Capability("CUDA driver", False, f"libcuda not loadable ({type(exc).__name__}): no GPU here; GPU kernels and device transports cannot run")
+
+
+def check_tcp() -> Capability:
+    import socket
+
+    names = [n for _, n in socket.if_nameindex()]
+    return Capability("transport tcp", True, f"sockets; interfaces: {', '.join(names)}")
+
+
+def all_capabilities() -> list[Capability]:
+    caps = [
+        Capability("python", True, f"{platform.python_version()} on {platform.machine()}"),
+        check_mpi(),
+        check_mpiexec(),
+        check_compiled_loop(),
+        check_tcp(),
+        check_torch(),
+        check_nvml(),
+        check_cuda_driver(),
+        check_nvrtc(),
+        Capability("nvcc", shutil.which("nvcc") is not None, shutil.which("nvcc") or "not on PATH (not needed: NVRTC compiles the kernels)"),
+    ]
+    return caps

@@ -1,0 +1,57 @@
+"""Rich progress for probe sweeps: fed by rank 0's events, in-process or from a parent."""
+
+from __future__ import annotations
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from xbench.cli.common import err_console
+from xbench.probe.events import NullSink
+
+
+def make_progress() -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err_console, transient=False)
+
+
+class RichSink(NullSink):
+    """Rank 0 under a site launcher: draws the bar itself."""
+
+    def __init__(self):
+        self.progress = make_progress()
+        self.task = None
+
+    def start(self, total, out_dir, loop):
+        self.progress.start()
+        self.task = self.progress.add_task("probe", total=total)
+
+    def case_started(self, index, label):
+        self.progress.update(self.task, description=f"probe {label}")
+
+    def case_done(self, index, label, median, unit):
+        self.progress.advance(self.task)
+
+    def error(self, message):
+        self.progress.stop()
+        err_console.print(f"[bold red]xbench: error:[/bold red] {message}", highlight=False, soft_wrap=True)
+
+    def finish(self):
+        self.progress.update(self.task, description="probe done")
+        self.progress.stop()
+
+
+class EventProgress:
+    """The parent's view: turns JSON events from rank 0 into bar updates."""
+
+    def __init__(self, progress: Progress):
+        self.progress = progress
+        self.task = None
+
+    def __call__(self, event: dict) -> None:
+        kind = event["event"]
+        if kind == "start":
+            self.task = self.progress.add_task(f"probe ({event['loop']} loop)", total=event["total"])
+        elif kind == "case_started" and self.task is not None:
+            self.progress.update(self.task, description=f"probe {event['label']}")
+        elif kind == "case_done" and self.task is not None:
+            self.progress.advance(self.task)
+        elif kind == "finish" and self.task is not None:
+            self.progress.update(self.task, description="probe done")

@@ -1,0 +1,52 @@
+"""Rich tables of result frames."""
+
+from __future__ import annotations
+
+import math
+
+from rich.table import Table
+
+from xbench.cli.common import console
+
+
+def num(x) -> str:
+    """Three significant figures, thousands separated; '-' for missing."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    if abs(x) >= 1000:
+        return f"{x:,.0f}"
+    if abs(x) >= 100:
+        return f"{x:.0f}"
+    if abs(x) >= 10:
+        return f"{x:.1f}"
+    return f"{x:.2f}" if abs(x) >= 1 else f"{x:.3f}"
+
+
+def _constant(frame, column):
+    values = frame[column].dropna().unique()
+    return values[0] if len(values) == 1 else None
+
+
+def probe_table(summary, title: str = "xbench probe", caption: str | None = None) -> None:
+    """One row per case; columns that hold one value for the whole run go to the title."""
+    shared = []
+    for column in ("transport", "fabric", "loop", "pair", "pair_class"):
+        value = _constant(summary, column)
+        if value is not None:
+            shared.append(f"{column}={value}" if column in ("loop", "pair") else str(value))
+    table = Table(title=f"{title}: {' '.join(shared)}" if shared else title, caption=caption)
+    many_pairs = _constant(summary, "pair") is None
+    columns = ["pattern"] + (["pair"] if many_pairs else []) + ["size", "detail", "median", "95% CI", "p99", "unit"]
+    for name in columns:
+        table.add_column(name, justify="left" if name in ("pattern", "pair", "detail", "unit") else "right")
+    for r in summary.itertuples():
+        detail = ""
+        if r.pattern in ("bandwidth", "bibw"):
+            detail = f"window {int(r.window)}"
+        elif r.pattern == "rtt":
+            detail = f"{int(r.rows)} rows"
+        elif r.pattern == "gather":
+            detail = f"{int(r.blocks)} blk {r.metric.removeprefix('fetch_')}"
+        cells = [r.pattern] + ([r.pair] if many_pairs else []) + [r.size, detail, num(r.median), f"{num(r.ci_low)}-{num(r.ci_high)}", num(r.p99), r.unit]
+        table.add_row(*cells)
+    console.print(table)

@@ -1,0 +1,127 @@
+"""Starting ranks: detect a site launcher, or re-launch under the local ``mpiexec``.
+
+Started by srun, mpirun or mpiexec (an MPMD line included) the process is already a rank
+and runs the probe in place. Started from a shell, ``xbench probe --np N`` launches N
+ranks of ``python -m xbench.probe.worker`` under ``mpiexec``, reads rank 0's event lines
+for the progress bar, and stops the whole job (its own process group) when no event
+arrives for too long, so a hung rank can never hang the command.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from xbench.probe.events import EVENT_PREFIX
+
+# Variables that a process manager sets in each rank it starts.
+RANK_ENV = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK", "PMI_FD", "MPI_LOCALRANKID")
+
+
+def inside_launcher(environ=None) -> bool:
+    """True when a process manager (mpiexec, mpirun, srun with PMI/PMIx) started us."""
+    env = os.environ if environ is None else environ
+    return any(name in env for name in RANK_ENV)
+
+
+def launcher_name(environ=None) -> str:
+    env = os.environ if environ is None else environ
+    if "SLURM_STEP_ID" in env and "SLURM_PROCID" in env:
+        return "srun"
+    if "OMPI_COMM_WORLD_RANK" in env:
+        return "mpirun (Open MPI)"
+    return "mpiexec"
+
+
+def find_mpiexec() -> str | None:
+    """``$XBENCH_MPIEXEC``, else the mpiexec beside this Python (the mpich wheel), else PATH."""
+    explicit = os.environ.get("XBENCH_MPIEXEC")
+    if explicit:
+        return shutil.which(explicit)
+    beside = Path(sys.executable).parent / "mpiexec"
+    if beside.exists():
+        return str(beside)
+    return shutil.which("mpiexec")
+
+
+@dataclass
+class LaunchResult:
+    returncode: int
+    stalled: bool = False
+    error: str | None = None  # the message rank 0 reported, if any
+    last_started: str | None = None
+    finished_cases: int = 0
+    events: list = field(default_factory=list)
+
+
+def launch_worker(np: int, module: str, args: list[str], log_path: Path, on_event, stall_timeout_s: float) -> LaunchResult:
+    """Run ``python -m module args`` on ``np`` local ranks; feed rank 0's events to ``on_event``."""
+    mpiexec = find_mpiexec()
+    if mpiexec is None:
+        from xbench.errors import XbenchError
+
+        raise XbenchError("no mpiexec found", "pip install mpich, set XBENCH_MPIEXEC, or start xbench under srun/mpirun")
+    cmd = [mpiexec, "-n", str(np), sys.executable, "-u", "-m", module, *args]
+    result = LaunchResult(returncode=0)
+    with open(log_path, "a") as log:
+        log.write(f"$ {' '.join(cmd)}\n")
+        log.flush()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True, text=True, bufsize=1)
+        sel = selectors.DefaultSelector()
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        last_event = time.monotonic()
+        try:
+            while True:
+                if not sel.select(timeout=0.5):
+                    if proc.poll() is not None:
+                        break
+                    if time.monotonic() - last_event > stall_timeout_s:
+                        result.stalled = True
+                        _stop_group(proc)
+                        break
+                    continue
+                line = proc.stdout.readline()
+                if not line:
+                    break
+                if line.startswith(EVENT_PREFIX):
+                    event = json.loads(line[len(EVENT_PREFIX):])
+                    last_event = time.monotonic()
+                    result.events.append(event)
+                    if event["event"] == "case_started":
+                        result.last_started = event["label"]
+                    elif event["event"] == "case_done":
+                        result.finished_cases += 1
+                    elif event["event"] == "error":
+                        result.error = event["message"]
+                    on_event(event)
+                else:
+                    log.write(line)
+        except KeyboardInterrupt:
+            _stop_group(proc)
+            raise
+        finally:
+            sel.close()
+        result.returncode = proc.wait()
+    return result
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """Terminate the launcher and every rank it started."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=5)
+            return
+        except subprocess.TimeoutExpired:
+            continue

@@ -1,0 +1,115 @@
+"""The transport interface: timed inner loops of the probe patterns over one rank pair.
+
+A transport owns its buffers (host memory here; device memory for the GPU transports) and
+implements four loops. Each loop runs ``iters`` repetitions and returns the elapsed seconds
+measured on the calling rank; the probe patterns turn those into metrics. Keeping whole
+loops inside the transport (rather than single sends) is what lets the inner loop run in
+compiled code or on the device, so the figure measures the fabric, not Python.
+"""
+
+from __future__ import annotations
+
+import mmap
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import numpy as np
+
+FETCH_MODES = ("messages", "packed", "contiguous")
+
+
+@dataclass
+class Pair:
+    """The two ranks of one measurement: ``me`` is 0 (initiator) or 1 (responder)."""
+
+    comm: object  # mpi4py communicator of exactly these two ranks
+    me: int
+    world_ranks: tuple[int, int]
+    hosts: tuple[str, str]
+
+    @property
+    def peer(self) -> int:
+        return 1 - self.me
+
+    @property
+    def initiator(self) -> bool:
+        return self.me == 0
+
+    @property
+    def same_host(self) -> bool:
+        return self.hosts[0] == self.hosts[1]
+
+
+@dataclass
+class BufferPlan:
+    """The largest buffers any case of the sweep needs, allocated once and touched."""
+
+    message_bytes: int  # latency / bandwidth / rtt messages
+    window: int
+    blocks: int  # gather: most blocks
+    block_bytes: int
+
+
+class Transport(ABC):
+    """One way of moving bytes between the two ranks of a pair."""
+
+    name: str = "?"
+    device: str = "host"
+    loop: str = "python"  # which timed loop runs: "c" or "python"
+
+    def __init__(self, pair: Pair, plan: BufferPlan, *, seed: int = 0):
+        self.pair = pair
+        self.plan = plan
+        rng = np.random.default_rng(seed + pair.me)
+        # Distinct, written contents: untouched pages would flatter the first samples.
+        self.sbuf = self._host_buffer(plan.message_bytes, fill=0x5A + pair.me)
+        self.rbuf = self._host_buffer(plan.message_bytes, fill=0xA5 - pair.me)
+        k, s = plan.blocks, plan.block_bytes
+        self.cache = self._host_buffer(2 * k * s, fill=0x33 + pair.me)  # paged cache, half free
+        self.staging = self._host_buffer(k * s, fill=0x44 + pair.me)
+        # Blocks sit at scattered pages of the cache, as a selection would find them.
+        self.offsets = (rng.permutation(2 * k)[:k] * s).astype(np.int64)
+
+    @staticmethod
+    def _host_buffer(nbytes: int, fill: int) -> np.ndarray:
+        """Page-aligned anonymous memory, written once.
+
+        Allocated with mmap rather than numpy: numpy advises transparent huge pages on
+        large arrays, which C benchmarks (posix_memalign + memset) do not get, and which
+        made large shared-memory transfers look twice as fast as osu_bw here.
+        """
+        region = mmap.mmap(-1, max(int(nbytes), 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        buf = np.frombuffer(region, dtype=np.uint8)
+        buf.fill(fill & 0xFF)
+        return buf
+
+    def connect(self) -> None:
+        """Establish whatever the transport needs between the pair (collective on the pair)."""
+
+    def close(self) -> None:
+        """Release connections."""
+
+    @abstractmethod
+    def exchange(self, send_n: int, recv_n: int, iters: int) -> float:
+        """Initiator sends ``send_n`` bytes, responder answers ``recv_n``; repeat."""
+
+    @abstractmethod
+    def window(self, n: int, window: int, iters: int) -> float:
+        """Initiator streams ``window`` messages of ``n`` bytes, responder acknowledges."""
+
+    @abstractmethod
+    def biwindow(self, n: int, window: int, iters: int) -> float:
+        """Both ranks stream ``window`` messages of ``n`` bytes at once."""
+
+    @abstractmethod
+    def fetch(self, mode: str, k: int, block: int, iters: int) -> float:
+        """Requester (initiator) pulls ``k`` blocks of ``block`` bytes from the holder."""
+
+    def empty_loop(self, iters: int) -> float:
+        """The timed loop with nothing in it: the tool's own per-iteration overhead."""
+        import time
+
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            pass
+        return time.perf_counter() - t0

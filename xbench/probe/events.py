@@ -1,0 +1,45 @@
+"""Where the ranks report progress: JSON lines to a parent xbench, or a rich bar directly.
+
+When ``xbench probe`` launched the ranks itself, rank 0 prints one ``XBENCH-EVENT {json}``
+line per event on stdout and the parent draws the progress bar. When a site launcher
+(srun, mpirun) started the ranks, rank 0 draws the bar itself (``xbench.cli.progress``).
+Other ranks stay quiet.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+EVENT_PREFIX = "XBENCH-EVENT "
+
+
+class NullSink:
+    def start(self, total: int, out_dir: str, loop: str) -> None: ...
+    def case_started(self, index: int, label: str) -> None: ...
+    def case_done(self, index: int, label: str, median: float, unit: str) -> None: ...
+    def error(self, message: str) -> None: ...
+    def finish(self) -> None: ...
+
+
+class JsonLinesSink(NullSink):
+    """Rank 0 under a parent xbench: machine-readable lines on stdout."""
+
+    def _emit(self, **event) -> None:
+        sys.stdout.write(EVENT_PREFIX + json.dumps(event) + "\n")
+        sys.stdout.flush()
+
+    def start(self, total, out_dir, loop):
+        self._emit(event="start", total=total, out_dir=out_dir, loop=loop)
+
+    def case_started(self, index, label):
+        self._emit(event="case_started", index=index, label=label)
+
+    def case_done(self, index, label, median, unit):
+        self._emit(event="case_done", index=index, label=label, median=median, unit=unit)
+
+    def error(self, message):
+        self._emit(event="error", message=message)
+
+    def finish(self):
+        self._emit(event="finish")

@@ -1,0 +1,118 @@
+"""Measurement patterns: which loop a case runs and how its elapsed time becomes a metric.
+
+- ``latency``: ping-pong; one-way latency = half the round trip (osu_latency).
+- ``bandwidth``: ``window`` messages in flight, then an ack (osu_bw); MB = 10^6 B.
+- ``bibw``: both directions at once (osu_bibw); counts the bytes of both directions.
+- ``rtt``: batched round trip, the wire part of routing a query: b rows of P bytes out,
+  b rows of R bytes back, one message each way.
+- ``gather``: the wire part of fetching a selection: k blocks of s bytes as k messages,
+  packed into one message (pack + unpack included), and as one contiguous message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from xbench.core.units import format_size
+from xbench.fabric.transport import FETCH_MODES
+
+PATTERNS = ("latency", "bandwidth", "bibw", "rtt", "gather")
+DEFAULT_PATTERNS = ("latency", "bandwidth")
+
+
+@dataclass(frozen=True)
+class Case:
+    pattern: str
+    size_bytes: int
+    metric: str
+    unit: str
+    rows: int | None = None
+    return_bytes: int | None = None
+    window: int | None = None
+    blocks: int | None = None
+    block_bytes: int | None = None
+    mode: str | None = None
+
+    @property
+    def label(self) -> str:
+        if self.pattern == "rtt":
+            return f"rtt {self.rows}x{format_size(self.size_bytes // self.rows)}"
+        if self.pattern == "gather":
+            return f"gather {self.mode} {self.blocks}x{format_size(self.block_bytes)}"
+        return f"{self.pattern} {format_size(self.size_bytes)}"
+
+    def run(self, transport, iters: int) -> float:
+        """Run the case's loop ``iters`` times; elapsed seconds on this rank."""
+        if self.pattern == "latency":
+            return transport.exchange(self.size_bytes, self.size_bytes, iters)
+        if self.pattern == "rtt":
+            return transport.exchange(self.size_bytes, self.return_bytes, iters)
+        if self.pattern == "bandwidth":
+            return transport.window(self.size_bytes, self.window, iters)
+        if self.pattern == "bibw":
+            return transport.biwindow(self.size_bytes, self.window, iters)
+        if self.pattern == "gather":
+            return transport.fetch(self.mode, self.blocks, self.block_bytes, iters)
+        raise ValueError(self.pattern)
+
+    def value(self, elapsed: float, iters: int) -> float:
+        """Per-iteration figure in ``unit`` from the elapsed seconds of ``iters``."""
+        if self.pattern == "latency":
+            return elapsed / (2 * iters) * 1e6
+        if self.pattern in ("rtt", "gather"):
+            return elapsed / iters * 1e6
+        if self.pattern == "bandwidth":
+            return self.size_bytes * self.window * iters / elapsed / 1e6
+        if self.pattern == "bibw":
+            return 2 * self.size_bytes * self.window * iters / elapsed / 1e6
+        raise ValueError(self.pattern)
+
+    def first_iters(self) -> int:
+        """Iterations of the calibration sample: about a millisecond at 1 GB/s."""
+        moved = self.size_bytes * (self.window or 1) * (2 if self.pattern in ("latency", "bibw") else 1)
+        return max(1, min(1000, 10**6 // max(moved, 1)))
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    patterns: tuple[str, ...] = DEFAULT_PATTERNS
+    sizes: tuple[int, ...] = ()
+    window: int = 64
+    rows: tuple[int, ...] = (1, 8, 64)
+    payload: int = 1152
+    return_bytes: int = 1028
+    blocks: tuple[int, ...] = (1, 4, 16, 64)
+    block_bytes: int = 73728  # one 64-token page of bf16 MLA cache
+    fetch_modes: tuple[str, ...] = field(default=FETCH_MODES)
+
+
+def plan_cases(spec: SweepSpec) -> list[Case]:
+    """Every case of a sweep, in the order they run (pattern by pattern, small to large)."""
+    cases: list[Case] = []
+    for pattern in spec.patterns:
+        if pattern == "latency":
+            cases += [Case("latency", n, "latency_oneway", "us") for n in spec.sizes]
+        elif pattern == "bandwidth":
+            cases += [Case("bandwidth", n, "bandwidth_window", "MB/s", window=spec.window) for n in spec.sizes]
+        elif pattern == "bibw":
+            cases += [Case("bibw", n, "bandwidth_bidir", "MB/s", window=spec.window) for n in spec.sizes]
+        elif pattern == "rtt":
+            cases += [Case("rtt", b * spec.payload, "rtt", "us", rows=b, return_bytes=b * spec.return_bytes) for b in spec.rows]
+        elif pattern == "gather":
+            cases += [
+                Case("gather", k * spec.block_bytes, f"fetch_{mode}", "us", blocks=k, block_bytes=spec.block_bytes, mode=mode)
+                for k in spec.blocks
+                for mode in spec.fetch_modes
+            ]
+        else:
+            raise ValueError(f"unknown pattern {pattern}")
+    return cases
+
+
+def buffer_needs(cases: list[Case]) -> tuple[int, int, int, int]:
+    """(largest message, largest window, most blocks, block bytes) over the cases."""
+    message = max([c.size_bytes for c in cases if c.pattern != "gather"] + [c.return_bytes or 0 for c in cases] + [1])
+    window = max([c.window or 1 for c in cases] + [1])
+    blocks = max([c.blocks or 1 for c in cases] + [1])
+    block = max([c.block_bytes or 1 for c in cases] + [1])
+    return message, window, blocks, block

@@ -1,0 +1,265 @@
+"""The probe as it runs inside the MPI ranks.
+
+Every rank calls :func:`run_probe` with the same configuration. For each rank pair and
+each case, the pair warms up, calibrates the iterations per sample so a sample lasts at
+least ``min_sample_s``, then takes ``samples`` samples separated by barriers. Rank 0
+writes each finished case to the store before the next case starts.
+
+A watchdog thread on every rank ends the rank (exit 124) when one case runs longer than
+``timeout`` seconds, so a hung peer turns into an error instead of a hang; the launcher
+then takes the other ranks down.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+from xbench.errors import XbenchError
+from xbench.fabric.registry import infer_fabric, make_transport
+from xbench.fabric.transport import BufferPlan, Pair
+from xbench.probe.patterns import Case, SweepSpec, buffer_needs, plan_cases
+from xbench.results.schema import PROBE_SAMPLES
+
+EXIT_TIMEOUT = 124
+
+
+@dataclass
+class ProbeConfig:
+    """Everything the ranks need; written as JSON by the parent, read by the worker."""
+
+    out_dir: str
+    run_id: str
+    sweep: SweepSpec = field(default_factory=SweepSpec)
+    transport: str = "mpi"
+    fabric: str | None = None
+    pairs: str = "0-1"
+    samples: int = 10
+    warmups: int = 2
+    min_sample_s: float = 0.01
+    max_iters: int = 1_000_000
+    timeout_s: float = 120.0
+    loop: str = "auto"
+    tcp_interface: str | None = None
+    launcher: str = "mpiexec"
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> ProbeConfig:
+        data = json.loads(text)
+        sweep = data.pop("sweep")
+        spec = SweepSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in sweep.items()})
+        return cls(sweep=spec, **data)
+
+
+def parse_pairs(text: str, size: int) -> list[tuple[int, int]]:
+    """``0-1`` (default), ``all`` (every pair), or ``0-1,0-2,2-3``."""
+    if text == "all":
+        return [(a, b) for a in range(size) for b in range(a + 1, size)]
+    pairs = []
+    for item in text.split(","):
+        try:
+            a, b = (int(x) for x in item.split("-"))
+        except ValueError:
+            raise XbenchError(f"bad rank pair {item!r}", "write pairs as 0-1,0-2 or all") from None
+        if a == b or not (0 <= a < size and 0 <= b < size):
+            raise XbenchError(f"rank pair {item!r} does not fit {size} ranks", "use distinct ranks below the number of ranks")
+        pairs.append((a, b))
+    return pairs
+
+
+class Watchdog:
+    """Ends this process when one case outlasts the timeout."""
+
+    def __init__(self, timeout_s: float, on_fire):
+        self.timeout_s = timeout_s
+        self.on_fire = on_fire
+        self._deadline = None
+        self._label = ""
+        self._lock = threading.Lock()
+        threading.Thread(target=self._watch, daemon=True, name="xbench-watchdog").start()
+
+    def arm(self, label: str) -> None:
+        with self._lock:
+            self._label, self._deadline = label, time.monotonic() + self.timeout_s
+
+    def disarm(self) -> None:
+        with self._lock:
+            self._deadline = None
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(0.2)
+            with self._lock:
+                fired = self._deadline is not None and time.monotonic() > self._deadline
+                label = self._label
+            if fired:
+                self.on_fire(label)
+                os._exit(EXIT_TIMEOUT)
+
+
+def _inject_fault(world_rank: int, case_index: int) -> None:
+    """Test hook: ``XBENCH_FAULT=kill:RANK:CASE`` or ``hang:RANK:CASE`` breaks a rank on purpose."""
+    spec = os.environ.get("XBENCH_FAULT")
+    if not spec:
+        return
+    kind, rank, case = spec.split(":")
+    if int(rank) == world_rank and int(case) == case_index:
+        if kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif kind == "hang":
+            time.sleep(10**6)
+
+
+def _measure(case: Case, transport, pair: Pair, cfg: ProbeConfig) -> list[tuple[int, bool, float]]:
+    """(iterations, warm-up?, elapsed seconds) of every sample of one case, on this rank."""
+    comm = pair.comm
+    out = []
+    first = case.first_iters()
+    comm.Barrier()
+    elapsed = case.run(transport, first)
+    out.append((first, True, elapsed))
+    # The initiator's calibration decides the iterations for both ranks.
+    wanted = math.ceil(cfg.min_sample_s * first / max(elapsed, 1e-9)) if pair.initiator else 0
+    iters = comm.bcast(max(1, min(cfg.max_iters, wanted)), root=0)
+    for s in range(cfg.warmups + cfg.samples):
+        comm.Barrier()
+        out.append((iters, s < cfg.warmups, case.run(transport, iters)))
+    return out
+
+
+def _overhead_rows(transport, base: dict) -> list[dict]:
+    """The timed loop's own per-iteration cost, so a reader can subtract or judge it."""
+    rows = []
+    for s in range(5):
+        iters = 100_000
+        elapsed = transport.empty_loop(iters)
+        rows.append({**base, "pattern": "overhead", "size_bytes": 0, "iterations": iters, "sample": s, "warmup": False, "metric": "loop_overhead", "value": elapsed / iters * 1e6, "unit": "us"})
+    return rows
+
+
+def run_probe(cfg: ProbeConfig, sink, comm=None) -> None:
+    """Run the sweep on every rank; rank 0 writes results and drives ``sink``."""
+    from mpi4py import MPI
+
+    from xbench.results.metadata import run_metadata
+    from xbench.results.store import RunStore
+
+    world = comm or MPI.COMM_WORLD
+    rank, size = world.Get_rank(), world.Get_size()
+    hosts = world.allgather(socket.gethostname())
+    state = {"index": -1, "label": ""}
+
+    def fatal(message: str, code: int) -> None:
+        if rank == 0:
+            sink.error(message)
+        else:
+            sys.stderr.write(f"xbench: error on rank {rank}: {message}\n")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+    # Validate on rank 0 and share the verdict, so every rank stops together on bad input.
+    problem, pairs, store = None, [], None
+    if rank == 0:
+        try:
+            if size < 2:
+                raise XbenchError(f"the probe needs at least 2 ranks, got {size}", "launch with -n 2 or more")
+            pairs = parse_pairs(cfg.pairs, size)
+            meta = run_metadata(
+                cfg.run_id,
+                "probe",
+                hosts=hosts,
+                ranks=size,
+                mpi_library=MPI.Get_library_version().strip().splitlines()[0],
+                mpi_vendor="%s %s" % (MPI.get_vendor()[0], ".".join(map(str, MPI.get_vendor()[1]))),
+                mpi4py=__import__("mpi4py").__version__,
+                launcher=cfg.launcher,
+                config=json.loads(cfg.to_json()),
+            )
+            store = RunStore(cfg.out_dir, meta)
+        except XbenchError as exc:
+            problem = str(exc)
+    problem, pairs = world.bcast((problem, pairs), root=0)
+    if problem:
+        if rank == 0:
+            sink.error(problem)
+        raise SystemExit(2)
+
+    cases = plan_cases(cfg.sweep)
+    message, window, blocks, block = buffer_needs(cases)
+    plan = BufferPlan(message_bytes=message, window=window, blocks=blocks, block_bytes=block)
+    watchdog = Watchdog(cfg.timeout_s, lambda label: fatal(f"case '{label}' did not finish within {cfg.timeout_s:g} s on rank {rank}: a peer rank hung or died, or the fabric stalled; finished cases are in {cfg.out_dir} (raise --timeout if the case is just slow)", EXIT_TIMEOUT))
+
+    total = len(pairs) * len(cases)
+    loop_name = "c" if cfg.loop != "python" else "python"
+    if rank == 0:
+        sink.start(total, cfg.out_dir, loop_name)
+    index = 0
+    for a, b in pairs:
+        member = rank in (a, b)
+        pair_comm = world.Split(0 if member else MPI.UNDEFINED, 0 if rank == a else 1)
+        transport, fabric = None, None
+        if member:
+            pair = Pair(comm=pair_comm, me=0 if rank == a else 1, world_ranks=(a, b), hosts=(hosts[a], hosts[b]))
+            fabric = cfg.fabric or infer_fabric(cfg.transport, pair.same_host)
+            try:
+                watchdog.arm(f"connect {a}-{b}")
+                transport = make_transport(cfg.transport, pair, plan, loop=cfg.loop, tcp_interface=cfg.tcp_interface, seed=a * 1000 + b)
+                transport.connect()
+                watchdog.disarm()
+            except XbenchError as exc:
+                fatal(str(exc), 2)
+            base = {
+                "run_id": cfg.run_id, "transport": transport.name, "device": transport.device, "fabric": fabric,
+                "fabric_inferred": cfg.fabric is None, "loop": transport.loop, "rank_a": a, "rank_b": b,
+                "host_a": hosts[a], "host_b": hosts[b], "pair_class": "intra-node" if pair.same_host else "inter-node",
+            }
+        for case in cases:
+            state.update(index=index, label=case.label)
+            if rank == 0:
+                sink.case_started(index, f"{a}-{b} {case.label}")
+            rows = None
+            if member:
+                _inject_fault(rank, index)
+                watchdog.arm(f"{a}-{b} {case.label}")
+                try:
+                    samples = _measure(case, transport, pair, cfg)
+                except (ConnectionError, OSError) as exc:
+                    fatal(f"case '{case.label}' failed between ranks {a} and {b}: {exc}", 3)
+                watchdog.disarm()
+                if pair.initiator:
+                    fields = {k: getattr(case, k) for k in ("rows", "return_bytes", "window", "blocks", "block_bytes")}
+                    rows = [
+                        {**base, **fields, "pattern": case.pattern, "size_bytes": case.size_bytes, "iterations": it, "sample": i, "warmup": warm, "metric": case.metric, "value": case.value(el, it), "unit": case.unit}
+                        for i, (it, warm, el) in enumerate(samples)
+                    ]
+                    if case is cases[-1]:
+                        rows += _overhead_rows(transport, base)
+            # Rank 0 collects the initiator's rows and writes them before the next case.
+            watchdog.arm(f"collect {case.label}")
+            gathered = world.gather(rows, root=0)
+            watchdog.disarm()
+            if rank == 0:
+                rows = next(r for r in gathered if r)
+                store.append(PROBE_SAMPLES, rows)
+                measured = sorted(r["value"] for r in rows if not r["warmup"] and r["pattern"] == case.pattern)
+                sink.case_done(index, case.label, measured[len(measured) // 2], case.unit)
+            index += 1
+        if member:
+            transport.close()
+        if pair_comm != MPI.COMM_NULL:
+            pair_comm.Free()
+    world.Barrier()
+    if rank == 0:
+        sink.finish()

@@ -1,0 +1,38 @@
+"""Summary rows of probe samples: one per case, medians with 95 % intervals."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from xbench.core.stats import summarize
+from xbench.core.units import format_size
+
+CASE_KEYS = ["pattern", "transport", "device", "fabric", "loop", "rank_a", "rank_b", "pair_class", "size_bytes", "rows", "return_bytes", "window", "blocks", "block_bytes", "metric", "unit"]
+SUMMARY_COLUMNS = ["pattern", "transport", "fabric", "loop", "pair", "pair_class", "size_bytes", "size", "rows", "window", "blocks", "metric", "n", "median", "ci_low", "ci_high", "p99", "unit"]
+
+
+def summarize_samples(samples: pd.DataFrame, *, include_overhead: bool = False) -> pd.DataFrame:
+    """Group measured (non-warm-up) samples by case and summarize each."""
+    measured = samples[~samples["warmup"]]
+    if not include_overhead:
+        measured = measured[measured["pattern"] != "overhead"]
+    rows = []
+    for key, group in measured.groupby(CASE_KEYS, dropna=False, sort=False):
+        case = dict(zip(CASE_KEYS, key))
+        s = summarize(group["value"].to_numpy())
+        rows.append({
+            **case,
+            "pair": f"{case['rank_a']}-{case['rank_b']}",
+            "size": format_size(int(case["size_bytes"])),
+            "n": s.n, "median": s.median, "ci_low": s.ci_low, "ci_high": s.ci_high, "p99": s.p99,
+        })
+    frame = pd.DataFrame(rows)
+    if frame.empty:
+        return pd.DataFrame(columns=SUMMARY_COLUMNS)
+    return frame[SUMMARY_COLUMNS].reset_index(drop=True)
+
+
+def overhead(samples: pd.DataFrame) -> dict[str, float]:
+    """Median per-iteration loop overhead in us, by loop kind."""
+    rows = samples[samples["pattern"] == "overhead"]
+    return {loop: float(g["value"].median()) for loop, g in rows.groupby("loop")}

@@ -1,0 +1,80 @@
+"""Versioned Arrow schemas of everything xbench writes.
+
+Every Parquet file carries ``xbench.table`` and ``xbench.schema_version`` in its schema
+metadata, plus the run metadata as JSON under ``xbench.run``. Readers refuse files of an
+unknown table and migrate older versions forward with ``MIGRATIONS``.
+
+History
+-------
+probe_samples v1: first version. One row per sample (long format): a sample is
+    ``iterations`` repetitions of the pattern timed as one, ``value`` is the per-iteration
+    figure of ``metric`` in ``unit``. Warm-up samples are stored with ``warmup = true``.
+    ``loop`` says which timed inner loop ran (``c`` or ``python``).
+kernel_samples v1: first version. One row per timed sample of a kernel on one device.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+PROBE_SAMPLES = "probe_samples"
+KERNEL_SAMPLES = "kernel_samples"
+
+PROBE_SAMPLES_SCHEMA = pa.schema(
+    [
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("pattern", pa.string(), nullable=False),  # latency, bandwidth, bibw, rtt, gather, overhead
+        pa.field("transport", pa.string(), nullable=False),  # mpi, tcp, nccl, ...
+        pa.field("device", pa.string(), nullable=False),  # host or cuda: where the buffers live
+        pa.field("fabric", pa.string(), nullable=False),  # shm, nvlink, ib, ibgda, roce, tcp, unknown
+        pa.field("fabric_inferred", pa.bool_(), nullable=False),  # label inferred, not given by the user
+        pa.field("loop", pa.string(), nullable=False),  # c or python
+        pa.field("rank_a", pa.int32(), nullable=False),  # initiator / requester / sender
+        pa.field("rank_b", pa.int32(), nullable=False),  # responder / holder / receiver
+        pa.field("host_a", pa.string(), nullable=False),
+        pa.field("host_b", pa.string(), nullable=False),
+        pa.field("pair_class", pa.string(), nullable=False),  # intra-node or inter-node
+        pa.field("size_bytes", pa.int64(), nullable=False),  # bytes moved per message (rtt: b*P sent)
+        pa.field("rows", pa.int32()),  # rtt: query rows per round trip
+        pa.field("return_bytes", pa.int64()),  # rtt: bytes answered per round trip
+        pa.field("window", pa.int32()),  # bandwidth/bibw: messages in flight
+        pa.field("blocks", pa.int32()),  # gather: k blocks
+        pa.field("block_bytes", pa.int64()),  # gather: s bytes per block
+        pa.field("iterations", pa.int64(), nullable=False),
+        pa.field("sample", pa.int32(), nullable=False),  # index within the case, warm-ups first
+        pa.field("warmup", pa.bool_(), nullable=False),
+        pa.field("metric", pa.string(), nullable=False),
+        pa.field("value", pa.float64(), nullable=False),
+        pa.field("unit", pa.string(), nullable=False),
+    ]
+)
+
+KERNEL_SAMPLES_SCHEMA = pa.schema(
+    [
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("kernel", pa.string(), nullable=False),  # partial_attention, merge, gather, splice, ceiling_*
+        pa.field("backend", pa.string(), nullable=False),  # torch, cuda, flashmla, flashinfer
+        pa.field("device", pa.string(), nullable=False),  # cpu, cuda:0 (name in run metadata)
+        pa.field("model", pa.string(), nullable=False),
+        pa.field("dtype", pa.string(), nullable=False),
+        pa.field("rows", pa.int32(), nullable=False),  # query rows (decode tokens)
+        pa.field("heads", pa.int32(), nullable=False),
+        pa.field("chunk_tokens", pa.int64(), nullable=False),  # tokens attended / moved
+        pa.field("sparse", pa.bool_(), nullable=False),
+        pa.field("partials", pa.int32(), nullable=False),  # merge: partial results combined
+        pa.field("bytes_moved", pa.int64(), nullable=False),  # minimum bytes read + written
+        pa.field("flops", pa.int64(), nullable=False),  # floating-point operations
+        pa.field("iterations", pa.int64(), nullable=False),
+        pa.field("sample", pa.int32(), nullable=False),
+        pa.field("warmup", pa.bool_(), nullable=False),
+        pa.field("metric", pa.string(), nullable=False),  # time
+        pa.field("value", pa.float64(), nullable=False),
+        pa.field("unit", pa.string(), nullable=False),
+    ]
+)
+
+SCHEMAS = {PROBE_SAMPLES: PROBE_SAMPLES_SCHEMA, KERNEL_SAMPLES: KERNEL_SAMPLES_SCHEMA}
+SCHEMA_VERSIONS = {PROBE_SAMPLES: 1, KERNEL_SAMPLES: 1}
+
+# MIGRATIONS[table][v] turns a pyarrow.Table of version v into version v + 1.
+MIGRATIONS: dict[str, dict[int, object]] = {PROBE_SAMPLES: {}, KERNEL_SAMPLES: {}}

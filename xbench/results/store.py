@@ -1,0 +1,148 @@
+"""The results directory: one folder per run, Parquet part files written as cases finish.
+
+Layout of ``<out>/``::
+
+    run.json                     run metadata (also embedded in every Parquet file)
+    probe_samples/part-00000.parquet, part-00001.parquet, ...   one file per finished case
+    kernel_samples/part-*.parquet
+    summary.parquet / decisions.parquet   written by the commands that produce them
+
+Part files are written to a temporary name and renamed, so a crash or a killed rank
+never leaves a half-written file, and every finished case stays readable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from xbench.errors import XbenchError
+from xbench.results.schema import MIGRATIONS, SCHEMA_VERSIONS, SCHEMAS
+
+
+def ensure_writable_dir(path: Path) -> Path:
+    """Create ``path`` if needed and prove it is writable, or raise a one-line error."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
+            pass
+    except OSError as exc:
+        raise XbenchError(
+            f"cannot write results to {path} ({exc.strerror or exc})",
+            "pass --out with a directory you can write",
+        ) from None
+    return path
+
+
+def _atomic_write(path: Path, write) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def write_table(path: Path, table_name: str, rows_or_frame, run_meta: dict) -> Path:
+    """Write rows (list of dicts or a DataFrame) as one Parquet file of a known schema."""
+    schema = SCHEMAS[table_name]
+    frame = rows_or_frame if isinstance(rows_or_frame, pd.DataFrame) else pd.DataFrame(rows_or_frame)
+    for field in schema:
+        if field.name not in frame.columns:
+            frame[field.name] = None
+    table = pa.Table.from_pandas(frame[schema.names], schema=schema, preserve_index=False)
+    table = table.replace_schema_metadata(
+        {
+            b"xbench.table": table_name.encode(),
+            b"xbench.schema_version": str(SCHEMA_VERSIONS[table_name]).encode(),
+            b"xbench.run": json.dumps(run_meta, default=str).encode(),
+        }
+    )
+    _atomic_write(path, lambda p: pq.write_table(table, p))
+    return path
+
+
+def refuse_existing_run(out_dir: Path) -> None:
+    """One directory holds one run: adding to another run's samples would mix them."""
+    meta = Path(out_dir) / "run.json"
+    if meta.exists():
+        try:
+            other = json.loads(meta.read_text()).get("run_id", "?")
+        except (OSError, ValueError):
+            other = "?"
+        raise XbenchError(f"{out_dir} already holds run {other}", "pass a new --out directory or delete that one")
+
+
+class RunStore:
+    """Writer for one run directory."""
+
+    def __init__(self, out_dir: Path, run_meta: dict):
+        self.out_dir = ensure_writable_dir(Path(out_dir))
+        refuse_existing_run(self.out_dir)
+        self.run_meta = run_meta
+        self._next_part: dict[str, int] = {}
+        _atomic_write(self.out_dir / "run.json", lambda p: p.write_text(json.dumps(run_meta, indent=2, default=str)))
+
+    def append(self, table_name: str, rows) -> Path:
+        """Write one finished case as its own part file and return its path."""
+        folder = self.out_dir / table_name
+        folder.mkdir(exist_ok=True)
+        if table_name not in self._next_part:
+            existing = sorted(folder.glob("part-*.parquet"))
+            self._next_part[table_name] = len(existing)
+        index = self._next_part[table_name]
+        self._next_part[table_name] += 1
+        return write_table(folder / f"part-{index:05d}.parquet", table_name, rows, self.run_meta)
+
+
+def _read_file(path: Path, table_name: str) -> pa.Table:
+    table = pq.read_table(path)
+    meta = table.schema.metadata or {}
+    found = meta.get(b"xbench.table", b"").decode()
+    if found != table_name:
+        raise XbenchError(f"{path} holds table {found or 'unknown'!r}, not {table_name!r}", "pass a results directory written by xbench")
+    version = int(meta.get(b"xbench.schema_version", b"0"))
+    current = SCHEMA_VERSIONS[table_name]
+    if version > current:
+        raise XbenchError(f"{path} has schema v{version}, newer than this xbench (v{current})", "upgrade xbench")
+    while version < current:
+        table = MIGRATIONS[table_name][version](table)
+        version += 1
+    return table
+
+
+def table_files(paths, table_name: str) -> list[Path]:
+    """All part files of ``table_name`` under the given run directories or files."""
+    files: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if not path.exists():
+            raise XbenchError(f"results path {path} does not exist", "pass a directory written by xbench probe or xbench kernel")
+        if path.is_file():
+            files.append(path)
+        else:
+            files.extend(sorted((path / table_name).glob("part-*.parquet")))
+            files.extend(sorted(path.glob(f"*/{table_name}/part-*.parquet")))
+    return files
+
+
+def read_table(paths, table_name: str) -> pd.DataFrame:
+    """Concatenate every part file of ``table_name`` under ``paths`` into one frame."""
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    files = [f for f in table_files(paths, table_name)]
+    tables = [_read_file(f, table_name) for f in files]
+    tables = [t for t in tables if t.num_rows]
+    if not tables:
+        return SCHEMAS[table_name].empty_table().to_pandas()
+    return pa.concat_tables(tables).to_pandas()
+
+
+def read_run_meta(path: Path) -> dict:
+    path = Path(path)
+    meta_file = path / "run.json" if path.is_dir() else path.parent.parent / "run.json"
+    return json.loads(meta_file.read_text()) if meta_file.exists() else {}
