@@ -19,7 +19,15 @@ def run_xbench(*args, env=None, timeout=180, launcher=None):
     full_env = {**os.environ, "COLUMNS": "160"}
     full_env.pop("XBENCH_FAULT", None)
     full_env.update(env or {})
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=ROOT, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 @pytest.fixture
@@ -31,4 +39,6 @@ def pytest_collection_modifyitems(config, items):
     slow = os.environ.get("XBENCH_SLOW") == "1"
     for item in items:
         if "slow" in item.keywords and not slow:
-            item.add_marker(pytest.mark.skip(reason="slow test: run with XBENCH_SLOW=1 (make test-all)"))
+            item.add_marker(
+                pytest.mark.skip(reason="slow test: run with XBENCH_SLOW=1 (make test-all)")
+            )

@@ -21,12 +21,25 @@ def _one_line_error(result):
 
 def test_sweep_writes_every_size_and_prints_json(xbench, tmp_path):
     out = tmp_path / "run"
-    r = xbench("probe", "--np", "2", "--sizes", "8B,1KB,64KiB", *QUICK, "--out", out, "--format", "json")
+    r = xbench(
+        "probe", "--np", "2", "--sizes", "8B,1KB,64KiB", *QUICK, "--out", out, "--format", "json"
+    )
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout)
-    assert {(row["pattern"], row["size_bytes"]) for row in summary} == {(p, s) for p in ("latency", "bandwidth") for s in (8, 1000, 65536)}
+    assert {(row["pattern"], row["size_bytes"]) for row in summary} == {
+        (p, s) for p in ("latency", "bandwidth") for s in (8, 1000, 65536)
+    }
     for row in summary:
-        assert {"pattern", "size_bytes", "metric", "median", "p99", "ci_low", "ci_high", "unit"} <= row.keys()
+        assert {
+            "pattern",
+            "size_bytes",
+            "metric",
+            "median",
+            "p99",
+            "ci_low",
+            "ci_high",
+            "unit",
+        } <= row.keys()
         assert row["ci_low"] <= row["median"] <= row["ci_high"] and row["median"] > 0
     samples = read_table(out, PROBE_SAMPLES)
     measured = samples[(samples.pattern == "latency") & ~samples.warmup]
@@ -34,28 +47,92 @@ def test_sweep_writes_every_size_and_prints_json(xbench, tmp_path):
     assert samples.warmup.sum() >= 6  # warm-ups are stored, flagged
     assert (samples.pattern == "overhead").any()
     meta = json.loads((out / "run.json").read_text())
-    for key in ("hosts", "mpi_library", "thp", "cpu_model", "torch", "gpus", "xbench_version", "git_revision"):
+    for key in (
+        "hosts",
+        "mpi_library",
+        "thp",
+        "cpu_model",
+        "torch",
+        "gpus",
+        "xbench_version",
+        "git_revision",
+    ):
         assert key in meta
     assert meta["mpi_library"].startswith("MPICH")
 
 
 def test_all_patterns_over_tcp_with_python_loop(xbench, tmp_path):
     out = tmp_path / "tcp"
-    r = xbench("probe", "--np", "2", "--transport", "tcp", "--loop", "python", "-p", "all", "--sizes", "1KiB", "--rows", "1,8",
-               "--blocks", "1,4", "--block-size", "4KiB", *QUICK, "--out", out, "--format", "csv")
+    r = xbench(
+        "probe",
+        "--np",
+        "2",
+        "--transport",
+        "tcp",
+        "--loop",
+        "python",
+        "-p",
+        "all",
+        "--sizes",
+        "1KiB",
+        "--rows",
+        "1,8",
+        "--blocks",
+        "1,4",
+        "--block-size",
+        "4KiB",
+        *QUICK,
+        "--out",
+        out,
+        "--format",
+        "csv",
+    )
     assert r.returncode == 0, r.stderr
     samples = read_table(out, PROBE_SAMPLES)
-    assert set(samples.loop) == {"python"} and set(samples.transport) == {"tcp"} and set(samples.fabric) == {"tcp"}
+    assert (
+        set(samples.loop) == {"python"}
+        and set(samples.transport) == {"tcp"}
+        and set(samples.fabric) == {"tcp"}
+    )
     metrics = set(samples.metric)
-    assert {"latency_oneway", "bandwidth_window", "bandwidth_bidir", "rtt", "fetch_messages", "fetch_packed", "fetch_contiguous"} <= metrics
+    assert {
+        "latency_oneway",
+        "bandwidth_window",
+        "bandwidth_bidir",
+        "rtt",
+        "fetch_messages",
+        "fetch_packed",
+        "fetch_contiguous",
+    } <= metrics
     rtt = samples[samples.pattern == "rtt"]
-    assert set(zip(rtt.rows, rtt.size_bytes, rtt.return_bytes)) == {(1, 1152, 1028), (8, 8 * 1152, 8 * 1028)}
+    assert set(zip(rtt.rows, rtt.size_bytes, rtt.return_bytes, strict=True)) == {
+        (1, 1152, 1028),
+        (8, 8 * 1152, 8 * 1028),
+    }
     assert r.stdout.startswith("pattern,")
 
 
 def test_tcp_with_the_compiled_loop(xbench, tmp_path):
-    r = xbench("probe", "--np", "2", "--transport", "tcp", "-p", "latency,bibw,gather", "--sizes", "64KiB", "--blocks", "4",
-               "--block-size", "4KiB", *QUICK, "--out", tmp_path / "t", "--format", "json")
+    r = xbench(
+        "probe",
+        "--np",
+        "2",
+        "--transport",
+        "tcp",
+        "-p",
+        "latency,bibw,gather",
+        "--sizes",
+        "64KiB",
+        "--blocks",
+        "4",
+        "--block-size",
+        "4KiB",
+        *QUICK,
+        "--out",
+        tmp_path / "t",
+        "--format",
+        "json",
+    )
     assert r.returncode == 0, r.stderr
     assert {row["loop"] for row in json.loads(r.stdout)} == {"c"}
 
@@ -64,25 +141,63 @@ def test_under_a_launcher_and_mpmd(xbench, tmp_path):
     from conftest import BIN
 
     mpiexec = str(BIN / "mpiexec")
-    r = xbench("probe", "--sizes", "8B", *QUICK, "--out", tmp_path / "a", "--format", "json", launcher=[mpiexec, "-n", "2"])
+    r = xbench(
+        "probe",
+        "--sizes",
+        "8B",
+        *QUICK,
+        "--out",
+        tmp_path / "a",
+        "--format",
+        "json",
+        launcher=[mpiexec, "-n", "2"],
+    )
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)[0]["pattern"] == "latency"
     # MPMD: rank 1 is given other options; rank 0's configuration rules.
     xb = str(BIN / "xbench")
-    r = xbench("probe", "--sizes", "8B", *QUICK, "--out", tmp_path / "b", "--format", "json",
-               launcher=[mpiexec, "-n", "1", xb, "probe", "--sizes", "16B", *QUICK, "--out", tmp_path / "b", "--format", "json", ":", "-n", "1"])
+    r = xbench(
+        "probe",
+        "--sizes",
+        "8B",
+        *QUICK,
+        "--out",
+        tmp_path / "b",
+        "--format",
+        "json",
+        launcher=[
+            mpiexec,
+            "-n",
+            "1",
+            xb,
+            "probe",
+            "--sizes",
+            "16B",
+            *QUICK,
+            "--out",
+            tmp_path / "b",
+            "--format",
+            "json",
+            ":",
+            "-n",
+            "1",
+        ],
+    )
     assert r.returncode == 0, r.stderr
     assert {row["size_bytes"] for row in json.loads(r.stdout)} == {16}
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--sizes", "1KX"], "bad size '1KX'"),
-    (["--np", "0"], "at least 2 ranks"),
-    (["--pattern", "pingpong"], "unknown pattern"),
-    (["--transport", "carrier-pigeon"], "unknown transport"),
-    (["--fabric", "warp"], "unknown fabric"),
-    (["--out", "/proc/xbench-cannot-write"], "cannot write results"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--sizes", "1KX"], "bad size '1KX'"),
+        (["--np", "0"], "at least 2 ranks"),
+        (["--pattern", "pingpong"], "unknown pattern"),
+        (["--transport", "carrier-pigeon"], "unknown transport"),
+        (["--fabric", "warp"], "unknown fabric"),
+        (["--out", "/proc/xbench-cannot-write"], "cannot write results"),
+    ],
+)
 def test_bad_input_is_one_line(xbench, args, words):
     r = xbench("probe", *args)
     assert words in _one_line_error(r)
@@ -90,12 +205,16 @@ def test_bad_input_is_one_line(xbench, args, words):
 
 def test_existing_run_is_not_mixed(xbench, tmp_path):
     assert xbench("probe", "--sizes", "8B", *QUICK, "--out", tmp_path / "r").returncode == 0
-    assert "already holds run" in _one_line_error(xbench("probe", "--sizes", "8B", "--out", tmp_path / "r"))
+    assert "already holds run" in _one_line_error(
+        xbench("probe", "--sizes", "8B", "--out", tmp_path / "r")
+    )
 
 
 def test_dead_peer_keeps_finished_cases(xbench, tmp_path):
     out = tmp_path / "dead"
-    r = xbench("probe", "--sizes", "8B,16B,32B,64B", *QUICK, "--out", out, env={"XBENCH_FAULT": "kill:1:2"})
+    r = xbench(
+        "probe", "--sizes", "8B,16B,32B,64B", *QUICK, "--out", out, env={"XBENCH_FAULT": "kill:1:2"}
+    )
     line = _one_line_error(r)
     assert "a rank died during '0-1 latency 32B'" in line and "2 finished case(s)" in line
     samples = read_table(out, PROBE_SAMPLES)
@@ -105,7 +224,18 @@ def test_dead_peer_keeps_finished_cases(xbench, tmp_path):
 def test_hung_peer_times_out(xbench, tmp_path):
     out = tmp_path / "hung"
     t0 = time.monotonic()
-    r = xbench("probe", "--sizes", "8B,16B,32B", *QUICK, "--timeout", "3s", "--out", out, env={"XBENCH_FAULT": "hang:1:1"}, timeout=90)
+    r = xbench(
+        "probe",
+        "--sizes",
+        "8B,16B,32B",
+        *QUICK,
+        "--timeout",
+        "3s",
+        "--out",
+        out,
+        env={"XBENCH_FAULT": "hang:1:1"},
+        timeout=90,
+    )
     line = _one_line_error(r)
     assert time.monotonic() - t0 < 60
     assert "did not finish within 3 s" in line and "latency 16B" in line

@@ -13,7 +13,9 @@ def test_known_interval():
     assert cov >= 0.95
 
 
-@given(st.lists(st.floats(min_value=-1e6, max_value=1e6, allow_nan=False), min_size=2, max_size=200))
+@given(
+    st.lists(st.floats(min_value=-1e6, max_value=1e6, allow_nan=False), min_size=2, max_size=200)
+)
 def test_interval_contains_median(values):
     lo, hi, _ = median_ci(values)
     assert lo <= np.median(values) <= hi

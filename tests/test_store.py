@@ -10,16 +10,47 @@ from xbench.results.store import RunStore, read_run_meta, read_table, write_tabl
 
 
 def _rows(n=3, **over):
-    base = dict(run_id="r1", pattern="latency", transport="mpi", device="host", fabric="shm", fabric_inferred=True, loop="c",
-                rank_a=0, rank_b=1, host_a="h", host_b="h", pair_class="intra-node", size_bytes=8, rows=None, return_bytes=None,
-                window=None, blocks=None, block_bytes=None, iterations=100, warmup=False, metric="latency_oneway", unit="us")
+    base = dict(
+        run_id="r1",
+        pattern="latency",
+        transport="mpi",
+        device="host",
+        fabric="shm",
+        fabric_inferred=True,
+        loop="c",
+        rank_a=0,
+        rank_b=1,
+        host_a="h",
+        host_b="h",
+        pair_class="intra-node",
+        size_bytes=8,
+        rows=None,
+        return_bytes=None,
+        window=None,
+        blocks=None,
+        block_bytes=None,
+        iterations=100,
+        warmup=False,
+        metric="latency_oneway",
+        unit="us",
+    )
     return [{**base, "sample": i, "value": 1.0 + i, **over} for i in range(n)]
 
 
 def test_round_trip_keeps_rows_types_and_metadata(tmp_path):
     store = RunStore(tmp_path / "run", {"run_id": "r1", "hosts": ["h"]})
     store.append(schema.PROBE_SAMPLES, _rows())
-    store.append(schema.PROBE_SAMPLES, _rows(2, size_bytes=1024, window=64, pattern="bandwidth", metric="bandwidth_window", unit="MB/s"))
+    store.append(
+        schema.PROBE_SAMPLES,
+        _rows(
+            2,
+            size_bytes=1024,
+            window=64,
+            pattern="bandwidth",
+            metric="bandwidth_window",
+            unit="MB/s",
+        ),
+    )
     frame = read_table(tmp_path / "run", schema.PROBE_SAMPLES)
     assert len(frame) == 5
     assert list(frame.columns) == schema.PROBE_SAMPLES_SCHEMA.names
@@ -61,7 +92,10 @@ def test_newer_schema_and_wrong_table_are_refused(tmp_path):
 def test_old_versions_migrate_forward(tmp_path, monkeypatch):
     path = write_table(tmp_path / "a.parquet", schema.PROBE_SAMPLES, _rows(), {"run_id": "r1"})
     table = pq.read_table(path)
-    pq.write_table(table.replace_schema_metadata({**table.schema.metadata, b"xbench.schema_version": b"0"}), tmp_path / "v0.parquet")
+    pq.write_table(
+        table.replace_schema_metadata({**table.schema.metadata, b"xbench.schema_version": b"0"}),
+        tmp_path / "v0.parquet",
+    )
     calls = []
     monkeypatch.setitem(schema.MIGRATIONS[schema.PROBE_SAMPLES], 0, lambda t: calls.append(0) or t)
     frame = read_table(tmp_path / "v0.parquet", schema.PROBE_SAMPLES)

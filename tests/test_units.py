@@ -2,7 +2,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from xbench.core.units import SIZE_UNITS, format_size, parse_duration, parse_int_list, parse_size, parse_size_list
+from xbench.core.units import (
+    SIZE_UNITS,
+    format_size,
+    parse_duration,
+    parse_int_list,
+    parse_size,
+    parse_size_list,
+)
 from xbench.errors import XbenchError
 
 
@@ -23,7 +30,9 @@ def test_decimal_and_binary_are_distinct():
     assert parse_size("64") == 64
 
 
-@pytest.mark.parametrize("bad", ["1KX", "1kb", "1k", "1K", "kb", "-1B", "1.5B", "", "1 2B", "1KiBB", "0x10B", "1e3B"])
+@pytest.mark.parametrize(
+    "bad", ["1KX", "1kb", "1k", "1K", "kb", "-1B", "1.5B", "", "1 2B", "1KiBB", "0x10B", "1e3B"]
+)
 def test_rejects_anything_else(bad):
     with pytest.raises(XbenchError) as err:
         parse_size(bad)

@@ -36,7 +36,9 @@ def check_mpiexec() -> Capability:
     from xbench.fabric.launch import find_mpiexec
 
     path = find_mpiexec()
-    return Capability("mpiexec", path is not None, path or "not found: pip install mpich, or set XBENCH_MPIEXEC")
+    return Capability(
+        "mpiexec", path is not None, path or "not found: pip install mpich, or set XBENCH_MPIEXEC"
+    )
 
 
 def check_compiled_loop() -> Capability:
@@ -46,7 +48,9 @@ def check_compiled_loop() -> Capability:
         path = build_loops()
         return Capability("compiled probe loop", True, f"built with {find_mpicc()} -> {path.name}")
     except (LoopUnavailable, OSError) as exc:
-        return Capability("compiled probe loop", False, f"{exc}; probes fall back to the Python loop")
+        return Capability(
+            "compiled probe loop", False, f"{exc}; probes fall back to the Python loop"
+        )
 
 
 def check_torch() -> Capability:
@@ -55,9 +59,19 @@ def check_torch() -> Capability:
     except Exception as exc:  # noqa: BLE001
         return Capability("torch", False, f"not importable: {exc}")
     if torch.cuda.is_available():
-        return Capability("torch", True, f"{torch.__version__}, device cuda ({torch.cuda.get_device_name(0)})")
-    reason = "CPU build" if torch.version.cuda is None else f"CUDA {torch.version.cuda} build, but no usable GPU/driver"
-    return Capability("torch", True, f"{torch.__version__}, device cpu ({reason}; {torch.get_num_threads()} threads)")
+        return Capability(
+            "torch", True, f"{torch.__version__}, device cuda ({torch.cuda.get_device_name(0)})"
+        )
+    reason = (
+        "CPU build"
+        if torch.version.cuda is None
+        else f"CUDA {torch.version.cuda} build, but no usable GPU/driver"
+    )
+    return Capability(
+        "torch",
+        True,
+        f"{torch.__version__}, device cpu ({reason}; {torch.get_num_threads()} threads)",
+    )
 
 
 def check_nvml() -> Capability:
@@ -66,7 +80,9 @@ def check_nvml() -> Capability:
     gpus = gpu_inventory()
     if gpus:
         names = ", ".join(f"{g['index']}: {g['name']}" for g in gpus)
-        return Capability("GPUs (NVML)", True, f"{len(gpus)} GPU(s), driver {gpus[0]['driver']}: {names}")
+        return Capability(
+            "GPUs (NVML)", True, f"{len(gpus)} GPU(s), driver {gpus[0]['driver']}: {names}"
+        )
     try:
         import pynvml
 
@@ -83,7 +99,9 @@ def check_nvrtc() -> Capability:
         err, major, minor = nvrtc.nvrtcVersion()
         if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             return Capability("NVRTC", False, f"nvrtcVersion failed: {err}")
-        return Capability("NVRTC", True, f"NVRTC {major}.{minor}: compiles CUDA C++ for sm_90 without a GPU")
+        return Capability(
+            "NVRTC", True, f"NVRTC {major}.{minor}: compiles CUDA C++ for sm_90 without a GPU"
+        )
     except Exception as exc:  # noqa: BLE001 - missing wheel or library
         return Capability("NVRTC", False, f"unavailable: {exc}")
 
@@ -94,11 +112,19 @@ def check_cuda_driver() -> Capability:
 
         (err,) = driver.cuInit(0)
         if err != driver.CUresult.CUDA_SUCCESS:
-            return Capability("CUDA driver", False, f"cuInit failed ({err.name}): no GPU here; GPU kernels and device transports cannot run")
+            return Capability(
+                "CUDA driver",
+                False,
+                f"cuInit failed ({err.name}): no GPU here; GPU kernels and device transports cannot run",
+            )
         err, count = driver.cuDeviceGetCount()
         return Capability("CUDA driver", True, f"{count} device(s)")
     except Exception as exc:  # noqa: BLE001 - libcuda absent raises on load
-        return Capability("CUDA driver", False, f"libcuda not loadable ({type(exc).__name__}): no GPU here; GPU kernels and device transports cannot run")
+        return Capability(
+            "CUDA driver",
+            False,
+            f"libcuda not loadable ({type(exc).__name__}): no GPU here; GPU kernels and device transports cannot run",
+        )
 
 
 def check_tcp() -> Capability:
@@ -119,6 +145,10 @@ def all_capabilities() -> list[Capability]:
         check_nvml(),
         check_cuda_driver(),
         check_nvrtc(),
-        Capability("nvcc", shutil.which("nvcc") is not None, shutil.which("nvcc") or "not on PATH (not needed: NVRTC compiles the kernels)"),
+        Capability(
+            "nvcc",
+            shutil.which("nvcc") is not None,
+            shutil.which("nvcc") or "not on PATH (not needed: NVRTC compiles the kernels)",
+        ),
     ]
     return caps

@@ -24,7 +24,11 @@ def _version(value: bool) -> None:
 
 
 @app.callback()
-def _main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version.")) -> None:
+def _main(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version."
+    ),
+) -> None:
     """xbench: measurements behind route / fetch / local decisions."""
 
 

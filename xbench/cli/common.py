@@ -23,7 +23,9 @@ class OutputFormat(str, Enum):
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
-    err_console.print(f"[bold red]xbench: error:[/bold red] {message}", highlight=False, soft_wrap=True)
+    err_console.print(
+        f"[bold red]xbench: error:[/bold red] {message}", highlight=False, soft_wrap=True
+    )
     return typer.Exit(code)
 
 
@@ -45,7 +47,9 @@ def handles_errors(fn):
 def emit_frame(frame, fmt: OutputFormat, render_table) -> None:
     """Print a result frame as a rich table, a JSON list of rows, or CSV."""
     if fmt == OutputFormat.json:
-        sys.stdout.write(json.dumps(frame.to_dict(orient="records"), default=_json_default, indent=1) + "\n")
+        sys.stdout.write(
+            json.dumps(frame.to_dict(orient="records"), default=_json_default, indent=1) + "\n"
+        )
     elif fmt == OutputFormat.csv:
         sys.stdout.write(frame.to_csv(index=False))
     else:

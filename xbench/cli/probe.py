@@ -13,8 +13,12 @@ from xbench.errors import RankFailure, XbenchError
 from xbench.fabric.registry import TRANSPORTS, check_fabric
 from xbench.probe.patterns import DEFAULT_PATTERNS, PATTERNS, SweepSpec
 
-Out = Annotated[Path | None, typer.Option("--out", "-o", help="Run directory (default results/<run_id>).")]
-Fmt = Annotated[OutputFormat, typer.Option("--format", help="table, json (list of summary rows) or csv.")]
+Out = Annotated[
+    Path | None, typer.Option("--out", "-o", help="Run directory (default results/<run_id>).")
+]
+Fmt = Annotated[
+    OutputFormat, typer.Option("--format", help="table, json (list of summary rows) or csv.")
+]
 
 
 def _patterns(text: str) -> tuple[str, ...]:
@@ -23,7 +27,10 @@ def _patterns(text: str) -> tuple[str, ...]:
     names = tuple(p.strip() for p in text.split(",") if p.strip())
     bad = [p for p in names if p not in PATTERNS]
     if bad or not names:
-        raise XbenchError(f"unknown pattern {', '.join(bad) or repr(text)}", f"pick from {', '.join(PATTERNS)} or all")
+        raise XbenchError(
+            f"unknown pattern {', '.join(bad) or repr(text)}",
+            f"pick from {', '.join(PATTERNS)} or all",
+        )
     return names
 
 
@@ -36,24 +43,63 @@ def _seconds(text: str) -> float:
 
 @handles_errors
 def probe(
-    np: Annotated[int, typer.Option("--np", "-n", help="Ranks to launch on this host (ignored under srun/mpirun).")] = 2,
-    pattern: Annotated[str, typer.Option("--pattern", "-p", help=f"Comma list of {', '.join(PATTERNS)}, or all.")] = ",".join(DEFAULT_PATTERNS),
-    sizes: Annotated[str, typer.Option(help="Message sizes: 8B:16MiB (doubling), 1KiB:1MiB:x4, or 8B,1KB,64KiB. KB=1000 B, KiB=1024 B.")] = "1B:4MiB",
+    np: Annotated[
+        int,
+        typer.Option(
+            "--np", "-n", help="Ranks to launch on this host (ignored under srun/mpirun)."
+        ),
+    ] = 2,
+    pattern: Annotated[
+        str, typer.Option("--pattern", "-p", help=f"Comma list of {', '.join(PATTERNS)}, or all.")
+    ] = ",".join(DEFAULT_PATTERNS),
+    sizes: Annotated[
+        str,
+        typer.Option(
+            help="Message sizes: 8B:16MiB (doubling), 1KiB:1MiB:x4, or 8B,1KB,64KiB. KB=1000 B, KiB=1024 B."
+        ),
+    ] = "1B:4MiB",
     window: Annotated[int, typer.Option(help="Messages in flight for bandwidth and bibw.")] = 64,
-    rows: Annotated[str, typer.Option(help="rtt: query rows per round trip, e.g. 1,8,64.")] = "1,8,64",
-    payload: Annotated[str, typer.Option(help="rtt: bytes sent per row (576 bf16 elements = 1152B).")] = "1152B",
-    return_: Annotated[str, typer.Option("--return", help="rtt: bytes returned per row (512 bf16 + fp32 LSE = 1028B).")] = "1028B",
-    blocks: Annotated[str, typer.Option(help="gather: blocks per fetch, e.g. 1,4,16,64.")] = "1,4,16,64",
-    block_size: Annotated[str, typer.Option(help="gather: bytes per block (64 tokens x 1152 B = 72KiB).")] = "72KiB",
+    rows: Annotated[
+        str, typer.Option(help="rtt: query rows per round trip, e.g. 1,8,64.")
+    ] = "1,8,64",
+    payload: Annotated[
+        str, typer.Option(help="rtt: bytes sent per row (576 bf16 elements = 1152B).")
+    ] = "1152B",
+    return_: Annotated[
+        str,
+        typer.Option("--return", help="rtt: bytes returned per row (512 bf16 + fp32 LSE = 1028B)."),
+    ] = "1028B",
+    blocks: Annotated[
+        str, typer.Option(help="gather: blocks per fetch, e.g. 1,4,16,64.")
+    ] = "1,4,16,64",
+    block_size: Annotated[
+        str, typer.Option(help="gather: bytes per block (64 tokens x 1152 B = 72KiB).")
+    ] = "72KiB",
     transport: Annotated[str, typer.Option(help=f"One of {', '.join(TRANSPORTS)}.")] = "mpi",
-    fabric: Annotated[str | None, typer.Option(help="Label what you measure: nvlink, ib, ibgda, roce, tcp, shm (inferred when absent).")] = None,
+    fabric: Annotated[
+        str | None,
+        typer.Option(
+            help="Label what you measure: nvlink, ib, ibgda, roce, tcp, shm (inferred when absent)."
+        ),
+    ] = None,
     pairs: Annotated[str, typer.Option(help="Rank pairs: 0-1, all, or 0-1,0-2.")] = "0-1",
     samples: Annotated[int, typer.Option(help="Measured samples per case.")] = 10,
     warmups: Annotated[int, typer.Option(help="Warm-up samples per case (stored, flagged).")] = 2,
-    min_sample_time: Annotated[str, typer.Option(help="Calibrate iterations so one sample lasts at least this.")] = "10ms",
-    timeout: Annotated[str, typer.Option(help="Fail a case that runs longer than this (a hung or dead rank).")] = "120s",
-    loop: Annotated[str, typer.Option(help="Timed inner loop: auto (C if mpicc works), c, python.")] = "auto",
-    tcp_interface: Annotated[str | None, typer.Option(help="tcp: network interface to listen on, e.g. eth0.")] = None,
+    min_sample_time: Annotated[
+        str, typer.Option(help="Calibrate iterations so one sample lasts at least this.")
+    ] = "10ms",
+    timeout: Annotated[
+        str, typer.Option(help="Fail a case that runs longer than this (a hung or dead rank).")
+    ] = "120s",
+    loop: Annotated[
+        str, typer.Option(help="Timed inner loop: auto (C if mpicc works), c, python.")
+    ] = "auto",
+    bind: Annotated[
+        str, typer.Option(help="Pin launched ranks: core, socket or none (mpiexec -bind-to).")
+    ] = "core",
+    tcp_interface: Annotated[
+        str | None, typer.Option(help="tcp: network interface to listen on, e.g. eth0.")
+    ] = None,
     out: Out = None,
     fmt: Fmt = OutputFormat.table,
 ) -> None:
@@ -76,9 +122,16 @@ def probe(
     if max(spec.sizes) >= 2**31 or spec.payload * max(spec.rows) >= 2**31:
         raise XbenchError("messages of 2 GiB or more are not supported", "keep sizes below 2GiB")
     if window < 1 or samples < 1 or warmups < 0:
-        raise XbenchError("--window and --samples must be at least 1, --warmups at least 0", "pass positive counts")
+        raise XbenchError(
+            "--window and --samples must be at least 1, --warmups at least 0",
+            "pass positive counts",
+        )
     if transport not in TRANSPORTS:
-        raise XbenchError(f"unknown transport {transport!r}", f"pick one of {', '.join(TRANSPORTS)}")
+        raise XbenchError(
+            f"unknown transport {transport!r}", f"pick one of {', '.join(TRANSPORTS)}"
+        )
+    if bind not in ("core", "socket", "numa", "hwthread", "none"):
+        raise XbenchError(f"unknown binding {bind!r}", "pick core, socket, numa, hwthread or none")
     if loop not in ("auto", "c", "python"):
         raise XbenchError(f"unknown loop {loop!r}", "pick auto, c or python")
     run_id = new_run_id("probe")
@@ -88,9 +141,19 @@ def probe(
         ensure_writable_dir(out_dir)
         refuse_existing_run(out_dir)
     cfg = ProbeConfig(
-        out_dir=str(out_dir), run_id=run_id, sweep=spec, transport=transport, fabric=check_fabric(fabric), pairs=pairs,
-        samples=samples, warmups=warmups, min_sample_s=parse_duration(min_sample_time), timeout_s=_seconds(timeout),
-        loop=loop, tcp_interface=tcp_interface,
+        out_dir=str(out_dir),
+        run_id=run_id,
+        sweep=spec,
+        transport=transport,
+        fabric=check_fabric(fabric),
+        pairs=pairs,
+        samples=samples,
+        warmups=warmups,
+        min_sample_s=parse_duration(min_sample_time),
+        timeout_s=_seconds(timeout),
+        loop=loop,
+        tcp_interface=tcp_interface,
+        bind=bind if not launched else "by launcher",
     )
 
     if launched:
@@ -133,22 +196,43 @@ def _launch(cfg, np: int, fmt: OutputFormat) -> None:
             build_loops()  # once here, not racing in every rank
         except LoopUnavailable as exc:
             if cfg.loop == "c":
-                raise XbenchError(str(exc), "use --loop python, or install an MPI with mpicc") from None
-            err_console.print(f"[yellow]xbench: compiled loop unavailable ({exc}); timing in Python[/yellow]")
+                raise XbenchError(
+                    str(exc), "use --loop python, or install an MPI with mpicc"
+                ) from None
+            err_console.print(
+                f"[yellow]xbench: compiled loop unavailable ({exc}); timing in Python[/yellow]"
+            )
     config_path = out_dir / "probe-config.json"
     config_path.write_text(cfg.to_json())
     log_path = out_dir / "launcher.log"
     stall = cfg.timeout_s + 60.0
     with make_progress() as progress:
-        result = launch_worker(np, "xbench.probe.worker", [str(config_path)], log_path, EventProgress(progress), stall)
+        result = launch_worker(
+            np,
+            "xbench.probe.worker",
+            [str(config_path)],
+            log_path,
+            EventProgress(progress),
+            stall,
+            bind=cfg.bind,
+        )
     if result.returncode != 0 or result.stalled or result.error:
         kept = f"{result.finished_cases} finished case(s) are in {out_dir}"
         if result.error:
-            raise RankFailure(f"{result.error}", None, exit_code=3 if result.returncode != 124 else 124)
+            raise RankFailure(
+                f"{result.error}", None, exit_code=3 if result.returncode != 124 else 124
+            )
         if result.stalled:
-            raise RankFailure(f"no progress from the ranks for {stall:g} s during '{result.last_started}'; stopped the job; {kept}", f"see {log_path}")
-        where = f" during '{result.last_started}'" if result.last_started else " before the first case"
-        raise RankFailure(f"a rank died{where} (mpiexec exit {result.returncode}); {kept}", f"see {log_path}")
+            raise RankFailure(
+                f"no progress from the ranks for {stall:g} s during '{result.last_started}'; stopped the job; {kept}",
+                f"see {log_path}",
+            )
+        where = (
+            f" during '{result.last_started}'" if result.last_started else " before the first case"
+        )
+        raise RankFailure(
+            f"a rank died{where} (mpiexec exit {result.returncode}); {kept}", f"see {log_path}"
+        )
     _report(out_dir, fmt)
 
 

@@ -9,7 +9,17 @@ from xbench.probe.events import NullSink
 
 
 def make_progress() -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err_console, transient=False)
+    # Redrawn only when an event arrives: a timer thread would wake on the cores the
+    # ranks are busy-polling and show up as latency.
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=False,
+        auto_refresh=False,
+    )
 
 
 class RichSink(NullSink):
@@ -24,14 +34,16 @@ class RichSink(NullSink):
         self.task = self.progress.add_task("probe", total=total)
 
     def case_started(self, index, label):
-        self.progress.update(self.task, description=f"probe {label}")
+        self.progress.update(self.task, description=f"probe {label}", refresh=True)
 
     def case_done(self, index, label, median, unit):
-        self.progress.advance(self.task)
+        self.progress.update(self.task, advance=1, refresh=True)
 
     def error(self, message):
         self.progress.stop()
-        err_console.print(f"[bold red]xbench: error:[/bold red] {message}", highlight=False, soft_wrap=True)
+        err_console.print(
+            f"[bold red]xbench: error:[/bold red] {message}", highlight=False, soft_wrap=True
+        )
 
     def finish(self):
         self.progress.update(self.task, description="probe done")
@@ -48,10 +60,12 @@ class EventProgress:
     def __call__(self, event: dict) -> None:
         kind = event["event"]
         if kind == "start":
-            self.task = self.progress.add_task(f"probe ({event['loop']} loop)", total=event["total"])
+            self.task = self.progress.add_task(
+                f"probe ({event['loop']} loop)", total=event["total"]
+            )
         elif kind == "case_started" and self.task is not None:
-            self.progress.update(self.task, description=f"probe {event['label']}")
+            self.progress.update(self.task, description=f"probe {event['label']}", refresh=True)
         elif kind == "case_done" and self.task is not None:
-            self.progress.advance(self.task)
+            self.progress.update(self.task, advance=1, refresh=True)
         elif kind == "finish" and self.task is not None:
-            self.progress.update(self.task, description="probe done")
+            self.progress.update(self.task, description="probe done", refresh=True)

@@ -36,9 +36,15 @@ def probe_table(summary, title: str = "xbench probe", caption: str | None = None
             shared.append(f"{column}={value}" if column in ("loop", "pair") else str(value))
     table = Table(title=f"{title}: {' '.join(shared)}" if shared else title, caption=caption)
     many_pairs = _constant(summary, "pair") is None
-    columns = ["pattern"] + (["pair"] if many_pairs else []) + ["size", "detail", "median", "95% CI", "p99", "unit"]
+    columns = (
+        ["pattern"]
+        + (["pair"] if many_pairs else [])
+        + ["size", "detail", "median", "95% CI", "p99", "unit"]
+    )
     for name in columns:
-        table.add_column(name, justify="left" if name in ("pattern", "pair", "detail", "unit") else "right")
+        table.add_column(
+            name, justify="left" if name in ("pattern", "pair", "detail", "unit") else "right"
+        )
     for r in summary.itertuples():
         detail = ""
         if r.pattern in ("bandwidth", "bibw"):
@@ -47,6 +53,17 @@ def probe_table(summary, title: str = "xbench probe", caption: str | None = None
             detail = f"{int(r.rows)} rows"
         elif r.pattern == "gather":
             detail = f"{int(r.blocks)} blk {r.metric.removeprefix('fetch_')}"
-        cells = [r.pattern] + ([r.pair] if many_pairs else []) + [r.size, detail, num(r.median), f"{num(r.ci_low)}-{num(r.ci_high)}", num(r.p99), r.unit]
+        cells = (
+            [r.pattern]
+            + ([r.pair] if many_pairs else [])
+            + [
+                r.size,
+                detail,
+                num(r.median),
+                f"{num(r.ci_low)}-{num(r.ci_high)}",
+                num(r.p99),
+                r.unit,
+            ]
+        )
         table.add_row(*cells)
     console.print(table)

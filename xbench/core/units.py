@@ -63,7 +63,9 @@ def parse_size_list(text: str, *, allow_zero: bool = False) -> list[int]:
             if len(parts) == 3:
                 m = re.fullmatch(r"x(\d+)", parts[2].strip())
                 if not m or int(m.group(1)) < 2:
-                    raise XbenchError(f"bad range step {parts[2]!r} in {item!r}", "write a step as x2, x4, ...")
+                    raise XbenchError(
+                        f"bad range step {parts[2]!r} in {item!r}", "write a step as x2, x4, ..."
+                    )
                 factor = int(m.group(1))
             if lo > hi:
                 raise XbenchError(f"bad size range {item!r}: low end above high end", _SIZE_HELP)
@@ -97,7 +99,9 @@ def parse_int_list(text: str, name: str) -> list[int]:
             else:
                 values.add(int(item))
         except ValueError:
-            raise XbenchError(f"bad {name} {text!r}", f"write {name} as 1,8,64 or a doubling range 1:64") from None
+            raise XbenchError(
+                f"bad {name} {text!r}", f"write {name} as 1,8,64 or a doubling range 1:64"
+            ) from None
     if not values or min(values) < 0:
         raise XbenchError(f"bad {name} {text!r}", f"{name} must be non-negative integers")
     return sorted(values)

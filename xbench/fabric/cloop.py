@@ -24,7 +24,9 @@ class LoopUnavailable(RuntimeError):
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("XBENCH_CACHE_DIR") or os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "xbench")
+    root = os.environ.get("XBENCH_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "xbench"
+    )
     return Path(root)
 
 
@@ -73,17 +75,17 @@ def build_loops() -> Path:
 def load_loops() -> ctypes.CDLL:
     """Load the compiled loops with their C signatures declared."""
     lib = ctypes.CDLL(str(build_loops()), mode=ctypes.RTLD_GLOBAL)
-    vp, i, l, d = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_double
+    vp, i, lg, d = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_double
     signatures = {
-        "xb_mpi_exchange": [vp, i, i, vp, l, vp, l, l],
-        "xb_mpi_window": [vp, i, i, vp, l, i, l, vp],
-        "xb_mpi_biwindow": [vp, i, vp, vp, l, i, l, vp],
-        "xb_mpi_fetch": [vp, i, i, i, vp, vp, i, l, vp, l, vp],
-        "xb_tcp_exchange": [i, i, vp, l, vp, l, l],
-        "xb_tcp_window": [i, i, vp, l, i, l],
-        "xb_tcp_duplex": [i, vp, vp, l, i, l],
-        "xb_tcp_fetch": [i, i, i, vp, vp, i, l, vp, l],
-        "xb_empty": [l],
+        "xb_mpi_exchange": [vp, i, i, vp, lg, vp, lg, lg],
+        "xb_mpi_window": [vp, i, i, vp, lg, i, lg, vp],
+        "xb_mpi_biwindow": [vp, i, vp, vp, lg, i, lg, vp],
+        "xb_mpi_fetch": [vp, i, i, i, vp, vp, i, lg, vp, lg, vp],
+        "xb_tcp_exchange": [i, i, vp, lg, vp, lg, lg],
+        "xb_tcp_window": [i, i, vp, lg, i, lg],
+        "xb_tcp_duplex": [i, vp, vp, lg, i, lg],
+        "xb_tcp_fetch": [i, i, i, vp, vp, i, lg, vp, lg],
+        "xb_empty": [lg],
     }
     for name, args in signatures.items():
         fn = getattr(lib, name)

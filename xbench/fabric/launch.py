@@ -23,7 +23,15 @@ from pathlib import Path
 from xbench.probe.events import EVENT_PREFIX
 
 # Variables that a process manager sets in each rank it starts.
-RANK_ENV = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK", "PMI_FD", "MPI_LOCALRANKID")
+RANK_ENV = (
+    "PMI_RANK",
+    "PMI_SIZE",
+    "PMIX_RANK",
+    "OMPI_COMM_WORLD_RANK",
+    "MV2_COMM_WORLD_RANK",
+    "PMI_FD",
+    "MPI_LOCALRANKID",
+)
 
 
 def inside_launcher(environ=None) -> bool:
@@ -62,19 +70,43 @@ class LaunchResult:
     events: list = field(default_factory=list)
 
 
-def launch_worker(np: int, module: str, args: list[str], log_path: Path, on_event, stall_timeout_s: float) -> LaunchResult:
-    """Run ``python -m module args`` on ``np`` local ranks; feed rank 0's events to ``on_event``."""
+def launch_worker(
+    np: int,
+    module: str,
+    args: list[str],
+    log_path: Path,
+    on_event,
+    stall_timeout_s: float,
+    bind: str = "core",
+) -> LaunchResult:
+    """Run ``python -m module args`` on ``np`` local ranks; feed rank 0's events to ``on_event``.
+
+    ``bind`` is passed as Hydra's ``-bind-to`` (core, socket, none): pinned ranks do not
+    migrate between cores mid-sample.
+    """
     mpiexec = find_mpiexec()
     if mpiexec is None:
         from xbench.errors import XbenchError
 
-        raise XbenchError("no mpiexec found", "pip install mpich, set XBENCH_MPIEXEC, or start xbench under srun/mpirun")
-    cmd = [mpiexec, "-n", str(np), sys.executable, "-u", "-m", module, *args]
+        raise XbenchError(
+            "no mpiexec found",
+            "pip install mpich, set XBENCH_MPIEXEC, or start xbench under srun/mpirun",
+        )
+    binding = ["-bind-to", bind] if bind != "none" else []
+    cmd = [mpiexec, *binding, "-n", str(np), sys.executable, "-u", "-m", module, *args]
     result = LaunchResult(returncode=0)
     with open(log_path, "a") as log:
         log.write(f"$ {' '.join(cmd)}\n")
         log.flush()
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True, text=True, bufsize=1)
+        proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            text=True,
+            bufsize=1,
+        )
         sel = selectors.DefaultSelector()
         sel.register(proc.stdout, selectors.EVENT_READ)
         last_event = time.monotonic()
@@ -92,7 +124,7 @@ def launch_worker(np: int, module: str, args: list[str], log_path: Path, on_even
                 if not line:
                     break
                 if line.startswith(EVENT_PREFIX):
-                    event = json.loads(line[len(EVENT_PREFIX):])
+                    event = json.loads(line[len(EVENT_PREFIX) :])
                     last_event = time.monotonic()
                     result.events.append(event)
                     if event["event"] == "case_started":

@@ -41,7 +41,16 @@ class MpiHostTransport(Transport):
     def exchange(self, send_n, recv_n, iters):
         p = self.pair
         if self.lib:
-            return self.lib.xb_mpi_exchange(self._comm_addr, p.peer, int(p.initiator), _ptr(self.sbuf), send_n, _ptr(self.rbuf), recv_n, iters)
+            return self.lib.xb_mpi_exchange(
+                self._comm_addr,
+                p.peer,
+                int(p.initiator),
+                _ptr(self.sbuf),
+                send_n,
+                _ptr(self.rbuf),
+                recv_n,
+                iters,
+            )
         comm, peer = p.comm, p.peer
         sb, rb = memoryview(self.sbuf), memoryview(self.rbuf)
         t0 = time.perf_counter()
@@ -57,7 +66,16 @@ class MpiHostTransport(Transport):
     def window(self, n, window, iters):
         p = self.pair
         if self.lib:
-            return self.lib.xb_mpi_window(self._comm_addr, p.peer, int(p.initiator), _ptr(self.sbuf if p.initiator else self.rbuf), n, window, iters, ctypes.addressof(self._reqs))
+            return self.lib.xb_mpi_window(
+                self._comm_addr,
+                p.peer,
+                int(p.initiator),
+                _ptr(self.sbuf if p.initiator else self.rbuf),
+                n,
+                window,
+                iters,
+                ctypes.addressof(self._reqs),
+            )
         comm, peer, MPI = p.comm, p.peer, self.MPI
         buf = memoryview(self.sbuf if p.initiator else self.rbuf)[:n]
         ack = bytearray(4)
@@ -74,7 +92,16 @@ class MpiHostTransport(Transport):
     def biwindow(self, n, window, iters):
         p = self.pair
         if self.lib:
-            return self.lib.xb_mpi_biwindow(self._comm_addr, p.peer, _ptr(self.sbuf), _ptr(self.rbuf), n, window, iters, ctypes.addressof(self._reqs))
+            return self.lib.xb_mpi_biwindow(
+                self._comm_addr,
+                p.peer,
+                _ptr(self.sbuf),
+                _ptr(self.rbuf),
+                n,
+                window,
+                iters,
+                ctypes.addressof(self._reqs),
+            )
         comm, peer, MPI = p.comm, p.peer, self.MPI
         sb, rb = memoryview(self.sbuf)[:n], memoryview(self.rbuf)[:n]
         t0 = time.perf_counter()
@@ -88,7 +115,19 @@ class MpiHostTransport(Transport):
         p = self.pair
         m = FETCH_MODES.index(mode)
         if self.lib:
-            return self.lib.xb_mpi_fetch(self._comm_addr, p.peer, int(p.initiator), m, _ptr(self.cache), _ptr(self.offsets), k, block, _ptr(self.staging), iters, ctypes.addressof(self._reqs))
+            return self.lib.xb_mpi_fetch(
+                self._comm_addr,
+                p.peer,
+                int(p.initiator),
+                m,
+                _ptr(self.cache),
+                _ptr(self.offsets),
+                k,
+                block,
+                _ptr(self.staging),
+                iters,
+                ctypes.addressof(self._reqs),
+            )
         comm, peer, MPI = p.comm, p.peer, self.MPI
         cache, staging = memoryview(self.cache), memoryview(self.staging)
         offs = [int(o) for o in self.offsets[:k]]

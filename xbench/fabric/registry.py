@@ -9,7 +9,9 @@ HOST_TRANSPORTS = ("mpi", "tcp")
 TRANSPORTS = HOST_TRANSPORTS  # GPU transports (nccl, nvshmem, mpi --device cuda) register here
 
 
-def make_transport(name: str, pair, plan, *, loop: str = "auto", tcp_interface: str | None = None, seed: int = 0):
+def make_transport(
+    name: str, pair, plan, *, loop: str = "auto", tcp_interface: str | None = None, seed: int = 0
+):
     """Build the transport ``name`` for one rank pair."""
     if name == "mpi":
         from xbench.fabric.mpi_host import MpiHostTransport

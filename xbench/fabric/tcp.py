@@ -24,12 +24,18 @@ def interface_address(name: str) -> str:
     """IPv4 address of a network interface, or a one-line error naming the choices."""
     names = [n for _, n in socket.if_nameindex()]
     if name not in names:
-        raise XbenchError(f"no network interface {name!r} on {socket.gethostname()}", f"pick one of {', '.join(names)} for --tcp-interface")
+        raise XbenchError(
+            f"no network interface {name!r} on {socket.gethostname()}",
+            f"pick one of {', '.join(names)} for --tcp-interface",
+        )
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         try:
             packed = fcntl.ioctl(s.fileno(), SIOCGIFADDR, struct.pack("256s", name[:15].encode()))
         except OSError:
-            raise XbenchError(f"interface {name!r} has no IPv4 address", "pick an interface with an address for --tcp-interface") from None
+            raise XbenchError(
+                f"interface {name!r} has no IPv4 address",
+                "pick an interface with an address for --tcp-interface",
+            ) from None
     return socket.inet_ntoa(packed[20:24])
 
 
@@ -44,7 +50,9 @@ def _recv_into_all(sock: socket.socket, view: memoryview) -> None:
 class TcpTransport(Transport):
     name = "tcp"
 
-    def __init__(self, pair, plan, *, loop: str = "auto", interface: str | None = None, seed: int = 0):
+    def __init__(
+        self, pair, plan, *, loop: str = "auto", interface: str | None = None, seed: int = 0
+    ):
         super().__init__(pair, plan, seed=seed)
         self.interface = interface
         self.lib = None
@@ -81,14 +89,20 @@ class TcpTransport(Transport):
                 error, endpoint = str(exc), None
             comm.send((endpoint, error), dest=0, tag=21)
             if error:
-                raise XbenchError(f"TCP listener failed on rank {self.pair.world_ranks[1]}: {error}", "check --tcp-interface")
+                raise XbenchError(
+                    f"TCP listener failed on rank {self.pair.world_ranks[1]}: {error}",
+                    "check --tcp-interface",
+                )
             listener.settimeout(60)
             self.sock, _ = listener.accept()
             listener.close()
         else:
             endpoint, error = comm.recv(source=1, tag=21)
             if error:
-                raise XbenchError(f"TCP listener failed on rank {self.pair.world_ranks[1]}: {error}", "check --tcp-interface")
+                raise XbenchError(
+                    f"TCP listener failed on rank {self.pair.world_ranks[1]}: {error}",
+                    "check --tcp-interface",
+                )
             self.sock = socket.create_connection(tuple(endpoint), timeout=60)
         self.sock.settimeout(None)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -108,7 +122,17 @@ class TcpTransport(Transport):
     def exchange(self, send_n, recv_n, iters):
         me = self.pair.initiator
         if self.lib:
-            return self._check(self.lib.xb_tcp_exchange(self.sock.fileno(), int(me), self.sbuf.ctypes.data, send_n, self.rbuf.ctypes.data, recv_n, iters))
+            return self._check(
+                self.lib.xb_tcp_exchange(
+                    self.sock.fileno(),
+                    int(me),
+                    self.sbuf.ctypes.data,
+                    send_n,
+                    self.rbuf.ctypes.data,
+                    recv_n,
+                    iters,
+                )
+            )
         sb, rb, s = memoryview(self.sbuf), memoryview(self.rbuf), self.sock
         t0 = time.perf_counter()
         for _ in range(iters):
@@ -124,7 +148,11 @@ class TcpTransport(Transport):
         me = self.pair.initiator
         buf = self.sbuf if me else self.rbuf
         if self.lib:
-            return self._check(self.lib.xb_tcp_window(self.sock.fileno(), int(me), buf.ctypes.data, n, window, iters))
+            return self._check(
+                self.lib.xb_tcp_window(
+                    self.sock.fileno(), int(me), buf.ctypes.data, n, window, iters
+                )
+            )
         view, s, ack = memoryview(buf)[:n], self.sock, bytearray(1)
         t0 = time.perf_counter()
         for _ in range(iters):
@@ -140,7 +168,16 @@ class TcpTransport(Transport):
 
     def biwindow(self, n, window, iters):
         if self.lib:
-            return self._check(self.lib.xb_tcp_duplex(self.sock.fileno(), self.sbuf.ctypes.data, self.rbuf.ctypes.data, n, window, iters))
+            return self._check(
+                self.lib.xb_tcp_duplex(
+                    self.sock.fileno(),
+                    self.sbuf.ctypes.data,
+                    self.rbuf.ctypes.data,
+                    n,
+                    window,
+                    iters,
+                )
+            )
         sb, rb, s = memoryview(self.sbuf)[:n], memoryview(self.rbuf)[:n], self.sock
 
         def send_all():
@@ -159,7 +196,19 @@ class TcpTransport(Transport):
     def fetch(self, mode, k, block, iters):
         me, m = self.pair.initiator, FETCH_MODES.index(mode)
         if self.lib:
-            return self._check(self.lib.xb_tcp_fetch(self.sock.fileno(), int(me), m, self.cache.ctypes.data, self.offsets.ctypes.data, k, block, self.staging.ctypes.data, iters))
+            return self._check(
+                self.lib.xb_tcp_fetch(
+                    self.sock.fileno(),
+                    int(me),
+                    m,
+                    self.cache.ctypes.data,
+                    self.offsets.ctypes.data,
+                    k,
+                    block,
+                    self.staging.ctypes.data,
+                    iters,
+                )
+            )
         s, cache, staging = self.sock, memoryview(self.cache), memoryview(self.staging)
         offs = [int(o) for o in self.offsets[:k]]
         t0 = time.perf_counter()

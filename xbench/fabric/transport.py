@@ -83,10 +83,10 @@ class Transport(ABC):
         buf.fill(fill & 0xFF)
         return buf
 
-    def connect(self) -> None:
+    def connect(self) -> None:  # noqa: B027 - optional hook, most transports need none
         """Establish whatever the transport needs between the pair (collective on the pair)."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections."""
 
     @abstractmethod

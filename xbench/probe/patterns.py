@@ -69,7 +69,9 @@ class Case:
 
     def first_iters(self) -> int:
         """Iterations of the calibration sample: about a millisecond at 1 GB/s."""
-        moved = self.size_bytes * (self.window or 1) * (2 if self.pattern in ("latency", "bibw") else 1)
+        moved = (
+            self.size_bytes * (self.window or 1) * (2 if self.pattern in ("latency", "bibw") else 1)
+        )
         return max(1, min(1000, 10**6 // max(moved, 1)))
 
 
@@ -93,14 +95,32 @@ def plan_cases(spec: SweepSpec) -> list[Case]:
         if pattern == "latency":
             cases += [Case("latency", n, "latency_oneway", "us") for n in spec.sizes]
         elif pattern == "bandwidth":
-            cases += [Case("bandwidth", n, "bandwidth_window", "MB/s", window=spec.window) for n in spec.sizes]
+            cases += [
+                Case("bandwidth", n, "bandwidth_window", "MB/s", window=spec.window)
+                for n in spec.sizes
+            ]
         elif pattern == "bibw":
-            cases += [Case("bibw", n, "bandwidth_bidir", "MB/s", window=spec.window) for n in spec.sizes]
+            cases += [
+                Case("bibw", n, "bandwidth_bidir", "MB/s", window=spec.window) for n in spec.sizes
+            ]
         elif pattern == "rtt":
-            cases += [Case("rtt", b * spec.payload, "rtt", "us", rows=b, return_bytes=b * spec.return_bytes) for b in spec.rows]
+            cases += [
+                Case(
+                    "rtt", b * spec.payload, "rtt", "us", rows=b, return_bytes=b * spec.return_bytes
+                )
+                for b in spec.rows
+            ]
         elif pattern == "gather":
             cases += [
-                Case("gather", k * spec.block_bytes, f"fetch_{mode}", "us", blocks=k, block_bytes=spec.block_bytes, mode=mode)
+                Case(
+                    "gather",
+                    k * spec.block_bytes,
+                    f"fetch_{mode}",
+                    "us",
+                    blocks=k,
+                    block_bytes=spec.block_bytes,
+                    mode=mode,
+                )
                 for k in spec.blocks
                 for mode in spec.fetch_modes
             ]
@@ -111,7 +131,11 @@ def plan_cases(spec: SweepSpec) -> list[Case]:
 
 def buffer_needs(cases: list[Case]) -> tuple[int, int, int, int]:
     """(largest message, largest window, most blocks, block bytes) over the cases."""
-    message = max([c.size_bytes for c in cases if c.pattern != "gather"] + [c.return_bytes or 0 for c in cases] + [1])
+    message = max(
+        [c.size_bytes for c in cases if c.pattern != "gather"]
+        + [c.return_bytes or 0 for c in cases]
+        + [1]
+    )
     window = max([c.window or 1 for c in cases] + [1])
     blocks = max([c.blocks or 1 for c in cases] + [1])
     block = max([c.block_bytes or 1 for c in cases] + [1])

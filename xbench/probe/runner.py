@@ -50,6 +50,7 @@ class ProbeConfig:
     loop: str = "auto"
     tcp_interface: str | None = None
     launcher: str = "mpiexec"
+    bind: str = "core"  # what the launch pinned ranks to ("by launcher" under srun/mpirun)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -73,38 +74,49 @@ def parse_pairs(text: str, size: int) -> list[tuple[int, int]]:
         except ValueError:
             raise XbenchError(f"bad rank pair {item!r}", "write pairs as 0-1,0-2 or all") from None
         if a == b or not (0 <= a < size and 0 <= b < size):
-            raise XbenchError(f"rank pair {item!r} does not fit {size} ranks", "use distinct ranks below the number of ranks")
+            raise XbenchError(
+                f"rank pair {item!r} does not fit {size} ranks",
+                "use distinct ranks below the number of ranks",
+            )
         pairs.append((a, b))
     return pairs
 
 
 class Watchdog:
-    """Ends this process when one case outlasts the timeout."""
+    """Ends this process when one case outlasts the timeout.
+
+    The thread sleeps on a condition until the deadline; it does not poll, because on a
+    2-core machine every wake-up steals time from a busy-polling rank.
+    """
 
     def __init__(self, timeout_s: float, on_fire):
         self.timeout_s = timeout_s
         self.on_fire = on_fire
         self._deadline = None
         self._label = ""
-        self._lock = threading.Lock()
+        self._cond = threading.Condition()
         threading.Thread(target=self._watch, daemon=True, name="xbench-watchdog").start()
 
     def arm(self, label: str) -> None:
-        with self._lock:
+        with self._cond:
             self._label, self._deadline = label, time.monotonic() + self.timeout_s
+            self._cond.notify()
 
     def disarm(self) -> None:
-        with self._lock:
+        with self._cond:
             self._deadline = None
 
     def _watch(self) -> None:
-        while True:
-            time.sleep(0.2)
-            with self._lock:
-                fired = self._deadline is not None and time.monotonic() > self._deadline
-                label = self._label
-            if fired:
-                self.on_fire(label)
+        with self._cond:
+            while True:
+                if self._deadline is None:
+                    self._cond.wait()
+                    continue
+                left = self._deadline - time.monotonic()
+                if left > 0:
+                    self._cond.wait(left)
+                    continue
+                self.on_fire(self._label)
                 os._exit(EXIT_TIMEOUT)
 
 
@@ -144,7 +156,19 @@ def _overhead_rows(transport, base: dict) -> list[dict]:
     for s in range(5):
         iters = 100_000
         elapsed = transport.empty_loop(iters)
-        rows.append({**base, "pattern": "overhead", "size_bytes": 0, "iterations": iters, "sample": s, "warmup": False, "metric": "loop_overhead", "value": elapsed / iters * 1e6, "unit": "us"})
+        rows.append(
+            {
+                **base,
+                "pattern": "overhead",
+                "size_bytes": 0,
+                "iterations": iters,
+                "sample": s,
+                "warmup": False,
+                "metric": "loop_overhead",
+                "value": elapsed / iters * 1e6,
+                "unit": "us",
+            }
+        )
     return rows
 
 
@@ -174,7 +198,9 @@ def run_probe(cfg: ProbeConfig, sink, comm=None) -> None:
     if rank == 0:
         try:
             if size < 2:
-                raise XbenchError(f"the probe needs at least 2 ranks, got {size}", "launch with -n 2 or more")
+                raise XbenchError(
+                    f"the probe needs at least 2 ranks, got {size}", "launch with -n 2 or more"
+                )
             pairs = parse_pairs(cfg.pairs, size)
             meta = run_metadata(
                 cfg.run_id,
@@ -182,7 +208,9 @@ def run_probe(cfg: ProbeConfig, sink, comm=None) -> None:
                 hosts=hosts,
                 ranks=size,
                 mpi_library=MPI.Get_library_version().strip().splitlines()[0],
-                mpi_vendor="%s %s" % (MPI.get_vendor()[0], ".".join(map(str, MPI.get_vendor()[1]))),
+                mpi_vendor="{} {}".format(
+                    MPI.get_vendor()[0], ".".join(map(str, MPI.get_vendor()[1]))
+                ),
                 mpi4py=__import__("mpi4py").__version__,
                 launcher=cfg.launcher,
                 config=json.loads(cfg.to_json()),
@@ -199,7 +227,13 @@ def run_probe(cfg: ProbeConfig, sink, comm=None) -> None:
     cases = plan_cases(cfg.sweep)
     message, window, blocks, block = buffer_needs(cases)
     plan = BufferPlan(message_bytes=message, window=window, blocks=blocks, block_bytes=block)
-    watchdog = Watchdog(cfg.timeout_s, lambda label: fatal(f"case '{label}' did not finish within {cfg.timeout_s:g} s on rank {rank}: a peer rank hung or died, or the fabric stalled; finished cases are in {cfg.out_dir} (raise --timeout if the case is just slow)", EXIT_TIMEOUT))
+    watchdog = Watchdog(
+        cfg.timeout_s,
+        lambda label: fatal(
+            f"case '{label}' did not finish within {cfg.timeout_s:g} s on rank {rank}: a peer rank hung or died, or the fabric stalled; finished cases are in {cfg.out_dir} (raise --timeout if the case is just slow)",
+            EXIT_TIMEOUT,
+        ),
+    )
 
     total = len(pairs) * len(cases)
     loop_name = "c" if cfg.loop != "python" else "python"
@@ -211,19 +245,39 @@ def run_probe(cfg: ProbeConfig, sink, comm=None) -> None:
         pair_comm = world.Split(0 if member else MPI.UNDEFINED, 0 if rank == a else 1)
         transport, fabric = None, None
         if member:
-            pair = Pair(comm=pair_comm, me=0 if rank == a else 1, world_ranks=(a, b), hosts=(hosts[a], hosts[b]))
+            pair = Pair(
+                comm=pair_comm,
+                me=0 if rank == a else 1,
+                world_ranks=(a, b),
+                hosts=(hosts[a], hosts[b]),
+            )
             fabric = cfg.fabric or infer_fabric(cfg.transport, pair.same_host)
             try:
                 watchdog.arm(f"connect {a}-{b}")
-                transport = make_transport(cfg.transport, pair, plan, loop=cfg.loop, tcp_interface=cfg.tcp_interface, seed=a * 1000 + b)
+                transport = make_transport(
+                    cfg.transport,
+                    pair,
+                    plan,
+                    loop=cfg.loop,
+                    tcp_interface=cfg.tcp_interface,
+                    seed=a * 1000 + b,
+                )
                 transport.connect()
                 watchdog.disarm()
             except XbenchError as exc:
                 fatal(str(exc), 2)
             base = {
-                "run_id": cfg.run_id, "transport": transport.name, "device": transport.device, "fabric": fabric,
-                "fabric_inferred": cfg.fabric is None, "loop": transport.loop, "rank_a": a, "rank_b": b,
-                "host_a": hosts[a], "host_b": hosts[b], "pair_class": "intra-node" if pair.same_host else "inter-node",
+                "run_id": cfg.run_id,
+                "transport": transport.name,
+                "device": transport.device,
+                "fabric": fabric,
+                "fabric_inferred": cfg.fabric is None,
+                "loop": transport.loop,
+                "rank_a": a,
+                "rank_b": b,
+                "host_a": hosts[a],
+                "host_b": hosts[b],
+                "pair_class": "intra-node" if pair.same_host else "inter-node",
             }
         for case in cases:
             state.update(index=index, label=case.label)
@@ -239,9 +293,23 @@ def run_probe(cfg: ProbeConfig, sink, comm=None) -> None:
                     fatal(f"case '{case.label}' failed between ranks {a} and {b}: {exc}", 3)
                 watchdog.disarm()
                 if pair.initiator:
-                    fields = {k: getattr(case, k) for k in ("rows", "return_bytes", "window", "blocks", "block_bytes")}
+                    fields = {
+                        k: getattr(case, k)
+                        for k in ("rows", "return_bytes", "window", "blocks", "block_bytes")
+                    }
                     rows = [
-                        {**base, **fields, "pattern": case.pattern, "size_bytes": case.size_bytes, "iterations": it, "sample": i, "warmup": warm, "metric": case.metric, "value": case.value(el, it), "unit": case.unit}
+                        {
+                            **base,
+                            **fields,
+                            "pattern": case.pattern,
+                            "size_bytes": case.size_bytes,
+                            "iterations": it,
+                            "sample": i,
+                            "warmup": warm,
+                            "metric": case.metric,
+                            "value": case.value(el, it),
+                            "unit": case.unit,
+                        }
                         for i, (it, warm, el) in enumerate(samples)
                     ]
                     if case is cases[-1]:
@@ -253,7 +321,9 @@ def run_probe(cfg: ProbeConfig, sink, comm=None) -> None:
             if rank == 0:
                 rows = next(r for r in gathered if r)
                 store.append(PROBE_SAMPLES, rows)
-                measured = sorted(r["value"] for r in rows if not r["warmup"] and r["pattern"] == case.pattern)
+                measured = sorted(
+                    r["value"] for r in rows if not r["warmup"] and r["pattern"] == case.pattern
+                )
                 sink.case_done(index, case.label, measured[len(measured) // 2], case.unit)
             index += 1
         if member:

@@ -7,8 +7,44 @@ import pandas as pd
 from xbench.core.stats import summarize
 from xbench.core.units import format_size
 
-CASE_KEYS = ["pattern", "transport", "device", "fabric", "loop", "rank_a", "rank_b", "pair_class", "size_bytes", "rows", "return_bytes", "window", "blocks", "block_bytes", "metric", "unit"]
-SUMMARY_COLUMNS = ["pattern", "transport", "fabric", "loop", "pair", "pair_class", "size_bytes", "size", "rows", "window", "blocks", "metric", "n", "median", "ci_low", "ci_high", "p99", "unit"]
+CASE_KEYS = [
+    "pattern",
+    "transport",
+    "device",
+    "fabric",
+    "loop",
+    "rank_a",
+    "rank_b",
+    "pair_class",
+    "size_bytes",
+    "rows",
+    "return_bytes",
+    "window",
+    "blocks",
+    "block_bytes",
+    "metric",
+    "unit",
+]
+SUMMARY_COLUMNS = [
+    "pattern",
+    "transport",
+    "fabric",
+    "loop",
+    "pair",
+    "pair_class",
+    "size_bytes",
+    "size",
+    "rows",
+    "window",
+    "blocks",
+    "metric",
+    "n",
+    "median",
+    "ci_low",
+    "ci_high",
+    "p99",
+    "unit",
+]
 
 
 def summarize_samples(samples: pd.DataFrame, *, include_overhead: bool = False) -> pd.DataFrame:
@@ -18,14 +54,20 @@ def summarize_samples(samples: pd.DataFrame, *, include_overhead: bool = False) 
         measured = measured[measured["pattern"] != "overhead"]
     rows = []
     for key, group in measured.groupby(CASE_KEYS, dropna=False, sort=False):
-        case = dict(zip(CASE_KEYS, key))
+        case = dict(zip(CASE_KEYS, key, strict=True))
         s = summarize(group["value"].to_numpy())
-        rows.append({
-            **case,
-            "pair": f"{case['rank_a']}-{case['rank_b']}",
-            "size": format_size(int(case["size_bytes"])),
-            "n": s.n, "median": s.median, "ci_low": s.ci_low, "ci_high": s.ci_high, "p99": s.p99,
-        })
+        rows.append(
+            {
+                **case,
+                "pair": f"{case['rank_a']}-{case['rank_b']}",
+                "size": format_size(int(case["size_bytes"])),
+                "n": s.n,
+                "median": s.median,
+                "ci_low": s.ci_low,
+                "ci_high": s.ci_high,
+                "p99": s.p99,
+            }
+        )
     frame = pd.DataFrame(rows)
     if frame.empty:
         return pd.DataFrame(columns=SUMMARY_COLUMNS)

@@ -54,10 +54,20 @@ def git_revision() -> str | None:
     """Git revision of the xbench checkout (``+dirty`` when it has changes)."""
     root = Path(__file__).resolve().parents[2]
     try:
-        rev = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=5)
+        rev = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
         if rev.returncode != 0:
             return None
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=5)
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
         return rev.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return None
@@ -85,7 +95,15 @@ def gpu_inventory() -> list[dict]:
         for i in range(pynvml.nvmlDeviceGetCount()):
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
             mem = pynvml.nvmlDeviceGetMemoryInfo(h)
-            gpus.append({"index": i, "name": pynvml.nvmlDeviceGetName(h), "uuid": pynvml.nvmlDeviceGetUUID(h), "driver": driver, "memory_bytes": int(mem.total)})
+            gpus.append(
+                {
+                    "index": i,
+                    "name": pynvml.nvmlDeviceGetName(h),
+                    "uuid": pynvml.nvmlDeviceGetUUID(h),
+                    "driver": driver,
+                    "memory_bytes": int(mem.total),
+                }
+            )
         return gpus
     finally:
         pynvml.nvmlShutdown()

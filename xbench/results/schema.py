@@ -23,18 +23,26 @@ KERNEL_SAMPLES = "kernel_samples"
 PROBE_SAMPLES_SCHEMA = pa.schema(
     [
         pa.field("run_id", pa.string(), nullable=False),
-        pa.field("pattern", pa.string(), nullable=False),  # latency, bandwidth, bibw, rtt, gather, overhead
+        pa.field(
+            "pattern", pa.string(), nullable=False
+        ),  # latency, bandwidth, bibw, rtt, gather, overhead
         pa.field("transport", pa.string(), nullable=False),  # mpi, tcp, nccl, ...
         pa.field("device", pa.string(), nullable=False),  # host or cuda: where the buffers live
-        pa.field("fabric", pa.string(), nullable=False),  # shm, nvlink, ib, ibgda, roce, tcp, unknown
-        pa.field("fabric_inferred", pa.bool_(), nullable=False),  # label inferred, not given by the user
+        pa.field(
+            "fabric", pa.string(), nullable=False
+        ),  # shm, nvlink, ib, ibgda, roce, tcp, unknown
+        pa.field(
+            "fabric_inferred", pa.bool_(), nullable=False
+        ),  # label inferred, not given by the user
         pa.field("loop", pa.string(), nullable=False),  # c or python
         pa.field("rank_a", pa.int32(), nullable=False),  # initiator / requester / sender
         pa.field("rank_b", pa.int32(), nullable=False),  # responder / holder / receiver
         pa.field("host_a", pa.string(), nullable=False),
         pa.field("host_b", pa.string(), nullable=False),
         pa.field("pair_class", pa.string(), nullable=False),  # intra-node or inter-node
-        pa.field("size_bytes", pa.int64(), nullable=False),  # bytes moved per message (rtt: b*P sent)
+        pa.field(
+            "size_bytes", pa.int64(), nullable=False
+        ),  # bytes moved per message (rtt: b*P sent)
         pa.field("rows", pa.int32()),  # rtt: query rows per round trip
         pa.field("return_bytes", pa.int64()),  # rtt: bytes answered per round trip
         pa.field("window", pa.int32()),  # bandwidth/bibw: messages in flight
@@ -52,7 +60,9 @@ PROBE_SAMPLES_SCHEMA = pa.schema(
 KERNEL_SAMPLES_SCHEMA = pa.schema(
     [
         pa.field("run_id", pa.string(), nullable=False),
-        pa.field("kernel", pa.string(), nullable=False),  # partial_attention, merge, gather, splice, ceiling_*
+        pa.field(
+            "kernel", pa.string(), nullable=False
+        ),  # partial_attention, merge, gather, splice, ceiling_*
         pa.field("backend", pa.string(), nullable=False),  # torch, cuda, flashmla, flashinfer
         pa.field("device", pa.string(), nullable=False),  # cpu, cuda:0 (name in run metadata)
         pa.field("model", pa.string(), nullable=False),

@@ -50,7 +50,9 @@ def _atomic_write(path: Path, write) -> None:
 def write_table(path: Path, table_name: str, rows_or_frame, run_meta: dict) -> Path:
     """Write rows (list of dicts or a DataFrame) as one Parquet file of a known schema."""
     schema = SCHEMAS[table_name]
-    frame = rows_or_frame if isinstance(rows_or_frame, pd.DataFrame) else pd.DataFrame(rows_or_frame)
+    frame = (
+        rows_or_frame if isinstance(rows_or_frame, pd.DataFrame) else pd.DataFrame(rows_or_frame)
+    )
     for field in schema:
         if field.name not in frame.columns:
             frame[field.name] = None
@@ -74,7 +76,9 @@ def refuse_existing_run(out_dir: Path) -> None:
             other = json.loads(meta.read_text()).get("run_id", "?")
         except (OSError, ValueError):
             other = "?"
-        raise XbenchError(f"{out_dir} already holds run {other}", "pass a new --out directory or delete that one")
+        raise XbenchError(
+            f"{out_dir} already holds run {other}", "pass a new --out directory or delete that one"
+        )
 
 
 class RunStore:
@@ -85,7 +89,10 @@ class RunStore:
         refuse_existing_run(self.out_dir)
         self.run_meta = run_meta
         self._next_part: dict[str, int] = {}
-        _atomic_write(self.out_dir / "run.json", lambda p: p.write_text(json.dumps(run_meta, indent=2, default=str)))
+        _atomic_write(
+            self.out_dir / "run.json",
+            lambda p: p.write_text(json.dumps(run_meta, indent=2, default=str)),
+        )
 
     def append(self, table_name: str, rows) -> Path:
         """Write one finished case as its own part file and return its path."""
@@ -104,11 +111,16 @@ def _read_file(path: Path, table_name: str) -> pa.Table:
     meta = table.schema.metadata or {}
     found = meta.get(b"xbench.table", b"").decode()
     if found != table_name:
-        raise XbenchError(f"{path} holds table {found or 'unknown'!r}, not {table_name!r}", "pass a results directory written by xbench")
+        raise XbenchError(
+            f"{path} holds table {found or 'unknown'!r}, not {table_name!r}",
+            "pass a results directory written by xbench",
+        )
     version = int(meta.get(b"xbench.schema_version", b"0"))
     current = SCHEMA_VERSIONS[table_name]
     if version > current:
-        raise XbenchError(f"{path} has schema v{version}, newer than this xbench (v{current})", "upgrade xbench")
+        raise XbenchError(
+            f"{path} has schema v{version}, newer than this xbench (v{current})", "upgrade xbench"
+        )
     while version < current:
         table = MIGRATIONS[table_name][version](table)
         version += 1
@@ -121,7 +133,10 @@ def table_files(paths, table_name: str) -> list[Path]:
     for raw in paths:
         path = Path(raw)
         if not path.exists():
-            raise XbenchError(f"results path {path} does not exist", "pass a directory written by xbench probe or xbench kernel")
+            raise XbenchError(
+                f"results path {path} does not exist",
+                "pass a directory written by xbench probe or xbench kernel",
+            )
         if path.is_file():
             files.append(path)
         else:

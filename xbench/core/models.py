@@ -1,0 +1,150 @@
+"""Model presets: the attention shapes that set routed and fetched byte counts.
+
+Figures come from the models' public configuration files (see ``../shared/docs/mission.md``).
+In absorbed MLA decode one query row per head has ``qk_dim`` elements (512 latent + 64
+RoPE = 576 for DeepSeek-V3), the partial result per head is ``v_dim`` elements plus one
+fp32 log-sum-exp, and one cached token per layer is ``qk_dim`` elements in the chosen KV
+format. DeepSeek-V4 keeps one 512-wide KV head (448 + 64 RoPE) that serves as key and
+value, so its query row is 512 elements and its output is 512 wide.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from xbench.errors import XbenchError
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+LSE_BYTES = 4  # the fp32 log-sum-exp returned with each partial row
+
+
+@dataclass(frozen=True)
+class ModelPreset:
+    name: str
+    q_heads: int  # query heads per token (before tensor parallelism)
+    qk_dim: int  # elements per query row and per cached token (latent + RoPE)
+    v_dim: int  # elements of the partial output per head
+    rope_dim: int  # trailing RoPE elements of qk_dim
+    layers: int
+    index_topk: int | None  # tokens a DSA indexer selects per query; None = dense
+    kv_formats: dict[str, int] = field(default_factory=dict)  # format -> bytes per token per layer
+    softmax_scale: float = 0.0
+    notes: str = ""
+
+    def query_bytes_per_row(self, dtype: str = "bf16") -> int:
+        """S_q per query row (one head of one decode token)."""
+        return self.qk_dim * DTYPE_BYTES[dtype]
+
+    def return_bytes_per_row(self, dtype: str = "bf16") -> int:
+        """S_o per row: the partial output plus its fp32 LSE."""
+        return self.v_dim * DTYPE_BYTES[dtype] + LSE_BYTES
+
+    def kv_bytes_per_token(self, kv_format: str | None = None) -> int:
+        fmt = kv_format or next(iter(self.kv_formats))
+        if fmt not in self.kv_formats:
+            raise XbenchError(
+                f"{self.name} has no KV format {fmt!r}", f"pick one of {', '.join(self.kv_formats)}"
+            )
+        return self.kv_formats[fmt]
+
+    def as_row(self) -> dict:
+        return {
+            "model": self.name,
+            "q_heads": self.q_heads,
+            "qk_dim": self.qk_dim,
+            "v_dim": self.v_dim,
+            "rope_dim": self.rope_dim,
+            "layers": self.layers,
+            "index_topk": self.index_topk,
+            "kv_formats": dict(self.kv_formats),
+            "query_bytes_per_row": self.query_bytes_per_row(),
+            "return_bytes_per_row": self.return_bytes_per_row(),
+            "kv_bytes_per_token": self.kv_bytes_per_token(),
+            "softmax_scale": self.softmax_scale,
+        }
+
+
+# DeepSeek-V3's scale: 1/sqrt(192) times the YaRN factor (0.1 ln 40 + 1)^2.
+_V3_SCALE = (1 / 192**0.5) * (0.1 * __import__("math").log(40) + 1) ** 2
+_MLA_FORMATS = {"bf16": 1152, "fp8": 656}  # fp8: FlashMLA layout (512 fp8 + scales + 64 bf16 RoPE)
+_V4_FORMATS = {"fp8": 528, "fp4": 288}
+
+PRESETS: dict[str, ModelPreset] = {
+    p.name: p
+    for p in [
+        ModelPreset(
+            "deepseek-v3",
+            128,
+            576,
+            512,
+            64,
+            61,
+            None,
+            {"bf16": 1152},
+            _V3_SCALE,
+            "also DeepSeek-R1",
+        ),
+        ModelPreset(
+            "deepseek-v3.2",
+            128,
+            576,
+            512,
+            64,
+            61,
+            2048,
+            dict(_MLA_FORMATS),
+            _V3_SCALE,
+            "DSA indexer 64 heads x 128",
+        ),
+        ModelPreset(
+            "glm-5",
+            64,
+            576,
+            512,
+            64,
+            78,
+            2048,
+            dict(_MLA_FORMATS),
+            1 / 192**0.5,
+            "also GLM-5.1; DSA indexer 32 heads x 128",
+        ),
+        ModelPreset(
+            "kimi-k2", 64, 576, 512, 64, 61, None, {"bf16": 1152}, 1 / 192**0.5, "dense MLA"
+        ),
+        ModelPreset(
+            "deepseek-v4-flash",
+            64,
+            512,
+            512,
+            64,
+            43,
+            512,
+            dict(_V4_FORMATS),
+            1 / 512**0.5,
+            "1 KV head of 512 (448 + 64 RoPE), K = V; top-512 over 4x-compressed entries",
+        ),
+        ModelPreset(
+            "deepseek-v4-pro",
+            128,
+            512,
+            512,
+            64,
+            61,
+            1024,
+            dict(_V4_FORMATS),
+            1 / 512**0.5,
+            "1 KV head of 512 (448 + 64 RoPE), K = V; top-1024 over 4x-compressed entries",
+        ),
+    ]
+}
+ALIASES = {"deepseek-r1": "deepseek-v3", "glm-5.1": "glm-5"}
+
+
+def get_model(name: str) -> ModelPreset:
+    key = ALIASES.get(name.lower(), name.lower())
+    if key not in PRESETS:
+        raise XbenchError(
+            f"unknown model {name!r}",
+            f"pick one of {', '.join([*PRESETS, *ALIASES])} (xbench models lists them)",
+        )
+    return PRESETS[key]
