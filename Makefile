@@ -30,7 +30,8 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	rm -rf $(DEMO)
 	$(BIN)/xbench env
-	$(BIN)/xbench probe --np 2 --sizes 8B:1MiB --pattern latency,bandwidth,rtt --samples 5 --out $(DEMO)/probe
+	$(BIN)/xbench probe --np 2 --sizes 8B:1MiB --pattern latency,bandwidth,rtt,gather --samples 5 --out $(DEMO)/probe
+	$(BIN)/xbench kernel --model deepseek-v3.2 --rows 1,4 --chunk 256,2048 --samples 3 --out $(DEMO)/kernel
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

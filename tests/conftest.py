@@ -35,10 +35,26 @@ def xbench():
     return run_xbench
 
 
+def _gpu_present() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
 def pytest_collection_modifyitems(config, items):
     slow = os.environ.get("XBENCH_SLOW") == "1"
+    gpu = _gpu_present()
     for item in items:
         if "slow" in item.keywords and not slow:
             item.add_marker(
                 pytest.mark.skip(reason="slow test: run with XBENCH_SLOW=1 (make test-all)")
+            )
+        if "gpu" in item.keywords and not gpu:
+            item.add_marker(
+                pytest.mark.skip(
+                    reason="needs an NVIDIA GPU and driver; none here (xbench env says why)"
+                )
             )

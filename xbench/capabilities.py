@@ -134,6 +134,25 @@ def check_tcp() -> Capability:
     return Capability("transport tcp", True, f"sockets; interfaces: {', '.join(names)}")
 
 
+def check_kernel_backends() -> list[Capability]:
+    """Each kernel backend: can it run here, and if not, why."""
+    from xbench.kernels.api import BackendUnavailable, get_backend
+    from xbench.kernels.cuda_backend import nvrtc_status
+
+    caps = []
+    for name in ("torch", "cuda", "flashmla", "flashinfer"):
+        try:
+            get_backend(name)
+            detail = "runs here"
+            ok = True
+        except BackendUnavailable as exc:
+            detail, ok = exc.problem, False
+        if name == "cuda":
+            detail += f"; NVRTC {nvrtc_status()}"
+        caps.append(Capability(f"kernel backend {name}", ok, detail))
+    return caps
+
+
 def all_capabilities() -> list[Capability]:
     caps = [
         Capability("python", True, f"{platform.python_version()} on {platform.machine()}"),
@@ -150,5 +169,6 @@ def all_capabilities() -> list[Capability]:
             shutil.which("nvcc") is not None,
             shutil.which("nvcc") or "not on PATH (not needed: NVRTC compiles the kernels)",
         ),
+        *check_kernel_backends(),
     ]
     return caps

@@ -6,6 +6,8 @@ import typer
 
 import xbench
 from xbench.cli.env import env
+from xbench.cli.kernel import kernel
+from xbench.cli.models import models
 from xbench.cli.probe import probe
 
 app = typer.Typer(
@@ -33,6 +35,8 @@ def _main(
 
 
 app.command("probe")(probe)
+app.command("kernel")(kernel)
+app.command("models")(models)
 app.command("env")(env)
 
 

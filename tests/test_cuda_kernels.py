@@ -1,0 +1,148 @@
+"""CUDA kernels: NVRTC compilation for sm_90 here; numerics on a GPU (marked gpu)."""
+
+import math
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from xbench.kernels import BackendUnavailable, DensePages, cuda_backend, get_backend, random_topk
+from xbench.kernels.cuda_backend import KERNELS, SOURCES, CudaBackend, compile_source, cuda_dir
+
+ELF_MAGIC = b"\x7fELF"
+
+
+def test_every_source_is_registered():
+    assert sorted(p.name for p in cuda_dir().glob("*.cu")) == sorted(SOURCES)
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_compiles_for_sm90_without_a_gpu(source, tmp_path, monkeypatch):
+    monkeypatch.setenv("XBENCH_CACHE_DIR", str(tmp_path))  # a real compile, not a cached cubin
+    cubin = compile_source(source, "sm_90")
+    assert cubin.startswith(ELF_MAGIC)
+    for name in KERNELS[source]:
+        assert name.encode() in cubin
+    assert any(tmp_path.glob("*.cubin"))  # cached for the next run
+    assert compile_source(source, "sm_90") == cubin
+
+
+def test_backend_says_why_it_cannot_run_here():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    with pytest.raises(BackendUnavailable) as err:
+        get_backend("cuda")
+    assert "\n" not in str(err.value) and "CUDA" in str(err.value)
+    for name in ("flashmla", "flashinfer"):
+        with pytest.raises(BackendUnavailable):
+            get_backend(name)
+
+
+def _signature_lengths() -> dict[str, int]:
+    """Parameter count of every extern "C" kernel, read from the sources."""
+    counts = {}
+    for source in SOURCES:
+        text = (cuda_dir() / source).read_text()
+        for m in re.finditer(
+            r'extern "C" __global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s*)?(\w+)\s*\(([^)]*)\)',
+            text,
+            re.S,
+        ):
+            counts[m.group(1)] = len([p for p in m.group(2).split(",") if p.strip()])
+    return counts
+
+
+class _Recorder(CudaBackend):
+    """The backend up to the launch call: argument packing without a driver."""
+
+    def __init__(self):
+        self.calls = []
+
+    def _launch(self, name, grid, block, *args):
+        self.calls.append((name, grid, block, args))
+
+
+def test_launch_arguments_match_kernel_signatures():
+    counts = _signature_lengths()
+    assert set(counts) == {k for names in KERNELS.values() for k in names}
+    backend = _Recorder()
+    q = torch.randn(3, 8, 576, dtype=torch.bfloat16)
+    cache = torch.randn(10, 64, 576, dtype=torch.bfloat16)
+    backend.partial_attention(q, cache, random_topk(640, 100, 3), 0.1, 512)
+    backend.partial_attention(q.float(), cache.float(), DensePages(torch.arange(4), 200), 0.1, 512)
+    backend.merge_partials(torch.zeros(2, 3, 8, 512), torch.zeros(2, 3, 8))
+    backend.gather_kv(cache, torch.arange(50))
+    backend.splice_kv(cache, torch.zeros(70, 576, dtype=torch.bfloat16), [1, 2], 5)
+    names = [c[0] for c in backend.calls]
+    assert names == [
+        "mla_partial_attention_bf16",
+        "mla_partial_attention_f32",
+        "merge_partials_f32",
+        "gather_kv_bf16",
+        "splice_kv_bf16",
+    ]
+    for name, grid, block, args in backend.calls:
+        assert len(args) == counts[name], name
+        assert all(isinstance(a, (int, np.integer, np.floating)) for a in args)
+        assert not any(isinstance(a, float) for a in args)  # Python floats would pass as doubles
+        assert 0 < block <= 1024 and all(g > 0 for g in grid)
+    assert backend.calls[0][1] == (8, 3)  # one block per (head, row)
+
+
+# ---- on a GPU ---------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["cuda", "flashmla", "flashinfer"])
+def test_gpu_backends_match_torch_reference(backend):
+    try:
+        impl = get_backend(backend)
+    except BackendUnavailable as exc:
+        pytest.skip(str(exc))
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(4, 16, 576, generator=gen).bfloat16().cuda()
+    cache = torch.randn(64, 64, 576, generator=gen).bfloat16().cuda()
+    sel = DensePages(torch.randperm(64, generator=gen)[:20], 20 * 64 - 9)
+    scale = 1 / math.sqrt(576)
+    out, lse = impl.partial_attention(q, cache, sel, scale, 512)
+    ref_out, ref_lse = get_backend("torch").partial_attention(
+        q.double().cpu(), cache.double().cpu(), sel, scale, 512
+    )
+    err = (out.double().cpu() - ref_out.double()).abs()
+    assert (err <= 8e-4 + 1.6e-2 * ref_out.double().abs()).all()
+    assert torch.allclose(lse.double().cpu(), ref_lse.double(), rtol=1.2e-4)
+
+
+@pytest.mark.gpu
+def test_cuda_sparse_merge_gather_splice_on_gpu():
+    try:
+        impl = get_backend("cuda")
+    except BackendUnavailable as exc:
+        pytest.skip(str(exc))
+    ref = get_backend("torch")
+    gen = torch.Generator().manual_seed(1)
+    q = torch.randn(3, 8, 576, generator=gen).cuda()
+    cache = torch.randn(20, 64, 576, generator=gen).cuda()
+    idx = random_topk(20 * 64, 200, 3, generator=gen)
+    idx[1, 150:] = -1
+    out, lse = impl.partial_attention(q, cache, idx, 0.05, 512)
+    r_out, r_lse = ref.partial_attention(q.cpu(), cache.cpu(), idx, 0.05, 512)
+    assert torch.allclose(out.cpu(), r_out, rtol=1e-4, atol=1e-5) and torch.allclose(
+        lse.cpu(), r_lse, rtol=1e-5
+    )
+    m_out, m_lse = impl.merge_partials(torch.stack([out, out]), torch.stack([lse, lse]))
+    assert torch.allclose(m_out, out, rtol=1e-5, atol=1e-6) and torch.allclose(
+        m_lse, lse + math.log(2), rtol=1e-6
+    )
+    packed = impl.gather_kv(cache, idx[0])
+    assert torch.equal(packed.cpu(), ref.gather_kv(cache.cpu(), idx[0]))
+    dst_gpu, dst_cpu = torch.zeros_like(cache), torch.zeros_like(cache).cpu()
+    impl.splice_kv(dst_gpu, packed, [3, 4, 9, 11], 77)
+    ref.splice_kv(dst_cpu, packed.cpu(), [3, 4, 9, 11], 77)
+    assert torch.equal(dst_gpu[..., :-64].cpu(), dst_cpu[..., :-64])
+    assert torch.allclose(dst_gpu.cpu(), dst_cpu, rtol=1e-6, atol=1e-6)
+
+
+def test_module_keeps_no_gpu_state_on_import():
+    assert cuda_backend.CudaBackend._instance is None or torch.cuda.is_available()

@@ -1,0 +1,101 @@
+"""xbench kernel and xbench models from the command line."""
+
+import json
+
+from xbench.core.models import PRESETS, get_model
+from xbench.results.schema import KERNEL_SAMPLES
+from xbench.results.store import read_table
+
+
+def test_models_json_derives_byte_counts(xbench):
+    r = xbench("models", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    rows = {row["model"]: row for row in json.loads(r.stdout)}
+    assert set(rows) == set(PRESETS)
+    v32 = rows["deepseek-v3.2"]
+    assert (v32["query_bytes_per_row"], v32["return_bytes_per_row"], v32["kv_bytes_per_token"]) == (
+        1152,
+        1028,
+        1152,
+    )
+    assert v32["kv_formats"] == {"bf16": 1152, "fp8": 656}
+    v4 = rows["deepseek-v4-pro"]
+    assert (v4["query_bytes_per_row"], v4["kv_formats"]) == (1024, {"fp8": 528, "fp4": 288})
+    assert abs(rows["deepseek-v3"]["softmax_scale"] - 0.1352) < 1e-3
+    assert get_model("GLM-5.1").name == "glm-5"
+
+
+def test_kernel_sweep_writes_samples_and_rates(xbench, tmp_path):
+    out = tmp_path / "k"
+    r = xbench(
+        "kernel",
+        "--rows",
+        "1,2",
+        "--heads",
+        "8",
+        "--chunk",
+        "64,256",
+        "--samples",
+        "3",
+        "--min-sample-time",
+        "2ms",
+        "--out",
+        out,
+        "--format",
+        "json",
+    )
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    kinds = {(row["kernel"], row["rows"], row["chunk_tokens"]) for row in summary}
+    assert (
+        ("partial_attention", 2, 256) in kinds
+        and ("merge", 2, 0) in kinds
+        and ("gather", 1, 256) in kinds
+        and ("splice", 1, 64) in kinds
+    )
+    for row in summary:
+        assert row["ci_low_us"] <= row["median_us"] <= row["ci_high_us"]
+        assert 0 < row["copy_share"] and row["gb_per_s"] > 0
+    samples = read_table(out, KERNEL_SAMPLES)
+    assert {"ceiling_copy", "ceiling_matmul"} <= set(samples.kernel)
+    assert samples.warmup.any() and (~samples.warmup).any()
+
+
+def test_kernel_sparse_fp32(xbench, tmp_path):
+    r = xbench(
+        "kernel",
+        "--kernels",
+        "partial_attention,gather",
+        "--sparse",
+        "--dtype",
+        "fp32",
+        "--rows",
+        "2",
+        "--heads",
+        "4",
+        "--chunk",
+        "128",
+        "--samples",
+        "2",
+        "--no-ceilings",
+        "--min-sample-time",
+        "1ms",
+        "--out",
+        tmp_path / "s",
+        "--format",
+        "csv",
+    )
+    assert r.returncode == 0, r.stderr
+    assert "partial_attention" in r.stdout and ",True," in r.stdout
+
+
+def test_kernel_bad_input(xbench):
+    for args, words in (
+        (["--model", "gpt-9"], "unknown model"),
+        (["--kernels", "fft"], "unknown kernel"),
+        (["--dtype", "int4"], "unknown dtype"),
+        (["--backend", "cuda"], "cuda backend"),
+    ):
+        r = xbench("kernel", *args)
+        assert r.returncode != 0 and "Traceback" not in r.stderr
+        assert words in r.stderr, r.stderr

@@ -1,0 +1,194 @@
+"""Kernel numerics against a float64 reference on fresh random inputs (torch backend, CPU)."""
+
+import math
+
+import pytest
+import torch
+
+from xbench.kernels import (
+    DensePages,
+    gather_kv,
+    merge_partials,
+    mla_partial_attention,
+    random_topk,
+    splice_kv,
+    torch_backend,
+)
+from xbench.kernels.rope import inv_freq, rotate
+
+D, V, BS = 576, 512, 64
+
+
+def make_cache(blocks, dtype, selected_tokens, gen):
+    """A paged cache of random values where selected; NaN everywhere else."""
+    cache = torch.full((blocks * BS, D), float("nan"), dtype=torch.float64)
+    sel = torch.unique(selected_tokens[selected_tokens >= 0])
+    cache[sel] = torch.randn(len(sel), D, generator=gen, dtype=torch.float64)
+    return cache.to(dtype).reshape(blocks, BS, D)
+
+
+def reference(q, cache, token_rows, scale):
+    """float64 attention; token_rows[r] lists row r's tokens."""
+    flat = cache.reshape(-1, D).double()
+    rows, heads = q.shape[:2]
+    out = torch.zeros(rows, heads, V, dtype=torch.float64)
+    lse = torch.full((rows, heads), -math.inf, dtype=torch.float64)
+    for r in range(rows):
+        idx = token_rows[r]
+        idx = idx[idx >= 0]
+        if len(idx) == 0:
+            continue
+        k = flat[idx]
+        s = q[r].double() @ k.T * scale
+        lse[r] = torch.logsumexp(s, dim=-1)
+        out[r] = torch.softmax(s, dim=-1) @ k[:, :V]
+    return out, lse
+
+
+def assert_matches(out, lse, ref_out, ref_lse, dtype):
+    assert out.dtype == torch.float32 and lse.dtype == torch.float32
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isneginf(lse), ~finite)
+    o, r = out.double(), ref_out
+    if dtype == torch.bfloat16:
+        bad = (o - r).abs() > 8e-4 + 1.6e-2 * r.abs()
+        assert not bad.any(), (
+            f"{int(bad.sum())} elements out of tolerance, worst {(o - r).abs().max():.2e}"
+        )
+        cos = 1 - torch.nn.functional.cosine_similarity(o.flatten(), r.flatten(), dim=0)
+        assert cos < 5e-6, f"cosine difference {cos:.2e}"
+    else:
+        assert torch.allclose(o, r, rtol=1e-5, atol=1e-5 * r.abs().max().item())
+    rel = (lse[finite].double() - ref_lse[finite]).abs() / ref_lse[finite].abs().clamp_min(1.0)
+    assert rel.max() < 1.2e-4 if len(rel) else True
+
+
+def selections(kind, rows, blocks, gen):
+    """(indices for the API, per-row token lists for the reference)."""
+    if kind == "dense-contiguous":
+        sel = DensePages(torch.arange(3, 3 + 20), 20 * BS - 17)
+        toks = sel.token_indices(BS)
+        return sel, [toks] * rows
+    if kind == "dense-scattered":
+        pages = torch.randperm(blocks, generator=gen)[:12]
+        sel = DensePages(pages, 12 * BS - 5)
+        toks = sel.token_indices(BS)
+        return sel, [toks] * rows
+    if kind == "sparse-shared":
+        toks = torch.randperm(blocks * BS, generator=gen)[:700]
+        return toks, [toks] * rows
+    if kind == "sparse-per-row":
+        toks = random_topk(blocks * BS, 300, rows, generator=gen)
+        toks[0, 250:] = -1  # padding
+        toks[-1, :] = -1  # a row with nothing selected
+        return toks, list(toks)
+    raise ValueError(kind)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(
+    "kind", ["dense-contiguous", "dense-scattered", "sparse-shared", "sparse-per-row"]
+)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_partial_attention_matches_float64(dtype, kind, seed):
+    gen = torch.Generator().manual_seed(seed)
+    rows, heads, blocks = 3, 16, 40
+    indices, token_rows = selections(kind, rows, blocks, gen)
+    all_tokens = torch.cat([t.flatten() for t in token_rows])
+    cache = make_cache(blocks, dtype, all_tokens, gen)
+    q = torch.randn(rows, heads, D, generator=gen).to(dtype)
+    scale = 1 / math.sqrt(D)
+    out, lse = mla_partial_attention(q, cache, indices, scale)
+    ref_out, ref_lse = reference(q, cache, token_rows, scale)
+    assert_matches(out, lse, ref_out, ref_lse, dtype)
+
+
+def test_tiled_keys_equal_one_pass(monkeypatch):
+    gen = torch.Generator().manual_seed(3)
+    cache = torch.randn(40, BS, D, generator=gen)
+    q = torch.randn(2, 8, D, generator=gen)
+    sel = DensePages(torch.arange(40), 40 * BS)
+    whole = mla_partial_attention(q, cache, sel, 0.05)
+    monkeypatch.setattr(torch_backend, "SCORE_BUDGET", 16 * 300)  # forces many tiles
+    tiled = mla_partial_attention(q, cache, sel, 0.05)
+    assert torch.allclose(whole[0], tiled[0], rtol=1e-5, atol=1e-6) and torch.allclose(
+        whole[1], tiled[1], rtol=1e-6
+    )
+
+
+@pytest.mark.parametrize("parts", [2, 3, 7])
+def test_merge_of_any_split_equals_single_pass(parts):
+    gen = torch.Generator().manual_seed(parts)
+    cache = torch.randn(30, BS, D, generator=gen, dtype=torch.float64).float()
+    q = torch.randn(4, 8, D, generator=gen)
+    toks = torch.randperm(30 * BS, generator=gen)[:900]
+    cuts = sorted(torch.randperm(899, generator=gen)[: parts - 1].add(1).tolist())
+    pieces = torch.tensor_split(toks, cuts)
+    partials = [mla_partial_attention(q, cache, p, 0.07) for p in pieces]
+    # one empty partial must not disturb the merge
+    partials.append(mla_partial_attention(q, cache, torch.empty(0, dtype=torch.int64), 0.07))
+    out, lse = merge_partials(
+        torch.stack([p[0] for p in partials]), torch.stack([p[1] for p in partials])
+    )
+    whole_out, whole_lse = mla_partial_attention(q, cache, toks, 0.07)
+    assert torch.allclose(out, whole_out, rtol=1e-5, atol=1e-6)
+    assert torch.allclose(lse, whole_lse, rtol=1e-6)
+
+
+def test_empty_selections_give_minus_inf_and_no_nan():
+    cache = torch.full((4, BS, D), float("nan"))
+    q = torch.randn(2, 4, D)
+    out, lse = mla_partial_attention(q, cache, torch.empty(0, dtype=torch.int64), 0.1)
+    assert torch.isneginf(lse).all() and torch.equal(out, torch.zeros_like(out))
+    out, lse = merge_partials(torch.stack([out, out]), torch.stack([lse, lse]))
+    assert torch.isneginf(lse).all() and not torch.isnan(out).any()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gather_and_splice_are_exact_with_rerotation(dtype):
+    gen = torch.Generator().manual_seed(5)
+    blocks, n = 16, 150
+    raw = torch.randn(blocks * BS, D, generator=gen, dtype=torch.float64)  # pre-RoPE content
+    positions = torch.arange(blocks * BS, dtype=torch.float64)
+    freqs = inv_freq(64)
+    holder = raw.clone()
+    holder[:, -64:] = rotate(raw[:, -64:], positions, freqs)  # RoPE at the holder's positions
+    holder = holder.to(dtype).reshape(blocks, BS, D)
+    toks = torch.randperm(blocks * BS, generator=gen)[:n]
+    packed = gather_kv(holder, toks)
+    assert torch.equal(packed, holder.reshape(-1, D)[toks])  # bit-exact
+
+    requester = torch.full((8, BS, D), float("nan"), dtype=dtype)
+    shift = 1000
+    slots = splice_kv(requester, packed, [5, 2, 7], shift)
+    assert torch.equal(
+        slots,
+        torch.cat(
+            [
+                torch.arange(5 * BS, 6 * BS),
+                torch.arange(2 * BS, 3 * BS),
+                torch.arange(7 * BS, 7 * BS + 22),
+            ]
+        ),
+    )
+    written = requester.reshape(-1, D)[slots]
+    assert torch.equal(written[:, :-64], packed[:, :-64])  # latent part bit-exact
+    # RoPE part equals the reference rotation to the new positions. Two roundings to the
+    # cache dtype (stored at the holder, stored again after re-rotation), each bounded by
+    # half an ulp of the rotated pair's norm (rotations preserve it).
+    expected = rotate(raw[toks, -64:], positions[toks] + shift, freqs)
+    pair_norm = expected.unflatten(-1, (-1, 2)).norm(dim=-1).repeat_interleave(2, dim=-1)
+    eps = 2**-8 if dtype == torch.bfloat16 else 2**-24
+    err = (written[:, -64:].double() - expected).abs()
+    assert (err <= 2.5 * eps * pair_norm).all(), (
+        f"worst {(err / pair_norm).max():.2e} of the pair norm"
+    )
+    untouched = torch.ones(8 * BS, dtype=torch.bool)
+    untouched[slots] = False
+    assert torch.isnan(requester.reshape(-1, D)[untouched]).all()  # nothing else written
+
+
+def test_splice_refuses_too_few_pages():
+    with pytest.raises(ValueError, match="free pages"):
+        splice_kv(torch.zeros(2, BS, D), torch.zeros(BS + 1, D), [0], 0)

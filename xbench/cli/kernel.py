@@ -1,0 +1,188 @@
+"""``xbench kernel``: time MLA partial attention, merge, gather and splice on this device."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from xbench.cli.common import OutputFormat, console, emit_frame, handles_errors
+from xbench.cli.render import num
+from xbench.core.units import parse_duration, parse_int_list
+from xbench.errors import XbenchError
+
+
+@handles_errors
+def kernel(
+    model: Annotated[str, typer.Option(help="Model preset (xbench models).")] = "deepseek-v3.2",
+    backend: Annotated[str, typer.Option(help="torch, cuda, flashmla or flashinfer.")] = "torch",
+    kernels: Annotated[
+        str, typer.Option(help="Comma list of partial_attention, merge, gather, splice.")
+    ] = "partial_attention,merge,gather,splice",
+    rows: Annotated[
+        str, typer.Option(help="Query rows (decode tokens) routed together, e.g. 1,8,64.")
+    ] = "1,8,64",
+    chunk: Annotated[
+        str, typer.Option(help="Tokens attended or moved: 64:16384 doubles, or a list.")
+    ] = "64:16384",
+    dtype: Annotated[str, typer.Option(help="bf16 or fp32 (query and cache).")] = "bf16",
+    sparse: Annotated[
+        bool,
+        typer.Option(
+            "--sparse/--dense",
+            help="Random top-k token selections (per row) instead of dense pages.",
+        ),
+    ] = False,
+    heads: Annotated[
+        int | None,
+        typer.Option(help="Heads per device (after tensor parallelism); default: the model's."),
+    ] = None,
+    block_size: Annotated[int, typer.Option(help="Tokens per KV page.")] = 64,
+    samples: Annotated[int, typer.Option(help="Measured samples per case.")] = 5,
+    warmups: Annotated[int, typer.Option(help="Warm-up samples per case (stored, flagged).")] = 1,
+    min_sample_time: Annotated[
+        str, typer.Option(help="Calibrate calls so one sample lasts at least this.")
+    ] = "20ms",
+    ceilings: Annotated[
+        bool,
+        typer.Option(
+            "--ceilings/--no-ceilings",
+            help="Measure this device's copy bandwidth and matmul rate first.",
+        ),
+    ] = True,
+    device: Annotated[
+        str | None, typer.Option(help="cpu or cuda (default: cuda when torch sees a GPU).")
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Run directory (default results/<run_id>).")
+    ] = None,
+    fmt: Annotated[
+        OutputFormat, typer.Option("--format", help="table, json or csv.")
+    ] = OutputFormat.table,
+) -> None:
+    """Time the compute side of cross-instance attention; write samples as Parquet."""
+    from xbench.cli.progress import make_progress
+    from xbench.core.models import get_model
+    from xbench.kernels.api import get_backend
+    from xbench.kernels.bench import (
+        KERNELS,
+        ceiling_rows,
+        default_device,
+        measure_ceilings,
+        plan_cases,
+        sample_rows,
+        time_case,
+    )
+    from xbench.kernels.summary import summarize_kernels
+    from xbench.results.metadata import new_run_id, run_metadata
+    from xbench.results.schema import KERNEL_SAMPLES
+    from xbench.results.store import RunStore, ensure_writable_dir, read_table, refuse_existing_run
+
+    preset = get_model(model)
+    names = [k.strip() for k in kernels.split(",") if k.strip()]
+    bad = [k for k in names if k not in KERNELS]
+    if bad or not names:
+        raise XbenchError(
+            f"unknown kernel {', '.join(bad) or repr(kernels)}", f"pick from {', '.join(KERNELS)}"
+        )
+    if dtype not in ("bf16", "fp32"):
+        raise XbenchError(f"unknown dtype {dtype!r}", "pick bf16 or fp32")
+    from xbench.core.units import parse_size_list
+
+    chunks = [
+        int(c)
+        for c in parse_size_list(
+            chunk.replace("B", "") if chunk.replace(":", "").replace(",", "").isdigit() else chunk
+        )
+    ]
+    row_list = parse_int_list(rows, "--rows")
+    dev = device or default_device()
+    if dev not in ("cpu", "cuda") and not dev.startswith("cuda:"):
+        raise XbenchError(f"unknown device {dev!r}", "pick cpu or cuda")
+    get_backend(backend)  # a backend that cannot run here says why before anything is measured
+    run_id = new_run_id("kernel")
+    out_dir = ensure_writable_dir(out or Path("results") / run_id)
+    refuse_existing_run(out_dir)
+    min_s = parse_duration(min_sample_time)
+    cases = plan_cases(preset, names, row_list, chunks, dtype, sparse, heads, block_size)
+
+    import torch
+
+    meta = run_metadata(
+        run_id,
+        "kernel",
+        device=dev,
+        device_name=torch.cuda.get_device_name(0) if dev.startswith("cuda") else None,
+        backend=backend,
+        model=preset.name,
+        torch_threads=torch.get_num_threads(),
+    )
+    store = RunStore(out_dir, meta)
+    with make_progress() as progress:
+        task = progress.add_task("kernel", total=len(cases) + int(ceilings))
+        if ceilings:
+            progress.update(task, description="kernel: ceilings", refresh=True)
+            store.append(
+                KERNEL_SAMPLES,
+                ceiling_rows(measure_ceilings(dev, dtype), run_id, backend, dev, dtype),
+            )
+            progress.update(task, advance=1, refresh=True)
+        for case in cases:
+            progress.update(task, description=f"kernel: {case.label}", refresh=True)
+            timings = time_case(
+                case,
+                backend,
+                dev,
+                preset.softmax_scale,
+                samples=samples,
+                warmups=warmups,
+                min_sample_s=min_s,
+            )
+            store.append(
+                KERNEL_SAMPLES, sample_rows(case, timings, run_id, backend, dev, preset.name)
+            )
+            progress.update(task, advance=1, refresh=True)
+    summary = summarize_kernels(read_table(out_dir, KERNEL_SAMPLES))
+    emit_frame(summary, fmt, lambda f: _table(f, out_dir))
+
+
+SHORT = {"partial_attention": "attention", "merge": "merge", "gather": "gather", "splice": "splice"}
+
+
+def _table(summary, out_dir) -> None:
+    title = "xbench kernel"
+    if len(summary):
+        first = summary.iloc[0]
+        selection = "sparse" if first["sparse"] else "dense"
+        title += f": {first['backend']} on {first['device']}, {first['model']}, {first['heads']} heads, {first['dtype']}, {selection}"
+    table = Table(
+        title=title,
+        caption=f"{out_dir}  |  % of this run's measured copy bandwidth and matmul rate",
+    )
+    for col in (
+        "kernel",
+        "rows",
+        "chunk",
+        "median us",
+        "95% CI",
+        "GB/s",
+        "GFLOP/s",
+        "%copy",
+        "%mm",
+    ):
+        table.add_column(col, justify="left" if col == "kernel" else "right", no_wrap=True)
+    for r in summary.itertuples():
+        table.add_row(
+            SHORT[r.kernel],
+            str(r.rows),
+            str(r.chunk_tokens),
+            num(r.median_us),
+            f"{num(r.ci_low_us)}-{num(r.ci_high_us)}",
+            num(r.gb_per_s),
+            num(r.gflop_per_s) if r.flops else "-",
+            f"{100 * r.copy_share:.0f}" if r.copy_share == r.copy_share else "-",
+            f"{100 * r.matmul_share:.0f}" if r.flops and r.matmul_share == r.matmul_share else "-",
+        )
+    console.print(table)

@@ -1,0 +1,336 @@
+"""Timing the kernels: cases, ceilings, and the sweep behind ``xbench kernel``.
+
+Honest timing: every case first runs untimed warm-ups, then calibrates the calls per
+sample so a sample lasts at least ``min_sample_s``, then takes ``samples`` samples. Inputs
+are several fresh sets rotated call by call, enough that their total exceeds twice the
+last-level cache, so a kernel never re-reads what the previous call left in cache. On CUDA
+the samples are timed with CUDA events around the calls, never host clocks around
+asynchronous work.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from xbench.core.models import LSE_BYTES, ModelPreset
+from xbench.kernels.api import get_backend
+from xbench.kernels.selection import DensePages, random_topk
+
+KERNELS = ("partial_attention", "merge", "gather", "splice")
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+@dataclass(frozen=True)
+class KernelCase:
+    kernel: str
+    rows: int
+    heads: int
+    chunk: int  # tokens attended (sparse: per row) or moved
+    dim: int
+    v_dim: int
+    dtype: str
+    sparse: bool
+    partials: int = 2
+    block_size: int = 64
+    rope_dim: int = 64
+
+    @property
+    def elem(self) -> int:
+        return torch.finfo(TORCH_DTYPES[self.dtype]).bits // 8
+
+    @property
+    def bytes_moved(self) -> int:
+        """Least bytes the kernel must read and write."""
+        rh = self.rows * self.heads
+        if self.kernel == "partial_attention":
+            kv_tokens = self.chunk * (self.rows if self.sparse else 1)
+            return (
+                rh * self.dim * self.elem
+                + kv_tokens * self.dim * self.elem
+                + rh * (self.v_dim * 4 + LSE_BYTES)
+            )
+        if self.kernel == "merge":
+            return (self.partials + 1) * rh * (self.v_dim * 4 + LSE_BYTES)
+        return 2 * self.chunk * self.dim * self.elem  # gather, splice: read + write each token
+
+    @property
+    def flops(self) -> int:
+        rh = self.rows * self.heads
+        if self.kernel == "partial_attention":
+            return 2 * rh * self.chunk * (self.dim + self.v_dim)
+        if self.kernel == "merge":
+            return 2 * self.partials * rh * self.v_dim
+        if self.kernel == "splice":
+            return 6 * self.chunk * self.rope_dim // 2
+        return 0
+
+    @property
+    def label(self) -> str:
+        kind = "sparse" if self.sparse else "dense"
+        return f"{self.kernel} rows={self.rows} chunk={self.chunk} {kind} {self.dtype}"
+
+
+def llc_bytes() -> int:
+    """Last-level cache size of CPU 0 (sysfs), 32 MiB when unknown."""
+    best = 0
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            text = (index / "size").read_text().strip()
+            best = max(
+                best,
+                int(text[:-1])
+                * (1024 if text.endswith("K") else 1024**2 if text.endswith("M") else 1),
+            )
+        except (OSError, ValueError):
+            continue
+    return best or 32 * 2**20
+
+
+class Clock:
+    """Host clock on CPU; CUDA events on GPU (the device's own timeline)."""
+
+    def __init__(self, device: str):
+        self.cuda = device.startswith("cuda")
+
+    def time(self, fn, calls: int) -> float:
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for i in range(calls):
+                fn(i)
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / 1e3
+        t0 = time.perf_counter()
+        for i in range(calls):
+            fn(i)
+        return time.perf_counter() - t0
+
+
+def make_inputs(case: KernelCase, device: str, seed: int):
+    """One fresh input set for ``case`` (random values, written before timing)."""
+    gen = torch.Generator().manual_seed(seed)
+    dt = TORCH_DTYPES[case.dtype]
+    bs = case.block_size
+    if case.kernel == "merge":
+        outs = torch.randn(case.partials, case.rows, case.heads, case.v_dim, generator=gen)
+        lses = torch.randn(case.partials, case.rows, case.heads, generator=gen)
+        return {"outs": outs.to(device), "lses": lses.to(device)}
+    pool = case.chunk * (4 if case.sparse else 1)  # sparse selections come out of a larger cache
+    blocks = max(1, -(-pool // bs))
+    cache = torch.randn(blocks, bs, case.dim, generator=gen).to(dt).to(device)
+    if case.sparse:
+        indices = random_topk(
+            blocks * bs,
+            case.chunk,
+            case.rows if case.kernel == "partial_attention" else 1,
+            generator=gen,
+        )
+        if case.kernel != "partial_attention":
+            indices = indices[0]
+        indices = indices.to(device)
+    else:
+        pages = torch.randperm(blocks, generator=gen)[: -(-case.chunk // bs)]
+        indices = DensePages(pages.to(device), case.chunk)
+    inputs = {"cache": cache, "indices": indices}
+    if case.kernel == "partial_attention":
+        inputs["q"] = torch.randn(case.rows, case.heads, case.dim, generator=gen).to(dt).to(device)
+    if case.kernel == "splice":
+        inputs["packed"] = torch.randn(case.chunk, case.dim, generator=gen).to(dt).to(device)
+        inputs["target"] = torch.zeros(
+            -(-case.chunk // bs) + 1, bs, case.dim, dtype=dt, device=device
+        )
+        inputs["pages"] = list(range(-(-case.chunk // bs)))
+    return inputs
+
+
+def input_bytes(inputs) -> int:
+    return sum(v.numel() * v.element_size() for v in inputs.values() if isinstance(v, torch.Tensor))
+
+
+def case_runner(case: KernelCase, backend_name: str, scale: float):
+    backend = get_backend(backend_name)
+    if case.kernel == "partial_attention":
+        return lambda x: backend.partial_attention(
+            x["q"], x["cache"], x["indices"], scale, case.v_dim
+        )
+    if case.kernel == "merge":
+        return lambda x: backend.merge_partials(x["outs"], x["lses"])
+    if case.kernel == "gather":
+        return lambda x: backend.gather_kv(x["cache"], x["indices"])
+    if case.kernel == "splice":
+        return lambda x: backend.splice_kv(
+            x["target"], x["packed"], x["pages"], 1024, case.rope_dim, None
+        )
+    raise ValueError(case.kernel)
+
+
+def time_case(
+    case: KernelCase,
+    backend: str,
+    device: str,
+    scale: float,
+    *,
+    samples: int,
+    warmups: int,
+    min_sample_s: float,
+    seed: int = 0,
+):
+    """[(calls, warm-up?, seconds per call)] for one case."""
+    first = make_inputs(case, device, seed)
+    sets = [first] + [
+        make_inputs(case, device, seed + i)
+        for i in range(1, max(1, min(8, math.ceil(2 * llc_bytes() / max(input_bytes(first), 1)))))
+    ]
+    run = case_runner(case, backend, scale)
+    clock = Clock(device)
+
+    def call(i):
+        run(sets[i % len(sets)])
+
+    results = []
+    elapsed = clock.time(call, 1)  # also the first warm-up
+    results.append((1, True, elapsed))
+    calls = max(1, min(10_000, math.ceil(min_sample_s / max(elapsed, 1e-9))))
+    for s in range(warmups + samples):
+        results.append((calls, s < warmups, clock.time(call, calls) / calls))
+    return results
+
+
+def measure_ceilings(device: str, dtype: str, *, samples: int = 5) -> dict[str, float]:
+    """Copy bandwidth (bytes read + written per second) and matmul rate (FLOP/s) here."""
+    clock = Clock(device)
+    dt = TORCH_DTYPES[dtype]
+    n_copy = (512 if device.startswith("cuda") else 128) * 2**20
+    src = torch.ones(n_copy // 4, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    copy_t = []
+    for _ in range(samples + 1):
+        copy_t.append(clock.time(lambda i: dst.copy_(src), 3) / 3)
+    n = 8192 if device.startswith("cuda") else 2048
+    a = torch.randn(n, n, device=device).to(dt)
+    b = torch.randn(n, n, device=device).to(dt)
+    mm_t = []
+    for _ in range(samples + 1):
+        mm_t.append(clock.time(lambda i: torch.mm(a, b), 2) / 2)
+    copy_s, mm_s = sorted(copy_t[1:])[samples // 2], sorted(mm_t[1:])[samples // 2]
+    return {
+        "copy_bytes_per_s": 2 * n_copy / copy_s,
+        "matmul_flops_per_s": 2 * n**3 / mm_s,
+        "copy_s": copy_s,
+        "matmul_s": mm_s,
+        "matmul_n": n,
+        "copy_bytes": n_copy,
+    }
+
+
+def plan_cases(
+    model: ModelPreset,
+    kernels,
+    rows,
+    chunks,
+    dtype: str,
+    sparse: bool,
+    heads: int | None,
+    block_size: int,
+) -> list[KernelCase]:
+    h = heads or model.q_heads
+    cases = []
+    for kernel in kernels:
+        for r in rows if kernel in ("partial_attention", "merge") else [1]:
+            for c in chunks if kernel != "merge" else [0]:
+                cases.append(
+                    KernelCase(
+                        kernel,
+                        r,
+                        h,
+                        c,
+                        model.qk_dim,
+                        model.v_dim,
+                        dtype,
+                        sparse and kernel != "merge",
+                        block_size=block_size,
+                        rope_dim=model.rope_dim,
+                    )
+                )
+    return cases
+
+
+def default_device() -> str:
+    return os.environ.get("XBENCH_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def sample_rows(
+    case: KernelCase, timings, run_id: str, backend: str, device: str, model: str
+) -> list[dict]:
+    """kernel_samples rows of one case (time per call in us)."""
+    return [
+        {
+            "run_id": run_id,
+            "kernel": case.kernel,
+            "backend": backend,
+            "device": device,
+            "model": model,
+            "dtype": case.dtype,
+            "rows": case.rows,
+            "heads": case.heads,
+            "chunk_tokens": case.chunk,
+            "sparse": case.sparse,
+            "partials": case.partials if case.kernel == "merge" else 1,
+            "bytes_moved": case.bytes_moved,
+            "flops": case.flops,
+            "iterations": calls,
+            "sample": i,
+            "warmup": warm,
+            "metric": "time",
+            "value": seconds * 1e6,
+            "unit": "us",
+        }
+        for i, (calls, warm, seconds) in enumerate(timings)
+    ]
+
+
+def ceiling_rows(ceilings: dict, run_id: str, backend: str, device: str, dtype: str) -> list[dict]:
+    """The ceilings as kernel_samples rows, so a run's shares can be recomputed from disk."""
+    base = {
+        "run_id": run_id,
+        "backend": "torch",
+        "device": device,
+        "model": "-",
+        "dtype": dtype,
+        "rows": 0,
+        "heads": 0,
+        "chunk_tokens": 0,
+        "sparse": False,
+        "partials": 0,
+        "iterations": 1,
+        "sample": 0,
+        "warmup": False,
+        "unit": "us",
+    }
+    n = ceilings["matmul_n"]
+    return [
+        {
+            **base,
+            "kernel": "ceiling_copy",
+            "dtype": "fp32",
+            "bytes_moved": 2 * ceilings["copy_bytes"],
+            "flops": 0,
+            "metric": "time",
+            "value": ceilings["copy_s"] * 1e6,
+        },
+        {
+            **base,
+            "kernel": "ceiling_matmul",
+            "bytes_moved": 3 * n * n * TORCH_DTYPES[dtype].itemsize,
+            "flops": 2 * n**3,
+            "metric": "time",
+            "value": ceilings["matmul_s"] * 1e6,
+        },
+    ]

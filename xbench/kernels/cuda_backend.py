@@ -1,0 +1,263 @@
+"""The ``cuda`` backend: CUDA C++ from ``cuda/*.cu``, compiled at run time through NVRTC.
+
+Compilation needs no GPU: :func:`compile_sources` turns every source into a cubin for an
+explicit architecture (``sm_90`` for H100/H200), cached by a hash of the sources and the
+architecture. Loading and launching need the driver; :class:`CudaBackend` says in one line
+why it cannot run when there is none. Kernels run on torch's current CUDA stream, with
+torch tensors for memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from xbench.kernels.api import BackendUnavailable
+
+SOURCES = ("mla_partial_attention.cu", "merge_partials.cu", "gather_splice.cu")
+KERNELS = {
+    "mla_partial_attention.cu": ("mla_partial_attention_bf16", "mla_partial_attention_f32"),
+    "merge_partials.cu": ("merge_partials_f32",),
+    "gather_splice.cu": ("gather_kv_bf16", "gather_kv_f32", "splice_kv_bf16", "splice_kv_f32"),
+}
+WARPS = 4  # must match cuda/mla_partial_attention.cu
+
+
+def cuda_dir() -> Path:
+    """The kernel sources: ``$XBENCH_CUDA_DIR``, else ``cuda/`` of the checkout."""
+    return Path(os.environ.get("XBENCH_CUDA_DIR") or Path(__file__).resolve().parents[2] / "cuda")
+
+
+def _cache_path(source: str, arch: str) -> Path:
+    from xbench.fabric.cloop import cache_dir
+
+    folder = cuda_dir()
+    digest = hashlib.sha256()
+    for name in sorted(os.listdir(folder)):
+        if name.endswith((".cu", ".cuh")):
+            digest.update(name.encode() + (folder / name).read_bytes())
+    digest.update(arch.encode())
+    return cache_dir() / f"{Path(source).stem}-{arch}-{digest.hexdigest()[:16]}.cubin"
+
+
+def compile_source(source: str, arch: str = "sm_90") -> bytes:
+    """NVRTC-compile one source to a cubin (no GPU needed); cached on disk."""
+    target = _cache_path(source, arch)
+    if target.exists():
+        return target.read_bytes()
+    try:
+        from cuda.core import Program, ProgramOptions
+    except ImportError as exc:
+        raise BackendUnavailable(
+            f"cuda.core is not importable ({exc})",
+            "pip install cuda-core cuda-bindings nvidia-cuda-nvrtc",
+        ) from None
+    options = ProgramOptions(
+        arch=arch,
+        std="c++17",
+        use_bundled_headers=True,
+        include_path=[str(cuda_dir())],
+        name=source,
+    )
+    program = Program((cuda_dir() / source).read_text(), code_type="c++", options=options)
+    cubin = program.compile("cubin").code
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(f".tmp-{os.getpid()}")
+    tmp.write_bytes(cubin)
+    os.replace(tmp, target)
+    return cubin
+
+
+def compile_sources(arch: str = "sm_90") -> dict[str, bytes]:
+    return {source: compile_source(source, arch) for source in SOURCES}
+
+
+class CudaBackend:
+    """Loads the cubins on the current device and launches them on torch's stream."""
+
+    _instance = None
+
+    @classmethod
+    def instance(cls) -> CudaBackend:
+        if cls._instance is None:
+            cls._instance = cls()
+        return cls._instance
+
+    def __init__(self):
+        try:
+            import torch
+
+            if not torch.cuda.is_available():
+                raise BackendUnavailable(
+                    "cuda backend: torch sees no CUDA device here",
+                    "run on a machine with an NVIDIA GPU, or use --backend torch",
+                )
+            from cuda.core import Device, ObjectCode
+        except ImportError as exc:
+            raise BackendUnavailable(f"cuda backend: {exc}", "pip install cuda-core") from None
+        try:
+            self.device = Device(torch.cuda.current_device())
+            self.device.set_current()
+        except Exception as exc:  # noqa: BLE001 - the driver's own error types
+            raise BackendUnavailable(
+                f"cuda backend: no usable CUDA driver ({type(exc).__name__})",
+                "run on a machine with an NVIDIA GPU",
+            ) from None
+        arch = f"sm_{self.device.arch}"
+        self.kernels = {}
+        for source, names in KERNELS.items():
+            module = ObjectCode.from_cubin(compile_source(source, arch), name=source)
+            for name in names:
+                self.kernels[name] = module.get_kernel(name)
+
+    def _launch(self, name: str, grid, block: int, *args) -> None:
+        import torch
+        from cuda.core import LaunchConfig, launch
+
+        stream = self.device.create_stream(torch.cuda.current_stream())
+        launch(stream, LaunchConfig(grid=grid, block=block), self.kernels[name], *args)
+
+    @staticmethod
+    def _suffix(t) -> str:
+        import torch
+
+        if t.dtype == torch.bfloat16:
+            return "bf16"
+        if t.dtype == torch.float32:
+            return "f32"
+        raise TypeError(f"cuda backend supports bf16 and fp32, not {t.dtype}")
+
+    def partial_attention(self, q, kv_cache, indices, scale, v_dim):
+        import torch
+
+        from xbench.kernels.selection import token_indices
+
+        rows, heads, dim = q.shape
+        idx = (
+            token_indices(indices, kv_cache.shape[1])
+            .to(device=q.device, dtype=torch.int64)
+            .contiguous()
+        )
+        stride = 0 if idx.dim() == 1 else idx.shape[1]
+        n_idx = idx.shape[-1]
+        out = torch.empty(rows, heads, v_dim, device=q.device, dtype=torch.float32)
+        lse = torch.empty(rows, heads, device=q.device, dtype=torch.float32)
+        q, kv_cache = q.contiguous(), kv_cache.contiguous()
+        self._launch(
+            f"mla_partial_attention_{self._suffix(q)}",
+            (heads, rows),
+            WARPS * 32,
+            q.data_ptr(),
+            kv_cache.data_ptr(),
+            idx.data_ptr(),
+            np.int64(stride),
+            np.int32(n_idx),
+            np.int32(heads),
+            np.int32(dim),
+            np.int32(v_dim),
+            np.float32(scale),
+            out.data_ptr(),
+            lse.data_ptr(),
+        )
+        return out, lse
+
+    def merge_partials(self, outs, lses):
+        import torch
+
+        parts, v_dim = outs.shape[0], outs.shape[-1]
+        shape = outs.shape[1:-1]
+        n = int(np.prod(shape))
+        outs, lses = outs.float().contiguous(), lses.float().contiguous()
+        out = torch.empty(*shape, v_dim, device=outs.device, dtype=torch.float32)
+        lse = torch.empty(*shape, device=outs.device, dtype=torch.float32)
+        self._launch(
+            "merge_partials_f32",
+            (n,),
+            128,
+            outs.data_ptr(),
+            lses.data_ptr(),
+            np.int32(parts),
+            np.int64(n),
+            np.int32(v_dim),
+            out.data_ptr(),
+            lse.data_ptr(),
+        )
+        return out, lse
+
+    def gather_kv(self, kv_cache, indices):
+        import torch
+
+        from xbench.kernels.selection import token_indices
+
+        dim = kv_cache.shape[-1]
+        idx = (
+            token_indices(indices, kv_cache.shape[1])
+            .to(device=kv_cache.device, dtype=torch.int64)
+            .flatten()
+        )
+        idx = idx[idx >= 0].contiguous()
+        packed = torch.empty(len(idx), dim, device=kv_cache.device, dtype=kv_cache.dtype)
+        if len(idx):
+            self._launch(
+                f"gather_kv_{self._suffix(kv_cache)}",
+                (min(4096, (len(idx) * dim + 255) // 256),),
+                256,
+                kv_cache.data_ptr(),
+                idx.data_ptr(),
+                np.int64(len(idx)),
+                np.int32(dim),
+                packed.data_ptr(),
+            )
+        return packed
+
+    def splice_kv(self, kv_cache, packed, free_pages, position_shift, rope_dim=64, freqs=None):
+        import torch
+
+        from xbench.kernels.rope import inv_freq
+        from xbench.kernels.selection import DensePages
+
+        block_size, dim = kv_cache.shape[1], kv_cache.shape[2]
+        n = packed.shape[0]
+        pages = torch.as_tensor(free_pages, dtype=torch.int64)
+        if len(pages) * block_size < n:
+            raise ValueError(f"{n} tokens need {-(-n // block_size)} free pages, got {len(pages)}")
+        dev = kv_cache.device
+        slots = DensePages(pages, n).token_indices(block_size).to(dev).contiguous()
+        shift = (
+            torch.as_tensor(position_shift, dtype=torch.int64, device=dev).expand(n).contiguous()
+        )
+        freqs = (
+            (inv_freq(rope_dim) if freqs is None else freqs)
+            .to(device=dev, dtype=torch.float64)
+            .contiguous()
+        )
+        width = dim - rope_dim + rope_dim // 2
+        if n:
+            self._launch(
+                f"splice_kv_{self._suffix(kv_cache)}",
+                (min(4096, (n * width + 255) // 256),),
+                256,
+                kv_cache.data_ptr(),
+                packed.contiguous().data_ptr(),
+                slots.data_ptr(),
+                shift.data_ptr(),
+                freqs.data_ptr(),
+                np.int64(n),
+                np.int32(dim),
+                np.int32(rope_dim),
+            )
+        return slots
+
+
+@lru_cache(maxsize=1)
+def nvrtc_status() -> str:
+    """One line for ``xbench env``: can this machine compile the kernels for sm_90?"""
+    try:
+        sizes = {k: len(v) for k, v in compile_sources("sm_90").items()}
+        return f"compiles {len(sizes)} sources to sm_90 cubins ({sum(sizes.values()) // 1024} KiB)"
+    except Exception as exc:  # noqa: BLE001
+        return f"cannot compile: {exc}"

@@ -1,0 +1,31 @@
+"""Rotary position embedding on the trailing RoPE part of MLA latents.
+
+DeepSeek-V3's reference code rotates interleaved pairs (x[2i], x[2i+1]) by angle
+``position * inv_freq[i]`` with ``inv_freq[i] = theta ** (-2i / rope_dim)``. Rotations
+compose, R(p + d) = R(d) R(p), so moving a cached token from position p to p + d is one
+more rotation by d: that is the splice's re-rotation. Models with YaRN scaling pass their
+own ``inv_freq``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def inv_freq(rope_dim: int = 64, theta: float = 10000.0, dtype=torch.float64) -> torch.Tensor:
+    return theta ** (-torch.arange(0, rope_dim, 2, dtype=dtype) / rope_dim)
+
+
+def rotate(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """Rotate interleaved pairs of ``x[..., rope_dim]`` by ``positions[...] * freqs``.
+
+    Computed in float64 (or float32 on devices without it) and returned in x's dtype,
+    so the only error is one rounding to the cache dtype.
+    """
+    work = torch.float64 if x.device.type == "cpu" else torch.float32
+    angles = positions.to(work)[..., None] * freqs.to(device=x.device, dtype=work)
+    cos, sin = torch.cos(angles), torch.sin(angles)
+    pairs = x.to(work).unflatten(-1, (-1, 2))
+    even, odd = pairs[..., 0], pairs[..., 1]
+    out = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
+    return out.to(x.dtype)

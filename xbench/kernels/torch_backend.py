@@ -1,0 +1,124 @@
+"""The reference backend: PyTorch on CPU or CUDA.
+
+Numerics follow FlashMLA's: scores accumulate in fp32, probabilities enter the second
+product in the cache dtype, the output is normalised in fp32. On CPU the score product is
+done in fp32 (torch has no bf16 x bf16 -> fp32 matmul there; a bf16-rounded score would
+lose the accuracy the tests demand). Keys are processed in tiles whose partial results are
+combined with :func:`merge_partials`, so memory stays bounded for long chunks.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from xbench.kernels.rope import inv_freq, rotate
+from xbench.kernels.selection import DensePages, token_indices
+
+SCORE_BUDGET = 2**24  # fp32 score elements per tile (64 MiB)
+
+
+def _attend(
+    q: torch.Tensor, keys: torch.Tensor, scale: float, v_dim: int, valid: torch.Tensor | None
+):
+    """q [G, L, D], keys [G, S, D], valid [G, S] or None -> out [G, L, v_dim] fp32, lse [G, L]."""
+    scores = torch.bmm(q.float(), keys.float().transpose(1, 2))
+    scores.mul_(scale)
+    if valid is not None:
+        scores.masked_fill_(~valid[:, None, :], float("-inf"))
+    m = scores.amax(dim=-1, keepdim=True)
+    empty = torch.isneginf(m)
+    m = torch.where(empty, torch.zeros_like(m), m)
+    scores.sub_(m).exp_()
+    denom = scores.sum(dim=-1, keepdim=True)
+    out = torch.bmm(scores.to(keys.dtype), keys[..., :v_dim]).float()
+    out.div_(torch.where(empty, torch.ones_like(denom), denom))
+    lse = (m + denom.log()).squeeze(-1)
+    return out, lse.masked_fill(empty.squeeze(-1), float("-inf"))
+
+
+def merge_partials(outs: torch.Tensor, lses: torch.Tensor):
+    """Combine P partial results [P, ..., v] with their LSEs [P, ...] into one."""
+    m = lses.amax(dim=0)
+    empty = torch.isneginf(m)
+    m_safe = torch.where(empty, torch.zeros_like(m), m)
+    w = torch.exp(lses - m_safe)  # exp(-inf) = 0 for empty partials
+    total = w.sum(dim=0)
+    out = (w[..., None] * outs.float()).sum(dim=0) / torch.where(
+        empty, torch.ones_like(total), total
+    )[..., None]
+    lse = torch.where(
+        empty, m, m_safe + torch.log(torch.where(empty, torch.ones_like(total), total))
+    )
+    return out, lse
+
+
+def partial_attention(q, kv_cache, indices, scale: float, v_dim: int):
+    rows, heads, dim = q.shape
+    block_size = kv_cache.shape[1]
+    flat = kv_cache.reshape(-1, dim)
+    if isinstance(indices, DensePages) and indices.contiguous_start() is not None:
+        start = indices.contiguous_start() * block_size
+        keys, valid = flat[start : start + indices.num_tokens][None], None
+        queries = q.reshape(1, rows * heads, dim)
+    else:
+        idx = token_indices(indices, block_size).to(flat.device)
+        if idx.dim() == 1:
+            idx = idx[idx >= 0]
+            keys, valid = flat[idx][None], None
+            queries = q.reshape(1, rows * heads, dim)
+        else:  # per-row selections: one group per row, heads share its keys
+            if idx.shape[0] != rows:
+                raise ValueError(
+                    f"2-D indices need one row per query row ({rows}), got {idx.shape[0]}"
+                )
+            valid = idx >= 0
+            keys = flat[idx.clamp(min=0)]
+            queries = q
+            if bool(valid.all()):
+                valid = None
+            else:  # padding must not read through: 0 x NaN would poison the output
+                keys.masked_fill_(~valid[..., None], 0)
+    groups, queries_per_group, num_keys = queries.shape[0], queries.shape[1], keys.shape[1]
+    if num_keys == 0:
+        out = torch.zeros(rows, heads, v_dim, dtype=torch.float32, device=q.device)
+        return out, torch.full((rows, heads), float("-inf"), device=q.device)
+    tile = max(256, SCORE_BUDGET // max(groups * queries_per_group, 1))
+    parts = []
+    for s in range(0, num_keys, tile):
+        v = None if valid is None else valid[:, s : s + tile]
+        parts.append(_attend(queries, keys[:, s : s + tile], scale, v_dim, v))
+    if len(parts) == 1:
+        out, lse = parts[0]
+    else:
+        out, lse = merge_partials(
+            torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts])
+        )
+    return out.reshape(rows, heads, v_dim), lse.reshape(rows, heads)
+
+
+def gather_kv(kv_cache, indices):
+    """Pack the selected tokens [n, D] contiguously (the holder's side of a fetch)."""
+    block_size, dim = kv_cache.shape[1], kv_cache.shape[2]
+    idx = token_indices(indices, block_size).to(kv_cache.device).flatten()
+    idx = idx[idx >= 0]
+    return kv_cache.reshape(-1, dim).index_select(0, idx)
+
+
+def splice_kv(kv_cache, packed, free_pages, position_shift, rope_dim: int = 64, freqs=None):
+    """Write packed tokens into free pages, re-rotating RoPE by ``position_shift``.
+
+    Returns the flat token slots written, in order. The non-RoPE part is copied bit-exact.
+    """
+    block_size, dim = kv_cache.shape[1], kv_cache.shape[2]
+    n = packed.shape[0]
+    pages = torch.as_tensor(free_pages, dtype=torch.int64)
+    if len(pages) * block_size < n:
+        raise ValueError(f"{n} tokens need {-(-n // block_size)} free pages, got {len(pages)}")
+    slots = DensePages(pages, n).token_indices(block_size).to(kv_cache.device)
+    flat = kv_cache.view(-1, dim)
+    shift = torch.as_tensor(position_shift, device=packed.device).expand(n)
+    freqs = inv_freq(rope_dim) if freqs is None else freqs
+    rotated = rotate(packed[:, dim - rope_dim :], shift, freqs)
+    flat[slots, : dim - rope_dim] = packed[:, : dim - rope_dim]
+    flat[slots, dim - rope_dim :] = rotated
+    return slots
