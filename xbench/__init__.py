@@ -1,3 +1,24 @@
-"""xbench: measure fabrics and MLA kernels, fit a cost model, decide route / fetch / local."""
+"""xbench: measure fabrics and MLA kernels, fit a cost model, decide route / fetch / local.
+
+The cost model is importable without MPI, torch or a GPU::
+
+    import xbench
+    profile = xbench.load_profile("profiles/h100-priors.toml")
+    decision = xbench.decide(profile, xbench.Request(rows=8, heads=128, chunk_tokens=2048))
+    table = xbench.decide_grid(profile, {"rows": [1, 8, 64], "chunk_tokens": [512, 4096]})
+"""
 
 __version__ = "0.1.0"
+
+from xbench.core.costmodel import Decision, Profile, Request, decide  # noqa: E402
+from xbench.core.profile import load_profile  # noqa: E402
+
+
+def decide_grid(profile, grid):
+    """The predicate over many requests (a DataFrame, or field -> values for a cartesian grid)."""
+    from xbench.core.grid import decide_grid as _decide_grid
+
+    return _decide_grid(profile, grid)
+
+
+__all__ = ["Decision", "Profile", "Request", "decide", "decide_grid", "load_profile", "__version__"]

@@ -5,10 +5,13 @@ from __future__ import annotations
 import typer
 
 import xbench
+from xbench.cli.decide import decide
 from xbench.cli.env import env
+from xbench.cli.fit import fit
 from xbench.cli.kernel import kernel
 from xbench.cli.models import models
 from xbench.cli.probe import probe
+from xbench.cli.validate import validate
 
 app = typer.Typer(
     name="xbench",
@@ -36,6 +39,9 @@ def _main(
 
 app.command("probe")(probe)
 app.command("kernel")(kernel)
+app.command("fit")(fit)
+app.command("decide")(decide)
+app.command("validate")(validate)
 app.command("models")(models)
 app.command("env")(env)
 

@@ -55,6 +55,10 @@ def kernel(
     device: Annotated[
         str | None, typer.Option(help="cpu or cuda (default: cuda when torch sees a GPU).")
     ] = None,
+    threads: Annotated[
+        int | None,
+        typer.Option(help="torch CPU threads (match what the serving or validate ranks get)."),
+    ] = None,
     out: Annotated[
         Path | None, typer.Option("--out", "-o", help="Run directory (default results/<run_id>).")
     ] = None,
@@ -89,14 +93,7 @@ def kernel(
         )
     if dtype not in ("bf16", "fp32"):
         raise XbenchError(f"unknown dtype {dtype!r}", "pick bf16 or fp32")
-    from xbench.core.units import parse_size_list
-
-    chunks = [
-        int(c)
-        for c in parse_size_list(
-            chunk.replace("B", "") if chunk.replace(":", "").replace(",", "").isdigit() else chunk
-        )
-    ]
+    chunks = parse_int_list(chunk, "--chunk")
     row_list = parse_int_list(rows, "--rows")
     dev = device or default_device()
     if dev not in ("cpu", "cuda") and not dev.startswith("cuda:"):
@@ -110,6 +107,8 @@ def kernel(
 
     import torch
 
+    if threads:
+        torch.set_num_threads(threads)
     meta = run_metadata(
         run_id,
         "kernel",

@@ -11,6 +11,8 @@ probe_samples v1: first version. One row per sample (long format): a sample is
     figure of ``metric`` in ``unit``. Warm-up samples are stored with ``warmup = true``.
     ``loop`` says which timed inner loop ran (``c`` or ``python``).
 kernel_samples v1: first version. One row per timed sample of a kernel on one device.
+validate_samples v1: first version. One row per timed sample of a real route / fetch /
+    local between two ranks, with the path's error against one-instance attention.
 """
 
 from __future__ import annotations
@@ -83,8 +85,38 @@ KERNEL_SAMPLES_SCHEMA = pa.schema(
     ]
 )
 
-SCHEMAS = {PROBE_SAMPLES: PROBE_SAMPLES_SCHEMA, KERNEL_SAMPLES: KERNEL_SAMPLES_SCHEMA}
-SCHEMA_VERSIONS = {PROBE_SAMPLES: 1, KERNEL_SAMPLES: 1}
+VALIDATE_SAMPLES = "validate_samples"
+VALIDATE_SAMPLES_SCHEMA = pa.schema(
+    [
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("option", pa.string(), nullable=False),  # route, fetch, local
+        pa.field("transport", pa.string(), nullable=False),
+        pa.field("fabric", pa.string(), nullable=False),
+        pa.field("rows", pa.int32(), nullable=False),  # decode tokens b
+        pa.field("heads", pa.int32(), nullable=False),
+        pa.field("chunk_tokens", pa.int64(), nullable=False),
+        pa.field("dtype", pa.string(), nullable=False),
+        pa.field("iterations", pa.int64(), nullable=False),
+        pa.field("sample", pa.int32(), nullable=False),
+        pa.field("warmup", pa.bool_(), nullable=False),
+        pa.field("metric", pa.string(), nullable=False),
+        pa.field("value", pa.float64(), nullable=False),
+        pa.field("unit", pa.string(), nullable=False),
+        pa.field("max_abs_error", pa.float64()),  # against one-instance attention
+        pa.field("correct", pa.bool_()),  # within the kernel tests' tolerance
+    ]
+)
+
+SCHEMAS = {
+    PROBE_SAMPLES: PROBE_SAMPLES_SCHEMA,
+    KERNEL_SAMPLES: KERNEL_SAMPLES_SCHEMA,
+    VALIDATE_SAMPLES: VALIDATE_SAMPLES_SCHEMA,
+}
+SCHEMA_VERSIONS = {PROBE_SAMPLES: 1, KERNEL_SAMPLES: 1, VALIDATE_SAMPLES: 1}
 
 # MIGRATIONS[table][v] turns a pyarrow.Table of version v into version v + 1.
-MIGRATIONS: dict[str, dict[int, object]] = {PROBE_SAMPLES: {}, KERNEL_SAMPLES: {}}
+MIGRATIONS: dict[str, dict[int, object]] = {
+    PROBE_SAMPLES: {},
+    KERNEL_SAMPLES: {},
+    VALIDATE_SAMPLES: {},
+}

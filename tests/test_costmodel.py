@@ -1,0 +1,207 @@
+"""The cost model and predicate: closed forms vs numeric evaluation, grid vs scalar, priors."""
+
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from xbench.core.costmodel import (
+    Coef,
+    Device,
+    Fabric,
+    Profile,
+    Request,
+    Segment,
+    _times,
+    decide,
+    thresholds,
+)
+from xbench.core.grid import decide_grid
+from xbench.core.profile import load_profile
+
+PRIORS = "profiles/h100-priors.toml"
+
+
+def c(v, spread=0.0, unit="s"):
+    return Coef(v, v * (1 - spread), v * (1 + spread), unit)
+
+
+def one_segment_profile(alpha, beta, o, t0, per_token, per_row_token, move0, move1, spread=0.0):
+    fabric = Fabric("ib", (Segment(0.0, c(alpha, spread), c(beta, spread, "B/s")),), c(o, spread))
+    device = Device(
+        "d",
+        c(t0, spread),
+        c(per_token, spread, "s/token"),
+        c(per_row_token, spread, "s/row-token"),
+        c(1e-6, spread),
+        c(1e-10, spread, "s/row-partial"),
+        c(move0, spread),
+        c(move1, spread, "s/token"),
+    )
+    return Profile("p", (fabric,), device)
+
+
+coefs = st.fixed_dictionaries(
+    {
+        "alpha": st.floats(1e-7, 1e-4),
+        "beta": st.floats(1e8, 1e12),
+        "o": st.floats(0, 1e-5),
+        "t0": st.floats(0, 1e-3),
+        "per_token": st.floats(0, 1e-7),
+        "per_row_token": st.floats(0, 1e-9),
+        "move0": st.floats(0, 1e-2),
+        "move1": st.floats(0, 1e-7),
+    }
+)
+shapes = st.fixed_dictionaries(
+    {
+        "heads": st.integers(1, 128),
+        "chunk_tokens": st.integers(1, 65536),
+        "payload_bytes": st.integers(64, 4096),
+        "return_bytes": st.integers(64, 4096),
+        "kv_bytes_per_token": st.integers(64, 2048),
+        "segments": st.integers(1, 64),
+    }
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(coefs, shapes)
+def test_b_star_separates_route_from_fetch(k, shape):
+    profile = one_segment_profile(**k)
+    f, dev = profile.fabrics[0], profile.device
+    b_star, _ = thresholds(f, dev, Request(rows=1, **shape))
+    assume(math.isfinite(b_star) and 2 <= b_star <= 1e6)
+    for b, route_wins in ((math.floor(b_star * 0.999), True), (math.ceil(b_star * 1.001), False)):
+        assume(b >= 1)
+        route, fetch, _ = _times(f, dev._ends[0], Request(rows=b, **shape), f._val)
+        assert (route < fetch) == route_wins, (b, b_star, route, fetch)
+
+
+@settings(max_examples=300, deadline=None)
+@given(coefs, shapes, st.integers(1, 64))
+def test_u_star_separates_fetch_with_reuse(k, shape, rows):
+    profile = one_segment_profile(**k)
+    f, dev = profile.fabrics[0], profile.device
+    _, u_star = thresholds(f, dev, Request(rows=rows, **shape))
+    assume(math.isfinite(u_star) and 2 <= u_star <= 1e6)
+    for uses, fetch_wins in (
+        (math.floor(u_star * 0.999), False),
+        (math.ceil(u_star * 1.001), True),
+    ):
+        assume(uses >= 1)
+        route, fetch, _ = _times(
+            f, dev._ends[0], Request(rows=rows, reuse=uses - 1, **shape), f._val
+        )
+        assert (fetch < route) == fetch_wins, (uses, u_star, route, fetch)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    coefs,
+    st.floats(0.0, 0.5),
+    st.lists(
+        st.tuples(st.integers(1, 512), st.integers(1, 20000), st.integers(0, 50)),
+        min_size=1,
+        max_size=20,
+    ),
+)
+def test_grid_equals_scalar(k, spread, requests):
+    profile = one_segment_profile(**k, spread=spread)
+    grid = pd.DataFrame(requests, columns=["rows", "chunk_tokens", "reuse"])
+    out = decide_grid(profile, grid)
+    for row in out.itertuples():
+        d = decide(profile, Request(rows=row.rows, chunk_tokens=row.chunk_tokens, reuse=row.reuse))
+        assert (d.choice, d.uncertain, d.ranked_by, d.prior) == (
+            row.decision,
+            row.uncertain,
+            row.ranked_by,
+            row.prior,
+        )
+        assert d.t_route == pytest.approx(row.t_route, rel=1e-12) and d.t_fetch == pytest.approx(
+            row.t_fetch, rel=1e-12
+        )
+
+
+def test_piecewise_fabric_uses_the_segment_of_each_size():
+    f = Fabric(
+        "shm",
+        (Segment(0, c(1e-6), c(1e9, unit="B/s")), Segment(8192, c(4e-6), c(1e10, unit="B/s"))),
+        c(0.0),
+    )
+    assert f.wire(1000) == pytest.approx(1e-6 + 1000 / 1e9)
+    assert f.wire(100000) == pytest.approx(4e-6 + 100000 / 1e10)
+    assert f.wire(100000, messages=3) == pytest.approx(4e-6 + 100000 / 1e10)  # o = 0
+
+
+def test_uncertain_only_where_the_intervals_allow_the_other_answer():
+    k = dict(
+        alpha=2e-6,
+        beta=5e10,
+        o=1e-7,
+        t0=1e-5,
+        per_token=1e-9,
+        per_row_token=1e-12,
+        move0=1e-4,
+        move1=1e-9,
+    )
+    shape = dict(heads=16, chunk_tokens=64)
+    exact = one_segment_profile(**k, spread=0.0)
+    b_star, _ = thresholds(exact.fabrics[0], exact.device, Request(rows=1, **shape))
+    near, far = max(1, round(b_star)), 1
+    assert b_star > 20
+    assert not decide(exact, Request(rows=near, **shape)).uncertain  # zero-width intervals: never
+    loose = one_segment_profile(**k, spread=0.3)
+    assert decide(
+        loose, Request(rows=near, **shape)
+    ).uncertain  # at the tie, 30 % intervals allow both
+    tight = one_segment_profile(**k, spread=0.01)
+    assert not decide(
+        tight, Request(rows=far, **shape)
+    ).uncertain  # far from the tie, 1 % cannot flip it
+
+
+def test_priors_route_decode_on_every_fabric_and_prefer_latency():
+    profile = load_profile(PRIORS)
+    assert profile.rests_on_priors
+    for f in profile.fabrics:
+        d = decide(profile, Request(rows=1, heads=128, chunk_tokens=2048, fabric=f.name))
+        assert d.choice == "route" and d.prior, f.name
+    best = decide(profile, Request(rows=1, heads=128, chunk_tokens=2048))
+    lowest_alpha = min(f.segments[0].alpha.value for f in profile.fabrics)
+    assert profile.fabric(best.fabric).segments[0].alpha.value == lowest_alpha
+    assert best.ranked_by == "latency"
+
+
+def test_latency_not_bandwidth_picks_the_fabric_for_small_payloads():
+    dev = one_segment_profile(1e-6, 1e10, 0, 1e-5, 0, 0, 1e-3, 0).device
+    low_latency = Fabric("ib", (Segment(0, c(1e-6), c(2.5e10, unit="B/s")),), c(1e-7))
+    high_bandwidth = Fabric("roce", (Segment(0, c(8e-6), c(1e11, unit="B/s")),), c(1e-7))
+    profile = Profile("two", (low_latency, high_bandwidth), dev)
+    small = decide(profile, Request(rows=1, heads=1, chunk_tokens=4096))
+    assert (small.choice, small.fabric, small.ranked_by) == ("route", "ib", "latency")
+    big = decide(profile, Request(rows=4096, heads=128, chunk_tokens=4096))
+    assert big.fabric == "roce" and big.ranked_by == "bandwidth"
+
+
+def test_cost_model_imports_without_mpi_torch_or_numpy():
+    code = "import sys, xbench; p = xbench.load_profile('profiles/h100-priors.toml'); print(xbench.decide(p, xbench.Request()).choice); print(sorted(m for m in ('torch', 'mpi4py', 'numpy', 'pandas') if m in sys.modules))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split("\n")
+    assert out[0] == "route" and out[1] == "[]"
+
+
+def test_reuse_amortises_fetch():
+    profile = load_profile(PRIORS)
+    base = Request(rows=64, heads=128, chunk_tokens=512, fabric="ib")
+    assert decide(profile, base).choice == "route"
+    _, u_star = thresholds(profile.fabric("ib"), profile.device, base)
+    heavy = Request(rows=64, heads=128, chunk_tokens=512, fabric="ib", reuse=math.ceil(u_star))
+    assert decide(profile, heavy).choice == "fetch"
+    assert np.isclose(decide(profile, heavy).t_route, decide(profile, base).t_route)

@@ -1,0 +1,182 @@
+"""xbench decide / fit / validate from the command line; bad profiles are one-line errors."""
+
+import json
+
+import pandas as pd
+import pytest
+
+
+def _error_line(r):
+    assert r.returncode != 0 and "Traceback" not in r.stderr + r.stdout
+    return r.stderr.strip().splitlines()[-1]
+
+
+def test_decide_payload_writes_parquet_and_json(xbench, tmp_path):
+    out = tmp_path / "d.parquet"
+    r = xbench(
+        "decide",
+        "--payload",
+        "1KB",
+        "--rows",
+        "1,64",
+        "--chunk",
+        "256,4096",
+        "--reuse",
+        "0,100",
+        "--out",
+        out,
+        "--format",
+        "json",
+    )
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert (
+        len(rows) == 8
+        and {
+            "decision",
+            "fabric_chosen",
+            "t_route",
+            "t_fetch",
+            "margin",
+            "uncertain",
+            "ranked_by",
+            "prior",
+        }
+        <= rows[0].keys()
+    )
+    assert all(row["prior"] for row in rows)  # the default profile is datasheet priors
+    table = pd.read_parquet(out)
+    assert len(table) == 8 and set(table.decision) <= {"route", "fetch", "local"}
+
+
+def test_decide_model_table_shows_thresholds(xbench):
+    r = xbench(
+        "decide",
+        "--model",
+        "deepseek-v3.2",
+        "--rows",
+        "1",
+        "--chunk",
+        "2048",
+        "--fabric",
+        "ib,tcp",
+        "--out",
+        "/tmp/xbench-test-decide.parquet",
+    )
+    assert r.returncode == 0, r.stderr
+    assert "b* (route wins below)" in r.stdout and "n1/2" in r.stdout and "priors" in r.stdout
+    assert r.stdout.count("route") >= 2
+
+
+@pytest.mark.parametrize(
+    "mutation, words",
+    [
+        (lambda t: t.replace('unit = "GB/s", prior = true }', "prior = true }", 1), "has no unit"),
+        (
+            lambda t: t.replace("beta = { value = 450", "beta = { value = -450", 1),
+            "must be positive",
+        ),
+        (
+            lambda t: t.replace('name = "nvlink"', 'name = "warp-drive"'),
+            "unknown name 'warp-drive'",
+        ),
+        (
+            lambda t: t.replace(
+                'unit = "us", prior = true }', 'unit = "fortnights", prior = true }', 1
+            ),
+            "unknown unit 'fortnights'",
+        ),
+        (lambda t: t + "\n[[[broken", "not valid TOML"),
+    ],
+)
+def test_bad_profiles_are_rejected_in_one_line(xbench, tmp_path, mutation, words):
+    text = open("profiles/h100-priors.toml").read()
+    bad = tmp_path / "bad.toml"
+    bad.write_text(mutation(text))
+    assert words in _error_line(xbench("decide", "--payload", "1KB", "--profile", bad))
+
+
+def test_decide_bad_input(xbench):
+    assert "--payload" in _error_line(xbench("decide"))
+    assert "bad size '1KX'" in _error_line(xbench("decide", "--payload", "1KX"))
+    assert "no fabric warp" in _error_line(xbench("decide", "--payload", "1KB", "--fabric", "warp"))
+    assert "does not exist" in _error_line(
+        xbench("decide", "--payload", "1KB", "--profile", "/nope.toml")
+    )
+
+
+def test_probe_kernel_fit_validate_end_to_end(xbench, tmp_path):
+    quick = ["--samples", "3", "--warmups", "1"]
+    assert xbench("probe", "--sizes", "8B:256KiB", *quick, "--out", tmp_path / "p").returncode == 0
+    r = xbench(
+        "kernel",
+        "--threads",
+        "1",
+        "--heads",
+        "4",
+        "--rows",
+        "1,4",
+        "--chunk",
+        "64,256,1024",
+        *quick,
+        "--min-sample-time",
+        "3ms",
+        "--out",
+        tmp_path / "k",
+    )
+    assert r.returncode == 0, r.stderr
+    r = xbench(
+        "fit",
+        tmp_path / "p",
+        tmp_path / "k",
+        "--base",
+        "profiles/h100-priors.toml",
+        "--out",
+        tmp_path / "here.toml",
+    )
+    assert r.returncode == 0, r.stderr
+    assert (
+        "shm" in r.stdout and "held-out error" in r.stdout and "compute_per_row_token" in r.stdout
+    )
+    r = xbench(
+        "validate",
+        "--profile",
+        tmp_path / "here.toml",
+        "--rows",
+        "1,2",
+        "--chunk",
+        "128",
+        "--heads",
+        "4",
+        "--samples",
+        "3",
+        "--out",
+        tmp_path / "v",
+        "--format",
+        "json",
+    )
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    assert {row["option"] for row in summary} == {"route", "fetch", "local"} and all(
+        row["correct"] for row in summary
+    )
+    assert all(row["predicted_us"] > 0 and row["measured_us"] > 0 for row in summary)
+    assert (tmp_path / "v" / "validate_summary.parquet").exists()
+    r = xbench(
+        "decide",
+        "--profile",
+        tmp_path / "here.toml",
+        "--payload",
+        "1152B",
+        "--heads",
+        "4",
+        "--fabric",
+        "shm",
+        "--chunk",
+        "256",
+        "--out",
+        tmp_path / "d.parquet",
+        "--format",
+        "json",
+    )
+    assert r.returncode == 0 and {row["fabric_chosen"] for row in json.loads(r.stdout)} == {"shm"}

@@ -1,0 +1,127 @@
+"""The fit recovers known coefficients from samples the model generated, with noise."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from xbench.core.profile import load_profile
+from xbench.fit.profile_fit import fit_device, fit_fabrics
+from xbench.fit.segments import fit_piecewise
+
+SIZES = np.array([2**k for k in range(3, 25)], dtype=float)  # 8 B .. 16 MiB
+
+
+def noisy(truth, rng, n=10, noise=0.02):
+    return truth * rng.lognormal(0.0, noise, n)
+
+
+def test_piecewise_fit_finds_the_protocol_switch_and_coefficients():
+    rng = np.random.default_rng(1)
+    a1, b1, a2, b2 = 1.0e-6, 5e9, 3.5e-6, 12e9  # eager below 8 KiB, rendezvous above
+    n, t = [], []
+    for s in SIZES:
+        truth = a1 + s / b1 if s < 8192 else a2 + s / b2
+        n += [s] * 10
+        t += list(noisy(truth, rng))
+    fits = fit_piecewise(np.array(n), np.array(t), boot=100)
+    assert len(fits) >= 2
+    assert fits[0].hi <= 4096 and fits[1].lo >= 8192  # the break is at the switch
+    assert fits[0].a == pytest.approx(a1, rel=0.05)
+    assert 1 / fits[-1].g == pytest.approx(b2, rel=0.03)
+    assert fits[-1].g_ci[0] <= 1 / b2 <= fits[-1].g_ci[1]  # the interval holds the truth
+
+
+def _probe_frame(rng, alpha, beta, o, fabric="ib"):
+    rows = []
+    for s in SIZES:
+        for v in noisy(alpha + o + s / beta, rng):
+            rows.append(
+                dict(
+                    pattern="latency",
+                    fabric=fabric,
+                    pair_class="inter-node",
+                    transport="mpi",
+                    size_bytes=int(s),
+                    value=v * 1e6,
+                    warmup=False,
+                )
+            )
+    for s in (8, 16, 32, 64, 128, 256):  # windowed small messages: limited by o
+        for v in noisy(o, rng):
+            rows.append(
+                dict(
+                    pattern="bandwidth",
+                    fabric=fabric,
+                    pair_class="inter-node",
+                    transport="mpi",
+                    size_bytes=s,
+                    value=s / v / 1e6,
+                    warmup=False,
+                )
+            )
+    return pd.DataFrame(rows)
+
+
+def test_fabric_fit_recovers_alpha_beta_and_overhead():
+    rng = np.random.default_rng(2)
+    frame = _probe_frame(rng, alpha=1.5e-6, beta=25e9, o=0.4e-6)
+    (fabric,) = fit_fabrics(frame)
+    assert fabric.overhead.value == pytest.approx(0.4e-6, rel=0.05)
+    last = fabric.segments[-1]
+    assert last.beta.value == pytest.approx(25e9, rel=0.03)
+    first = fabric.segments[0]
+    assert first.alpha.value == pytest.approx(1.5e-6, rel=0.08)
+    assert fabric.heldout_mape is not None and fabric.heldout_mape < 0.05
+    assert fabric.wire(8) == pytest.approx(
+        1.5e-6 + 0.4e-6, rel=0.08
+    )  # one message: the measured one-way time
+
+
+def test_device_fit_recovers_compute_merge_and_move():
+    rng = np.random.default_rng(3)
+    t0, a, k = 20e-6, 2e-9, 3e-11
+    rows = []
+    for r in (1, 4, 16, 64):
+        for ch in (128, 512, 2048, 8192):
+            for v in noisy(t0 + ch * (a + 16 * r * k), rng, 5):
+                rows.append(
+                    dict(
+                        kernel="partial_attention",
+                        rows=r,
+                        heads=16,
+                        chunk_tokens=ch,
+                        partials=1,
+                        value=v * 1e6,
+                    )
+                )
+        for v in noisy(5e-6 + 16 * r * 2 * 1e-9, rng, 5):
+            rows.append(
+                dict(kernel="merge", rows=r, heads=16, chunk_tokens=0, partials=2, value=v * 1e6)
+            )
+    for ch in (128, 512, 2048, 8192):
+        for v in noisy(3e-6 + ch * 1e-9, rng, 5):
+            rows.append(
+                dict(kernel="gather", rows=1, heads=16, chunk_tokens=ch, partials=1, value=v * 1e6)
+            )
+        for v in noisy(4e-6 + ch * 2e-9, rng, 5):
+            rows.append(
+                dict(kernel="splice", rows=1, heads=16, chunk_tokens=ch, partials=1, value=v * 1e6)
+            )
+    frame = pd.DataFrame(rows).assign(warmup=False, sparse=False, dtype="bf16", model="m")
+    device, notes = fit_device(frame, None, "synthetic")
+    assert device.compute_per_row_token.value == pytest.approx(k, rel=0.05)
+    assert device.compute_per_token.value == pytest.approx(a, rel=0.15)
+    assert device.merge_per_row_partial.value == pytest.approx(1e-9, rel=0.1)
+    assert device.move_per_token.value == pytest.approx(3e-9, rel=0.05)
+    assert device.move_t0.value == pytest.approx(7e-6, rel=0.3)
+    assert device.recompute_per_token is None and not device.prior
+
+
+def test_missing_device_samples_need_a_base():
+    from xbench.errors import XbenchError
+
+    with pytest.raises(XbenchError, match="no kernel samples"):
+        fit_device(pd.DataFrame(columns=["kernel", "warmup", "sparse"]), None, "x")
+    base = load_profile("profiles/h100-priors.toml").device
+    device, notes = fit_device(pd.DataFrame(columns=["kernel", "warmup", "sparse"]), base, "x")
+    assert device.prior and "compute_t0" in notes["from_base"]

@@ -1,0 +1,123 @@
+"""A TCP probe across a bandwidth-shaped veth link between two network namespaces.
+
+tbf shapes the link at a rate the test chooses; TCP's goodput is that rate less TCP/IP and
+Ethernet framing: 1448 payload bytes per 1514 bytes on the wire at MTU 1500 (4.4 %). The
+fitted bandwidth must land within 3 % of it. Needs root and ip netns; skipped otherwise.
+"""
+
+import os
+import shutil
+import subprocess
+import uuid
+
+import pytest
+
+from xbench.core.profile import load_profile
+
+pytestmark = pytest.mark.netns
+RATE_BITS = 200e6
+GOODPUT = RATE_BITS / 8 * 1448 / 1514
+
+
+def _ip(*args, check=True):
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
+
+
+@pytest.fixture
+def shaped_link():
+    if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None:
+        pytest.skip("needs root, ip and tc to make network namespaces")
+    tag = uuid.uuid4().hex[:5]
+    a, b = f"xba{tag}", f"xbb{tag}"
+    if _ip("netns", "add", a, check=False).returncode != 0:
+        pytest.skip("cannot create network namespaces here")
+    try:
+        _ip("netns", "add", b)
+        _ip("link", "add", f"va{tag}", "type", "veth", "peer", "name", f"vb{tag}")
+        for ns, dev, addr in ((a, f"va{tag}", "10.203.7.1/24"), (b, f"vb{tag}", "10.203.7.2/24")):
+            _ip("link", "set", dev, "netns", ns)
+            _ip("-n", ns, "addr", "add", addr, "dev", dev)
+            _ip("-n", ns, "link", "set", "lo", "up")
+            _ip("-n", ns, "link", "set", dev, "up")
+            subprocess.run(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    ns,
+                    "tc",
+                    "qdisc",
+                    "add",
+                    "dev",
+                    dev,
+                    "root",
+                    "tbf",
+                    "rate",
+                    f"{int(RATE_BITS)}bit",
+                    "burst",
+                    "4kb",
+                    "latency",
+                    "200ms",
+                ],
+                check=True,
+                capture_output=True,
+            )
+        yield (a, f"va{tag}"), (b, f"vb{tag}")
+    finally:
+        _ip("netns", "del", a, check=False)
+        _ip("netns", "del", b, check=False)
+
+
+def test_tcp_fit_matches_shaped_goodput(shaped_link, tmp_path, xbench):
+    from conftest import BIN
+
+    (ns_a, dev_a), (ns_b, dev_b) = shaped_link
+    xb = str(BIN / "xbench")
+    common = [
+        "--transport",
+        "tcp",
+        "--sizes",
+        "128KiB:2MiB",
+        "--pattern",
+        "latency",
+        "--samples",
+        "4",
+        "--warmups",
+        "1",
+        "--fabric",
+        "tcp",
+    ]
+    launcher = [str(BIN / "mpiexec"), "-n", "1", "ip", "netns", "exec", ns_a]
+    cmd = [
+        *launcher,
+        xb,
+        "probe",
+        *common,
+        "--tcp-interface",
+        dev_a,
+        "--out",
+        str(tmp_path / "p"),
+        ":",
+        "-n",
+        "1",
+        "ip",
+        "netns",
+        "exec",
+        ns_b,
+        xb,
+        "probe",
+        *common,
+        "--tcp-interface",
+        dev_b,
+    ]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = xbench(
+        "fit", tmp_path / "p", "--base", "profiles/h100-priors.toml", "--out", tmp_path / "tcp.toml"
+    )
+    assert r.returncode == 0, r.stderr
+    fabric = load_profile(tmp_path / "tcp.toml").fabric("tcp")
+    beta = fabric.segments[-1].beta.value
+    assert beta == pytest.approx(GOODPUT, rel=0.03), (
+        f"fitted {beta / 1e6:.2f} MB/s, goodput {GOODPUT / 1e6:.2f} MB/s"
+    )

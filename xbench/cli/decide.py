@@ -1,0 +1,279 @@
+"""``xbench decide``: the route / fetch / local predicate over a grid of request shapes."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from xbench.cli.common import OutputFormat, console, emit_frame, handles_errors
+from xbench.errors import XbenchError
+
+DEFAULT_PROFILE = Path(__file__).resolve().parents[2] / "profiles" / "h100-priors.toml"
+
+
+@handles_errors
+def decide(
+    payload: Annotated[
+        str | None,
+        typer.Option(
+            help="Routed bytes per query row (S_q/row), e.g. 1KB. One of the two porting coefficients."
+        ),
+    ] = None,
+    return_: Annotated[
+        str | None,
+        typer.Option(
+            "--return", help="Returned bytes per query row (S_o/row); default: the payload."
+        ),
+    ] = None,
+    fetch_cost: Annotated[
+        str | None,
+        typer.Option(
+            help="Move-the-cache cost besides the wire, e.g. 3ms (default: the profile's T_move(c))."
+        ),
+    ] = None,
+    profile: Annotated[
+        Path | None,
+        typer.Option(help="Profile TOML (default: profiles/h100-priors.toml, datasheet priors)."),
+    ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            help="Model preset supplying heads, payload, return and KV bytes (xbench models)."
+        ),
+    ] = None,
+    heads: Annotated[
+        int | None,
+        typer.Option(help="Query rows per decode token (default: the model's heads, else 1)."),
+    ] = None,
+    rows: Annotated[
+        str, typer.Option(help="Decode tokens routed together (b), e.g. 1,8,64.")
+    ] = "1,8,64",
+    chunk: Annotated[
+        str, typer.Option(help="Tokens of KV on the holder (c): 64:16384 doubles, or a list.")
+    ] = "64:16384",
+    reuse: Annotated[
+        str, typer.Option(help="Later local uses of fetched blocks (r), e.g. 0,1,10,100.")
+    ] = "0",
+    kv_bytes: Annotated[
+        str | None,
+        typer.Option(help="KV bytes per token per layer (default: the model's, else 1152B)."),
+    ] = None,
+    segments: Annotated[
+        int, typer.Option(help="Messages per fetch: 1 = packed, k = one per block.")
+    ] = 1,
+    probe_phase: Annotated[
+        bool,
+        typer.Option(
+            "--probe/--no-probe", help="Include the probe round trip (uncached holder lookup)."
+        ),
+    ] = False,
+    fabric: Annotated[
+        str, typer.Option(help="all (best fabric per request), or a comma list to compare.")
+    ] = "all",
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            "-o",
+            help="Decision table Parquet file (default results/<run_id>/decisions.parquet).",
+        ),
+    ] = None,
+    fmt: Annotated[
+        OutputFormat, typer.Option("--format", help="table, json or csv.")
+    ] = OutputFormat.table,
+) -> None:
+    """Evaluate the predicate over rows x chunk x reuse (x fabric); write the decision table."""
+    from xbench.core.grid import decide_grid, expand
+    from xbench.core.models import get_model
+    from xbench.core.profile import load_profile
+    from xbench.core.units import parse_duration, parse_int_list, parse_size
+
+    prof = load_profile(profile or DEFAULT_PROFILE)
+    preset = get_model(model) if model else None
+    if preset is None and payload is None:
+        raise XbenchError(
+            "give --payload (routed bytes per query row) or --model",
+            "e.g. xbench decide --payload 1KB, or --model deepseek-v3.2",
+        )
+    pay = parse_size(payload) if payload else preset.query_bytes_per_row()
+    ret = (
+        parse_size(return_)
+        if return_
+        else (preset.return_bytes_per_row() if preset and not payload else pay)
+    )
+    kvb = parse_size(kv_bytes) if kv_bytes else (preset.kv_bytes_per_token() if preset else 1152)
+    h = heads or (preset.q_heads if preset else 1)
+    chunks = parse_int_list(chunk, "--chunk")
+    reuses = parse_int_list(reuse, "--reuse")
+    row_list = parse_int_list(rows, "--rows")
+    names = [f.name for f in prof.fabrics]
+    if fabric == "all":
+        fabrics = [None]
+    else:
+        fabrics = [x.strip() for x in fabric.split(",")]
+        bad = [x for x in fabrics if x not in names]
+        if bad:
+            raise XbenchError(
+                f"profile {prof.name} has no fabric {', '.join(bad)}",
+                f"pick from {', '.join(names)} or all",
+            )
+    if segments < 1:
+        raise XbenchError(
+            "--segments must be at least 1", "1 = packed fetch, k = one message per block"
+        )
+    axes = {"rows": row_list, "chunk_tokens": chunks, "reuse": reuses, "fabric": fabrics}
+    grid = expand(axes)
+    grid["heads"], grid["payload_bytes"], grid["return_bytes"], grid["kv_bytes_per_token"] = (
+        h,
+        pay,
+        ret,
+        kvb,
+    )
+    grid["segments"], grid["include_probe"] = segments, probe_phase
+    grid["fetch_cost"] = parse_duration(fetch_cost) if fetch_cost else math.nan
+    table = decide_grid(prof, grid)
+    settings = {
+        "profile": prof.name,
+        "model": preset.name if preset else None,
+        "heads": h,
+        "payload_bytes": pay,
+        "return_bytes": ret,
+        "kv_bytes_per_token": kvb,
+        "fetch_cost_s": parse_duration(fetch_cost) if fetch_cost else None,
+        "segments": segments,
+        "probe": probe_phase,
+    }
+    path = _write(table, prof, settings, out)
+    thresholds = _thresholds(
+        prof, row_list, chunks, h, pay, ret, kvb, segments, settings["fetch_cost_s"], fabrics
+    )
+    emit_frame(table, fmt, lambda f: _render(f, thresholds, prof, settings, path))
+
+
+def _write(table, prof, settings, out: Path | None) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from xbench.results.metadata import new_run_id, run_metadata
+    from xbench.results.store import ensure_writable_dir
+
+    run_id = new_run_id("decide")
+    path = out or Path("results") / run_id / "decisions.parquet"
+    ensure_writable_dir(path.parent)
+    meta = run_metadata(
+        run_id,
+        "decide",
+        settings=settings,
+        profile_provenance=prof.provenance,
+        rests_on_priors=prof.rests_on_priors,
+    )
+    arrow = pa.Table.from_pandas(table, preserve_index=False)
+    arrow = arrow.replace_schema_metadata(
+        {
+            b"xbench.table": b"decisions",
+            b"xbench.schema_version": b"1",
+            b"xbench.run": json.dumps(meta, default=str).encode(),
+        }
+    )
+    pq.write_table(arrow, path)
+    return path
+
+
+def _thresholds(prof, rows, chunks, heads, pay, ret, kvb, segments, fetch_cost, fabrics):
+    from xbench.core.costmodel import Request, thresholds
+
+    out = []
+    chosen = prof.fabrics if fabrics == [None] else [prof.fabric(n) for n in fabrics]
+    for f in chosen:
+        for c in chunks:
+            req = Request(
+                rows=min(rows),
+                heads=heads,
+                chunk_tokens=c,
+                payload_bytes=pay,
+                return_bytes=ret,
+                kv_bytes_per_token=kvb,
+                segments=segments,
+                fetch_cost=fetch_cost,
+            )
+            b_star, u_star = thresholds(f, prof.device, req)
+            out.append((f.name, c, b_star, u_star, f.half_performance_bytes()))
+    return out
+
+
+def _us(x: float) -> str:
+    from xbench.cli.render import num
+
+    return "-" if x == math.inf else num(x * 1e6)
+
+
+def _render(f, thresholds, prof, settings, path) -> None:
+    title = (
+        f"xbench decide (times in us): profile {prof.name}, {settings['heads']} rows/token x {settings['payload_bytes']} B out, "
+        f"{settings['return_bytes']} B back, {settings['kv_bytes_per_token']} B/token KV"
+    )
+    any_prior = bool(f["prior"].any())
+    caption = f"written to {path}" + (
+        "  |  * rests on datasheet priors: measure and xbench fit to replace them"
+        if any_prior
+        else ""
+    )
+    table = Table(title=title, caption=caption)
+    for col in (
+        "rows",
+        "chunk",
+        "reuse",
+        "decision",
+        "fabric",
+        "by",
+        "route",
+        "fetch",
+        "local",
+        "margin",
+    ):
+        table.add_column(
+            col, justify="left" if col in ("decision", "fabric", "by") else "right", no_wrap=True
+        )
+    for r in f.itertuples():
+        flags = ("?" if r.uncertain else "") + ("*" if r.prior else "")
+        style = {"route": "green", "fetch": "yellow", "local": "cyan"}[r.decision]
+        table.add_row(
+            str(r.rows),
+            str(r.chunk_tokens),
+            str(r.reuse),
+            f"[{style}]{r.decision}[/{style}]{flags}",
+            str(r.fabric_chosen),
+            "lat" if r.ranked_by == "latency" else "bw",
+            _us(r.t_route),
+            _us(r.t_fetch),
+            _us(r.t_local),
+            _us(r.margin),
+        )
+    console.print(table)
+    console.print(
+        "? = uncertain (the coefficients' 95% intervals allow another answer); by: latency or bandwidth ranked the fabric",
+        style="dim",
+    )
+    th = Table(title="closed-form thresholds (at the smallest batch)")
+    for col in (
+        "fabric",
+        "chunk",
+        "b* (route wins below)",
+        "u* (fetch wins past 1+r)",
+        "n1/2 = alpha*beta",
+    ):
+        th.add_column(col, justify="left" if col == "fabric" else "right")
+    for name, c, b_star, u_star, n_half in thresholds:
+        th.add_row(
+            name,
+            str(c),
+            f"{b_star:,.1f}" if b_star > 0 else "never",
+            f"{u_star:,.2f}",
+            f"{n_half:,.0f} B",
+        )
+    console.print(th)

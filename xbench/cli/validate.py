@@ -1,0 +1,143 @@
+"""``xbench validate``: real route / fetch / local between two ranks against the model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from xbench.cli.common import OutputFormat, console, emit_frame, handles_errors
+from xbench.errors import RankFailure, XbenchError
+
+
+@handles_errors
+def validate(
+    profile: Annotated[Path, typer.Option(help="Fitted profile to check (xbench fit output).")],
+    np: Annotated[int, typer.Option("--np", "-n", help="Ranks: 2 (requester and holder).")] = 2,
+    rows: Annotated[
+        str, typer.Option(help="Decode tokens routed together, e.g. 1,4,16.")
+    ] = "1,4,16",
+    chunk: Annotated[
+        str, typer.Option(help="Tokens on the holder, e.g. 256,1024,4096.")
+    ] = "256,1024,4096",
+    heads: Annotated[int, typer.Option(help="Query rows per token (heads on this device).")] = 16,
+    dtype: Annotated[str, typer.Option(help="bf16 or fp32.")] = "bf16",
+    fabric: Annotated[
+        str | None,
+        typer.Option(
+            help="Fabric of the profile to predict with (default: the one measured between local ranks, shm)."
+        ),
+    ] = None,
+    samples: Annotated[int, typer.Option(help="Measured samples per case.")] = 7,
+    threads: Annotated[
+        int,
+        typer.Option(help="torch threads per rank (match the xbench kernel --threads you fitted)."),
+    ] = 1,
+    timeout: Annotated[float, typer.Option(help="Seconds before a case is declared hung.")] = 300.0,
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Run directory (default results/<run_id>).")
+    ] = None,
+    fmt: Annotated[
+        OutputFormat, typer.Option("--format", help="table, json or csv.")
+    ] = OutputFormat.table,
+) -> None:
+    """Time the real primitives, check them against one-instance attention, report the model's MAPE."""
+    from xbench.cli.progress import EventProgress, make_progress
+    from xbench.core.profile import load_profile
+    from xbench.core.units import parse_int_list
+    from xbench.fabric.launch import launch_worker
+    from xbench.results.metadata import new_run_id
+    from xbench.results.schema import VALIDATE_SAMPLES
+    from xbench.results.store import ensure_writable_dir, read_table, refuse_existing_run
+    from xbench.validate import ValidateConfig, summarize_validation
+
+    prof = load_profile(profile)
+    names = [f.name for f in prof.fabrics]
+    fab = fabric or ("shm" if "shm" in names else None)
+    if fab not in names:
+        raise XbenchError(
+            f"profile {prof.name} has no fabric {fab or 'shm'!r} to predict local ranks with",
+            f"fit a profile from xbench probe between local ranks, or pass --fabric ({', '.join(names)})",
+        )
+    if np != 2:
+        raise XbenchError(f"--np {np}: validate runs one requester and one holder", "pass --np 2")
+    if dtype not in ("bf16", "fp32"):
+        raise XbenchError(f"unknown dtype {dtype!r}", "pick bf16 or fp32")
+    run_id = new_run_id("validate")
+    out_dir = ensure_writable_dir(out or Path("results") / run_id)
+    refuse_existing_run(out_dir)
+    cfg = ValidateConfig(
+        out_dir=str(out_dir),
+        run_id=run_id,
+        rows=tuple(parse_int_list(rows, "--rows")),
+        chunks=tuple(parse_int_list(chunk, "--chunk")),
+        heads=heads,
+        dtype=dtype,
+        samples=samples,
+        threads=threads,
+        timeout_s=timeout,
+        fabric=fab,
+    )
+    config_path = out_dir / "validate-config.json"
+    config_path.write_text(cfg.to_json())
+    with make_progress() as progress:
+        result = launch_worker(
+            2,
+            "xbench.validate",
+            [str(config_path)],
+            out_dir / "launcher.log",
+            EventProgress(progress),
+            timeout + 60,
+        )
+    if result.returncode != 0 or result.stalled or result.error:
+        raise RankFailure(
+            result.error
+            or f"a rank died during '{result.last_started}' (exit {result.returncode}); finished cases are in {out_dir}",
+            f"see {out_dir / 'launcher.log'}",
+        )
+    summary = summarize_validation(read_table(out_dir, VALIDATE_SAMPLES), prof, fab)
+    summary.to_parquet(out_dir / "validate_summary.parquet", index=False)
+    emit_frame(summary, fmt, lambda f: _table(f, prof.name, fab, out_dir))
+    if not summary.correct.all():
+        raise XbenchError(
+            "a path's output differs from one-instance attention beyond tolerance",
+            f"see {out_dir}/validate_summary.parquet",
+        )
+
+
+def _table(summary, profile: str, fabric: str, out_dir) -> None:
+    table = Table(
+        title=f"xbench validate: measured vs profile {profile} on {fabric}",
+        caption=f"{out_dir}  |  error = (predicted - measured) / measured",
+    )
+    for col in (
+        "option",
+        "rows",
+        "chunk",
+        "measured us",
+        "95% CI",
+        "predicted us",
+        "error",
+        "output",
+    ):
+        table.add_column(col, justify="left" if col in ("option", "output") else "right")
+    for r in summary.itertuples():
+        table.add_row(
+            r.option,
+            str(r.rows),
+            str(r.chunk_tokens),
+            f"{r.measured_us:,.1f}",
+            f"{r.ci_low_us:,.1f}-{r.ci_high_us:,.1f}",
+            f"{r.predicted_us:,.1f}",
+            f"{100 * r.error:+.1f}%",
+            "[green]matches[/green]" if r.correct else "[red]differs[/red]",
+        )
+    console.print(table)
+    err = summary.error.abs()
+    per = summary.groupby("option").error.apply(lambda e: e.abs().mean())
+    console.print(
+        f"MAPE {100 * err.mean():.1f}% (worst {100 * err.max():.1f}%, {len(summary)} cases on {fabric}); by option: "
+        + ", ".join(f"{k} {100 * v:.1f}%" for k, v in per.items())
+    )

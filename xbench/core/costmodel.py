@@ -1,0 +1,399 @@
+"""The cost model and the route / fetch / local predicate (``../shared/docs/cost-model.md``).
+
+Pure Python over frozen dataclasses: a serving scheduler can import this module without
+MPI, torch, numpy or a GPU. Times are in seconds, sizes in bytes, rates in bytes/s.
+
+Per layer, with b decode tokens of h query rows each routed together, and c tokens of KV:
+
+    wire_f(n, m) = alpha_f(n) + m * o_f + n / beta_f(n)       (piecewise in n)
+    T_route = T_probe + wire(S_q, 1) + T_c + wire(S_o, 1) + T_m
+    T_fetch = T_probe + wire(S_kv, n_seg) + T_move + T_c + T_m
+    T_local = T_c                 (blocks already here)
+            = T_recompute + T_c   (otherwise, when the profile knows a recompute cost)
+
+With r later reuses of the fetched blocks, a fetch is paid once and serves 1 + r uses, a
+route is paid at every use; the times reported are per use:
+T_fetch_per_use = (T_fetch + r * (T_c + T_m)) / (1 + r).
+
+Why one extra message per send (``+ o``) and not ``alpha`` twice: LogGP's overhead o is
+what each additional message in a batch costs the sender; a single message pays alpha
+(its latency) plus one o, which is how the fit measures it (see ``xbench.fit``).
+
+Uncertainty: every coefficient carries a 95 % interval. All terms are monotonic in the
+coefficients (times grow with alpha, o and device costs, shrink with beta), so each option's
+time has an interval from the coefficients' ends; a decision is ``uncertain`` when the
+winner's upper end reaches the runner-up's lower end. This ignores correlation between
+coefficients and so errs towards calling a decision uncertain.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+INF = math.inf
+ROUTE, FETCH, LOCAL = "route", "fetch", "local"
+
+
+@dataclass(frozen=True, slots=True)
+class Coef:
+    """A fitted coefficient: value, its 95 % interval, SI unit, and whether it is a prior."""
+
+    value: float
+    low: float
+    high: float
+    unit: str
+    prior: bool = False
+
+    @staticmethod
+    def exact(value: float, unit: str, prior: bool = False) -> Coef:
+        return Coef(value, value, value, unit, prior)
+
+
+def _relative_spread(coefs) -> tuple[float, float]:
+    """(up, down): every time built from these coefficients lies in [(1-down) T, (1+up) T].
+
+    Times are sums of non-negative multiples of coefficients (and of 1/beta), so the
+    largest relative distance of any coefficient's interval end from its value bounds them.
+    """
+    up = down = 0.0
+    for c in coefs:
+        if c.unit == "B/s":  # time scales with 1/beta: the low end of beta is the slow end
+            up, down = max(up, c.value / c.low - 1.0), max(down, 1.0 - c.value / c.high)
+        elif c.value > 0:
+            up, down = max(up, c.high / c.value - 1.0), max(down, 1.0 - c.low / c.value)
+        elif c.high > 0:
+            up = INF
+    return up, down
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """``alpha + n / beta`` for messages of at least ``min_bytes`` (until the next segment)."""
+
+    min_bytes: float
+    alpha: Coef  # s
+    beta: Coef  # B/s
+
+
+@dataclass(frozen=True)
+class Fabric:
+    name: str  # nvlink, ib, ibgda, roce, tcp, shm, ...
+    segments: tuple[Segment, ...]
+    overhead: Coef  # o: s per message
+    pair_class: str = "inter-node"
+    transport: str = "mpi"
+    heldout_mape: float | None = None  # error of the fit on sizes held out of it
+    _breaks: tuple = field(init=False, repr=False, compare=False)
+    # (o, ((alpha, 1/beta) per segment)) at the value, low and high ends: the hot path reads these.
+    _val: tuple = field(init=False, repr=False, compare=False)
+    _lo: tuple = field(init=False, repr=False, compare=False)
+    _hi: tuple = field(init=False, repr=False, compare=False)
+    _n_half: float = field(init=False, repr=False, compare=False)
+    _prior: bool = field(init=False, repr=False, compare=False)
+    _rho: tuple = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(
+            self,
+            "_prior",
+            self.overhead.prior or any(s.alpha.prior or s.beta.prior for s in self.segments),
+        )
+        segs = tuple(sorted(self.segments, key=lambda s: s.min_bytes))
+        object.__setattr__(self, "segments", segs)
+        object.__setattr__(self, "_breaks", tuple(s.min_bytes for s in segs[1:]))
+        object.__setattr__(
+            self,
+            "_val",
+            (self.overhead.value, tuple((s.alpha.value, 1.0 / s.beta.value) for s in segs)),
+        )
+        object.__setattr__(
+            self, "_lo", (self.overhead.low, tuple((s.alpha.low, 1.0 / s.beta.high) for s in segs))
+        )
+        object.__setattr__(
+            self, "_hi", (self.overhead.high, tuple((s.alpha.high, 1.0 / s.beta.low) for s in segs))
+        )
+        object.__setattr__(self, "_n_half", self._half_performance())
+        coefs = [self.overhead] + [c for seg in segs for c in (seg.alpha, seg.beta)]
+        object.__setattr__(self, "_rho", _relative_spread(coefs))
+
+    @property
+    def prior(self) -> bool:
+        return self._prior
+
+    def segment_index(self, nbytes: float) -> int:
+        return bisect_right(self._breaks, nbytes)
+
+    def wire(self, nbytes: float, messages: int = 1) -> float:
+        """Time to move ``nbytes`` as ``messages`` messages (alpha + m*o + n/beta)."""
+        a, inv_b = self._val[1][bisect_right(self._breaks, nbytes)]
+        return a + messages * self.overhead.value + nbytes * inv_b
+
+    def half_performance_bytes(self) -> float:
+        return self._n_half
+
+    def _half_performance(self) -> float:
+        """n_1/2: the size where n / beta = alpha (half the peak rate), on the segment holding it."""
+        for i, seg in enumerate(self.segments):
+            n = seg.alpha.value * seg.beta.value
+            upper = self.segments[i + 1].min_bytes if i + 1 < len(self.segments) else INF
+            if seg.min_bytes <= n < upper:
+                return n
+        return self.segments[0].alpha.value * self.segments[0].beta.value
+
+
+@dataclass(frozen=True)
+class Device:
+    """Compute-side terms, fitted from kernel sweeps on the device.
+
+    T_c(R, c) = compute_t0 + c * (compute_per_token + R * compute_per_row_token), R = b*h
+        (memory-bound reading of the chunk, plus work that grows with the rows: MoSKA's
+        reason routing improves as queries converge on one holder);
+    T_m(R, p) = merge_t0 + R * p * merge_per_row_partial;
+    T_move(c) = move_t0 + c * move_per_token (gather at the holder + splice at the requester);
+    T_recompute(c) = c * recompute_per_token (prefilling the chunk locally), when known.
+    """
+
+    name: str
+    compute_t0: Coef
+    compute_per_token: Coef
+    compute_per_row_token: Coef
+    merge_t0: Coef
+    merge_per_row_partial: Coef
+    move_t0: Coef
+    move_per_token: Coef
+    recompute_per_token: Coef | None = None
+
+    @property
+    def prior(self) -> bool:
+        return self._prior
+
+    _ends: tuple = field(init=False, repr=False, compare=False)
+    _prior: bool = field(init=False, repr=False, compare=False)
+    _rho: tuple = field(init=False, repr=False, compare=False)
+    _prior_by_option: tuple = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(
+            self, "_ends", tuple(self._terms(end) for end in ("value", "low", "high"))
+        )
+        coefs = [
+            self.compute_t0,
+            self.compute_per_token,
+            self.compute_per_row_token,
+            self.merge_t0,
+            self.merge_per_row_partial,
+            self.move_t0,
+            self.move_per_token,
+        ]
+        coefs += [self.recompute_per_token] if self.recompute_per_token else []
+        object.__setattr__(self, "_prior", any(c.prior for c in coefs))
+        object.__setattr__(self, "_rho", _relative_spread(coefs))
+        # Which option's time a prior enters: compute/merge (all), move (fetch), recompute (local).
+        shared = any(c.prior for c in coefs[:5])
+        move = self.move_t0.prior or self.move_per_token.prior
+        recompute = bool(self.recompute_per_token and self.recompute_per_token.prior)
+        object.__setattr__(self, "_prior_by_option", (shared, shared or move, shared or recompute))
+
+    def _terms(self, end: str) -> tuple:
+        coefs = (
+            self.compute_t0,
+            self.compute_per_token,
+            self.compute_per_row_token,
+            self.merge_t0,
+            self.merge_per_row_partial,
+            self.move_t0,
+            self.move_per_token,
+        )
+        rec = getattr(self.recompute_per_token, end) if self.recompute_per_token else INF
+        return (*(getattr(c, end) for c in coefs), rec)
+
+    def compute(self, rows: float, chunk: float) -> float:
+        return self.compute_t0.value + chunk * (
+            self.compute_per_token.value + rows * self.compute_per_row_token.value
+        )
+
+    def merge(self, rows: float, partials: int = 2) -> float:
+        return self.merge_t0.value + rows * partials * self.merge_per_row_partial.value
+
+    def move(self, chunk: float) -> float:
+        return self.move_t0.value + chunk * self.move_per_token.value
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    fabrics: tuple[Fabric, ...]
+    device: Device
+    provenance: dict = field(default_factory=dict, compare=False)
+    _by_name: dict = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "_by_name", {f.name: f for f in self.fabrics})
+
+    def fabric(self, name: str) -> Fabric:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise KeyError(
+                f"profile {self.name} has no fabric {name!r}; it has {', '.join(self._by_name)}"
+            ) from None
+
+    @property
+    def rests_on_priors(self) -> bool:
+        return self.device.prior or any(f.prior for f in self.fabrics)
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One routing question, per layer."""
+
+    rows: int = 1  # b: decode tokens routed together
+    heads: int = 128  # h: query rows per token (after tensor parallelism)
+    chunk_tokens: int = 2048  # c: tokens of KV the query attends on the holder
+    payload_bytes: float = 1152  # S_q per query row (576 bf16)
+    return_bytes: float = 1028  # S_o per query row (512 bf16 + fp32 LSE)
+    kv_bytes_per_token: float = 1152  # S_kv per token (bf16 MLA)
+    reuse: float = 0  # r: later local uses of fetched blocks
+    segments: int = 1  # n_seg: 1 = packed fetch, k = one message per block
+    fetch_cost: float | None = None  # T_move override (s); None = the device's fitted T_move(c)
+    include_probe: bool = False
+    probe_bytes: float = 64
+    blocks_local: bool = False
+    fabric: str | None = None  # None: every fabric of the profile, best one reported
+
+
+class Decision(NamedTuple):
+    """The answer for one request (an immutable record)."""
+
+    choice: str  # route, fetch or local
+    fabric: str
+    t_route: float  # per use, s
+    t_fetch: float  # per use (fetch amortised over 1 + reuse uses), s
+    t_local: float  # s (inf when the blocks are remote and no recompute cost is known)
+    margin: float  # runner-up time minus winner time, s
+    uncertain: bool  # the coefficients' intervals allow another answer
+    ranked_by: str  # latency or bandwidth: what ranked the chosen fabric
+    prior: bool  # rests on at least one datasheet prior
+
+
+def _times(f: Fabric, d: tuple, r: Request, end: tuple) -> tuple[float, float, float]:
+    """(route, fetch, local) per use with the coefficient ends in ``end`` (fabric) and ``d`` (device)."""
+    breaks = f._breaks
+    rows = r.rows * r.heads
+    s_q = rows * r.payload_bytes
+    s_o = rows * r.return_bytes
+    chunk = r.chunk_tokens
+    s_kv = chunk * r.kv_bytes_per_token
+    o, segs = end
+    a_q, ib_q = segs[bisect_right(breaks, s_q)]
+    a_o, ib_o = segs[bisect_right(breaks, s_o)]
+    a_kv, ib_kv = segs[bisect_right(breaks, s_kv)]
+    c0, c1, c2, m0, m1, g0, g1, rec = d
+    t_c = c0 + chunk * (c1 + rows * c2)
+    t_cm = t_c + m0 + rows * 2 * m1  # compute and merge: paid by route and fetch alike
+    shared = t_cm
+    if r.include_probe:
+        a_p, ib_p = segs[bisect_right(breaks, r.probe_bytes)]
+        shared += 2 * (a_p + r.probe_bytes * ib_p)
+    t_move = g0 + chunk * g1 if r.fetch_cost is None else r.fetch_cost
+    route = shared + a_q + a_o + 2 * o + s_q * ib_q + s_o * ib_o
+    fetch = shared + a_kv + r.segments * o + s_kv * ib_kv + t_move
+    reuse = r.reuse
+    if reuse:  # one fetch serves this use and `reuse` later local uses
+        fetch = (fetch + reuse * t_cm) / (1.0 + reuse)
+    if r.blocks_local:
+        local = t_c
+    else:
+        local = chunk * rec + t_c if rec != INF else INF
+    return route, fetch, local
+
+
+def thresholds(f: Fabric, device: Device, r: Request) -> tuple[float, float]:
+    """Closed forms (b*, u*) with the segments the request's sizes fall in.
+
+    b*: route beats fetch for every b < b* (decode tokens);
+    u*: fetch beats route when 1 + reuse > u*.
+    """
+    rows = r.rows * r.heads
+    s_q, s_o = rows * r.payload_bytes, rows * r.return_bytes
+    s_kv = r.chunk_tokens * r.kv_bytes_per_token
+    segs = f._val[1]
+    a_q, ib_q = segs[f.segment_index(s_q)]
+    a_o, ib_o = segs[f.segment_index(s_o)]
+    a_kv, ib_kv = segs[f.segment_index(s_kv)]
+    o = f.overhead.value
+    t_move = r.fetch_cost if r.fetch_cost is not None else device.move(r.chunk_tokens)
+    fetch_wire = a_kv + r.segments * o + s_kv * ib_kv + t_move
+    per_token = r.heads * (r.payload_bytes * ib_q + r.return_bytes * ib_o)
+    b_star = (fetch_wire - a_q - a_o - 2 * o) / per_token if per_token > 0 else INF
+    route_wire = a_q + a_o + 2 * o + s_q * ib_q + s_o * ib_o
+    u_star = fetch_wire / route_wire if route_wire > 0 else INF
+    return b_star, u_star
+
+
+def _pick(route: float, fetch: float, local: float) -> tuple[str, float, float]:
+    """(winner, winner time, runner-up time); ties go to route, then fetch."""
+    if route <= fetch and route <= local:
+        return ROUTE, route, min(fetch, local)
+    if fetch <= local:
+        return FETCH, fetch, min(route, local)
+    return LOCAL, local, min(route, fetch)
+
+
+def decide(profile: Profile, request: Request) -> Decision:
+    """The predicate for one request: the best option on the best fabric, with its margin."""
+    dev = profile.device
+    d_val = dev._ends[0]
+    if request.fabric is not None:
+        f = profile.fabric(request.fabric)
+        route, fetch, local = _times(f, d_val, request, f._val)
+    else:
+        best = None
+        for cand in profile.fabrics:
+            t = _times(cand, d_val, request, cand._val)
+            tw = min(t)
+            if best is None or tw < best[0]:
+                best = (tw, cand, t)
+        _, f, (route, fetch, local) = best
+    if route <= fetch and route <= local:
+        choice, win, tw = ROUTE, 0, route
+        second, runner = (1, fetch) if fetch <= local else (2, local)
+        size = request.rows * request.heads * request.payload_bytes
+    elif fetch <= local:
+        choice, win, tw = FETCH, 1, fetch
+        second, runner = (0, route) if route <= local else (2, local)
+        size = request.chunk_tokens * request.kv_bytes_per_token
+    else:
+        choice, win, tw = LOCAL, 2, local
+        second, runner = (0, route) if route <= fetch else (1, fetch)
+        size = request.rows * request.heads * request.payload_bytes
+    # Uncertain: the winner at its slow end reaches the runner-up at its fast end. A cheap
+    # bound from the coefficients' relative spreads settles most cases; near-ties get the
+    # exact interval evaluation.
+    up = max(f._rho[0], dev._rho[0])
+    down = max(f._rho[1], dev._rho[1])
+    if tw * (1.0 + up) < runner * (1.0 - down):
+        uncertain = False
+    else:
+        hi = _times(f, dev._ends[2], request, f._hi)
+        lo = _times(f, dev._ends[1], request, f._lo)
+        uncertain = hi[win] >= min(v for i, v in enumerate(lo) if i != win)
+    by_option = dev._prior_by_option
+    fixed_move = request.fetch_cost is not None
+    prior = f._prior or by_option[win] or by_option[second]
+    if fixed_move and prior and not f._prior:  # a given fetch cost replaces the move prior
+        prior = by_option[0] or (win == 2 or second == 2) and by_option[2]
+    return Decision(
+        choice,
+        f.name,
+        route,
+        fetch,
+        local,
+        runner - tw,
+        uncertain,
+        "latency" if size < f._n_half else "bandwidth",
+        prior,
+    )

@@ -1,0 +1,264 @@
+"""The predicate over many requests at once (numpy), with the same answers as :func:`decide`.
+
+``decide_grid(profile, grid)`` takes a DataFrame with one request per row (columns named as
+:class:`~xbench.core.costmodel.Request` fields; missing ones take the Request defaults),
+or a mapping of field -> list of values whose cartesian product is the grid. It returns
+the grid with the decision columns appended.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import fields
+
+import numpy as np
+import pandas as pd
+
+from xbench.core.costmodel import FETCH, LOCAL, ROUTE, Profile, Request
+
+REQUEST_DEFAULTS = {f.name: f.default for f in fields(Request)}
+CHOICES = pd.CategoricalDtype([ROUTE, FETCH, LOCAL])
+RANKS = pd.CategoricalDtype(["latency", "bandwidth"])
+BLOCK = 1 << 16
+
+
+def expand(axes: dict) -> pd.DataFrame:
+    """Cartesian product of the given request fields."""
+    names = list(axes)
+    return pd.DataFrame(list(itertools.product(*(axes[n] for n in names))), columns=names)
+
+
+def _column(grid: pd.DataFrame, name: str, dtype=np.float64):
+    """The column as an array, or the Request default as a scalar (numpy broadcasts it)."""
+    if name in grid.columns:
+        return grid[name].to_numpy().astype(dtype, copy=False)
+    default = REQUEST_DEFAULTS[name]
+    return dtype(np.nan if default is None else default)
+
+
+def _subset(values, index):
+    return values[index] if np.ndim(values) else values
+
+
+def _full(values, n: int) -> np.ndarray:
+    return np.broadcast_to(values, (n,)).copy() if np.ndim(values) == 0 else values
+
+
+def _device_terms(end_device, cols) -> tuple:
+    """(compute+merge shared by route and fetch, fetch's move cost, local time): fabric-free."""
+    c0, c1, c2, m0, m1, g0, g1, rec = end_device
+    rows, chunk, _, _, _, _, reuse, _, fcost, local_mask = cols
+    t_c = c0 + chunk * (c1 + rows * c2)
+    t_cm = t_c + (m0 + rows * (2 * m1))
+    move = g0 + chunk * g1
+    if not np.all(np.isnan(fcost)):
+        move = np.where(np.isnan(fcost), move, fcost)
+    local = chunk * rec + t_c if np.isfinite(rec) else np.float64(np.inf)
+    if np.any(local_mask):
+        local = np.where(local_mask, t_c, local)
+    return t_cm, move, local
+
+
+def _options(f, end_fabric, dev_terms, cols) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """route, fetch, local arrays on fabric f at one end of the coefficients."""
+    o, segs = end_fabric
+    t_cm, move, local = dev_terms
+    _, _, s_q, s_o, s_kv, probe, reuse, nseg, _, _ = cols
+    alphas = np.array([a for a, _ in segs])
+    inv_betas = np.array([ib for _, ib in segs])
+    breaks = np.asarray(f._breaks, dtype=np.float64)
+
+    def wire(n):
+        if len(segs) == 1:
+            return n * inv_betas[0] + alphas[0]
+        k = np.searchsorted(breaks, n, side="right")
+        return alphas[k] + n * inv_betas[k]
+
+    shared = t_cm
+    if np.any(probe >= 0):
+        shared = shared + np.where(probe >= 0, 2 * wire(np.maximum(probe, 0)), 0.0)
+    route = shared + wire(s_q) + wire(s_o) + 2 * o
+    fetch = shared + wire(s_kv) + nseg * o + move
+    if np.any(reuse):
+        fetch = (fetch + reuse * t_cm) / (1.0 + reuse)
+    return route, fetch, local
+
+
+def decide_grid(profile: Profile, grid) -> pd.DataFrame:
+    """Evaluate the predicate for every request of ``grid``; one output row per request."""
+    if not isinstance(grid, pd.DataFrame):
+        grid = expand(grid)
+    unknown = set(grid.columns) - set(REQUEST_DEFAULTS)
+    if unknown:
+        raise ValueError(
+            f"unknown request fields {sorted(unknown)}; use {sorted(REQUEST_DEFAULTS)}"
+        )
+    n = len(grid)
+    rows = _column(grid, "rows") * _column(grid, "heads")
+    chunk = _column(grid, "chunk_tokens")
+    include_probe = _column(grid, "include_probe", bool)
+    cols = (
+        rows,
+        chunk,
+        rows * _column(grid, "payload_bytes"),
+        rows * _column(grid, "return_bytes"),
+        chunk * _column(grid, "kv_bytes_per_token"),
+        np.where(include_probe, _column(grid, "probe_bytes"), -1.0),
+        _column(grid, "reuse"),
+        _column(grid, "segments"),
+        _column(grid, "fetch_cost"),
+        _column(grid, "blocks_local", bool),
+    )
+    names = [f.name for f in profile.fabrics]
+    if "fabric" in grid.columns:
+        codes = pd.Categorical(grid["fabric"], categories=names).codes  # -1: any fabric
+        bad = grid["fabric"].notna().to_numpy() & (codes < 0)
+        if bad.any():
+            raise KeyError(
+                f"profile {profile.name} has no fabric {grid['fabric'][bad].iloc[0]!r}; it has {', '.join(names)}"
+            )
+    else:
+        codes = None
+    results = {
+        "choice": np.empty(n, np.int8),
+        "fabric": np.empty(n, np.int16),
+        "route": np.empty(n),
+        "fetch": np.empty(n),
+        "local": np.empty(n),
+        "margin": np.empty(n),
+        "uncertain": np.empty(n, bool),
+        "ranked": np.empty(n, np.int8),
+        "prior": np.empty(n, bool),
+    }
+    # Blocks small enough that every intermediate stays in cache: numpy is memory-bound otherwise.
+    for start in range(0, n, BLOCK):
+        stop = min(n, start + BLOCK)
+        block = tuple(c[start:stop] if np.ndim(c) else c for c in cols)
+        part = _decide_block(
+            profile, block, None if codes is None else codes[start:stop], stop - start
+        )
+        for key, value in part.items():
+            results[key][start:stop] = value
+    decisions = pd.DataFrame(
+        {
+            "decision": pd.Categorical.from_codes(results["choice"], dtype=CHOICES),
+            "fabric_chosen": pd.Categorical.from_codes(results["fabric"], categories=names),
+            "t_route": results["route"],
+            "t_fetch": results["fetch"],
+            "t_local": results["local"],
+            "margin": results["margin"],
+            "uncertain": results["uncertain"],
+            "ranked_by": pd.Categorical.from_codes(results["ranked"], dtype=RANKS),
+            "prior": results["prior"],
+        },
+        index=grid.index,
+        copy=False,
+    )
+    out = pd.concat([grid, decisions], axis=1)
+    return out
+
+
+def _decide_block(profile: Profile, cols, codes, n: int) -> dict:
+    dev = profile.device
+    dev_val = _device_terms(dev._ends[0], cols)
+    best_t = np.full(n, np.inf)
+    best = [np.zeros(n), np.zeros(n), np.zeros(n)]
+    best_f = np.zeros(n, dtype=np.int16)
+    for k, f in enumerate(profile.fabrics):
+        rows_k = None if codes is None else (codes == k) | (codes < 0)
+        if rows_k is not None and not rows_k.any():
+            continue
+        if rows_k is None or rows_k.all():
+            t = tuple(_full(x, n) for x in _options(f, f._val, dev_val, cols))
+            tw = np.minimum(np.minimum(t[0], t[1]), t[2])
+            take = tw < best_t
+            best_t = np.where(take, tw, best_t)
+            for i in range(3):
+                best[i] = np.where(take, t[i], best[i])
+            best_f[take] = k
+        else:
+            idx = np.flatnonzero(rows_k)
+            t = _options(
+                f,
+                f._val,
+                tuple(_subset(d, idx) for d in dev_val),
+                tuple(_subset(c, idx) for c in cols),
+            )
+            t = tuple(_full(x, len(idx)) for x in t)
+            tw = np.minimum(np.minimum(t[0], t[1]), t[2])
+            take = tw < best_t[idx]
+            sel = idx[take]
+            best_t[sel] = tw[take]
+            for i in range(3):
+                best[i][sel] = t[i][take]
+            best_f[sel] = k
+    route, fetch, local = best
+    choice = np.where(
+        (route <= fetch) & (route <= local), 0, np.where(fetch <= local, 1, 2)
+    ).astype(np.int8)
+    is_route, is_fetch = choice == 0, choice == 1
+    winner = np.where(is_route, route, np.where(is_fetch, fetch, local))
+    runner = np.where(
+        is_route,
+        np.minimum(fetch, local),
+        np.where(is_fetch, np.minimum(route, local), np.minimum(route, fetch)),
+    )
+    # Uncertainty: cheap bound first, exact intervals only where the bound cannot decide.
+    uncertain = np.zeros(n, dtype=bool)
+    n_half = np.zeros(n)
+    prior = np.zeros(n, dtype=bool)
+    for k, f in enumerate(profile.fabrics):
+        mine = best_f == k
+        if not mine.any():
+            continue
+        n_half[mine] = f._n_half
+        if f._prior:
+            prior[mine] = True
+        else:  # a prior counts where it enters the winner's or the runner-up's time
+            flags = np.array(dev._prior_by_option)
+            second = np.where(
+                is_route,
+                np.where(fetch <= local, 1, 2),
+                np.where(is_fetch, np.where(route <= local, 0, 2), np.where(route <= fetch, 0, 1)),
+            )
+            fixed = ~np.isnan(cols[8]) if np.ndim(cols[8]) else np.full(n, not np.isnan(cols[8]))
+            move_flag = np.where(fixed, flags[0], flags[1])
+            by_choice = np.where(choice == 0, flags[0], np.where(choice == 1, move_flag, flags[2]))
+            by_second = np.where(second == 0, flags[0], np.where(second == 1, move_flag, flags[2]))
+            prior[mine] = (by_choice | by_second)[mine]
+        up, down = max(f._rho[0], dev._rho[0]), max(f._rho[1], dev._rho[1])
+        check = mine & ~(winner * (1 + up) < runner * (1 - down))
+        count = int(check.sum())
+        if not count:
+            continue
+        if count > n // 3:  # most rows: whole arrays beat gathering a subset
+            sub, ch = cols, choice
+        else:
+            index = np.flatnonzero(check)
+            sub, ch = tuple(_subset(c, index) for c in cols), choice[index]
+        hi = _options(f, f._hi, _device_terms(dev._ends[2], sub), sub)
+        lo = _options(f, f._lo, _device_terms(dev._ends[1], sub), sub)
+        r0, f0 = ch == 0, ch == 1
+        hi_w = np.where(r0, hi[0], np.where(f0, hi[1], hi[2]))
+        lo_r = np.where(
+            r0,
+            np.minimum(lo[1], lo[2]),
+            np.where(f0, np.minimum(lo[0], lo[2]), np.minimum(lo[0], lo[1])),
+        )
+        verdict = hi_w >= lo_r
+        if count > n // 3:
+            uncertain = np.where(check, verdict, uncertain)
+        else:
+            uncertain[index] = verdict
+    size = np.where(is_fetch, cols[4], cols[2])
+    return {
+        "choice": choice,
+        "fabric": best_f,
+        "route": route,
+        "fetch": fetch,
+        "local": local,
+        "margin": runner - winner,
+        "uncertain": uncertain,
+        "ranked": (size >= n_half).astype(np.int8),
+        "prior": prior,
+    }

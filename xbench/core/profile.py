@@ -1,0 +1,279 @@
+"""Profiles on disk: TOML with explicit units, validated strictly, loaded into frozen dataclasses.
+
+Every coefficient is a table ``{ value, low, high, unit, prior }``: ``low``/``high`` are its
+95 % interval (default: the value), ``prior = true`` marks a datasheet figure rather than a
+measurement. Units are required and converted to SI on load:
+
+- times: ``s ms us ns``; rates: ``B/s KB/s MB/s GB/s KiB/s MiB/s GiB/s Gb/s``;
+- device terms: a time per what it counts, e.g. ``ns/token``, ``ps/row-token``,
+  ``ns/row-partial``.
+
+See ``profiles/h100-priors.toml`` for the format.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from xbench.core.costmodel import Coef, Device, Fabric, Profile, Segment
+from xbench.errors import XbenchError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+PROFILE_SCHEMA_VERSION = 1
+FABRICS = ("shm", "nvlink", "ib", "ibgda", "roce", "tcp", "unknown")
+TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9, "ps": 1e-12}
+RATE_UNITS = {
+    "B/s": 1.0,
+    "KB/s": 1e3,
+    "MB/s": 1e6,
+    "GB/s": 1e9,
+    "KiB/s": 2**10,
+    "MiB/s": 2**20,
+    "GiB/s": 2**30,
+    "Gb/s": 1e9 / 8,
+}
+DEVICE_TERMS = {
+    "compute_t0": None,
+    "compute_per_token": "token",
+    "compute_per_row_token": "row-token",
+    "merge_t0": None,
+    "merge_per_row_partial": "row-partial",
+    "move_t0": None,
+    "move_per_token": "token",
+    "recompute_per_token": "token",
+}
+OPTIONAL_TERMS = {"recompute_per_token"}
+
+
+class ProfileError(XbenchError):
+    pass
+
+
+def _coef(
+    raw, where: str, kind: str, path: str, per: str | None = None, positive: bool = False
+) -> Coef:
+    """Parse one coefficient table; ``kind`` is 'time' or 'rate'."""
+    if not isinstance(raw, dict) or "value" not in raw:
+        raise ProfileError(
+            f"profile {path}: {where} must be a table with value and unit",
+            'write it as { value = 1.5, unit = "us" }',
+        )
+    unit = raw.get("unit")
+    if not unit:
+        hint = (
+            "a rate unit such as GB/s"
+            if kind == "rate"
+            else (f"a time per {per} such as ns/{per}" if per else "a time unit such as us")
+        )
+        raise ProfileError(f"profile {path}: {where} has no unit", f"add unit = ... ({hint})")
+    if kind == "rate":
+        scale = RATE_UNITS.get(unit)
+        si = "B/s"
+    else:
+        top, _, bottom = unit.partition("/")
+        if (bottom or None) != per:
+            expected = (
+                f"a time per {per} (e.g. ns/{per})" if per else "a plain time (s, ms, us, ns)"
+            )
+            raise ProfileError(f"profile {path}: {where} has unit {unit!r}", f"use {expected}")
+        scale = TIME_UNITS.get(top)
+        si = "s" + (f"/{per}" if per else "")
+    if scale is None:
+        choices = ", ".join(RATE_UNITS if kind == "rate" else TIME_UNITS)
+        raise ProfileError(
+            f"profile {path}: {where} has unknown unit {unit!r}", f"use one of {choices}"
+        )
+    try:
+        value = float(raw["value"]) * scale
+        low = float(raw.get("low", raw["value"])) * scale
+        high = float(raw.get("high", raw["value"])) * scale
+    except (TypeError, ValueError):
+        raise ProfileError(
+            f"profile {path}: {where} value is not a number", "write numbers without quotes"
+        ) from None
+    if positive and min(value, low) <= 0:
+        raise ProfileError(
+            f"profile {path}: {where} must be positive, got {raw['value']} {unit}",
+            "a bandwidth is a positive rate",
+        )
+    if min(value, low) < 0:
+        raise ProfileError(
+            f"profile {path}: {where} is negative ({raw['value']} {unit})",
+            "times and costs are non-negative",
+        )
+    if not low <= value <= high:
+        raise ProfileError(
+            f"profile {path}: {where} interval [{raw.get('low')}, {raw.get('high')}] does not contain its value",
+            "give low <= value <= high",
+        )
+    return Coef(value, low, high, si, bool(raw.get("prior", False)))
+
+
+def parse_profile(data: dict, path: str = "<profile>") -> Profile:
+    """Build a Profile from parsed TOML, or raise a one-line ProfileError."""
+    head = data.get("profile", {})
+    version = head.get("schema_version", PROFILE_SCHEMA_VERSION)
+    if version != PROFILE_SCHEMA_VERSION:
+        raise ProfileError(
+            f"profile {path} has schema_version {version}, this xbench reads {PROFILE_SCHEMA_VERSION}",
+            "refit it with this xbench",
+        )
+    fabrics = []
+    raw_fabrics = data.get("fabric", [])
+    if not raw_fabrics:
+        raise ProfileError(
+            f"profile {path} has no [[fabric]] tables",
+            "add at least one fabric, or fit one with xbench fit",
+        )
+    for i, raw in enumerate(raw_fabrics):
+        name = raw.get("name")
+        if name not in FABRICS:
+            raise ProfileError(
+                f"profile {path}: fabric {i + 1} has unknown name {name!r}",
+                f"use one of {', '.join(FABRICS)}",
+            )
+        segs = raw.get("segment", [])
+        if not segs:
+            raise ProfileError(
+                f"profile {path}: fabric {name} has no [[fabric.segment]]",
+                "give at least one segment with alpha and beta",
+            )
+        segments = []
+        for j, seg in enumerate(segs):
+            where = f"fabric {name} segment {j + 1}"
+            min_bytes = seg.get("min_bytes", 0)
+            if not isinstance(min_bytes, (int, float)) or min_bytes < 0:
+                raise ProfileError(
+                    f"profile {path}: {where} min_bytes must be a non-negative number",
+                    "give min_bytes in bytes",
+                )
+            segments.append(
+                Segment(
+                    float(min_bytes),
+                    _coef(seg.get("alpha"), f"{where} alpha", "time", path),
+                    _coef(seg.get("beta"), f"{where} beta", "rate", path, positive=True),
+                )
+            )
+        if sorted(s.min_bytes for s in segments)[0] != 0:
+            raise ProfileError(
+                f"profile {path}: fabric {name} has no segment starting at min_bytes = 0",
+                "the first segment must cover the smallest messages",
+            )
+        overhead = _coef(
+            raw.get("overhead", {"value": 0, "unit": "s"}), f"fabric {name} overhead", "time", path
+        )
+        fabrics.append(
+            Fabric(
+                name,
+                tuple(segments),
+                overhead,
+                raw.get("pair_class", "inter-node"),
+                raw.get("transport", "mpi"),
+                raw.get("heldout_mape"),
+            )
+        )
+    dev = data.get("device")
+    if not isinstance(dev, dict):
+        raise ProfileError(
+            f"profile {path} has no [device] table",
+            "add the compute, merge and move terms (see profiles/h100-priors.toml)",
+        )
+    terms = {}
+    for term, per in DEVICE_TERMS.items():
+        if term not in dev:
+            if term in OPTIONAL_TERMS:
+                terms[term] = None
+                continue
+            raise ProfileError(
+                f"profile {path}: [device] lacks {term}",
+                "fit it from kernel samples (xbench fit) or give a prior",
+            )
+        terms[term] = _coef(dev[term], f"device {term}", "time", path, per=per)
+    provenance = dict(data.get("provenance", {}))
+    provenance.setdefault("name", head.get("name", Path(path).stem))
+    return Profile(
+        head.get("name", Path(path).stem),
+        tuple(fabrics),
+        Device(dev.get("name", "device"), **terms),
+        provenance,
+    )
+
+
+def load_profile(path) -> Profile:
+    """Read and validate a profile file."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ProfileError(
+            f"profile {path} does not exist",
+            "pass --profile with a file from profiles/ or written by xbench fit",
+        ) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ProfileError(
+            f"profile {path} is not valid TOML ({exc})", "fix the syntax at that line"
+        ) from None
+    return parse_profile(data, str(path))
+
+
+def _coef_table(c: Coef, unit: str, scale: float) -> dict:
+    out = {"value": c.value / scale, "low": c.low / scale, "high": c.high / scale, "unit": unit}
+    if c.prior:
+        out["prior"] = True
+    return out
+
+
+def profile_to_toml_dict(profile: Profile) -> dict:
+    """The TOML structure of a profile (times in us / ns, rates in GB/s)."""
+    fabrics = []
+    for f in profile.fabrics:
+        entry = {
+            "name": f.name,
+            "pair_class": f.pair_class,
+            "transport": f.transport,
+            "overhead": _coef_table(f.overhead, "us", 1e-6),
+        }
+        if f.heldout_mape is not None:
+            entry["heldout_mape"] = f.heldout_mape
+        entry["segment"] = [
+            {
+                "min_bytes": int(s.min_bytes),
+                "alpha": _coef_table(s.alpha, "us", 1e-6),
+                "beta": _coef_table(s.beta, "GB/s", 1e9),
+            }
+            for s in f.segments
+        ]
+        fabrics.append(entry)
+    d = profile.device
+    device = {"name": d.name}
+    for term, per in DEVICE_TERMS.items():
+        c = getattr(d, term)
+        if c is None:
+            continue
+        unit = ("ns" if per else "us") + (f"/{per}" if per else "")
+        device[term] = _coef_table(c, unit, 1e-9 if per else 1e-6)
+    return {
+        "profile": {"name": profile.name, "schema_version": PROFILE_SCHEMA_VERSION},
+        "provenance": profile.provenance,
+        "fabric": fabrics,
+        "device": device,
+    }
+
+
+def save_profile(profile: Profile, path) -> Path:
+    import tomli_w
+
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(tomli_w.dumps(profile_to_toml_dict(profile)))
+    except OSError as exc:
+        raise XbenchError(
+            f"cannot write profile {path} ({exc.strerror})", "pass --out with a writable path"
+        ) from None
+    return path

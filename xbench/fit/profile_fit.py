@@ -1,0 +1,253 @@
+"""From results directories to a Profile: fabric segments, overheads, device terms.
+
+Fabric (per fabric label, pair class and transport):
+- segments from the ``latency`` pattern (one-way time = half the ping-pong round trip);
+- the per-message overhead ``o`` from the ``bandwidth`` pattern at small sizes, where a
+  window of W messages is limited by per-message cost: o = size / windowed rate;
+- alpha = (segment intercept - o), so that a single message costs alpha + o + n/beta,
+  exactly the measured one-way time, and each further message in a batch adds o;
+- held-out error: refit on 3 of every 4 sizes, predict the 4th, mean |error| / measured.
+
+Device (from ``xbench kernel`` samples, dense selections preferred):
+T_c = t0 + c*(a + R*k); T_m = m0 + R*p*m1; T_move = gather + splice = g0 + c*g1.
+Terms without samples come from ``base`` (a priors profile) and stay marked as priors.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import least_squares, nnls
+
+from xbench.core.costmodel import Coef, Device, Fabric, Profile, Segment
+from xbench.core.profile import PROFILE_SCHEMA_VERSION
+from xbench.errors import XbenchError
+from xbench.fit.segments import fit_piecewise, predict, segment_start
+
+SMALL_WINDOW_BYTES = 256  # windowed messages this small are limited by per-message cost
+
+
+def _ci(draws: np.ndarray, value: float) -> tuple[float, float]:
+    lo, hi = np.percentile(draws, [2.5, 97.5])
+    return float(min(lo, value)), float(max(hi, value))
+
+
+def fit_overhead(
+    bw: pd.DataFrame, boot: int = 200, seed: int = 0
+) -> tuple[float, float, float] | None:
+    """(o, low, high) in seconds from small windowed messages, or None without them."""
+    small = bw[bw.size_bytes <= SMALL_WINDOW_BYTES]
+    if small.empty:
+        return None
+    per_message = (small.size_bytes / (small.value * 1e6)).to_numpy()
+    o = float(np.median(per_message))
+    rng = np.random.default_rng(seed)
+    draws = np.array([np.median(rng.choice(per_message, len(per_message))) for _ in range(boot)])
+    return (o, *_ci(draws, o))
+
+
+def heldout_mape(n: np.ndarray, t: np.ndarray) -> float | None:
+    """Fit on 3 of every 4 sizes, predict the 4th: mean relative error on the held-out medians."""
+    sizes = np.unique(n)
+    if len(sizes) < 8:
+        return None
+    held = sizes[3::4]
+    train = ~np.isin(n, held)
+    fits = fit_piecewise(n[train], t[train], boot=0)
+    medians = np.array([np.median(t[n == s]) for s in held])
+    return float(np.mean(np.abs(predict(fits, held) - medians) / medians))
+
+
+def fit_fabrics(samples: pd.DataFrame) -> list[Fabric]:
+    measured = samples[~samples.warmup]
+    lat = measured[measured.pattern == "latency"]
+    if lat.empty:
+        raise XbenchError(
+            "no latency samples to fit a fabric", "run xbench probe with -p latency (the default)"
+        )
+    fabrics = []
+    for (fabric, pair_class, transport), group in lat.groupby(
+        ["fabric", "pair_class", "transport"], sort=False
+    ):
+        n = group.size_bytes.to_numpy(float)
+        t = group.value.to_numpy(float) * 1e-6
+        bw = measured[
+            (measured.pattern == "bandwidth")
+            & (measured.fabric == fabric)
+            & (measured.pair_class == pair_class)
+            & (measured.transport == transport)
+        ]
+        over = fit_overhead(bw) or (0.0, 0.0, 0.0)
+        o, o_lo, o_hi = over
+        segments = []
+        fits = fit_piecewise(n, t)
+        for i, f in enumerate(fits):
+            alpha = Coef(
+                max(f.a - o, 0.0), max(f.a_ci[0] - o_hi, 0.0), max(f.a_ci[1] - o_lo, 0.0), "s"
+            )
+            g, (g_lo, g_hi) = max(f.g, 1e-15), f.g_ci
+            beta = Coef(1.0 / g, 1.0 / max(g_hi, g), 1.0 / max(min(g_lo, g), 1e-15), "B/s")
+            segments.append(Segment(segment_start(fits, i), alpha, beta))
+        fabrics.append(
+            Fabric(
+                str(fabric),
+                tuple(segments),
+                Coef(o, o_lo, o_hi, "s"),
+                str(pair_class),
+                str(transport),
+                heldout_mape(n, t),
+            )
+        )
+    return fabrics
+
+
+def fit_linear(
+    design: np.ndarray, t: np.ndarray, boot: int = 200, seed: int = 0
+) -> list[tuple[float, float, float]]:
+    """Non-negative coefficients of t = design @ x, robust in relative terms, with bootstrap CIs."""
+    w = design / t[:, None]
+    x0, _ = nnls(w, np.ones_like(t))
+    scale = np.where(x0 > 0, x0, np.abs(np.linalg.lstsq(w, np.ones_like(t), rcond=None)[0]) + 1e-30)
+
+    def resid(p):
+        return (design @ (p * scale) - t) / t
+
+    sol = least_squares(
+        resid, np.where(x0 > 0, 1.0, 0.0), loss="soft_l1", f_scale=0.05, bounds=(0, np.inf)
+    )
+    x = sol.x * scale
+    rng = np.random.default_rng(seed)
+    draws = []
+    for _ in range(boot):
+        idx = rng.integers(0, len(t), len(t))
+        d, _ = nnls(w[idx], np.ones(len(idx)))
+        draws.append(d)
+    draws = np.array(draws)
+    return [(float(x[j]), *_ci(draws[:, j], float(x[j]))) for j in range(design.shape[1])]
+
+
+def _coef(triple, unit: str) -> Coef:
+    return Coef(triple[0], triple[1], triple[2], unit)
+
+
+def fit_device(samples: pd.DataFrame, base: Device | None, name: str) -> tuple[Device, dict]:
+    """Device terms from kernel samples; the rest from ``base``. Returns (device, notes)."""
+    measured = (
+        samples[~samples.warmup & ~samples.kernel.str.startswith("ceiling_")]
+        if not samples.empty
+        else samples
+    )
+    if not measured.empty and (~measured["sparse"]).any():
+        measured = measured[~measured["sparse"]]
+    notes: dict = {}
+    terms: dict[str, Coef | None] = {}
+
+    def take(kernel):
+        rows = measured[measured.kernel == kernel] if not measured.empty else measured
+        return (
+            rows
+            if len(rows) and rows[["rows", "chunk_tokens"]].drop_duplicates().shape[0] >= 2
+            else None
+        )
+
+    attn = take("partial_attention")
+    if attn is not None:
+        r = (attn.rows * attn.heads).to_numpy(float)
+        c = attn.chunk_tokens.to_numpy(float)
+        t0, a, k = fit_linear(
+            np.column_stack([np.ones_like(c), c, c * r]), attn.value.to_numpy(float) * 1e-6
+        )
+        terms.update(
+            compute_t0=_coef(t0, "s"),
+            compute_per_token=_coef(a, "s/token"),
+            compute_per_row_token=_coef(k, "s/row-token"),
+        )
+        notes["compute"] = f"{len(attn)} samples, {attn['dtype'].iloc[0]}, {attn['model'].iloc[0]}"
+    merge = measured[measured.kernel == "merge"] if not measured.empty else measured
+    if len(merge) and merge.rows.nunique() >= 2:
+        rp = (merge.rows * merge.heads * merge.partials).to_numpy(float)
+        m0, m1 = fit_linear(
+            np.column_stack([np.ones_like(rp), rp]), merge.value.to_numpy(float) * 1e-6
+        )
+        terms.update(merge_t0=_coef(m0, "s"), merge_per_row_partial=_coef(m1, "s/row-partial"))
+        notes["merge"] = f"{len(merge)} samples"
+    parts = []
+    for kernel in ("gather", "splice"):
+        rows = take(kernel)
+        if rows is not None:
+            c = rows.chunk_tokens.to_numpy(float)
+            parts.append(
+                fit_linear(np.column_stack([np.ones_like(c), c]), rows.value.to_numpy(float) * 1e-6)
+            )
+    if len(parts) == 2:  # T_move = gather at the holder + splice at the requester
+        (g0, g1), (s0, s1) = parts
+        terms["move_t0"] = Coef(g0[0] + s0[0], g0[1] + s0[1], g0[2] + s0[2], "s")
+        terms["move_per_token"] = Coef(g1[0] + s1[0], g1[1] + s1[1], g1[2] + s1[2], "s/token")
+        notes["move"] = "gather + splice"
+    needed = [
+        "compute_t0",
+        "compute_per_token",
+        "compute_per_row_token",
+        "merge_t0",
+        "merge_per_row_partial",
+        "move_t0",
+        "move_per_token",
+    ]
+    missing = [t for t in needed if t not in terms]
+    if missing and base is None:
+        raise XbenchError(
+            f"no kernel samples for {', '.join(sorted({m.split('_')[0] for m in missing}))}",
+            "run xbench kernel into the results you fit, or pass --base profiles/h100-priors.toml",
+        )
+    for term in missing + ["recompute_per_token"]:
+        if term not in terms:
+            terms[term] = getattr(base, term) if base is not None else None
+            if terms[term] is not None:
+                notes.setdefault("from_base", []).append(term)
+    return Device(name, **terms), notes
+
+
+def fit_profile(
+    probe: pd.DataFrame,
+    kernel: pd.DataFrame,
+    *,
+    name: str,
+    base: Profile | None = None,
+    run_meta: list[dict] | None = None,
+) -> Profile:
+    """A profile from probe and kernel samples (either may be empty when ``base`` fills in)."""
+    fabrics = fit_fabrics(probe) if not probe.empty else []
+    if not fabrics:
+        if base is None:
+            raise XbenchError(
+                "no probe samples to fit", "pass a results directory written by xbench probe"
+            )
+        fabrics = list(base.fabrics)
+    device_name = (
+        next(
+            (
+                m.get("device_name") or m.get("cpu_model")
+                for m in (run_meta or [])
+                if m.get("command") == "kernel"
+            ),
+            None,
+        )
+        or "device"
+    )
+    device, notes = fit_device(kernel, base.device if base else None, device_name)
+    meta = run_meta or []
+    provenance = {
+        "kind": "fit",
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "schema_version": PROFILE_SCHEMA_VERSION,
+        "run_ids": sorted({m.get("run_id", "?") for m in meta}),
+        "hosts": sorted({h for m in meta for h in (m.get("hosts") or [m.get("hostname", "?")])}),
+        "git_revisions": sorted({m.get("git_revision") or "?" for m in meta}),
+        "device_notes": {k: (", ".join(v) if isinstance(v, list) else v) for k, v in notes.items()},
+        "heldout_mape": {f.name: f.heldout_mape for f in fabrics if f.heldout_mape is not None},
+    }
+    if base is not None:
+        provenance["base"] = base.name
+    return Profile(name, tuple(fabrics), device, provenance)

@@ -1,0 +1,386 @@
+"""``xbench validate``: run route, fetch and local for real between two ranks and compare
+their times with the fitted model's predictions (which never saw these measurements).
+
+Rank 0 is the requester A, rank 1 the holder B. For each (rows b, chunk c):
+
+- route: A sends b*h query rows (S_q); B attends its resident chunk and returns the partial
+  output in the query dtype plus fp32 LSE (S_o); A merges it with its own local partial.
+- fetch: A asks for the chunk; B gathers the selected (scattered) pages into one packed
+  message (S_kv); A splices them into free pages of its cache (re-rotating RoPE), attends
+  them and merges with its local partial.
+- local: the blocks are already at A: A attends them (T_c).
+
+Every path's output is checked against attention over all tokens on one instance. KV
+sets are rotated iteration by iteration (total above twice the last-level cache), as in
+``xbench kernel``, so the compute the model was fitted on and the compute timed here see
+the same memory behaviour. Each rank uses one torch thread (two ranks share the cores).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+OPTIONS = ("route", "fetch", "local")
+
+
+@dataclass
+class ValidateConfig:
+    out_dir: str
+    run_id: str
+    rows: tuple = (1, 4, 16)
+    chunks: tuple = (256, 1024, 4096)
+    heads: int = 16
+    dim: int = 576
+    v_dim: int = 512
+    dtype: str = "bf16"
+    local_tokens: int = 256
+    block_size: int = 64
+    samples: int = 7
+    warmups: int = 2
+    min_sample_s: float = 0.02
+    threads: int = 1
+    timeout_s: float = 300.0
+    fabric: str | None = None
+    scale: float = 1 / math.sqrt(576)
+    extra: dict = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> ValidateConfig:
+        data = json.loads(text)
+        data["rows"], data["chunks"] = tuple(data["rows"]), tuple(data["chunks"])
+        return cls(**data)
+
+
+def _bytes_view(t):
+    """A uint8 numpy view of a contiguous CPU tensor (bf16 has no numpy dtype)."""
+    import torch
+
+    return t.contiguous().view(torch.uint8).numpy()
+
+
+class Peer:
+    """Both ranks' state for one (rows, chunk) case."""
+
+    def __init__(self, cfg: ValidateConfig, rows: int, chunk: int, comm, sets: int):
+        import torch
+
+        from xbench.kernels import DensePages
+
+        self.cfg, self.rows, self.chunk, self.comm = cfg, rows, chunk, comm
+        self.rank = comm.Get_rank()
+        dt = {"bf16": torch.bfloat16, "fp32": torch.float32}[cfg.dtype]
+        self.dt = dt
+        bs = cfg.block_size
+        pages = -(-chunk // bs)
+        self.sets = []
+        for s in range(sets):  # identical on both ranks: same seeds
+            gen = torch.Generator().manual_seed(1000 * rows + chunk + 7919 * s)
+            holder = torch.randn(2 * pages, bs, cfg.dim, generator=gen).to(dt)
+            sel = DensePages(torch.randperm(2 * pages, generator=gen)[:pages], chunk)
+            local = torch.randn(-(-cfg.local_tokens // bs), bs, cfg.dim, generator=gen).to(dt)
+            q = torch.randn(rows, cfg.heads, cfg.dim, generator=gen).to(dt)
+            self.sets.append((holder, sel, local, q))
+        self.target = torch.zeros(pages + 1, bs, cfg.dim, dtype=dt)  # A's free pages
+        self.free_pages = list(range(pages))
+        self.sq = torch.empty(rows, cfg.heads, cfg.dim, dtype=dt)
+        self.so = torch.empty(rows, cfg.heads, cfg.v_dim, dtype=dt)
+        self.slse = torch.empty(rows, cfg.heads, dtype=torch.float32)
+        self.skv = torch.empty(chunk, cfg.dim, dtype=dt)
+        self.req = bytearray(1)
+        # A's local partials are computed once: route and fetch both need them equally.
+        from xbench.kernels import mla_partial_attention
+
+        self.local_partials = [
+            mla_partial_attention(
+                q, local, DensePages(torch.arange(local.shape[0]), cfg.local_tokens), cfg.scale
+            )
+            for _, _, local, q in self.sets
+        ]
+
+    # ---- the three paths; A's side returns the merged (out, lse) ----
+    def route(self, i: int):
+        import torch
+
+        from xbench.kernels import merge_partials, mla_partial_attention
+
+        holder, sel, _, q = self.sets[i % len(self.sets)]
+        c = self.comm
+        if self.rank == 0:
+            c.Send(_bytes_view(q), dest=1, tag=1)
+            c.Recv(_bytes_view(self.so), source=1, tag=2)
+            c.Recv(self.slse.numpy(), source=1, tag=3)
+            lo, ll = self.local_partials[i % len(self.sets)]
+            return merge_partials(torch.stack([self.so.float(), lo]), torch.stack([self.slse, ll]))
+        c.Recv(_bytes_view(self.sq), source=0, tag=1)
+        out, lse = mla_partial_attention(self.sq, holder, sel, self.cfg.scale, v_dim=self.cfg.v_dim)
+        c.Send(_bytes_view(out.to(self.dt)), dest=0, tag=2)
+        c.Send(lse.numpy(), dest=0, tag=3)
+        return None
+
+    def fetch(self, i: int):
+        from xbench.kernels import (
+            DensePages,
+            gather_kv,
+            merge_partials,
+            mla_partial_attention,
+            splice_kv,
+        )
+
+        holder, sel, _, q = self.sets[i % len(self.sets)]
+        c = self.comm
+        if self.rank == 0:
+            c.Send(self.req, dest=1, tag=4)
+            c.Recv(_bytes_view(self.skv), source=1, tag=5)
+            splice_kv(self.target, self.skv, self.free_pages, 0)
+            import torch
+
+            out, lse = mla_partial_attention(
+                q,
+                self.target,
+                DensePages(torch.arange(len(self.free_pages)), self.chunk),
+                self.cfg.scale,
+                v_dim=self.cfg.v_dim,
+            )
+            lo, ll = self.local_partials[i % len(self.sets)]
+            return merge_partials(torch.stack([out, lo]), torch.stack([lse, ll]))
+        c.Recv(self.req, source=0, tag=4)
+        packed = gather_kv(holder, sel)
+        c.Send(_bytes_view(packed), dest=0, tag=5)
+        return None
+
+    def local(self, i: int):
+        from xbench.kernels import mla_partial_attention
+
+        holder, sel, _, q = self.sets[i % len(self.sets)]
+        if self.rank == 0:
+            return mla_partial_attention(q, holder, sel, self.cfg.scale, v_dim=self.cfg.v_dim)
+        return None
+
+    def check(self, option: str, result) -> tuple[float, bool]:
+        """(max |error|, within tolerance) of A's result against one-instance attention."""
+        from xbench.kernels import mla_partial_attention
+
+        if option == "local":
+            holder, sel, _, q = self.sets[0]
+            ref = mla_partial_attention(
+                q.double(), holder.double(), sel, self.cfg.scale, v_dim=self.cfg.v_dim
+            )[0]
+        else:
+            ref = self.reference(0)[0]
+        err = (result[0].double() - ref).abs()
+        if self.cfg.dtype == "bf16":
+            # route ships its partial in bf16 (that is S_o): allow one rounding of it
+            wire = 2**-8 * float(ref.abs().max()) if option == "route" else 0.0
+            ok = bool((err <= 8e-4 + wire + 1.6e-2 * ref.abs()).all())
+        else:
+            ok = bool((err <= 1e-5 * (1 + ref.abs())).all())
+        return float(err.max()), ok
+
+    def reference(self, i: int):
+        """Attention over the local and the remote tokens together, on one instance."""
+        import torch
+
+        from xbench.kernels import mla_partial_attention
+
+        holder, sel, local, q = self.sets[i % len(self.sets)]
+        tokens = torch.cat(
+            [
+                local.reshape(-1, self.cfg.dim)[: self.cfg.local_tokens],
+                holder.reshape(-1, self.cfg.dim)[sel.token_indices(self.cfg.block_size)],
+            ]
+        )
+        cache = tokens.reshape(1, -1, self.cfg.dim)
+        from xbench.kernels import DensePages
+
+        return mla_partial_attention(
+            q.double(),
+            cache.double(),
+            DensePages(torch.tensor([0]), tokens.shape[0]),
+            self.cfg.scale,
+            v_dim=self.cfg.v_dim,
+        )
+
+
+def _sets_needed(cfg, chunk: int, rows: int) -> int:
+    from xbench.kernels.bench import llc_bytes
+
+    elem = 2 if cfg.dtype == "bf16" else 4
+    one = (2 * chunk * cfg.dim + rows * cfg.heads * cfg.dim) * elem
+    return max(1, min(8, math.ceil(2 * llc_bytes() / one)))
+
+
+def run_validate(cfg: ValidateConfig, sink) -> None:
+    import torch
+    from mpi4py import MPI
+
+    from xbench.probe.runner import Watchdog
+    from xbench.results.metadata import run_metadata
+    from xbench.results.schema import VALIDATE_SAMPLES
+    from xbench.results.store import RunStore
+
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    torch.set_num_threads(cfg.threads)
+    store = None
+    if rank == 0:
+        if size != 2:
+            sink.error(f"validate needs exactly 2 ranks (requester and holder), got {size}")
+            comm.Abort(2)
+        store = RunStore(
+            cfg.out_dir,
+            run_metadata(
+                cfg.run_id,
+                "validate",
+                ranks=size,
+                hosts=comm.allgather(os.uname().nodename),
+                mpi_library=MPI.Get_library_version().splitlines()[0],
+                config=json.loads(cfg.to_json()),
+            ),
+        )
+    else:
+        comm.allgather(os.uname().nodename)
+    cases = [(b, c) for c in cfg.chunks for b in cfg.rows]
+    watchdog = Watchdog(
+        cfg.timeout_s,
+        lambda label: (
+            sink.error(f"validate case {label} did not finish within {cfg.timeout_s:g} s")
+            if rank == 0
+            else None
+        ),
+    )
+    if rank == 0:
+        sink.start(len(cases) * len(OPTIONS), cfg.out_dir, "python")
+    index = 0
+    for b, c in cases:
+        peer = Peer(cfg, b, c, comm, _sets_needed(cfg, c, b))
+        for option in OPTIONS:
+            label = f"{option} rows={b} chunk={c}"
+            if rank == 0:
+                sink.case_started(index, label)
+            watchdog.arm(label)
+            run = getattr(peer, option)
+            # correctness first, on set 0, against the single-instance reference
+            comm.Barrier()
+            result = run(0)
+            error, correct = None, None
+            if rank == 0:
+                error, correct = peer.check(option, result)
+            # calibrate on the requester, shared with the holder
+            comm.Barrier()
+            t0 = time.perf_counter()
+            run(1)
+            first = time.perf_counter() - t0
+            iters = comm.bcast(
+                max(1, min(1000, math.ceil(cfg.min_sample_s / max(first, 1e-9))))
+                if rank == 0
+                else None,
+                root=0,
+            )
+            rows = []
+            for s in range(cfg.warmups + cfg.samples):
+                comm.Barrier()
+                t0 = time.perf_counter()
+                for i in range(iters):
+                    run(i)
+                elapsed = (time.perf_counter() - t0) / iters
+                rows.append(
+                    {
+                        "run_id": cfg.run_id,
+                        "option": option,
+                        "transport": "mpi",
+                        "fabric": cfg.fabric or "shm",
+                        "rows": b,
+                        "heads": cfg.heads,
+                        "chunk_tokens": c,
+                        "dtype": cfg.dtype,
+                        "iterations": iters,
+                        "sample": s,
+                        "warmup": s < cfg.warmups,
+                        "metric": "time",
+                        "value": elapsed * 1e6,
+                        "unit": "us",
+                        "max_abs_error": error,
+                        "correct": correct,
+                    }
+                )
+            watchdog.disarm()
+            if rank == 0:
+                store.append(VALIDATE_SAMPLES, rows)
+                sink.case_done(
+                    index,
+                    label,
+                    sorted(r["value"] for r in rows if not r["warmup"])[cfg.samples // 2],
+                    "us",
+                )
+            index += 1
+    comm.Barrier()
+    if rank == 0:
+        sink.finish()
+
+
+def main(argv: list[str]) -> int:
+    from mpi4py import MPI
+
+    from xbench.probe.events import JsonLinesSink, NullSink
+
+    cfg = ValidateConfig.from_json(Path(argv[0]).read_text())
+    run_validate(cfg, JsonLinesSink() if MPI.COMM_WORLD.Get_rank() == 0 else NullSink())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
+
+
+def summarize_validation(samples, profile, fabric: str):
+    """Per case: measured median (95 % CI), the model's prediction, and the relative error."""
+    import pandas as pd
+
+    from xbench.core.costmodel import Request, decide
+    from xbench.core.stats import summarize
+
+    measured = samples[~samples.warmup]
+    rows = []
+    for (option, b, h, c, dtype), group in measured.groupby(
+        ["option", "rows", "heads", "chunk_tokens", "dtype"], sort=False
+    ):
+        s = summarize(group.value.to_numpy())
+        elem = 2 if dtype == "bf16" else 4
+        req = Request(
+            rows=int(b),
+            heads=int(h),
+            chunk_tokens=int(c),
+            payload_bytes=576 * elem,
+            return_bytes=512 * elem + 4,
+            kv_bytes_per_token=576 * elem,
+            fabric=fabric,
+            blocks_local=option == "local",
+        )
+        d = decide(profile, req)
+        predicted = {"route": d.t_route, "fetch": d.t_fetch, "local": d.t_local}[option] * 1e6
+        rows.append(
+            {
+                "option": option,
+                "rows": int(b),
+                "heads": int(h),
+                "chunk_tokens": int(c),
+                "measured_us": s.median,
+                "ci_low_us": s.ci_low,
+                "ci_high_us": s.ci_high,
+                "predicted_us": predicted,
+                "error": (predicted - s.median) / s.median,
+                "correct": bool(group.correct.all()),
+                "max_abs_error": float(group.max_abs_error.max()),
+            }
+        )
+    return pd.DataFrame(rows)
