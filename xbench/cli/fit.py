@@ -106,4 +106,11 @@ def _table(profile, out: Path) -> None:
         c = getattr(d, term)
         if c is not None:
             row(f"  {term}", c, scale, unit)
+    for start, t0, a, k in d.compute_segments:
+        row(f"  compute from {int(start)} tokens: t0", t0, 1e-6, "us")
+        row("    per_token", a, 1e-9, "ns/token")
+        row("    per_row_token", k, 1e-12, "ps/row-token")
+    for start, t0, a in d.move_segments:
+        row(f"  move from {int(start)} tokens: t0", t0, 1e-6, "us")
+        row("    per_token", a, 1e-9, "ns/token")
     console.print(table)

@@ -154,6 +154,11 @@ class Device:
     T_m(R, p) = merge_t0 + R * p * merge_per_row_partial;
     T_move(c) = move_t0 + c * move_per_token (gather at the holder + splice at the requester);
     T_recompute(c) = c * recompute_per_token (prefilling the chunk locally), when known.
+
+    T_c and T_move may change slope where the chunk outgrows a cache (a CPU's L2/L3, a
+    GPU's L2): ``compute_segments`` and ``move_segments`` hold further pieces, each from a
+    chunk size on, as ``(min_tokens, t0, per_token[, per_row_token])``; the flat terms are
+    the piece from 0 tokens.
     """
 
     name: str
@@ -165,11 +170,8 @@ class Device:
     move_t0: Coef
     move_per_token: Coef
     recompute_per_token: Coef | None = None
-
-    @property
-    def prior(self) -> bool:
-        return self._prior
-
+    compute_segments: tuple = ()
+    move_segments: tuple = ()
     _ends: tuple = field(init=False, repr=False, compare=False)
     _prior: bool = field(init=False, repr=False, compare=False)
     _rho: tuple = field(init=False, repr=False, compare=False)
@@ -177,8 +179,44 @@ class Device:
 
     def __post_init__(self):
         object.__setattr__(
+            self,
+            "compute_segments",
+            tuple(sorted(self.compute_segments, key=lambda piece: piece[0])),
+        )
+        object.__setattr__(
+            self, "move_segments", tuple(sorted(self.move_segments, key=lambda piece: piece[0]))
+        )
+        object.__setattr__(
             self, "_ends", tuple(self._terms(end) for end in ("value", "low", "high"))
         )
+        coefs = self._all_coefs()
+        object.__setattr__(self, "_prior", any(c.prior for c in coefs))
+        object.__setattr__(self, "_rho", _relative_spread(coefs))
+        # Which option's time a prior enters: compute/merge (all), move (fetch), recompute (local).
+        shared_coefs = [
+            self.compute_t0,
+            self.compute_per_token,
+            self.compute_per_row_token,
+            self.merge_t0,
+            self.merge_per_row_partial,
+        ]
+        shared = any(
+            c.prior
+            for c in shared_coefs + [c for piece in self.compute_segments for c in piece[1:]]
+        )
+        move = any(
+            c.prior
+            for c in [self.move_t0, self.move_per_token]
+            + [c for piece in self.move_segments for c in piece[1:]]
+        )
+        recompute = bool(self.recompute_per_token and self.recompute_per_token.prior)
+        object.__setattr__(self, "_prior_by_option", (shared, shared or move, shared or recompute))
+
+    @property
+    def prior(self) -> bool:
+        return self._prior
+
+    def _all_coefs(self) -> list[Coef]:
         coefs = [
             self.compute_t0,
             self.compute_per_token,
@@ -188,38 +226,40 @@ class Device:
             self.move_t0,
             self.move_per_token,
         ]
-        coefs += [self.recompute_per_token] if self.recompute_per_token else []
-        object.__setattr__(self, "_prior", any(c.prior for c in coefs))
-        object.__setattr__(self, "_rho", _relative_spread(coefs))
-        # Which option's time a prior enters: compute/merge (all), move (fetch), recompute (local).
-        shared = any(c.prior for c in coefs[:5])
-        move = self.move_t0.prior or self.move_per_token.prior
-        recompute = bool(self.recompute_per_token and self.recompute_per_token.prior)
-        object.__setattr__(self, "_prior_by_option", (shared, shared or move, shared or recompute))
+        coefs += [c for piece in self.compute_segments for c in piece[1:]] + [
+            c for piece in self.move_segments for c in piece[1:]
+        ]
+        return coefs + ([self.recompute_per_token] if self.recompute_per_token else [])
 
     def _terms(self, end: str) -> tuple:
-        coefs = (
-            self.compute_t0,
-            self.compute_per_token,
-            self.compute_per_row_token,
-            self.merge_t0,
-            self.merge_per_row_partial,
-            self.move_t0,
-            self.move_per_token,
+        """(compute breaks, compute pieces, m0, m1, move breaks, move pieces, recompute) at one end."""
+        compute = [
+            (0.0, self.compute_t0, self.compute_per_token, self.compute_per_row_token),
+            *self.compute_segments,
+        ]
+        move = [(0.0, self.move_t0, self.move_per_token), *self.move_segments]
+        return (
+            tuple(float(piece[0]) for piece in compute[1:]),
+            tuple(tuple(getattr(c, end) for c in piece[1:]) for piece in compute),
+            getattr(self.merge_t0, end),
+            getattr(self.merge_per_row_partial, end),
+            tuple(float(piece[0]) for piece in move[1:]),
+            tuple(tuple(getattr(c, end) for c in piece[1:]) for piece in move),
+            getattr(self.recompute_per_token, end) if self.recompute_per_token else INF,
         )
-        rec = getattr(self.recompute_per_token, end) if self.recompute_per_token else INF
-        return (*(getattr(c, end) for c in coefs), rec)
 
     def compute(self, rows: float, chunk: float) -> float:
-        return self.compute_t0.value + chunk * (
-            self.compute_per_token.value + rows * self.compute_per_row_token.value
-        )
+        breaks, pieces = self._ends[0][0], self._ends[0][1]
+        c0, c1, c2 = pieces[bisect_right(breaks, chunk)]
+        return c0 + chunk * (c1 + rows * c2)
 
     def merge(self, rows: float, partials: int = 2) -> float:
         return self.merge_t0.value + rows * partials * self.merge_per_row_partial.value
 
     def move(self, chunk: float) -> float:
-        return self.move_t0.value + chunk * self.move_per_token.value
+        breaks, pieces = self._ends[0][4], self._ends[0][5]
+        g0, g1 = pieces[bisect_right(breaks, chunk)]
+        return g0 + chunk * g1
 
 
 @dataclass(frozen=True)
@@ -291,7 +331,9 @@ def _times(f: Fabric, d: tuple, r: Request, end: tuple) -> tuple[float, float, f
     a_q, ib_q = segs[bisect_right(breaks, s_q)]
     a_o, ib_o = segs[bisect_right(breaks, s_o)]
     a_kv, ib_kv = segs[bisect_right(breaks, s_kv)]
-    c0, c1, c2, m0, m1, g0, g1, rec = d
+    cb, cp, m0, m1, mb, mp, rec = d
+    c0, c1, c2 = cp[bisect_right(cb, chunk)] if cb else cp[0]
+    g0, g1 = mp[bisect_right(mb, chunk)] if mb else mp[0]
     t_c = c0 + chunk * (c1 + rows * c2)
     t_cm = t_c + m0 + rows * 2 * m1  # compute and merge: paid by route and fetch alike
     shared = t_cm

@@ -46,8 +46,17 @@ def _full(values, n: int) -> np.ndarray:
 
 def _device_terms(end_device, cols) -> tuple:
     """(compute+merge shared by route and fetch, fetch's move cost, local time): fabric-free."""
-    c0, c1, c2, m0, m1, g0, g1, rec = end_device
+    cb, cp, m0, m1, mb, mp, rec = end_device
     rows, chunk, _, _, _, _, reuse, _, fcost, local_mask = cols
+
+    def piece(breaks, pieces):
+        if not breaks:
+            return pieces[0]
+        k = np.searchsorted(np.asarray(breaks), chunk, side="right")
+        return tuple(np.asarray(col)[k] for col in zip(*pieces, strict=True))
+
+    c0, c1, c2 = piece(cb, cp)
+    g0, g1 = piece(mb, mp)
     t_c = c0 + chunk * (c1 + rows * c2)
     t_cm = t_c + (m0 + rows * (2 * m1))
     move = g0 + chunk * g1

@@ -114,6 +114,16 @@ def _coef(
     return Coef(value, low, high, si, bool(raw.get("prior", False)))
 
 
+def _min_tokens(seg, where: str, path: str) -> float:
+    value = seg.get("min_tokens") if isinstance(seg, dict) else None
+    if not isinstance(value, (int, float)) or value <= 0:
+        raise ProfileError(
+            f"profile {path}: {where} needs min_tokens > 0",
+            "the flat device terms are the piece from 0 tokens",
+        )
+    return float(value)
+
+
 def parse_profile(data: dict, path: str = "<profile>") -> Profile:
     """Build a Profile from parsed TOML, or raise a one-line ProfileError."""
     head = data.get("profile", {})
@@ -194,6 +204,38 @@ def parse_profile(data: dict, path: str = "<profile>") -> Profile:
                 "fit it from kernel samples (xbench fit) or give a prior",
             )
         terms[term] = _coef(dev[term], f"device {term}", "time", path, per=per)
+    terms["compute_segments"] = tuple(
+        (
+            _min_tokens(seg, f"device compute_segment {i + 1}", path),
+            *(
+                _coef(
+                    seg.get(t),
+                    f"device compute_segment {i + 1} {t}",
+                    "time",
+                    path,
+                    per=DEVICE_TERMS[f"compute_{t}"],
+                )
+                for t in ("t0", "per_token", "per_row_token")
+            ),
+        )
+        for i, seg in enumerate(dev.get("compute_segment", []))
+    )
+    terms["move_segments"] = tuple(
+        (
+            _min_tokens(seg, f"device move_segment {i + 1}", path),
+            *(
+                _coef(
+                    seg.get(t),
+                    f"device move_segment {i + 1} {t}",
+                    "time",
+                    path,
+                    per=DEVICE_TERMS[f"move_{t}"],
+                )
+                for t in ("t0", "per_token")
+            ),
+        )
+        for i, seg in enumerate(dev.get("move_segment", []))
+    )
     provenance = dict(data.get("provenance", {}))
     provenance.setdefault("name", head.get("name", Path(path).stem))
     return Profile(
@@ -257,6 +299,25 @@ def profile_to_toml_dict(profile: Profile) -> dict:
             continue
         unit = ("ns" if per else "us") + (f"/{per}" if per else "")
         device[term] = _coef_table(c, unit, 1e-9 if per else 1e-6)
+    if d.compute_segments:
+        device["compute_segment"] = [
+            {
+                "min_tokens": int(m),
+                "t0": _coef_table(t0, "us", 1e-6),
+                "per_token": _coef_table(a, "ns/token", 1e-9),
+                "per_row_token": _coef_table(k, "ns/row-token", 1e-9),
+            }
+            for m, t0, a, k in d.compute_segments
+        ]
+    if d.move_segments:
+        device["move_segment"] = [
+            {
+                "min_tokens": int(m),
+                "t0": _coef_table(t0, "us", 1e-6),
+                "per_token": _coef_table(a, "ns/token", 1e-9),
+            }
+            for m, t0, a in d.move_segments
+        ]
     return {
         "profile": {"name": profile.name, "schema_version": PROFILE_SCHEMA_VERSION},
         "provenance": profile.provenance,

@@ -24,7 +24,7 @@ from scipy.optimize import least_squares, nnls
 from xbench.core.costmodel import Coef, Device, Fabric, Profile, Segment
 from xbench.core.profile import PROFILE_SCHEMA_VERSION
 from xbench.errors import XbenchError
-from xbench.fit.segments import fit_piecewise, predict, segment_start
+from xbench.fit.segments import fit_piecewise, fit_segmented_linear, predict, segment_start
 
 SMALL_WINDOW_BYTES = 256  # windowed messages this small are limited by per-message cost
 
@@ -156,15 +156,25 @@ def fit_device(samples: pd.DataFrame, base: Device | None, name: str) -> tuple[D
     if attn is not None:
         r = (attn.rows * attn.heads).to_numpy(float)
         c = attn.chunk_tokens.to_numpy(float)
-        t0, a, k = fit_linear(
-            np.column_stack([np.ones_like(c), c, c * r]), attn.value.to_numpy(float) * 1e-6
+        pieces = fit_segmented_linear(
+            c,
+            np.column_stack([np.ones_like(c), c, c * r]),
+            attn.value.to_numpy(float) * 1e-6,
+            min_keys=1,
         )
+        (_, (t0, a, k)), rest = pieces[0], pieces[1:]
         terms.update(
             compute_t0=_coef(t0, "s"),
             compute_per_token=_coef(a, "s/token"),
             compute_per_row_token=_coef(k, "s/row-token"),
         )
-        notes["compute"] = f"{len(attn)} samples, {attn['dtype'].iloc[0]}, {attn['model'].iloc[0]}"
+        terms["compute_segments"] = tuple(
+            (start, _coef(t0, "s"), _coef(a, "s/token"), _coef(k, "s/row-token"))
+            for start, (t0, a, k) in rest
+        )
+        notes["compute"] = (
+            f"{len(attn)} samples, {attn['dtype'].iloc[0]}, {attn['model'].iloc[0]}, {len(pieces)} piece(s)"
+        )
     merge = measured[measured.kernel == "merge"] if not measured.empty else measured
     if len(merge) and merge.rows.nunique() >= 2:
         rp = (merge.rows * merge.heads * merge.partials).to_numpy(float)
@@ -173,19 +183,25 @@ def fit_device(samples: pd.DataFrame, base: Device | None, name: str) -> tuple[D
         )
         terms.update(merge_t0=_coef(m0, "s"), merge_per_row_partial=_coef(m1, "s/row-partial"))
         notes["merge"] = f"{len(merge)} samples"
-    parts = []
-    for kernel in ("gather", "splice"):
-        rows = take(kernel)
-        if rows is not None:
-            c = rows.chunk_tokens.to_numpy(float)
-            parts.append(
-                fit_linear(np.column_stack([np.ones_like(c), c]), rows.value.to_numpy(float) * 1e-6)
-            )
-    if len(parts) == 2:  # T_move = gather at the holder + splice at the requester
-        (g0, g1), (s0, s1) = parts
-        terms["move_t0"] = Coef(g0[0] + s0[0], g0[1] + s0[1], g0[2] + s0[2], "s")
-        terms["move_per_token"] = Coef(g1[0] + s1[0], g1[1] + s1[1], g1[2] + s1[2], "s/token")
-        notes["move"] = "gather + splice"
+    gather, splice = take("gather"), take("splice")
+    if gather is not None and splice is not None:
+        # T_move = gather at the holder + splice at the requester: pair their samples per chunk.
+        rng = np.random.default_rng(0)
+        cs, ts = [], []
+        for chunk in sorted(set(gather.chunk_tokens) & set(splice.chunk_tokens)):
+            g = gather[gather.chunk_tokens == chunk].value.to_numpy(float)
+            sp = splice[splice.chunk_tokens == chunk].value.to_numpy(float)
+            n = max(len(g), len(sp))
+            cs += [chunk] * n
+            ts += list((rng.choice(g, n) + rng.choice(sp, n)) * 1e-6)
+        c = np.array(cs, float)
+        pieces = fit_segmented_linear(c, np.column_stack([np.ones_like(c), c]), np.array(ts))
+        (_, (g0, g1)), rest = pieces[0], pieces[1:]
+        terms.update(move_t0=_coef(g0, "s"), move_per_token=_coef(g1, "s/token"))
+        terms["move_segments"] = tuple(
+            (start, _coef(g0, "s"), _coef(g1, "s/token")) for start, (g0, g1) in rest
+        )
+        notes["move"] = f"gather + splice, {len(pieces)} piece(s)"
     needed = [
         "compute_t0",
         "compute_per_token",
@@ -201,6 +217,12 @@ def fit_device(samples: pd.DataFrame, base: Device | None, name: str) -> tuple[D
             f"no kernel samples for {', '.join(sorted({m.split('_')[0] for m in missing}))}",
             "run xbench kernel into the results you fit, or pass --base profiles/h100-priors.toml",
         )
+    terms.setdefault("compute_segments", ())
+    terms.setdefault("move_segments", ())
+    if "compute_t0" in missing and base is not None:
+        terms["compute_segments"] = base.compute_segments
+    if "move_t0" in missing and base is not None:
+        terms["move_segments"] = base.move_segments
     for term in missing + ["recompute_per_token"]:
         if term not in terms:
             terms[term] = getattr(base, term) if base is not None else None

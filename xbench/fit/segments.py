@@ -136,3 +136,58 @@ def segment_start(fits: list[LinearFit], i: int) -> float:
     if i == 0:
         return 0.0
     return float(np.sqrt(fits[i - 1].hi * fits[i].lo))
+
+
+def fit_segmented_linear(
+    key, design, t, *, min_keys: int = 2, max_segments: int = 3, boot: int = 200, seed: int = 0
+):
+    """Piecewise-in-``key`` fit of t = design @ x (x >= 0) with breaks between distinct keys.
+
+    Used for device terms whose slope changes where the chunk outgrows a cache. Returns
+    [(start_key, [(value, low, high) per design column])]; a piece starts at the
+    geometric midpoint of the gap before it (0 for the first).
+    """
+    from xbench.fit.profile_fit import fit_linear
+
+    key, design, t = np.asarray(key, float), np.asarray(design, float), np.asarray(t, float)
+    rows = {}
+    for i, row in enumerate(map(tuple, np.column_stack([key, design]))):
+        rows.setdefault(row, []).append(t[i])
+    group_x = np.array([r[1:] for r in rows])
+    group_key = np.array([r[0] for r in rows])
+    group_t = np.array([np.median(v) for v in rows.values()])
+    keys = np.unique(key)
+    cols = design.shape[1]
+
+    def score(edges):
+        rss, m = 0.0, len(group_t)
+        for lo, hi in zip(edges[:-1], edges[1:], strict=False):
+            mask = (group_key >= keys[lo]) & (group_key <= keys[hi - 1])
+            w = group_x[mask] / group_t[mask, None]
+            x, _ = nnls(w, np.ones(mask.sum()))
+            rss += float(np.sum((w @ x - 1.0) ** 2))
+        k = cols * (len(edges) - 1) + len(edges) - 2
+        return m * np.log(max(rss / m, 1e-30)) + k * np.log(m)
+
+    def feasible(edges):
+        for lo, hi in zip(edges[:-1], edges[1:], strict=False):
+            mask = (group_key >= keys[lo]) & (group_key <= keys[hi - 1])
+            if hi - lo < min_keys or mask.sum() < cols:
+                return False
+        return True
+
+    best_edges = [0, len(keys)]
+    best = score(best_edges)
+    for count in range(1, max_segments):
+        for breaks in itertools.combinations(range(1, len(keys)), count):
+            edges = [0, *breaks, len(keys)]
+            if feasible(edges):
+                sc = score(edges)
+                if sc < best - 2.0:
+                    best, best_edges = sc, edges
+    pieces = []
+    for lo, hi in zip(best_edges[:-1], best_edges[1:], strict=False):
+        mask = (key >= keys[lo]) & (key <= keys[hi - 1])
+        start = 0.0 if lo == 0 else float(np.sqrt(keys[lo - 1] * keys[lo]))
+        pieces.append((start, fit_linear(design[mask], t[mask], boot=boot, seed=seed)))
+    return pieces
