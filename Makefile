@@ -9,7 +9,7 @@ TORCH_CPU ?= torch==2.13.0
 STAMP := $(VENV)/.xbench-installed
 DEMO := results/demo
 
-.PHONY: install demo test test-all lint bench clean
+.PHONY: install demo test test-all gpu-check lint bench clean
 
 install: $(STAMP)
 
@@ -41,6 +41,13 @@ test: $(STAMP)
 # Slow tests too (longer sweeps, more ranks).
 test-all: $(STAMP)
 	XBENCH_SLOW=1 $(BIN)/python -m pytest -q
+
+# On a machine with NVIDIA GPUs: the GPU-only tests, then a short device sweep.
+gpu-check: $(STAMP)
+	$(BIN)/xbench env
+	$(BIN)/python -m pytest -q -m gpu
+	$(BIN)/xbench kernel --backend cuda --rows 1,8 --chunk 1024,8192 --samples 3 --out results/gpu-check/kernel-cuda
+	$(BIN)/xbench probe --np 2 --transport nccl --sizes 8B:64MiB --out results/gpu-check/nccl
 
 lint: $(STAMP)
 	$(BIN)/ruff check xbench tests benchmarks

@@ -44,6 +44,9 @@ def _signature_lengths() -> dict[str, int]:
     counts = {}
     for source in SOURCES:
         text = (cuda_dir() / source).read_text()
+        text = re.sub(
+            r"#ifdef XBENCH_WITH_NVSHMEM.*?#endif", "", text, flags=re.S
+        )  # needs NVSHMEM's headers
         for m in re.finditer(
             r'extern "C" __global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s*)?(\w+)\s*\(([^)]*)\)',
             text,

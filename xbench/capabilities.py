@@ -153,6 +153,120 @@ def check_kernel_backends() -> list[Capability]:
     return caps
 
 
+def _ib_devices() -> list[str]:
+    from pathlib import Path
+
+    return sorted(p.name for p in Path("/sys/class/infiniband").glob("*"))
+
+
+def _link_layers() -> set[str]:
+    from pathlib import Path
+
+    layers = set()
+    for port in Path("/sys/class/infiniband").glob("*/ports/*/link_layer"):
+        try:
+            layers.add(port.read_text().strip())
+        except OSError:
+            continue
+    return layers
+
+
+def check_transports_and_fabrics() -> list[Capability]:
+    """Per transport and per fabric: can this machine run it, and if not, why."""
+    caps = []
+    mpi_ok = check_mpi().ok
+    try:
+        import torch
+
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        import torch.distributed as dist
+
+        gloo = dist.is_available() and dist.is_gloo_available()
+        nccl = dist.is_available() and dist.is_nccl_available()
+    except Exception:  # noqa: BLE001
+        gpus, gloo, nccl = 0, False, False
+    try:
+        import nvshmem.core  # noqa: F401
+
+        nvshmem = True
+    except Exception:  # noqa: BLE001
+        nvshmem = False
+    no_gpu = "no CUDA GPU here"
+    caps.append(
+        Capability(
+            "probe mpi (host buffers)",
+            mpi_ok,
+            "runs: MPI point-to-point, compiled loop" if mpi_ok else "no usable MPI",
+        )
+    )
+    caps.append(
+        Capability(
+            "probe mpi --device cuda",
+            mpi_ok and gpus > 0,
+            "CUDA-aware MPI on device buffers" if gpus else f"{no_gpu}; needs a CUDA-aware MPI too",
+        )
+    )
+    caps.append(Capability("probe tcp", True, "plain sockets between ranks"))
+    caps.append(
+        Capability(
+            "probe nccl --backend gloo",
+            gloo,
+            "torch.distributed gloo: the nccl transport's code path on CPUs"
+            if gloo
+            else "torch has no gloo backend",
+        )
+    )
+    nccl_why = (
+        "NCCL on GPUs"
+        if (nccl and gpus)
+        else ("torch is a CPU build without NCCL" if not nccl else no_gpu)
+    )
+    caps.append(Capability("probe nccl --backend nccl", bool(nccl and gpus), nccl_why))
+    nv_why = (
+        "nvshmem4py present"
+        if nvshmem and gpus
+        else (
+            "nvshmem4py not installed (pip install nvshmem4py-cu12 on GPU nodes)"
+            if not nvshmem
+            else no_gpu
+        )
+    )
+    caps.append(Capability("probe nvshmem", bool(nvshmem and gpus), nv_why))
+    ib = _ib_devices()
+    layers = _link_layers()
+    caps.append(Capability("fabric shm", mpi_ok, "local ranks over shared memory"))
+    caps.append(Capability("fabric tcp", True, "any IP interface (--tcp-interface)"))
+    caps.append(
+        Capability(
+            "fabric nvlink",
+            gpus >= 2,
+            f"{gpus} GPU(s)" if gpus >= 2 else "needs 2+ GPUs joined by NVLink; " + no_gpu,
+        )
+    )
+    ib_why = (
+        f"HCAs {', '.join(ib)}"
+        if "InfiniBand" in layers
+        else "no InfiniBand HCA in /sys/class/infiniband"
+    )
+    caps.append(Capability("fabric ib", "InfiniBand" in layers, ib_why))
+    caps.append(
+        Capability(
+            "fabric ibgda",
+            "InfiniBand" in layers and nvshmem and gpus > 0,
+            "needs an InfiniBand HCA, a GPU and NVSHMEM with IBGDA"
+            if not ("InfiniBand" in layers and nvshmem and gpus)
+            else "IBGDA possible",
+        )
+    )
+    roce_why = (
+        f"RoCE ports on {', '.join(ib)}"
+        if "Ethernet" in layers
+        else "no RoCE port (Ethernet link layer) in /sys/class/infiniband"
+    )
+    caps.append(Capability("fabric roce", "Ethernet" in layers, roce_why))
+    return caps
+
+
 def all_capabilities() -> list[Capability]:
     caps = [
         Capability("python", True, f"{platform.python_version()} on {platform.machine()}"),
@@ -170,5 +284,6 @@ def all_capabilities() -> list[Capability]:
             shutil.which("nvcc") or "not on PATH (not needed: NVRTC compiles the kernels)",
         ),
         *check_kernel_backends(),
+        *check_transports_and_fabrics(),
     ]
     return caps

@@ -11,6 +11,7 @@ from xbench.cli.fit import fit
 from xbench.cli.kernel import kernel
 from xbench.cli.models import models
 from xbench.cli.probe import probe
+from xbench.cli.slurm import slurm
 from xbench.cli.validate import validate
 
 app = typer.Typer(
@@ -42,6 +43,7 @@ app.command("kernel")(kernel)
 app.command("fit")(fit)
 app.command("decide")(decide)
 app.command("validate")(validate)
+app.command("slurm")(slurm)
 app.command("models")(models)
 app.command("env")(env)
 

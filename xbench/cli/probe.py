@@ -97,6 +97,16 @@ def probe(
     bind: Annotated[
         str, typer.Option(help="Pin launched ranks: core, socket or none (mpiexec -bind-to).")
     ] = "core",
+    hostfile: Annotated[
+        Path | None,
+        typer.Option(help="Hosts file for the launched mpiexec/mpirun (-f / --hostfile)."),
+    ] = None,
+    device: Annotated[
+        str, typer.Option(help="Buffers on host or cuda (mpi --device cuda: CUDA-aware MPI).")
+    ] = "host",
+    backend: Annotated[
+        str, typer.Option(help="nccl transport: nccl on GPUs, or gloo for the same path on CPUs.")
+    ] = "nccl",
     tcp_interface: Annotated[
         str | None, typer.Option(help="tcp: network interface to listen on, e.g. eth0.")
     ] = None,
@@ -105,6 +115,7 @@ def probe(
 ) -> None:
     """Measure latency and bandwidth between MPI ranks; write samples as Parquet."""
     from xbench.fabric.launch import inside_launcher, launcher_name
+    from xbench.fabric.presets import preset_env
     from xbench.probe.runner import ProbeConfig
     from xbench.results.metadata import new_run_id
     from xbench.results.store import ensure_writable_dir, refuse_existing_run
@@ -132,6 +143,10 @@ def probe(
         )
     if bind not in ("core", "socket", "numa", "hwthread", "none"):
         raise XbenchError(f"unknown binding {bind!r}", "pick core, socket, numa, hwthread or none")
+    if device not in ("host", "cuda"):
+        raise XbenchError(f"unknown device {device!r}", "pick host or cuda")
+    if backend not in ("nccl", "gloo"):
+        raise XbenchError(f"unknown backend {backend!r}", "pick nccl (GPUs) or gloo (CPUs)")
     if loop not in ("auto", "c", "python"):
         raise XbenchError(f"unknown loop {loop!r}", "pick auto, c or python")
     run_id = new_run_id("probe")
@@ -154,6 +169,9 @@ def probe(
         loop=loop,
         tcp_interface=tcp_interface,
         bind=bind if not launched else "by launcher",
+        device=device,
+        backend=backend,
+        preset_env=preset_env(transport, fabric, backend),
     )
 
     if launched:
@@ -161,7 +179,12 @@ def probe(
     else:
         if np < 2:
             raise XbenchError(f"--np {np}: the probe needs at least 2 ranks", "pass --np 2 or more")
-        _launch(cfg, np, fmt)
+        if hostfile is not None and not hostfile.exists():
+            raise XbenchError(
+                f"hosts file {hostfile} does not exist",
+                "pass --hostfile with one host[:slots] per line",
+            )
+        _launch(cfg, np, fmt, hostfile)
 
 
 def _run_as_rank(cfg, launcher: str, fmt: OutputFormat) -> None:
@@ -185,7 +208,7 @@ def _run_as_rank(cfg, launcher: str, fmt: OutputFormat) -> None:
         _report(Path(cfg.out_dir), fmt)
 
 
-def _launch(cfg, np: int, fmt: OutputFormat) -> None:
+def _launch(cfg, np: int, fmt: OutputFormat, hostfile: Path | None = None) -> None:
     from xbench.cli.progress import EventProgress, make_progress
     from xbench.fabric.cloop import LoopUnavailable, build_loops
     from xbench.fabric.launch import launch_worker
@@ -215,6 +238,7 @@ def _launch(cfg, np: int, fmt: OutputFormat) -> None:
             EventProgress(progress),
             stall,
             bind=cfg.bind,
+            hostfile=str(hostfile) if hostfile else None,
         )
     if result.returncode != 0 or result.stalled or result.error:
         kept = f"{result.finished_cases} finished case(s) are in {out_dir}"
@@ -233,7 +257,21 @@ def _launch(cfg, np: int, fmt: OutputFormat) -> None:
         raise RankFailure(
             f"a rank died{where} (mpiexec exit {result.returncode}); {kept}", f"see {log_path}"
         )
+    _check_preset(cfg, log_path)
     _report(out_dir, fmt)
+
+
+def _check_preset(cfg, log_path: Path) -> None:
+    """Compare what NCCL says it used with what --fabric asked for."""
+    if cfg.transport != "nccl" or cfg.backend != "nccl" or not cfg.fabric or not log_path.exists():
+        return
+    from xbench.fabric.presets import check_nccl_log
+
+    ok, seen = check_nccl_log(log_path.read_text(errors="replace"), cfg.fabric)
+    if not ok:
+        err_console.print(
+            f"[yellow]xbench: warning: --fabric {cfg.fabric} asked for one path, NCCL reports {', '.join(sorted(seen))} (see {log_path})[/yellow]"
+        )
 
 
 def _report(out_dir: Path, fmt: OutputFormat) -> None:

@@ -78,6 +78,7 @@ def launch_worker(
     on_event,
     stall_timeout_s: float,
     bind: str = "core",
+    hostfile: str | None = None,
 ) -> LaunchResult:
     """Run ``python -m module args`` on ``np`` local ranks; feed rank 0's events to ``on_event``.
 
@@ -92,8 +93,10 @@ def launch_worker(
             "no mpiexec found",
             "pip install mpich, set XBENCH_MPIEXEC, or start xbench under srun/mpirun",
         )
-    binding = ["-bind-to", bind] if bind != "none" else []
-    cmd = [mpiexec, *binding, "-n", str(np), sys.executable, "-u", "-m", module, *args]
+    hydra = _is_hydra(mpiexec)
+    binding = (["-bind-to", bind] if hydra else ["--bind-to", bind]) if bind != "none" else []
+    hosts = (["-f", hostfile] if hydra else ["--hostfile", hostfile]) if hostfile else []
+    cmd = [mpiexec, *binding, *hosts, "-n", str(np), sys.executable, "-u", "-m", module, *args]
     result = LaunchResult(returncode=0)
     with open(log_path, "a") as log:
         log.write(f"$ {' '.join(cmd)}\n")
@@ -143,6 +146,17 @@ def launch_worker(
             sel.close()
         result.returncode = proc.wait()
     return result
+
+
+def _is_hydra(mpiexec: str) -> bool:
+    """MPICH's Hydra (``-f hosts``, ``-bind-to``) or Open MPI's mpirun (``--hostfile``, ``--bind-to``)."""
+    try:
+        text = subprocess.run(
+            [mpiexec, "--version"], capture_output=True, text=True, timeout=10
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return True
+    return "Open MPI" not in text and "OpenRTE" not in text
 
 
 def _stop_group(proc: subprocess.Popen) -> None:

@@ -37,6 +37,10 @@ class MpiHostTransport(Transport):
         self._reqs = (ctypes.c_byte * (MPI._sizeof(MPI.Request) * nreq))()
         self._comm_addr = MPI._addressof(pair.comm)
 
+    def _addr(self, buf, offset: int = 0) -> int:
+        """Address of a buffer for the compiled loop (host numpy here; device tensors in subclasses)."""
+        return buf.ctypes.data + offset
+
     # -- compiled loops ---------------------------------------------------------------
     def exchange(self, send_n, recv_n, iters):
         p = self.pair
@@ -45,9 +49,9 @@ class MpiHostTransport(Transport):
                 self._comm_addr,
                 p.peer,
                 int(p.initiator),
-                _ptr(self.sbuf),
+                self._addr(self.sbuf),
                 send_n,
-                _ptr(self.rbuf),
+                self._addr(self.rbuf),
                 recv_n,
                 iters,
             )
@@ -70,7 +74,7 @@ class MpiHostTransport(Transport):
                 self._comm_addr,
                 p.peer,
                 int(p.initiator),
-                _ptr(self.sbuf if p.initiator else self.rbuf),
+                self._addr(self.sbuf if p.initiator else self.rbuf),
                 n,
                 window,
                 iters,
@@ -95,8 +99,8 @@ class MpiHostTransport(Transport):
             return self.lib.xb_mpi_biwindow(
                 self._comm_addr,
                 p.peer,
-                _ptr(self.sbuf),
-                _ptr(self.rbuf),
+                self._addr(self.sbuf),
+                self._addr(self.rbuf),
                 n,
                 window,
                 iters,
@@ -120,11 +124,11 @@ class MpiHostTransport(Transport):
                 p.peer,
                 int(p.initiator),
                 m,
-                _ptr(self.cache),
+                self._addr(self.cache),
                 _ptr(self.offsets),
                 k,
                 block,
-                _ptr(self.staging),
+                self._addr(self.staging),
                 iters,
                 ctypes.addressof(self._reqs),
             )

@@ -6,28 +6,63 @@ from xbench.errors import XbenchError
 
 FABRICS = ("shm", "nvlink", "ib", "ibgda", "roce", "tcp", "unknown")
 HOST_TRANSPORTS = ("mpi", "tcp")
-TRANSPORTS = HOST_TRANSPORTS  # GPU transports (nccl, nvshmem, mpi --device cuda) register here
+DEVICE_TRANSPORTS = ("nccl", "nvshmem")
+TRANSPORTS = HOST_TRANSPORTS + DEVICE_TRANSPORTS
 
 
-def make_transport(
-    name: str, pair, plan, *, loop: str = "auto", tcp_interface: str | None = None, seed: int = 0
-):
-    """Build the transport ``name`` for one rank pair."""
+def transport_class(name: str, device: str = "host"):
+    """The class behind a transport name (imports only what that transport needs)."""
     if name == "mpi":
+        if device == "cuda":
+            from xbench.fabric.gpu import MpiDeviceTransport
+
+            return MpiDeviceTransport
         from xbench.fabric.mpi_host import MpiHostTransport
 
-        return MpiHostTransport(pair, plan, loop=loop, seed=seed)
+        return MpiHostTransport
     if name == "tcp":
         from xbench.fabric.tcp import TcpTransport
 
-        return TcpTransport(pair, plan, loop=loop, interface=tcp_interface, seed=seed)
+        return TcpTransport
+    if name == "nccl":
+        from xbench.fabric.gpu import TorchDistTransport
+
+        return TorchDistTransport
+    if name == "nvshmem":
+        from xbench.fabric.gpu import NvshmemTransport
+
+        return NvshmemTransport
     raise XbenchError(f"unknown transport {name!r}", f"pick one of {', '.join(TRANSPORTS)}")
 
 
-def infer_fabric(transport: str, same_host: bool) -> str:
+def make_transport(
+    name: str,
+    pair,
+    plan,
+    *,
+    loop: str = "auto",
+    tcp_interface: str | None = None,
+    seed: int = 0,
+    device: str = "host",
+    backend: str = "nccl",
+):
+    """Build the transport ``name`` for one rank pair."""
+    cls = transport_class(name, device)
+    if name == "mpi":
+        return cls(pair, plan, loop=loop, seed=seed)
+    if name == "tcp":
+        return cls(pair, plan, loop=loop, interface=tcp_interface, seed=seed)
+    if name == "nccl":
+        return cls(pair, plan, backend=backend, seed=seed)
+    return cls(pair, plan, seed=seed)
+
+
+def infer_fabric(transport: str, same_host: bool, device: str = "host") -> str:
     """The label a run gets when the user names none: what the pair most likely used."""
     if transport == "tcp":
         return "tcp"
+    if device == "cuda" or transport == "nvshmem":
+        return "unknown"  # NVLink or PCIe on one host, a network between hosts: say --fabric
     return "shm" if same_host else "unknown"
 
 

@@ -62,11 +62,11 @@ class Transport(ABC):
         self.plan = plan
         rng = np.random.default_rng(seed + pair.me)
         # Distinct, written contents: untouched pages would flatter the first samples.
-        self.sbuf = self._host_buffer(plan.message_bytes, fill=0x5A + pair.me)
-        self.rbuf = self._host_buffer(plan.message_bytes, fill=0xA5 - pair.me)
+        self.sbuf = self._buffer(plan.message_bytes, fill=0x5A + pair.me)
+        self.rbuf = self._buffer(plan.message_bytes, fill=0xA5 - pair.me)
         k, s = plan.blocks, plan.block_bytes
-        self.cache = self._host_buffer(2 * k * s, fill=0x33 + pair.me)  # paged cache, half free
-        self.staging = self._host_buffer(k * s, fill=0x44 + pair.me)
+        self.cache = self._buffer(2 * k * s, fill=0x33 + pair.me)  # paged cache, half free
+        self.staging = self._buffer(k * s, fill=0x44 + pair.me)
         # Blocks sit at scattered pages of the cache, as a selection would find them.
         self.offsets = (rng.permutation(2 * k)[:k] * s).astype(np.int64)
 
@@ -82,6 +82,14 @@ class Transport(ABC):
         buf = np.frombuffer(region, dtype=np.uint8)
         buf.fill(fill & 0xFF)
         return buf
+
+    def _buffer(self, nbytes: int, fill: int):
+        """Where this transport's buffers live; device transports override it."""
+        return self._host_buffer(nbytes, fill)
+
+    @staticmethod  # noqa: B027 - optional hook
+    def setup_world(world_comm, cfg) -> None:  # noqa: B027 - optional hook
+        """Once per run on every rank, before any pair connects (process groups, NVSHMEM init)."""
 
     def connect(self) -> None:  # noqa: B027 - optional hook, most transports need none
         """Establish whatever the transport needs between the pair (collective on the pair)."""

@@ -18,11 +18,15 @@ import numpy as np
 
 from xbench.kernels.api import BackendUnavailable
 
-SOURCES = ("mla_partial_attention.cu", "merge_partials.cu", "gather_splice.cu")
+SOURCES = ("mla_partial_attention.cu", "merge_partials.cu", "gather_splice.cu", "probe_device.cu")
 KERNELS = {
     "mla_partial_attention.cu": ("mla_partial_attention_bf16", "mla_partial_attention_f32"),
     "merge_partials.cu": ("merge_partials_f32",),
     "gather_splice.cu": ("gather_kv_bf16", "gather_kv_f32", "splice_kv_bf16", "splice_kv_f32"),
+    "probe_device.cu": (
+        "peer_pingpong",
+        "peer_put_loop",
+    ),  # nvshmem_* only with XBENCH_WITH_NVSHMEM
 }
 WARPS = 4  # must match cuda/mla_partial_attention.cu
 

@@ -51,6 +51,9 @@ class ProbeConfig:
     tcp_interface: str | None = None
     launcher: str = "mpiexec"
     bind: str = "core"  # what the launch pinned ranks to ("by launcher" under srun/mpirun)
+    device: str = "host"  # host or cuda buffers (mpi --device cuda: CUDA-aware MPI)
+    backend: str = "nccl"  # nccl transport: nccl on GPUs, gloo on CPUs
+    preset_env: dict = field(default_factory=dict)  # the --fabric preset applied to every rank
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -120,6 +123,36 @@ class Watchdog:
                 os._exit(EXIT_TIMEOUT)
 
 
+def _my_gpu(cfg, world) -> dict | None:
+    """This rank's GPU in the topology format, when the transport uses one."""
+    if (
+        cfg.device != "cuda"
+        and cfg.transport != "nvshmem"
+        and not (cfg.transport == "nccl" and cfg.backend == "nccl")
+    ):
+        return None
+    from xbench.fabric.gpu import local_gpu
+    from xbench.fabric.topology import gpu_topology
+
+    gpus = gpu_topology()
+    return gpus[local_gpu(world)] if gpus else None
+
+
+def _pair_labels(pairs_text: str, size: int, hosts, rank_gpus) -> dict:
+    from xbench.fabric.topology import label_pair
+
+    try:
+        pairs = parse_pairs(pairs_text, size)
+    except XbenchError:
+        return {}
+    return {
+        f"{a}-{b}": label_pair(
+            {"host": hosts[a], "gpu": rank_gpus[a]}, {"host": hosts[b], "gpu": rank_gpus[b]}
+        )
+        for a, b in pairs
+    }
+
+
 def _inject_fault(world_rank: int, case_index: int) -> None:
     """Test hook: ``XBENCH_FAULT=kill:RANK:CASE`` or ``hang:RANK:CASE`` breaks a rank on purpose."""
     spec = os.environ.get("XBENCH_FAULT")
@@ -182,6 +215,7 @@ def run_probe(cfg: ProbeConfig, sink, comm=None) -> None:
     world = comm or MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
     hosts = world.allgather(socket.gethostname())
+    rank_gpus = world.allgather(_my_gpu(cfg, world))
     state = {"index": -1, "label": ""}
 
     def fatal(message: str, code: int) -> None:
@@ -213,6 +247,9 @@ def run_probe(cfg: ProbeConfig, sink, comm=None) -> None:
                 ),
                 mpi4py=__import__("mpi4py").__version__,
                 launcher=cfg.launcher,
+                rank_gpus=rank_gpus,
+                pair_labels=_pair_labels(cfg.pairs, size, hosts, rank_gpus),
+                preset_env=cfg.preset_env,
                 config=json.loads(cfg.to_json()),
             )
             store = RunStore(cfg.out_dir, meta)
@@ -224,6 +261,16 @@ def run_probe(cfg: ProbeConfig, sink, comm=None) -> None:
             sink.error(problem)
         raise SystemExit(2)
 
+    # The --fabric preset, then the transport's world-level set-up, on every rank alike.
+    os.environ.update(cfg.preset_env)
+    from xbench.fabric.registry import transport_class
+
+    try:
+        transport_class(cfg.transport, cfg.device).setup_world(world, cfg)
+    except XbenchError as exc:
+        fatal(str(exc), 2)
+    except ImportError as exc:
+        fatal(f"transport {cfg.transport} cannot load: {exc}", 2)
     cases = plan_cases(cfg.sweep)
     message, window, blocks, block = buffer_needs(cases)
     plan = BufferPlan(message_bytes=message, window=window, blocks=blocks, block_bytes=block)
@@ -251,7 +298,7 @@ def run_probe(cfg: ProbeConfig, sink, comm=None) -> None:
                 world_ranks=(a, b),
                 hosts=(hosts[a], hosts[b]),
             )
-            fabric = cfg.fabric or infer_fabric(cfg.transport, pair.same_host)
+            fabric = cfg.fabric or infer_fabric(cfg.transport, pair.same_host, cfg.device)
             try:
                 watchdog.arm(f"connect {a}-{b}")
                 transport = make_transport(
@@ -261,6 +308,8 @@ def run_probe(cfg: ProbeConfig, sink, comm=None) -> None:
                     loop=cfg.loop,
                     tcp_interface=cfg.tcp_interface,
                     seed=a * 1000 + b,
+                    device=cfg.device,
+                    backend=cfg.backend,
                 )
                 transport.connect()
                 watchdog.disarm()
@@ -289,6 +338,8 @@ def run_probe(cfg: ProbeConfig, sink, comm=None) -> None:
                 watchdog.arm(f"{a}-{b} {case.label}")
                 try:
                     samples = _measure(case, transport, pair, cfg)
+                except XbenchError as exc:
+                    fatal(str(exc), 2)
                 except (ConnectionError, OSError) as exc:
                     fatal(f"case '{case.label}' failed between ranks {a} and {b}: {exc}", 3)
                 watchdog.disarm()

@@ -1,0 +1,81 @@
+// Device-initiated probes: the GPU itself moves the bytes and times itself with the
+// global timer (%globaltimer, ns), so no host overhead enters the figure.
+//
+// peer_pingpong / peer_put_loop work on memory of a peer GPU mapped into this one (CUDA
+// IPC handles or peer access over NVLink or PCIe). The nvshmem_* kernels issue NVSHMEM
+// puts from the device (over NVLink, or InfiniBand with IBGDA when NVSHMEM is configured
+// for it); they are compiled only with -DXBENCH_WITH_NVSHMEM and NVSHMEM's headers and
+// device library (relocatable device code), which a GPU machine provides.
+#include "common.cuh"
+
+__device__ __forceinline__ unsigned long long global_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+// One thread each side: the initiator bumps the peer's flag and waits for its echo.
+extern "C" __global__ void peer_pingpong(volatile unsigned long long* local_flag, volatile unsigned long long* remote_flag,
+                                         int initiator, long long iters, unsigned long long* elapsed_ns) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    const unsigned long long t0 = global_ns();
+    for (long long i = 1; i <= iters; i++) {
+        if (initiator) {
+            *remote_flag = (unsigned long long)i;
+            __threadfence_system();
+            while (*local_flag < (unsigned long long)i) {
+            }
+        } else {
+            while (*local_flag < (unsigned long long)i) {
+            }
+            *remote_flag = (unsigned long long)i;
+            __threadfence_system();
+        }
+    }
+    *elapsed_ns = global_ns() - t0;
+}
+
+// Every thread of the grid copies 16-byte words to the peer, `iters` times; block 0's
+// first thread records the span from its first store to the end of the last grid pass
+// it observes (a grid barrier would need cooperative launch; the span is per block).
+extern "C" __global__ void peer_put_loop(const int4* __restrict__ src, int4* __restrict__ dst, long long n16,
+                                         long long iters, unsigned long long* elapsed_ns) {
+    const unsigned long long t0 = global_ns();
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long it = 0; it < iters; it++) {
+        for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n16; i += stride) dst[i] = src[i];
+        __threadfence_system();
+    }
+    __syncthreads();
+    if (blockIdx.x == 0 && threadIdx.x == 0) *elapsed_ns = global_ns() - t0;
+}
+
+#ifdef XBENCH_WITH_NVSHMEM
+#include <nvshmem.h>
+#include <nvshmemx.h>
+
+extern "C" __global__ void nvshmem_put_loop(void* dst, const void* src, size_t bytes, int pe, long long iters,
+                                            unsigned long long* elapsed_ns) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    const unsigned long long t0 = global_ns();
+    for (long long i = 0; i < iters; i++) nvshmem_putmem_nbi(dst, src, bytes, pe);
+    nvshmem_quiet();
+    *elapsed_ns = global_ns() - t0;
+}
+
+extern "C" __global__ void nvshmem_pingpong(long long* flag, int pe, int initiator, long long iters,
+                                            unsigned long long* elapsed_ns) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    const unsigned long long t0 = global_ns();
+    for (long long i = 1; i <= iters; i++) {
+        if (initiator) {
+            nvshmem_longlong_p(flag, i, pe);
+            nvshmem_longlong_wait_until(flag, NVSHMEM_CMP_GE, i);
+        } else {
+            nvshmem_longlong_wait_until(flag, NVSHMEM_CMP_GE, i);
+            nvshmem_longlong_p(flag, i, pe);
+        }
+    }
+    *elapsed_ns = global_ns() - t0;
+}
+#endif

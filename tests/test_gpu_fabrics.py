@@ -1,0 +1,235 @@
+"""Issue 5 on a machine without a GPU: gloo path of the nccl transport, presets, topology
+labels, the sbatch writer, hosts files; GPU runs are marked gpu."""
+
+import json
+import shutil
+import subprocess
+
+import pytest
+
+from xbench.cluster.slurm import SlurmJob, render
+from xbench.errors import XbenchError
+from xbench.fabric.presets import check_nccl_log, preset_env
+from xbench.fabric.topology import label_pair
+from xbench.results.schema import PROBE_SAMPLES
+from xbench.results.store import read_run_meta, read_table
+
+QUICK = ["--samples", "3", "--warmups", "1", "--min-sample-time", "2ms"]
+
+
+def test_nccl_transport_gloo_backend_runs_between_two_ranks(xbench, tmp_path):
+    out = tmp_path / "gloo"
+    r = xbench(
+        "probe",
+        "--np",
+        "2",
+        "--transport",
+        "nccl",
+        "--backend",
+        "gloo",
+        "-p",
+        "latency,bandwidth,rtt,gather",
+        "--sizes",
+        "8B,4KiB",
+        "--rows",
+        "1,4",
+        "--blocks",
+        "2",
+        "--block-size",
+        "2KiB",
+        *QUICK,
+        "--out",
+        out,
+        "--format",
+        "json",
+    )
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert {row["transport"] for row in rows} == {"nccl"} and {row["loop"] for row in rows} == {
+        "python"
+    }
+    samples = read_table(out, PROBE_SAMPLES)
+    assert set(samples.pattern) >= {"latency", "bandwidth", "rtt", "gather"} and set(
+        samples.device
+    ) == {"host"}
+    meta = read_run_meta(out)
+    assert meta["config"]["backend"] == "gloo" and meta["pair_labels"] == {"0-1": "intra-node"}
+
+
+def test_nccl_backend_without_gpu_says_what_to_do(xbench, tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    r = xbench(
+        "probe",
+        "--np",
+        "2",
+        "--transport",
+        "nccl",
+        "--sizes",
+        "8B",
+        *QUICK,
+        "--out",
+        tmp_path / "n",
+    )
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert "--backend gloo" in r.stderr.strip().splitlines()[-1]
+
+
+def test_fabric_presets_force_each_path():
+    assert (
+        preset_env("nccl", "ib")["NCCL_NET"] == "IB"
+        and preset_env("nccl", "ib")["NCCL_P2P_DISABLE"] == "1"
+    )
+    assert (
+        preset_env("nccl", "tcp")["NCCL_NET"] == "Socket"
+        and preset_env("nccl", "tcp")["NCCL_IB_DISABLE"] == "1"
+    )
+    assert preset_env("nccl", "roce")["NCCL_IB_GID_INDEX"] == "3"
+    assert preset_env("nvshmem", "ibgda")["NVSHMEM_IB_ENABLE_IBGDA"] == "1"
+    assert preset_env("nvshmem", "nvlink")["NVSHMEM_REMOTE_TRANSPORT"] == "none"
+    assert preset_env("mpi", "ib")["UCX_TLS"].startswith("rc")
+    assert (
+        preset_env("nccl", "ib", backend="gloo") == {}
+        and preset_env("tcp", "tcp") == {}
+        and preset_env("mpi", "shm") == {}
+    )
+    with pytest.raises(XbenchError, match="no preset"):
+        preset_env("nccl", "ibgda")
+
+
+NCCL_LOG = """
+node1:123:140 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/IB/0/GDRDMA
+node1:123:140 [0] NCCL INFO Channel 01/0 : 0[0] -> 1[0] [send] via NET/IB/1/GDRDMA
+"""
+
+
+def test_nccl_log_check():
+    assert check_nccl_log(NCCL_LOG, "ib") == (True, {"NET/IB"})
+    ok, seen = check_nccl_log(NCCL_LOG, "tcp")
+    assert not ok and seen == {"NET/IB"}
+    assert check_nccl_log("NCCL INFO Channel 00 : 0[0] -> 1[1] via P2P/CUMEM/read", "nvlink")[0]
+
+
+# GPU topology in the documented format, as captured on an 8-GPU H100 node.
+GPU0 = {
+    "index": 0,
+    "name": "NVIDIA H100 80GB HBM3",
+    "uuid": "GPU-aaaa",
+    "pci_bus_id": "00000000:18:00.0",
+    "numa_node": 0,
+    "nvlink_peers": ["00000000:2A:00.0", "00000000:3A:00.0"],
+    "nearest_nic": "mlx5_0",
+}
+GPU1 = {
+    "index": 1,
+    "name": "NVIDIA H100 80GB HBM3",
+    "uuid": "GPU-bbbb",
+    "pci_bus_id": "00000000:2A:00.0",
+    "numa_node": 0,
+    "nvlink_peers": ["00000000:18:00.0"],
+    "nearest_nic": "mlx5_1",
+}
+GPU7 = {
+    "index": 7,
+    "name": "NVIDIA H100 PCIe",
+    "uuid": "GPU-cccc",
+    "pci_bus_id": "00000000:DB:00.0",
+    "numa_node": 1,
+    "nvlink_peers": [],
+    "nearest_nic": None,
+}
+
+
+@pytest.mark.parametrize(
+    "a, b, label",
+    [
+        ({"host": "n1", "gpu": GPU0}, {"host": "n1", "gpu": GPU0}, "same-GPU"),
+        ({"host": "n1", "gpu": GPU0}, {"host": "n1", "gpu": GPU1}, "nvlink"),
+        ({"host": "n1", "gpu": GPU0}, {"host": "n1", "gpu": GPU7}, "same-node-pcie"),
+        ({"host": "n1", "gpu": GPU0}, {"host": "n2", "gpu": GPU0}, "inter-node"),
+        ({"host": "n1", "gpu": None}, {"host": "n1", "gpu": None}, "intra-node"),
+    ],
+)
+def test_pair_labels(a, b, label):
+    assert label_pair(a, b) == label
+
+
+def test_sbatch_script_is_valid_bash_with_the_srun_line(tmp_path):
+    script = render(
+        SlurmJob(
+            "probe",
+            nodes=2,
+            gpus_per_node=8,
+            ntasks_per_node=1,
+            partition="gpu",
+            account="lab",
+            venv="/shared/venv",
+            xbench_args=["--transport", "nccl", "--fabric", "ib"],
+        )
+    )
+    path = tmp_path / "job.sbatch"
+    path.write_text(script)
+    assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
+    assert (
+        "#SBATCH --nodes=2" in script
+        and "#SBATCH --gpus-per-node=8" in script
+        and "#SBATCH --partition=gpu" in script
+    )
+    srun = [line for line in script.splitlines() if line.startswith("srun")]
+    assert srun == [
+        'srun --mpi=pmix --nodes=2 --ntasks=2 --ntasks-per-node=1 --gpus-per-task=1 --gpu-bind=closest xbench probe --transport nccl --fabric ib --out "$RESULTS/probe"'
+    ]
+    kernel = render(SlurmJob("kernel", nodes=1, gpus_per_node=1))
+    assert "srun --nodes=1 --ntasks=1 --gpus-per-task=1 --gpu-bind=closest xbench kernel" in kernel
+    with pytest.raises(XbenchError, match="exactly 2 ranks"):
+        render(SlurmJob("validate", nodes=2, ntasks_per_node=4))
+
+
+def test_slurm_cli_writes_and_refuses_submit_without_sbatch(xbench, tmp_path):
+    out = tmp_path / "v.sbatch"
+    r = xbench(
+        "slurm", "validate", "--nodes", "2", "--out", out, "--", "--profile", "profiles/x.toml"
+    )
+    assert r.returncode == 0, r.stderr
+    assert "xbench validate --profile profiles/x.toml" in out.read_text()
+    if shutil.which("sbatch") is None:
+        r = xbench("slurm", "probe", "--out", tmp_path / "p.sbatch", "--submit")
+        assert r.returncode != 0 and "sbatch is not on PATH" in r.stderr
+
+
+def test_hostfile_launch(xbench, tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost:2\n")
+    r = xbench(
+        "probe", "--np", "2", "--hostfile", hosts, "--sizes", "8B", *QUICK, "--out", tmp_path / "h"
+    )
+    assert r.returncode == 0, r.stderr
+    assert f"-f {hosts}" in (tmp_path / "h" / "launcher.log").read_text()
+    r = xbench("probe", "--np", "2", "--hostfile", tmp_path / "nope", "--sizes", "8B")
+    assert r.returncode != 0 and "hosts file" in r.stderr
+
+
+@pytest.mark.gpu
+def test_nccl_on_two_gpus(xbench, tmp_path):
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    r = xbench(
+        "probe",
+        "--np",
+        "2",
+        "--transport",
+        "nccl",
+        "--fabric",
+        "nvlink",
+        "--sizes",
+        "8B,1MiB",
+        *QUICK,
+        "--out",
+        tmp_path / "g",
+    )
+    assert r.returncode == 0, r.stderr
+    assert set(read_table(tmp_path / "g", PROBE_SAMPLES).device) == {"cuda"}
