@@ -3,7 +3,7 @@
 ``gpu_topology()`` returns, per GPU, a dict in this documented format (also what the tests
 feed ``label_pair`` from captured machines)::
 
-    {"index": 0, "name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-...", "driver": "560.35.03",
+    {"index": 0, "name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-...", "driver": "560.35.03", "memory_bytes": 85520809984,
      "pci_bus_id": "00000000:18:00.0", "numa_node": 0, "sm_clock_max_mhz": 1980,
      "mem_clock_max_mhz": 2619, "nvlink_peers": ["00000000:2A:00.0", ...],
      "nearest_nic": "mlx5_0"}
@@ -74,6 +74,7 @@ def gpu_topology() -> list[dict]:
                     "name": pynvml.nvmlDeviceGetName(h),
                     "uuid": pynvml.nvmlDeviceGetUUID(h),
                     "driver": driver,
+                    "memory_bytes": int(pynvml.nvmlDeviceGetMemoryInfo(h).total),
                     "pci_bus_id": bus,
                     "numa_node": numa,
                     "sm_clock_max_mhz": pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM),

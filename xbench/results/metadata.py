@@ -82,31 +82,10 @@ def torch_version() -> str | None:
 
 
 def gpu_inventory() -> list[dict]:
-    """GPUs seen by NVML (name, UUID, driver, memory); empty without a driver."""
-    try:
-        import pynvml
+    """GPUs seen by NVML in the topology format (xbench.fabric.topology); empty without a driver."""
+    from xbench.fabric.topology import gpu_topology
 
-        pynvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - NVML raises its own error types, or the library is absent
-        return []
-    try:
-        driver = pynvml.nvmlSystemGetDriverVersion()
-        gpus = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
-            gpus.append(
-                {
-                    "index": i,
-                    "name": pynvml.nvmlDeviceGetName(h),
-                    "uuid": pynvml.nvmlDeviceGetUUID(h),
-                    "driver": driver,
-                    "memory_bytes": int(mem.total),
-                }
-            )
-        return gpus
-    finally:
-        pynvml.nvmlShutdown()
+    return gpu_topology()
 
 
 def host_metadata() -> dict:
