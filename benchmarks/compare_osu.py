@@ -3,10 +3,11 @@
     python benchmarks/compare_osu.py --osu-dir PATH [--rounds 5] [--sizes 8B:16MiB]
 
 PATH holds osu_latency and osu_bw built with the same MPI as xbench (for the mpich wheel:
-``.venv/bin/mpicc``). Rounds alternate which tool runs first, so drift on a shared machine
-hits both alike. Prints, per size, the median over rounds of each tool's figure and the
-ratio xbench / OSU. xbench takes its figure as the median of its samples; OSU reports the
-mean over its loop, which is what it prints.
+``.venv/bin/mpicc``). Each round runs both tools back to back, alternating which goes
+first. The comparison is paired: the ratio xbench / OSU is taken within each round, then
+summarised by its median and range over rounds, because these machines switch between fast
+and slow phases (the two vCPUs' placement) that a ratio of medians would mix. xbench takes
+its figure as the median of its samples; OSU prints the mean over its loop.
 """
 
 from __future__ import annotations
@@ -78,13 +79,17 @@ def main() -> int:
                 results[name][tool].append(fig)
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
     for name, unit in (("latency", "us one-way"), ("bandwidth", "MB/s")):
-        print(f"\n{name} ({unit}), median of {args.rounds} rounds")
-        print(f"{'size':>10} {'OSU':>12} {'xbench':>12} {'xbench/OSU':>11}")
+        print(f"\n{name} ({unit}), {args.rounds} paired rounds")
+        print(f"{'size':>10} {'OSU':>10} {'xbench':>10} {'ratio med':>10} {'ratio range':>16}")
         sizes = sorted(set(results[name]["xbench"][0]) & set(results[name]["osu"][0]))
         for size in sizes:
-            osu = statistics.median(run[size] for run in results[name]["osu"])
-            xb = statistics.median(run[size] for run in results[name]["xbench"])
-            print(f"{size:>10} {osu:>12.2f} {xb:>12.2f} {xb / osu:>11.3f}")
+            pairs = list(zip(results[name]["osu"], results[name]["xbench"], strict=True))
+            ratios = [x[size] / o[size] for o, x in pairs]
+            osu = statistics.median(o[size] for o, _ in pairs)
+            xb = statistics.median(x[size] for _, x in pairs)
+            print(
+                f"{size:>10} {osu:>10.2f} {xb:>10.2f} {statistics.median(ratios):>10.3f} {min(ratios):>7.3f}-{max(ratios):<7.3f}"
+            )
     return 0
 
 
