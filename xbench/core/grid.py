@@ -103,21 +103,29 @@ def decide_grid(profile: Profile, grid) -> pd.DataFrame:
             f"unknown request fields {sorted(unknown)}; use {sorted(REQUEST_DEFAULTS)}"
         )
     n = len(grid)
-    rows = _column(grid, "rows") * _column(grid, "heads")
-    chunk = _column(grid, "chunk_tokens")
-    include_probe = _column(grid, "include_probe", bool)
-    cols = (
-        rows,
-        chunk,
-        rows * _column(grid, "payload_bytes"),
-        rows * _column(grid, "return_bytes"),
-        chunk * _column(grid, "kv_bytes_per_token"),
-        np.where(include_probe, _column(grid, "probe_bytes"), -1.0),
-        _column(grid, "reuse"),
-        _column(grid, "segments"),
-        _column(grid, "fetch_cost"),
-        _column(grid, "blocks_local", bool),
-    )
+    raw = {
+        name: (
+            grid[name].to_numpy()
+            if name in grid.columns
+            else _column(
+                grid, name, bool if name in ("include_probe", "blocks_local") else np.float64
+            )
+        )
+        for name in (
+            "rows",
+            "heads",
+            "chunk_tokens",
+            "payload_bytes",
+            "return_bytes",
+            "kv_bytes_per_token",
+            "include_probe",
+            "probe_bytes",
+            "reuse",
+            "segments",
+            "fetch_cost",
+            "blocks_local",
+        )
+    }
     names = [f.name for f in profile.fabrics]
     if "fabric" in grid.columns:
         codes = pd.Categorical(grid["fabric"], categories=names).codes  # -1: any fabric
@@ -142,7 +150,7 @@ def decide_grid(profile: Profile, grid) -> pd.DataFrame:
     # Blocks small enough that every intermediate stays in cache: numpy is memory-bound otherwise.
     for start in range(0, n, BLOCK):
         stop = min(n, start + BLOCK)
-        block = tuple(c[start:stop] if np.ndim(c) else c for c in cols)
+        block = _derive({k: (v[start:stop] if np.ndim(v) else v) for k, v in raw.items()})
         part = _decide_block(
             profile, block, None if codes is None else codes[start:stop], stop - start
         )
@@ -165,6 +173,37 @@ def decide_grid(profile: Profile, grid) -> pd.DataFrame:
     )
     out = pd.concat([grid, decisions], axis=1)
     return out
+
+
+def _derive(raw: dict) -> tuple:
+    """The per-request quantities the model reads, in float64, for one block of requests."""
+    f = {
+        k: (
+            v.astype(np.float64, copy=False)
+            if np.ndim(v) and k not in ("include_probe", "blocks_local", "fetch_cost")
+            else v
+        )
+        for k, v in raw.items()
+    }
+    rows = f["rows"] * f["heads"]
+    chunk = f["chunk_tokens"]
+    fetch_cost = (
+        raw["fetch_cost"].astype(np.float64) if np.ndim(raw["fetch_cost"]) else raw["fetch_cost"]
+    )
+    return (
+        rows,
+        chunk,
+        rows * f["payload_bytes"],
+        rows * f["return_bytes"],
+        chunk * f["kv_bytes_per_token"],
+        np.where(raw["include_probe"], f["probe_bytes"], -1.0)
+        if np.any(raw["include_probe"])
+        else np.float64(-1.0),
+        f["reuse"],
+        f["segments"],
+        fetch_cost,
+        raw["blocks_local"].astype(bool) if np.ndim(raw["blocks_local"]) else raw["blocks_local"],
+    )
 
 
 def _decide_block(profile: Profile, cols, codes, n: int) -> dict:
