@@ -386,4 +386,18 @@ def summarize_validation(samples, profile, fabric: str):
                 "max_abs_error": float(group.max_abs_error.max()),
             }
         )
-    return pd.DataFrame(rows)
+    frame = pd.DataFrame(rows)
+    # Diagnostic, not a held-out figure: the same prediction with this run's measured T_c
+    # (the local option) in place of the fitted one, which separates drift in the compute
+    # fit from error in how the phases compose (wire, merge, move).
+    local = frame[frame.option == "local"].set_index(["rows", "chunk_tokens"]).measured_us
+    fitted_tc = frame[frame.option == "local"].set_index(["rows", "chunk_tokens"]).predicted_us
+    keys = list(zip(frame.rows, frame.chunk_tokens, strict=True))
+    frame["predicted_with_measured_tc_us"] = [
+        p - fitted_tc.get(k, float("nan")) + local.get(k, float("nan"))
+        for p, k in zip(frame.predicted_us, keys, strict=True)
+    ]
+    frame["composition_error"] = (
+        frame.predicted_with_measured_tc_us - frame.measured_us
+    ) / frame.measured_us
+    return frame

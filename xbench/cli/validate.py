@@ -141,3 +141,10 @@ def _table(summary, profile: str, fabric: str, out_dir) -> None:
         f"MAPE {100 * err.mean():.1f}% (worst {100 * err.max():.1f}%, {len(summary)} cases on {fabric}); by option: "
         + ", ".join(f"{k} {100 * v:.1f}%" for k, v in per.items())
     )
+    moved = summary[summary.option != "local"]
+    comp = moved.composition_error.abs()
+    console.print(
+        f"diagnostic, not held out: with this run's measured T_c in place of the fitted one, route/fetch error {100 * comp.mean():.1f}% "
+        f"(worst {100 * comp.max():.1f}%): what is left is the composition of the phases, not the compute fit",
+        style="dim",
+    )
