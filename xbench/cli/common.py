@@ -9,6 +9,7 @@ from enum import Enum
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from xbench.errors import XbenchError
 
@@ -24,7 +25,7 @@ class OutputFormat(str, Enum):
 
 def fail(message: str, code: int = 2) -> typer.Exit:
     err_console.print(
-        f"[bold red]xbench: error:[/bold red] {message}", highlight=False, soft_wrap=True
+        f"[bold red]xbench: error:[/bold red] {escape(message)}", highlight=False, soft_wrap=True
     )
     return typer.Exit(code)
 

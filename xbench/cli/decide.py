@@ -18,6 +18,12 @@ DEFAULT_PROFILE = Path(__file__).resolve().parents[2] / "profiles" / "h100-prior
 
 @handles_errors
 def decide(
+    scenario: Annotated[
+        Path | None,
+        typer.Option(
+            help="A scenario file (scenarios/*.toml): its request and grid replace the grid options."
+        ),
+    ] = None,
     payload: Annotated[
         str | None,
         typer.Option(
@@ -94,6 +100,8 @@ def decide(
     from xbench.core.units import parse_duration, parse_int_list, parse_size
 
     prof = load_profile(profile or DEFAULT_PROFILE)
+    if scenario is not None:
+        return _decide_scenario(scenario, prof, out, fmt)
     preset = get_model(model) if model else None
     if preset is None and payload is None:
         raise XbenchError(
@@ -153,6 +161,57 @@ def decide(
         prof, row_list, chunks, h, pay, ret, kvb, segments, settings["fetch_cost_s"], fabrics
     )
     emit_frame(table, fmt, lambda f: _render(f, thresholds, prof, settings, path))
+
+
+def _decide_scenario(path: Path, prof, out, fmt) -> None:
+    from xbench.core.grid import decide_grid, expand
+    from xbench.core.scenario import load_scenario
+
+    sc = load_scenario(path)
+    names = [f.name for f in prof.fabrics]
+    bad = [f for f in sc["axes"]["fabric"] if f is not None and f not in names]
+    if bad:
+        raise XbenchError(
+            f"scenario {sc['name']} asks for fabric {', '.join(bad)}, which profile {prof.name} lacks",
+            f"use a profile with {', '.join(bad)}, or edit the scenario",
+        )
+    grid = expand(sc["axes"])
+    for key, value in sc["request"].items():
+        grid[key] = value
+    table = decide_grid(prof, grid)
+    req = sc["request"]
+    settings = {
+        "profile": prof.name,
+        "scenario": sc["name"],
+        "source": sc["source"],
+        "model": sc["model"],
+        "heads": req["heads"],
+        "payload_bytes": req["payload_bytes"],
+        "return_bytes": req["return_bytes"],
+        "kv_bytes_per_token": req["kv_bytes_per_token"],
+        "fetch_cost_s": None if math.isnan(req["fetch_cost"]) else req["fetch_cost"],
+        "segments": req["segments"],
+        "probe": req["include_probe"],
+    }
+    written = _write(table, prof, settings, out)
+    thresholds = _thresholds(
+        prof,
+        sc["axes"]["rows"],
+        sc["axes"]["chunk_tokens"],
+        req["heads"],
+        req["payload_bytes"],
+        req["return_bytes"],
+        req["kv_bytes_per_token"],
+        req["segments"],
+        settings["fetch_cost_s"],
+        sc["axes"]["fabric"],
+    )
+    if fmt == OutputFormat.table:
+        console.print(
+            f"[bold]scenario {sc['name']}[/bold] ({sc['source']}): {sc['description']}",
+            highlight=False,
+        )
+    emit_frame(table, fmt, lambda f: _render(f, thresholds, prof, settings, written))
 
 
 def _write(table, prof, settings, out: Path | None) -> Path:

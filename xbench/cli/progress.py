@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from xbench.cli.common import err_console
+from xbench.cli.common import err_console, escape
 from xbench.probe.events import NullSink
 
 
@@ -42,7 +42,9 @@ class RichSink(NullSink):
     def error(self, message):
         self.progress.stop()
         err_console.print(
-            f"[bold red]xbench: error:[/bold red] {message}", highlight=False, soft_wrap=True
+            f"[bold red]xbench: error:[/bold red] {escape(message)}",
+            highlight=False,
+            soft_wrap=True,
         )
 
     def finish(self):

@@ -1,0 +1,60 @@
+"""Scenario files: the shipped ones run; malformed ones are one-line errors."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+SHIPPED = sorted(Path("scenarios").glob("*.toml"))
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
+def test_shipped_scenarios_decide(xbench, tmp_path, path):
+    r = xbench("decide", "--scenario", path, "--out", tmp_path / "d.parquet", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert rows and {row["decision"] for row in rows} <= {"route", "fetch", "local"}
+
+
+def test_span_query_reuse_flips_route_to_fetch(xbench, tmp_path):
+    r = xbench(
+        "decide",
+        "--scenario",
+        "scenarios/span-query-fanout.toml",
+        "--out",
+        tmp_path / "d.parquet",
+        "--format",
+        "json",
+    )
+    rows = [row for row in json.loads(r.stdout) if row["rows"] == 8 and row["chunk_tokens"] == 2048]
+    by_reuse = {row["reuse"]: row["decision"] for row in rows}
+    assert by_reuse[0] == "route" and by_reuse[1024] == "fetch"
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        (
+            '[scenario]\nname = "x"\nmodel = "deepseek-v3"\n[grid]\nrows = [1]\ncolour = "red"\n',
+            "unknown keys",
+        ),
+        ('[scenario]\nmodel = "deepseek-v3"\n', "no [scenario] name"),
+        (
+            '[scenario]\nname = "x"\nmodel = "deepseek-v3"\n[grid]\nrows = "many"\n',
+            "list of non-negative integers",
+        ),
+        ('[scenario]\nname = "x"\n', "neither model nor payload"),
+        ('[scenario]\nname = "x"\n[request]\npayload = "1KX"\n', "bad size '1KX'"),
+        (
+            '[scenario]\nname = "x"\nmodel = "deepseek-v3"\n[grid]\nfabric = ["warp"]\n',
+            "asks for fabric warp",
+        ),
+        ("[scenario\n", "not valid TOML"),
+    ],
+)
+def test_malformed_scenarios_are_one_line_errors(xbench, tmp_path, text, words):
+    bad = tmp_path / "bad.toml"
+    bad.write_text(text)
+    r = xbench("decide", "--scenario", bad, "--out", tmp_path / "d.parquet")
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert words in r.stderr.strip().splitlines()[-1], r.stderr
