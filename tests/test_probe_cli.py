@@ -247,3 +247,26 @@ def test_env_reports_capabilities(xbench):
     assert r.returncode == 0
     for word in ("MPI", "compiled probe loop", "torch", "NVRTC", "CUDA driver"):
         assert word in r.stdout
+
+
+def test_runs_launch_separate_process_sets_into_one_run(xbench, tmp_path):
+    out = tmp_path / "runs"
+    r = xbench(
+        "probe",
+        "--np",
+        "2",
+        "--runs",
+        "2",
+        "--sizes",
+        "8B",
+        *QUICK,
+        "--out",
+        out,
+        "--format",
+        "json",
+    )
+    assert r.returncode == 0, r.stderr
+    samples = read_table(out, PROBE_SAMPLES)
+    assert sorted(samples.process_run.unique()) == [0, 1]
+    (row,) = [row for row in json.loads(r.stdout) if row["pattern"] == "latency"]
+    assert row["n"] == 6  # the summary pools both launches

@@ -12,6 +12,7 @@ from xbench.results.store import RunStore, read_run_meta, read_table, write_tabl
 def _rows(n=3, **over):
     base = dict(
         run_id="r1",
+        process_run=0,
         pattern="latency",
         transport="mpi",
         device="host",
@@ -89,17 +90,36 @@ def test_newer_schema_and_wrong_table_are_refused(tmp_path):
         read_table(tmp_path / "b.parquet", schema.PROBE_SAMPLES)
 
 
-def test_old_versions_migrate_forward(tmp_path, monkeypatch):
-    path = write_table(tmp_path / "a.parquet", schema.PROBE_SAMPLES, _rows(), {"run_id": "r1"})
+def _as_version(path, version: int, out):
+    """Rewrite a current file as an older version: v1 had no process_run column."""
     table = pq.read_table(path)
+    if version < 2:
+        table = table.drop_columns(["process_run"])
     pq.write_table(
-        table.replace_schema_metadata({**table.schema.metadata, b"xbench.schema_version": b"0"}),
-        tmp_path / "v0.parquet",
+        table.replace_schema_metadata(
+            {**table.schema.metadata, b"xbench.schema_version": str(version).encode()}
+        ),
+        out,
     )
+    return out
+
+
+def test_v1_files_migrate_to_v2(tmp_path):
+    path = write_table(tmp_path / "a.parquet", schema.PROBE_SAMPLES, _rows(), {"run_id": "r1"})
+    old = _as_version(path, 1, tmp_path / "v1.parquet")
+    assert "process_run" not in pq.read_schema(old).names
+    frame = read_table([old, path], schema.PROBE_SAMPLES)  # old and new files read together
+    assert list(frame.columns) == schema.PROBE_SAMPLES_SCHEMA.names
+    assert frame.process_run.tolist() == [0] * 6
+
+
+def test_migrations_chain_from_older_versions(tmp_path, monkeypatch):
+    path = write_table(tmp_path / "a.parquet", schema.PROBE_SAMPLES, _rows(), {"run_id": "r1"})
+    old = _as_version(path, 0, tmp_path / "v0.parquet")
     calls = []
     monkeypatch.setitem(schema.MIGRATIONS[schema.PROBE_SAMPLES], 0, lambda t: calls.append(0) or t)
-    frame = read_table(tmp_path / "v0.parquet", schema.PROBE_SAMPLES)
-    assert calls == [0] and len(frame) == 3
+    frame = read_table(old, schema.PROBE_SAMPLES)
+    assert calls == [0] and len(frame) == 3 and frame.process_run.eq(0).all()
 
 
 def test_missing_results_path(tmp_path):

@@ -97,6 +97,12 @@ def probe(
     bind: Annotated[
         str, typer.Option(help="Pin launched ranks: core, socket or none (mpiexec -bind-to).")
     ] = "core",
+    runs: Annotated[
+        int,
+        typer.Option(
+            help="Launch the ranks this many times into one run (process_run column), as pyperf repeats processes."
+        ),
+    ] = 1,
     hostfile: Annotated[
         Path | None,
         typer.Option(help="Hosts file for the launched mpiexec/mpirun (-f / --hostfile)."),
@@ -174,17 +180,24 @@ def probe(
         preset_env=preset_env(transport, fabric, backend),
     )
 
+    if launched and runs > 1:
+        raise XbenchError(
+            "--runs needs xbench to launch the ranks itself",
+            "under srun/mpirun, run the job step several times with separate --out",
+        )
     if launched:
         _run_as_rank(cfg, launcher_name(), fmt)
     else:
         if np < 2:
             raise XbenchError(f"--np {np}: the probe needs at least 2 ranks", "pass --np 2 or more")
+        if runs < 1:
+            raise XbenchError(f"--runs {runs}: at least one launch", "pass --runs 1 or more")
         if hostfile is not None and not hostfile.exists():
             raise XbenchError(
                 f"hosts file {hostfile} does not exist",
                 "pass --hostfile with one host[:slots] per line",
             )
-        _launch(cfg, np, fmt, hostfile)
+        _launch(cfg, np, fmt, hostfile, runs)
 
 
 def _run_as_rank(cfg, launcher: str, fmt: OutputFormat) -> None:
@@ -208,7 +221,7 @@ def _run_as_rank(cfg, launcher: str, fmt: OutputFormat) -> None:
         _report(Path(cfg.out_dir), fmt)
 
 
-def _launch(cfg, np: int, fmt: OutputFormat, hostfile: Path | None = None) -> None:
+def _launch(cfg, np: int, fmt: OutputFormat, hostfile: Path | None = None, runs: int = 1) -> None:
     from xbench.cli.progress import EventProgress, make_progress
     from xbench.fabric.cloop import LoopUnavailable, build_loops
     from xbench.fabric.launch import launch_worker
@@ -225,38 +238,42 @@ def _launch(cfg, np: int, fmt: OutputFormat, hostfile: Path | None = None) -> No
             err_console.print(
                 f"[yellow]xbench: compiled loop unavailable ({exc}); timing in Python[/yellow]"
             )
-    config_path = out_dir / "probe-config.json"
-    config_path.write_text(cfg.to_json())
     log_path = out_dir / "launcher.log"
     stall = cfg.timeout_s + 60.0
-    with make_progress() as progress:
-        result = launch_worker(
-            np,
-            "xbench.probe.worker",
-            [str(config_path)],
-            log_path,
-            EventProgress(progress),
-            stall,
-            bind=cfg.bind,
-            hostfile=str(hostfile) if hostfile else None,
-        )
-    if result.returncode != 0 or result.stalled or result.error:
-        kept = f"{result.finished_cases} finished case(s) are in {out_dir}"
-        if result.error:
-            raise RankFailure(
-                f"{result.error}", None, exit_code=3 if result.returncode != 124 else 124
+    for process_run in range(runs):  # separate process sets: placement and start-up state vary
+        cfg.process_run = process_run
+        config_path = out_dir / "probe-config.json"
+        config_path.write_text(cfg.to_json())
+        with make_progress() as progress:
+            result = launch_worker(
+                np,
+                "xbench.probe.worker",
+                [str(config_path)],
+                log_path,
+                EventProgress(progress),
+                stall,
+                bind=cfg.bind,
+                hostfile=str(hostfile) if hostfile else None,
             )
-        if result.stalled:
-            raise RankFailure(
-                f"no progress from the ranks for {stall:g} s during '{result.last_started}'; stopped the job; {kept}",
-                f"see {log_path}",
+        if result.returncode != 0 or result.stalled or result.error:
+            kept = f"{result.finished_cases} finished case(s) of launch {process_run + 1}/{runs} are in {out_dir}"
+            if result.error:
+                raise RankFailure(
+                    f"{result.error}", None, exit_code=3 if result.returncode != 124 else 124
+                )
+            if result.stalled:
+                raise RankFailure(
+                    f"no progress from the ranks for {stall:g} s during '{result.last_started}'; stopped the job; {kept}",
+                    f"see {log_path}",
+                )
+            where = (
+                f" during '{result.last_started}'"
+                if result.last_started
+                else " before the first case"
             )
-        where = (
-            f" during '{result.last_started}'" if result.last_started else " before the first case"
-        )
-        raise RankFailure(
-            f"a rank died{where} (mpiexec exit {result.returncode}); {kept}", f"see {log_path}"
-        )
+            raise RankFailure(
+                f"a rank died{where} (mpiexec exit {result.returncode}); {kept}", f"see {log_path}"
+            )
     _check_preset(cfg, log_path)
     _report(out_dir, fmt)
 

@@ -54,6 +54,7 @@ class ProbeConfig:
     device: str = "host"  # host or cuda buffers (mpi --device cuda: CUDA-aware MPI)
     backend: str = "nccl"  # nccl transport: nccl on GPUs, gloo on CPUs
     preset_env: dict = field(default_factory=dict)  # the --fabric preset applied to every rank
+    process_run: int = 0  # which launch of the ranks this is (--runs N)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -327,6 +328,7 @@ def run_probe(cfg: ProbeConfig, sink, comm=None) -> None:
                 "host_a": hosts[a],
                 "host_b": hosts[b],
                 "pair_class": "intra-node" if pair.same_host else "inter-node",
+                "process_run": cfg.process_run,
             }
         for case in cases:
             state.update(index=index, label=case.label)

@@ -10,6 +10,9 @@ probe_samples v1: first version. One row per sample (long format): a sample is
     ``iterations`` repetitions of the pattern timed as one, ``value`` is the per-iteration
     figure of ``metric`` in ``unit``. Warm-up samples are stored with ``warmup = true``.
     ``loop`` says which timed inner loop ran (``c`` or ``python``).
+probe_samples v2: adds ``process_run``, the index of the launch of the ranks the sample
+    came from (``xbench probe --runs N`` launches N process sets, as pyperf runs several
+    processes); v1 files read as process_run 0.
 kernel_samples v1: first version. One row per timed sample of a kernel on one device.
 validate_samples v1: first version. One row per timed sample of a real route / fetch /
     local between two ranks, with the path's error against one-instance attention.
@@ -56,6 +59,9 @@ PROBE_SAMPLES_SCHEMA = pa.schema(
         pa.field("metric", pa.string(), nullable=False),
         pa.field("value", pa.float64(), nullable=False),
         pa.field("unit", pa.string(), nullable=False),
+        pa.field(
+            "process_run", pa.int32(), nullable=False
+        ),  # v2: which launch of the ranks (--runs)
     ]
 )
 
@@ -112,11 +118,20 @@ SCHEMAS = {
     KERNEL_SAMPLES: KERNEL_SAMPLES_SCHEMA,
     VALIDATE_SAMPLES: VALIDATE_SAMPLES_SCHEMA,
 }
-SCHEMA_VERSIONS = {PROBE_SAMPLES: 1, KERNEL_SAMPLES: 1, VALIDATE_SAMPLES: 1}
+SCHEMA_VERSIONS = {PROBE_SAMPLES: 2, KERNEL_SAMPLES: 1, VALIDATE_SAMPLES: 1}
+
 
 # MIGRATIONS[table][v] turns a pyarrow.Table of version v into version v + 1.
+def _probe_v1_to_v2(table: pa.Table) -> pa.Table:
+    """v1 files come from a single launch: process_run 0."""
+    return table.append_column(
+        pa.field("process_run", pa.int32(), nullable=False),
+        pa.array([0] * table.num_rows, pa.int32()),
+    )
+
+
 MIGRATIONS: dict[str, dict[int, object]] = {
-    PROBE_SAMPLES: {},
+    PROBE_SAMPLES: {1: _probe_v1_to_v2},
     KERNEL_SAMPLES: {},
     VALIDATE_SAMPLES: {},
 }

@@ -68,14 +68,19 @@ def write_table(path: Path, table_name: str, rows_or_frame, run_meta: dict) -> P
     return path
 
 
-def refuse_existing_run(out_dir: Path) -> None:
-    """One directory holds one run: adding to another run's samples would mix them."""
+def refuse_existing_run(out_dir: Path, run_id: str | None = None) -> None:
+    """One directory holds one run: adding to another run's samples would mix them.
+
+    The same run may continue there (``--runs N`` launches N process sets into one run).
+    """
     meta = Path(out_dir) / "run.json"
     if meta.exists():
         try:
             other = json.loads(meta.read_text()).get("run_id", "?")
         except (OSError, ValueError):
             other = "?"
+        if run_id is not None and other == run_id:
+            return
         raise XbenchError(
             f"{out_dir} already holds run {other}", "pass a new --out directory or delete that one"
         )
@@ -86,7 +91,7 @@ class RunStore:
 
     def __init__(self, out_dir: Path, run_meta: dict):
         self.out_dir = ensure_writable_dir(Path(out_dir))
-        refuse_existing_run(self.out_dir)
+        refuse_existing_run(self.out_dir, run_meta.get("run_id"))
         self.run_meta = run_meta
         self._next_part: dict[str, int] = {}
         _atomic_write(
@@ -124,7 +129,8 @@ def _read_file(path: Path, table_name: str) -> pa.Table:
     while version < current:
         table = MIGRATIONS[table_name][version](table)
         version += 1
-    return table
+    schema = SCHEMAS[table_name]
+    return table.select(schema.names).cast(schema)  # one schema, whatever version it came from
 
 
 def table_files(paths, table_name: str) -> list[Path]:
