@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from xbench.core.costmodel import (
@@ -70,7 +70,7 @@ shapes = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
 @given(coefs, shapes)
 def test_b_star_separates_route_from_fetch(k, shape):
     profile = one_segment_profile(**k)
@@ -83,7 +83,7 @@ def test_b_star_separates_route_from_fetch(k, shape):
         assert (route < fetch) == route_wins, (b, b_star, route, fetch)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
 @given(coefs, shapes, st.integers(1, 64))
 def test_u_star_separates_fetch_with_reuse(k, shape, rows):
     profile = one_segment_profile(**k)

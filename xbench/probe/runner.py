@@ -334,6 +334,12 @@ def run_probe(cfg: ProbeConfig, sink, comm=None) -> None:
             state.update(index=index, label=case.label)
             if rank == 0:
                 sink.case_started(index, f"{a}-{b} {case.label}")
+            # Nobody starts a case before rank 0 has written the last one and announced
+            # this one: every finished case is on disk first, and a rank that dies now
+            # is reported against the right case.
+            watchdog.arm(f"start {a}-{b} {case.label}")
+            world.Barrier()
+            watchdog.disarm()
             rows = None
             if member:
                 _inject_fault(rank, index)
