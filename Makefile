@@ -42,6 +42,11 @@ test: $(STAMP)
 test-all: $(STAMP)
 	XBENCH_SLOW=1 $(BIN)/python -m pytest -q
 
+# Benchmarks print figures; they are not tests. compare_osu.py also needs OSU binaries:
+#   $(BIN)/python benchmarks/compare_osu.py --osu-dir PATH
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_decide.py
+
 # On a machine with NVIDIA GPUs: the GPU-only tests, then a short device sweep.
 gpu-check: $(STAMP)
 	$(BIN)/xbench env
