@@ -192,3 +192,38 @@ def test_gather_and_splice_are_exact_with_rerotation(dtype):
 def test_splice_refuses_too_few_pages():
     with pytest.raises(ValueError, match="free pages"):
         splice_kv(torch.zeros(2, BS, D), torch.zeros(BS + 1, D), [0], 0)
+
+
+@pytest.mark.parametrize("kind", ["dense-contiguous", "dense-scattered", "sparse-shared"])
+def test_bf16_score_kernel_matches_float64(kind):
+    """Enough rows for the AVX512-BF16 score kernel; same tolerances as the torch path."""
+    from xbench.kernels import cpu_bf16
+
+    if cpu_bf16.load() is None:
+        pytest.skip("this CPU has no avx512_bf16 (or no gcc): the fp32 path is tested above")
+    gen = torch.Generator().manual_seed(11)
+    rows, heads, blocks = 10, 16, 40  # 160 query rows >= MIN_ROWS
+    indices, token_rows = selections(kind, rows, blocks, gen)
+    cache = make_cache(blocks, torch.bfloat16, torch.cat([t.flatten() for t in token_rows]), gen)
+    q = torch.randn(rows, heads, D, generator=gen).to(torch.bfloat16)
+    out, lse = mla_partial_attention(q, cache, indices, 1 / math.sqrt(D))
+    ref_out, ref_lse = reference(q, cache, token_rows, 1 / math.sqrt(D))
+    assert_matches(out, lse, ref_out, ref_lse, torch.bfloat16)
+
+
+def test_bf16_score_kernel_against_fp32_product():
+    from xbench.kernels import cpu_bf16
+
+    if cpu_bf16.load() is None:
+        pytest.skip("this CPU has no avx512_bf16 (or no gcc)")
+    gen = torch.Generator().manual_seed(12)
+    for rows, keys in ((128, 1), (130, 33), (300, 1000)):
+        q = torch.randn(rows, D, generator=gen).bfloat16()
+        k = torch.randn(keys, D, generator=gen).bfloat16()
+        got = cpu_bf16.scores(q, k, 0.25)
+        want = (q.double() @ k.double().T) * 0.25
+        assert got.shape == (rows, keys)
+        assert torch.allclose(got.double(), want, rtol=1e-5, atol=1e-4)
+    assert (
+        cpu_bf16.scores(torch.zeros(8, D).bfloat16(), torch.zeros(4, D).bfloat16(), 1.0) is None
+    )  # too few rows

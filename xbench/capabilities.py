@@ -134,6 +134,25 @@ def check_tcp() -> Capability:
     return Capability("transport tcp", True, f"sockets; interfaces: {', '.join(names)}")
 
 
+def check_cpu_bf16() -> Capability:
+    from xbench.kernels import cpu_bf16
+
+    if not cpu_bf16.cpu_has_bf16():
+        return Capability(
+            "CPU bf16 score kernel",
+            False,
+            "no avx512_bf16 on this CPU: bf16 scores use an fp32 product",
+        )
+    ok = cpu_bf16.load() is not None
+    return Capability(
+        "CPU bf16 score kernel",
+        ok,
+        "AVX512-BF16 bf16 x bf16 -> fp32 scores (torch backend, >= 128 query rows)"
+        if ok
+        else "gcc could not build it: bf16 scores use an fp32 product",
+    )
+
+
 def check_kernel_backends() -> list[Capability]:
     """Each kernel backend: can it run here, and if not, why."""
     from xbench.kernels.api import BackendUnavailable, get_backend
@@ -283,6 +302,7 @@ def all_capabilities() -> list[Capability]:
             shutil.which("nvcc") is not None,
             shutil.which("nvcc") or "not on PATH (not needed: NVRTC compiles the kernels)",
         ),
+        check_cpu_bf16(),
         *check_kernel_backends(),
         *check_transports_and_fabrics(),
     ]

@@ -1,9 +1,10 @@
 """The reference backend: PyTorch on CPU or CUDA.
 
 Numerics follow FlashMLA's: scores accumulate in fp32, probabilities enter the second
-product in the cache dtype, the output is normalised in fp32. On CPU the score product is
-done in fp32 (torch has no bf16 x bf16 -> fp32 matmul there; a bf16-rounded score would
-lose the accuracy the tests demand). Keys are processed in tiles whose partial results are
+product in the cache dtype, the output is normalised in fp32. On CPU torch has no
+bf16 x bf16 -> fp32 matmul (a bf16-rounded score would lose the accuracy the tests demand),
+so bf16 scores come from ``cpu_bf16.c`` (AVX512-BF16) where the CPU has it, else from an
+fp32 product. Keys are processed in tiles whose partial results are
 combined with :func:`merge_partials`, so memory stays bounded for long chunks.
 """
 
@@ -21,8 +22,15 @@ def _attend(
     q: torch.Tensor, keys: torch.Tensor, scale: float, v_dim: int, valid: torch.Tensor | None
 ):
     """q [G, L, D], keys [G, S, D], valid [G, S] or None -> out [G, L, v_dim] fp32, lse [G, L]."""
-    scores = torch.bmm(q.float(), keys.float().transpose(1, 2))
-    scores.mul_(scale)
+    scores = None
+    if q.dtype == torch.bfloat16 and q.device.type == "cpu" and q.shape[0] == 1:
+        from xbench.kernels import cpu_bf16
+
+        fast = cpu_bf16.scores(q[0], keys[0], scale)  # bf16 x bf16 -> fp32 with AVX512-BF16
+        scores = None if fast is None else fast[None]
+    if scores is None:
+        scores = torch.bmm(q.float(), keys.float().transpose(1, 2))
+        scores.mul_(scale)
     if valid is not None:
         scores.masked_fill_(~valid[:, None, :], float("-inf"))
     m = scores.amax(dim=-1, keepdim=True)
