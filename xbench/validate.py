@@ -94,7 +94,6 @@ class Peer:
         self.free_pages = list(range(pages))
         self.sq = torch.empty(rows, cfg.heads, cfg.dim, dtype=dt)
         self.so = torch.empty(rows, cfg.heads, cfg.v_dim, dtype=dt)
-        self.slse = torch.empty(rows, cfg.heads, dtype=torch.float32)
         self.skv = torch.empty(chunk, cfg.dim, dtype=dt)
         self.req = bytearray(1)
         # A's local partials are computed once: route and fetch both need them equally.

@@ -376,15 +376,6 @@ def thresholds(f: Fabric, device: Device, r: Request) -> tuple[float, float]:
     return b_star, u_star
 
 
-def _pick(route: float, fetch: float, local: float) -> tuple[str, float, float]:
-    """(winner, winner time, runner-up time); ties go to route, then fetch."""
-    if route <= fetch and route <= local:
-        return ROUTE, route, min(fetch, local)
-    if fetch <= local:
-        return FETCH, fetch, min(route, local)
-    return LOCAL, local, min(route, fetch)
-
-
 def decide(profile: Profile, request: Request) -> Decision:
     """The predicate for one request: the best option on the best fabric, with its margin."""
     dev = profile.device

@@ -124,6 +124,26 @@ def _min_tokens(seg, where: str, path: str) -> float:
     return float(value)
 
 
+def _pieces(dev: dict, kind: str, names: tuple, path: str) -> tuple:
+    """Further pieces of a device term: [[device.<kind>_segment]] tables, from min_tokens on."""
+    return tuple(
+        (
+            _min_tokens(seg, f"device {kind}_segment {i + 1}", path),
+            *(
+                _coef(
+                    seg.get(t),
+                    f"device {kind}_segment {i + 1} {t}",
+                    "time",
+                    path,
+                    per=DEVICE_TERMS[f"{kind}_{t}"],
+                )
+                for t in names
+            ),
+        )
+        for i, seg in enumerate(dev.get(f"{kind}_segment", []))
+    )
+
+
 def parse_profile(data: dict, path: str = "<profile>") -> Profile:
     """Build a Profile from parsed TOML, or raise a one-line ProfileError."""
     head = data.get("profile", {})
@@ -204,38 +224,8 @@ def parse_profile(data: dict, path: str = "<profile>") -> Profile:
                 "fit it from kernel samples (xbench fit) or give a prior",
             )
         terms[term] = _coef(dev[term], f"device {term}", "time", path, per=per)
-    terms["compute_segments"] = tuple(
-        (
-            _min_tokens(seg, f"device compute_segment {i + 1}", path),
-            *(
-                _coef(
-                    seg.get(t),
-                    f"device compute_segment {i + 1} {t}",
-                    "time",
-                    path,
-                    per=DEVICE_TERMS[f"compute_{t}"],
-                )
-                for t in ("t0", "per_token", "per_row_token")
-            ),
-        )
-        for i, seg in enumerate(dev.get("compute_segment", []))
-    )
-    terms["move_segments"] = tuple(
-        (
-            _min_tokens(seg, f"device move_segment {i + 1}", path),
-            *(
-                _coef(
-                    seg.get(t),
-                    f"device move_segment {i + 1} {t}",
-                    "time",
-                    path,
-                    per=DEVICE_TERMS[f"move_{t}"],
-                )
-                for t in ("t0", "per_token")
-            ),
-        )
-        for i, seg in enumerate(dev.get("move_segment", []))
-    )
+    terms["compute_segments"] = _pieces(dev, "compute", ("t0", "per_token", "per_row_token"), path)
+    terms["move_segments"] = _pieces(dev, "move", ("t0", "per_token"), path)
     provenance = dict(data.get("provenance", {}))
     provenance.setdefault("name", head.get("name", Path(path).stem))
     return Profile(

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 from xbench.probe.events import EVENT_PREFIX
@@ -148,6 +149,7 @@ def launch_worker(
     return result
 
 
+@lru_cache(maxsize=4)
 def _is_hydra(mpiexec: str) -> bool:
     """MPICH's Hydra (``-f hosts``, ``-bind-to``) or Open MPI's mpirun (``--hostfile``, ``--bind-to``)."""
     try:

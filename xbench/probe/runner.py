@@ -217,7 +217,6 @@ def run_probe(cfg: ProbeConfig, sink, comm=None) -> None:
     rank, size = world.Get_rank(), world.Get_size()
     hosts = world.allgather(socket.gethostname())
     rank_gpus = world.allgather(_my_gpu(cfg, world))
-    state = {"index": -1, "label": ""}
 
     def fatal(message: str, code: int) -> None:
         if rank == 0:
@@ -331,7 +330,6 @@ def run_probe(cfg: ProbeConfig, sink, comm=None) -> None:
                 "process_run": cfg.process_run,
             }
         for case in cases:
-            state.update(index=index, label=case.label)
             if rank == 0:
                 sink.case_started(index, f"{a}-{b} {case.label}")
             # Nobody starts a case before rank 0 has written the last one and announced
