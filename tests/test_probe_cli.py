@@ -270,3 +270,17 @@ def test_runs_launch_separate_process_sets_into_one_run(xbench, tmp_path):
     assert sorted(samples.process_run.unique()) == [0, 1]
     (row,) = [row for row in json.loads(r.stdout) if row["pattern"] == "latency"]
     assert row["n"] == 6  # the summary pools both launches
+
+
+def test_rank_error_is_read_from_the_log_after_the_launch_start(tmp_path):
+    """A rank that fails alone is named by its own line, not a generic 'a rank died'."""
+    from xbench.fabric.launch import rank_error
+
+    log = tmp_path / "launcher.log"
+    log.write_text("xbench: error on rank 1: from an earlier launch\n$ mpiexec ...\n")
+    start = log.stat().st_size
+    with open(log, "a") as f:
+        f.write("noise\nxbench: error on rank 3: the nccl backend needs CUDA GPUs\n")
+    assert rank_error(log, start) == "rank 3: the nccl backend needs CUDA GPUs"
+    assert rank_error(log) == "rank 1: from an earlier launch"
+    assert rank_error(tmp_path / "missing.log") is None

@@ -102,6 +102,7 @@ def launch_worker(
     with open(log_path, "a") as log:
         log.write(f"$ {' '.join(cmd)}\n")
         log.flush()
+        log_start = log.tell()
         proc = subprocess.Popen(
             cmd,
             stdout=subprocess.PIPE,
@@ -146,7 +147,27 @@ def launch_worker(
         finally:
             sel.close()
         result.returncode = proc.wait()
+    if result.returncode != 0 and result.error is None:
+        result.error = rank_error(log_path, log_start)
     return result
+
+
+def rank_error(log_path: Path, start: int = 0) -> str | None:
+    """The first one-line error a rank other than 0 wrote to the log since ``start``.
+
+    A rank that fails on its own (say, a missing GPU noticed before rank 0 gets there)
+    writes ``xbench: error on rank N: ...`` and exits; the launcher then kills rank 0 before
+    it can report, so the message is taken from the log instead.
+    """
+    try:
+        with open(log_path, errors="replace") as log:
+            log.seek(start)
+            for line in log:
+                if line.startswith("xbench: error on rank "):
+                    return line[len("xbench: error on ") :].strip()
+    except OSError:
+        return None
+    return None
 
 
 @lru_cache(maxsize=4)
