@@ -227,3 +227,24 @@ def test_bf16_score_kernel_against_fp32_product():
     assert (
         cpu_bf16.scores(torch.zeros(8, D).bfloat16(), torch.zeros(4, D).bfloat16(), 1.0) is None
     )  # too few rows
+
+
+def test_bf16_softmax_kernel_against_float64():
+    """The fused softmax: row max, fp32 sum of exp, and bf16 probabilities, any shape."""
+    from xbench.kernels import cpu_bf16
+
+    if cpu_bf16.load() is None:
+        pytest.skip("this CPU has no avx512_bf16 (or no gcc)")
+    gen = torch.Generator().manual_seed(13)
+    for rows, keys in ((128, 1), (130, 33), (300, 1000), (129, 4097)):
+        q = torch.randn(rows, D, generator=gen).bfloat16()
+        k = (3 * torch.randn(keys, D, generator=gen)).bfloat16()  # wide score range
+        p, rowmax, rowsum = cpu_bf16.attend(q, k, 0.25)
+        s = (q.double() @ k.double().T) * 0.25
+        m = s.amax(dim=1)
+        e = torch.exp(s - m[:, None])
+        assert p.dtype == torch.bfloat16 and p.shape == (rows, keys)
+        assert torch.allclose(rowmax.double(), m, rtol=1e-5, atol=1e-4)
+        assert torch.allclose(rowsum.double(), e.sum(dim=1), rtol=2e-5)
+        assert torch.allclose(p.double(), e, rtol=8e-3, atol=1e-6)  # one bf16 rounding
+        assert not torch.isnan(p).any()

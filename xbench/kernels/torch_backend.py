@@ -3,8 +3,8 @@
 Numerics follow FlashMLA's: scores accumulate in fp32, probabilities enter the second
 product in the cache dtype, the output is normalised in fp32. On CPU torch has no
 bf16 x bf16 -> fp32 matmul (a bf16-rounded score would lose the accuracy the tests demand),
-so bf16 scores come from ``cpu_bf16.c`` (AVX512-BF16) where the CPU has it, else from an
-fp32 product. Keys are processed in tiles whose partial results are
+so bf16 scores and their softmax come from ``cpu_bf16.c`` (AVX512-BF16) where the CPU has
+it, else from an fp32 product. Keys are processed in tiles whose partial results are
 combined with :func:`merge_partials`, so memory stays bounded for long chunks.
 """
 
@@ -22,15 +22,21 @@ def _attend(
     q: torch.Tensor, keys: torch.Tensor, scale: float, v_dim: int, valid: torch.Tensor | None
 ):
     """q [G, L, D], keys [G, S, D], valid [G, S] or None -> out [G, L, v_dim] fp32, lse [G, L]."""
-    scores = None
-    if q.dtype == torch.bfloat16 and q.device.type == "cpu" and q.shape[0] == 1:
+    if q.dtype == torch.bfloat16 and q.device.type == "cpu" and valid is None:
         from xbench.kernels import cpu_bf16
 
-        fast = cpu_bf16.scores(q[0], keys[0], scale)  # bf16 x bf16 -> fp32 with AVX512-BF16
-        scores = None if fast is None else fast[None]
-    if scores is None:
-        scores = torch.bmm(q.float(), keys.float().transpose(1, 2))
-        scores.mul_(scale)
+        outs, lses = [], []
+        for g in range(q.shape[0]):  # a group: all rows sharing a key set
+            fast = cpu_bf16.attend(q[g], keys[g], scale)  # AVX512-BF16 scores + softmax
+            if fast is None:  # same shapes in every group: none of them can use it
+                break
+            p, m, denom = fast
+            outs.append(torch.mm(p, keys[g, :, :v_dim]).float().div_(denom[:, None]))
+            lses.append(m + denom.log())
+        else:
+            return torch.stack(outs), torch.stack(lses)
+    scores = torch.bmm(q.float(), keys.float().transpose(1, 2))
+    scores.mul_(scale)
     if valid is not None:
         scores.masked_fill_(~valid[:, None, :], float("-inf"))
     m = scores.amax(dim=-1, keepdim=True)
@@ -72,7 +78,7 @@ def partial_attention(q, kv_cache, indices, scale: float, v_dim: int):
         idx = token_indices(indices, block_size).to(flat.device)
         if idx.dim() == 1:
             idx = idx[idx >= 0]
-            keys, valid = flat[idx][None], None
+            keys, valid = flat.index_select(0, idx)[None], None  # 5x faster than flat[idx]
             queries = q.reshape(1, rows * heads, dim)
         else:  # per-row selections: one group per row, heads share its keys
             if idx.shape[0] != rows:
@@ -80,7 +86,7 @@ def partial_attention(q, kv_cache, indices, scale: float, v_dim: int):
                     f"2-D indices need one row per query row ({rows}), got {idx.shape[0]}"
                 )
             valid = idx >= 0
-            keys = flat[idx.clamp(min=0)]
+            keys = flat.index_select(0, idx.clamp(min=0).flatten()).view(*idx.shape, dim)
             queries = q
             if bool(valid.all()):
                 valid = None
