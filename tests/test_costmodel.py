@@ -205,3 +205,42 @@ def test_reuse_amortises_fetch():
     heavy = Request(rows=64, heads=128, chunk_tokens=512, fabric="ib", reuse=math.ceil(u_star))
     assert decide(profile, heavy).choice == "fetch"
     assert np.isclose(decide(profile, heavy).t_route, decide(profile, base).t_route)
+
+
+def test_grid_blocks_on_threads_equal_one_thread_and_scalar_decide():
+    """Several blocks, a fabric column naming some fabrics and leaving others open."""
+    from xbench.core.grid import BLOCK
+
+    profile = load_profile("profiles/h100-priors.toml")
+    names = [f.name for f in profile.fabrics]
+    rng = np.random.default_rng(5)
+    n = 2 * BLOCK + 123
+    grid = pd.DataFrame(
+        {
+            "rows": rng.integers(1, 512, n),
+            "chunk_tokens": rng.integers(1, 20000, n),
+            "reuse": rng.integers(0, 30, n),
+            "fabric": pd.Series(rng.choice([*names, None], n), dtype="object"),
+        }
+    )
+    one = decide_grid(profile, grid, threads=1)
+    many = decide_grid(profile, grid, threads=3)
+    pd.testing.assert_frame_equal(one, many)
+    for i in rng.integers(0, n, 40):
+        row = grid.iloc[i]
+        fabric = row.fabric if isinstance(row.fabric, str) else None
+        d = decide(
+            profile,
+            Request(
+                rows=int(row.rows),
+                chunk_tokens=int(row.chunk_tokens),
+                reuse=int(row.reuse),
+                fabric=fabric,
+            ),
+        )
+        assert (d.choice, d.fabric, d.uncertain) == (
+            one.decision[i],
+            one.fabric_chosen[i],
+            one.uncertain[i],
+        )
+        assert d.t_route == pytest.approx(one.t_route[i], rel=1e-12)

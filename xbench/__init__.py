@@ -14,11 +14,14 @@ from xbench.core.costmodel import Decision, Profile, Request, decide  # noqa: E4
 from xbench.core.profile import load_profile  # noqa: E402
 
 
-def decide_grid(profile, grid):
-    """The predicate over many requests (a DataFrame, or field -> values for a cartesian grid)."""
+def decide_grid(profile, grid, *, threads=None):
+    """The predicate over many requests (a DataFrame, or field -> values for a cartesian grid).
+
+    Large grids run in blocks on ``threads`` threads (default: this process's CPUs, at most 8).
+    """
     from xbench.core.grid import decide_grid as _decide_grid
 
-    return _decide_grid(profile, grid)
+    return _decide_grid(profile, grid, threads=threads)
 
 
 __all__ = ["Decision", "Profile", "Request", "decide", "decide_grid", "load_profile", "__version__"]

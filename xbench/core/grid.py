@@ -9,7 +9,10 @@ the grid with the decision columns appended.
 from __future__ import annotations
 
 import itertools
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import fields
+from functools import lru_cache
 
 import numpy as np
 import pandas as pd
@@ -20,6 +23,7 @@ REQUEST_DEFAULTS = {f.name: f.default for f in fields(Request)}
 CHOICES = pd.CategoricalDtype([ROUTE, FETCH, LOCAL])
 RANKS = pd.CategoricalDtype(["latency", "bandwidth"])
 BLOCK = 1 << 16
+MAX_THREADS = 8
 
 
 def expand(axes: dict) -> pd.DataFrame:
@@ -71,7 +75,7 @@ def _device_terms(end_device, cols) -> tuple:
 def _options(f, end_fabric, dev_terms, cols) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """route, fetch, local arrays on fabric f at one end of the coefficients."""
     o, segs = end_fabric
-    t_cm, move, local = dev_terms
+    t_cm, move, local = dev_terms[:3]
     _, _, s_q, s_o, s_kv, probe, reuse, nseg, _, _ = cols
     alphas = np.array([a for a, _ in segs])
     inv_betas = np.array([ib for _, ib in segs])
@@ -83,18 +87,53 @@ def _options(f, end_fabric, dev_terms, cols) -> tuple[np.ndarray, np.ndarray, np
         k = np.searchsorted(breaks, n, side="right")
         return alphas[k] + n * inv_betas[k]
 
-    shared = t_cm
+    # Fabric-free sums come precomputed (_fabric_free), so each fabric costs few passes.
+    fetch_base, inv_uses = dev_terms[3:]
+    route = wire(s_q) + (t_cm + 2 * o)
+    route += wire(s_o)
+    fetch = wire(s_kv) + fetch_base
+    fetch += nseg * o
     if np.any(probe >= 0):
-        shared = shared + np.where(probe >= 0, 2 * wire(np.maximum(probe, 0)), 0.0)
-    route = shared + wire(s_q) + wire(s_o) + 2 * o
-    fetch = shared + wire(s_kv) + nseg * o + move
-    if np.any(reuse):
-        fetch = (fetch + reuse * t_cm) / (1.0 + reuse)
+        probe_wire = np.where(probe >= 0, 2 * wire(np.maximum(probe, 0)), 0.0)
+        route += probe_wire
+        fetch += probe_wire
+    if inv_uses is not None:
+        fetch *= inv_uses
     return route, fetch, local
 
 
-def decide_grid(profile: Profile, grid) -> pd.DataFrame:
-    """Evaluate the predicate for every request of ``grid``; one output row per request."""
+def _fabric_free(dev_terms, cols) -> tuple:
+    """Device terms plus fetch's fabric-free part and 1 / (1 + reuse).
+
+    With reuse r, fetch's time per use is (fetch + r t_cm) / (1 + r): the move is paid once
+    and each reuse pays only compute and merge. fetch_base holds t_cm + move + r t_cm.
+    """
+    t_cm, move, local = dev_terms
+    reuse = cols[6]
+    fetch_base = t_cm + move
+    if np.any(reuse):
+        return t_cm, move, local, fetch_base + reuse * t_cm, 1.0 / (1.0 + reuse)
+    return t_cm, move, local, fetch_base, None
+
+
+def _workers(threads: int | None) -> int:
+    if threads is not None:
+        return max(1, threads)
+    return min(MAX_THREADS, len(os.sched_getaffinity(0)))
+
+
+@lru_cache(maxsize=4)
+def _pool(workers: int) -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="xbench-grid")
+
+
+def decide_grid(profile: Profile, grid, *, threads: int | None = None) -> pd.DataFrame:
+    """Evaluate the predicate for every request of ``grid``; one output row per request.
+
+    ``threads``: how many blocks of requests to evaluate at once (default: the CPUs this
+    process may use, at most 8; 1 keeps the caller's thread only). Grids of one block
+    (65,536 requests) always run on the caller's thread.
+    """
     if not isinstance(grid, pd.DataFrame):
         grid = expand(grid)
     unknown = set(grid.columns) - set(REQUEST_DEFAULTS)
@@ -147,8 +186,10 @@ def decide_grid(profile: Profile, grid) -> pd.DataFrame:
         "ranked": np.empty(n, np.int8),
         "prior": np.empty(n, bool),
     }
-    # Blocks small enough that every intermediate stays in cache: numpy is memory-bound otherwise.
-    for start in range(0, n, BLOCK):
+
+    # Blocks small enough that every intermediate stays in cache: numpy is memory-bound
+    # otherwise. numpy releases the GIL inside its loops, so blocks run on several threads.
+    def run_block(start: int) -> None:
         stop = min(n, start + BLOCK)
         block = _derive({k: (v[start:stop] if np.ndim(v) else v) for k, v in raw.items()})
         part = _decide_block(
@@ -156,6 +197,14 @@ def decide_grid(profile: Profile, grid) -> pd.DataFrame:
         )
         for key, value in part.items():
             results[key][start:stop] = value
+
+    starts = range(0, n, BLOCK)
+    workers = min(_workers(threads), len(starts))
+    if workers <= 1:
+        for start in starts:
+            run_block(start)
+    else:
+        list(_pool(workers).map(run_block, starts))
     decisions = pd.DataFrame(
         {
             "decision": pd.Categorical.from_codes(results["choice"], dtype=CHOICES),
@@ -208,39 +257,44 @@ def _derive(raw: dict) -> tuple:
 
 def _decide_block(profile: Profile, cols, codes, n: int) -> dict:
     dev = profile.device
-    dev_val = _device_terms(dev._ends[0], cols)
-    best_t = np.full(n, np.inf)
-    best = [np.zeros(n), np.zeros(n), np.zeros(n)]
-    best_f = np.zeros(n, dtype=np.int16)
+    dev_val = _fabric_free(_device_terms(dev._ends[0], cols), cols)
+    local = _full(dev_val[2], n)
+    nf = len(profile.fabrics)
+    # Each fabric's route and fetch times (inf where a row asks for another fabric).
+    route_f, fetch_f, active = np.empty((nf, n)), np.empty((nf, n)), []
     for k, f in enumerate(profile.fabrics):
         rows_k = None if codes is None else (codes == k) | (codes < 0)
-        if rows_k is not None and not rows_k.any():
-            continue
         if rows_k is None or rows_k.all():
-            t = tuple(_full(x, n) for x in _options(f, f._val, dev_val, cols))
-            tw = np.minimum(np.minimum(t[0], t[1]), t[2])
-            take = tw < best_t
-            best_t = np.where(take, tw, best_t)
-            for i in range(3):
-                best[i] = np.where(take, t[i], best[i])
-            best_f[take] = k
+            route_f[k], fetch_f[k], _ = _options(f, f._val, dev_val, cols)
+        elif not rows_k.any():
+            continue
         else:
             idx = np.flatnonzero(rows_k)
-            t = _options(
+            r, fe, _ = _options(
                 f,
                 f._val,
-                tuple(_subset(d, idx) for d in dev_val),
+                tuple(None if d is None else _subset(d, idx) for d in dev_val),
                 tuple(_subset(c, idx) for c in cols),
             )
-            t = tuple(_full(x, len(idx)) for x in t)
-            tw = np.minimum(np.minimum(t[0], t[1]), t[2])
-            take = tw < best_t[idx]
-            sel = idx[take]
-            best_t[sel] = tw[take]
-            for i in range(3):
-                best[i][sel] = t[i][take]
-            best_f[sel] = k
-    route, fetch, local = best
+            route_f[k], fetch_f[k] = np.inf, np.inf
+            route_f[k, idx], fetch_f[k, idx] = r, fe
+        active.append((k, rows_k))
+    # The fabric whose best option is fastest; the first among equals, as decide() does.
+    # (Masked writes with putmask: argmin along the fabric axis is ten times slower.)
+    first = active[0][0]
+    best_f = np.full(n, first, dtype=np.intp)
+    if len(active) == 1:
+        route, fetch = route_f[first], fetch_f[first]
+    else:
+        best_t = np.full(n, np.inf)
+        for k, rows_k in active:
+            t_k = np.minimum(np.minimum(route_f[k], fetch_f[k]), local)
+            if rows_k is not None and not rows_k.all():
+                t_k[~rows_k] = np.inf  # local is open to every row, this fabric is not
+            np.putmask(best_f, t_k < best_t, k)
+            np.minimum(best_t, t_k, out=best_t)
+        flat = best_f * n + np.arange(n)
+        route, fetch = route_f.ravel()[flat], fetch_f.ravel()[flat]
     choice = np.where(
         (route <= fetch) & (route <= local), 0, np.where(fetch <= local, 1, 2)
     ).astype(np.int8)
@@ -251,41 +305,40 @@ def _decide_block(profile: Profile, cols, codes, n: int) -> dict:
         np.minimum(fetch, local),
         np.where(is_fetch, np.minimum(route, local), np.minimum(route, fetch)),
     )
+    fabrics = profile.fabrics
+    n_half = np.array([f._n_half for f in fabrics])[best_f]
+    # A prior counts where it is the fabric's, or where it enters the winner's or the
+    # runner-up's time on the device side.
+    prior = np.array([f._prior for f in fabrics])[best_f]
+    if not prior.all():
+        flags = np.array(dev._prior_by_option)
+        second = np.where(
+            is_route,
+            np.where(fetch <= local, 1, 2),
+            np.where(is_fetch, np.where(route <= local, 0, 2), np.where(route <= fetch, 0, 1)),
+        )
+        fixed = ~np.isnan(cols[8]) if np.ndim(cols[8]) else np.full(n, not np.isnan(cols[8]))
+        move_flag = np.where(fixed, flags[0], flags[1])
+        by_choice = np.where(choice == 0, flags[0], np.where(choice == 1, move_flag, flags[2]))
+        by_second = np.where(second == 0, flags[0], np.where(second == 1, move_flag, flags[2]))
+        prior |= by_choice | by_second
     # Uncertainty: cheap bound first, exact intervals only where the bound cannot decide.
+    up = np.array([max(f._rho[0], dev._rho[0]) for f in fabrics])[best_f]
+    down = np.array([max(f._rho[1], dev._rho[1]) for f in fabrics])[best_f]
+    check = ~(winner * (1 + up) < runner * (1 - down))
     uncertain = np.zeros(n, dtype=bool)
-    n_half = np.zeros(n)
-    prior = np.zeros(n, dtype=bool)
-    for k, f in enumerate(profile.fabrics):
-        mine = best_f == k
-        if not mine.any():
-            continue
-        n_half[mine] = f._n_half
-        if f._prior:
-            prior[mine] = True
-        else:  # a prior counts where it enters the winner's or the runner-up's time
-            flags = np.array(dev._prior_by_option)
-            second = np.where(
-                is_route,
-                np.where(fetch <= local, 1, 2),
-                np.where(is_fetch, np.where(route <= local, 0, 2), np.where(route <= fetch, 0, 1)),
-            )
-            fixed = ~np.isnan(cols[8]) if np.ndim(cols[8]) else np.full(n, not np.isnan(cols[8]))
-            move_flag = np.where(fixed, flags[0], flags[1])
-            by_choice = np.where(choice == 0, flags[0], np.where(choice == 1, move_flag, flags[2]))
-            by_second = np.where(second == 0, flags[0], np.where(second == 1, move_flag, flags[2]))
-            prior[mine] = (by_choice | by_second)[mine]
-        up, down = max(f._rho[0], dev._rho[0]), max(f._rho[1], dev._rho[1])
-        check = mine & ~(winner * (1 + up) < runner * (1 - down))
-        count = int(check.sum())
+    for k, f in enumerate(fabrics):
+        mine = check & (best_f == k) if nf > 1 else check
+        count = int(np.count_nonzero(mine))
         if not count:
             continue
         if count > n // 3:  # most rows: whole arrays beat gathering a subset
-            sub, ch = cols, choice
+            sub, ch, index = cols, choice, None
         else:
-            index = np.flatnonzero(check)
+            index = np.flatnonzero(mine)
             sub, ch = tuple(_subset(c, index) for c in cols), choice[index]
-        hi = _options(f, f._hi, _device_terms(dev._ends[2], sub), sub)
-        lo = _options(f, f._lo, _device_terms(dev._ends[1], sub), sub)
+        hi = _options(f, f._hi, _fabric_free(_device_terms(dev._ends[2], sub), sub), sub)
+        lo = _options(f, f._lo, _fabric_free(_device_terms(dev._ends[1], sub), sub), sub)
         r0, f0 = ch == 0, ch == 1
         hi_w = np.where(r0, hi[0], np.where(f0, hi[1], hi[2]))
         lo_r = np.where(
@@ -294,14 +347,14 @@ def _decide_block(profile: Profile, cols, codes, n: int) -> dict:
             np.where(f0, np.minimum(lo[0], lo[2]), np.minimum(lo[0], lo[1])),
         )
         verdict = hi_w >= lo_r
-        if count > n // 3:
-            uncertain = np.where(check, verdict, uncertain)
+        if index is None:
+            uncertain = np.where(mine, verdict, uncertain)
         else:
             uncertain[index] = verdict
     size = np.where(is_fetch, cols[4], cols[2])
     return {
         "choice": choice,
-        "fabric": best_f,
+        "fabric": best_f.astype(np.int16),
         "route": route,
         "fetch": fetch,
         "local": local,
