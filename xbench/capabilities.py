@@ -147,7 +147,7 @@ def check_cpu_bf16() -> Capability:
     return Capability(
         "CPU bf16 score kernel",
         ok,
-        "AVX512-BF16 bf16 x bf16 -> fp32 scores and softmax on torch's OpenMP threads (torch backend, >= 128 query rows)"
+        "AVX512-BF16 bf16 x bf16 -> fp32 scores and softmax on torch's OpenMP threads (torch backend, >= 4 query rows)"
         if ok
         else "gcc could not build it: bf16 scores use an fp32 product",
     )

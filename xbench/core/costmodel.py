@@ -269,9 +269,18 @@ class Profile:
     device: Device
     provenance: dict = field(default_factory=dict, compare=False)
     _by_name: dict = field(init=False, repr=False, compare=False)
+    _bound: dict = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         object.__setattr__(self, "_by_name", {f.name: f for f in self.fabrics})
+        # Per fabric, the cheap uncertainty bound's factors (1 + up, 1 - down): the widest
+        # relative spread of the fabric's and the device's coefficients, each way.
+        rho = self.device._rho
+        bound = {
+            f.name: (1.0 + max(f._rho[0], rho[0]), 1.0 - max(f._rho[1], rho[1]))
+            for f in self.fabrics
+        }
+        object.__setattr__(self, "_bound", bound)
 
     def fabric(self, name: str) -> Fabric:
         try:
@@ -319,38 +328,71 @@ class Decision(NamedTuple):
     prior: bool  # rests on at least one datasheet prior
 
 
-def _times(f: Fabric, d: tuple, r: Request, end: tuple) -> tuple[float, float, float]:
-    """(route, fetch, local) per use with the coefficient ends in ``end`` (fabric) and ``d`` (device)."""
-    breaks = f._breaks
+_new_decision = tuple.__new__
+
+
+def _device_side(d: tuple, r: Request) -> tuple:
+    """The fabric-free part of a request's times, computed once however many fabrics compete.
+
+    (S_q, S_o, S_kv, route's shared time t_cm, fetch's fabric-free numerator, 1 / uses,
+    local time).
+    """
     rows = r.rows * r.heads
-    s_q = rows * r.payload_bytes
-    s_o = rows * r.return_bytes
     chunk = r.chunk_tokens
-    s_kv = chunk * r.kv_bytes_per_token
-    o, segs = end
-    a_q, ib_q = segs[bisect_right(breaks, s_q)]
-    a_o, ib_o = segs[bisect_right(breaks, s_o)]
-    a_kv, ib_kv = segs[bisect_right(breaks, s_kv)]
     cb, cp, m0, m1, mb, mp, rec = d
     c0, c1, c2 = cp[bisect_right(cb, chunk)] if cb else cp[0]
-    g0, g1 = mp[bisect_right(mb, chunk)] if mb else mp[0]
     t_c = c0 + chunk * (c1 + rows * c2)
     t_cm = t_c + m0 + rows * 2 * m1  # compute and merge: paid by route and fetch alike
-    shared = t_cm
-    if r.include_probe:
-        a_p, ib_p = segs[bisect_right(breaks, r.probe_bytes)]
-        shared += 2 * (a_p + r.probe_bytes * ib_p)
-    t_move = g0 + chunk * g1 if r.fetch_cost is None else r.fetch_cost
-    route = shared + a_q + a_o + 2 * o + s_q * ib_q + s_o * ib_o
-    fetch = shared + a_kv + r.segments * o + s_kv * ib_kv + t_move
+    if r.fetch_cost is None:
+        g0, g1 = mp[bisect_right(mb, chunk)] if mb else mp[0]
+        t_move = g0 + chunk * g1
+    else:
+        t_move = r.fetch_cost
     reuse = r.reuse
-    if reuse:  # one fetch serves this use and `reuse` later local uses
-        fetch = (fetch + reuse * t_cm) / (1.0 + reuse)
+    # one fetch serves this use and `reuse` later local uses: (fetch + reuse t_cm) / (1 + reuse)
+    fetch_base = t_cm + t_move + reuse * t_cm
     if r.blocks_local:
         local = t_c
     else:
         local = chunk * rec + t_c if rec != INF else INF
-    return route, fetch, local
+    return (
+        rows * r.payload_bytes,
+        rows * r.return_bytes,
+        chunk * r.kv_bytes_per_token,
+        t_cm,
+        fetch_base,
+        1.0 / (1.0 + reuse),
+        local,
+        r.segments,
+        r.probe_bytes if r.include_probe else None,
+    )
+
+
+def _fabric_side(f: Fabric, end: tuple, dev: tuple) -> tuple[float, float]:
+    """(route, fetch) per use on fabric ``f`` with its coefficient ends ``end``."""
+    breaks = f._breaks
+    s_q, s_o, s_kv, t_cm, fetch_base, per_use, _, n_seg, probe_bytes = dev
+    o, segs = end
+    if breaks:
+        a_q, ib_q = segs[bisect_right(breaks, s_q)]
+        a_o, ib_o = segs[bisect_right(breaks, s_o)]
+        a_kv, ib_kv = segs[bisect_right(breaks, s_kv)]
+    else:  # one segment
+        a_q, ib_q = a_o, ib_o = a_kv, ib_kv = segs[0]
+    route = t_cm + a_q + a_o + 2 * o + s_q * ib_q + s_o * ib_o
+    fetch = fetch_base + a_kv + n_seg * o + s_kv * ib_kv
+    if probe_bytes is not None:
+        a_p, ib_p = segs[bisect_right(breaks, probe_bytes)]
+        probe = 2 * (a_p + probe_bytes * ib_p)
+        route += probe
+        fetch += probe
+    return route, fetch * per_use
+
+
+def _times(f: Fabric, d: tuple, r: Request, end: tuple) -> tuple[float, float, float]:
+    """(route, fetch, local) per use with the coefficient ends in ``end`` (fabric) and ``d`` (device)."""
+    dev = _device_side(d, r)
+    return (*_fabric_side(f, end, dev), dev[6])
 
 
 def thresholds(f: Fabric, device: Device, r: Request) -> tuple[float, float]:
@@ -380,17 +422,19 @@ def decide(profile: Profile, request: Request) -> Decision:
     """The predicate for one request: the best option on the best fabric, with its margin."""
     dev = profile.device
     d_val = dev._ends[0]
+    dev_side = _device_side(d_val, request)
+    local = dev_side[6]
     if request.fabric is not None:
         f = profile.fabric(request.fabric)
-        route, fetch, local = _times(f, d_val, request, f._val)
+        route, fetch = _fabric_side(f, f._val, dev_side)
     else:
         best = None
         for cand in profile.fabrics:
-            t = _times(cand, d_val, request, cand._val)
-            tw = min(t)
+            r_c, f_c = _fabric_side(cand, cand._val, dev_side)
+            tw = min(r_c, f_c, local)
             if best is None or tw < best[0]:
-                best = (tw, cand, t)
-        _, f, (route, fetch, local) = best
+                best = (tw, cand, r_c, f_c)
+        _, f, route, fetch = best
     if route <= fetch and route <= local:
         choice, win, tw = ROUTE, 0, route
         second, runner = (1, fetch) if fetch <= local else (2, local)
@@ -406,9 +450,8 @@ def decide(profile: Profile, request: Request) -> Decision:
     # Uncertain: the winner at its slow end reaches the runner-up at its fast end. A cheap
     # bound from the coefficients' relative spreads settles most cases; near-ties get the
     # exact interval evaluation.
-    up = max(f._rho[0], dev._rho[0])
-    down = max(f._rho[1], dev._rho[1])
-    if tw * (1.0 + up) < runner * (1.0 - down):
+    slow, fast = profile._bound[f.name]
+    if tw * slow < runner * fast:
         uncertain = False
     else:
         hi = _times(f, dev._ends[2], request, f._hi)
@@ -419,14 +462,18 @@ def decide(profile: Profile, request: Request) -> Decision:
     prior = f._prior or by_option[win] or by_option[second]
     if fixed_move and prior and not f._prior:  # a given fetch cost replaces the move prior
         prior = by_option[0] or (win == 2 or second == 2) and by_option[2]
-    return Decision(
-        choice,
-        f.name,
-        route,
-        fetch,
-        local,
-        runner - tw,
-        uncertain,
-        "latency" if size < f._n_half else "bandwidth",
-        prior,
+    # tuple.__new__: half the cost of the NamedTuple's own constructor, same object
+    return _new_decision(
+        Decision,
+        (
+            choice,
+            f.name,
+            route,
+            fetch,
+            local,
+            runner - tw,
+            uncertain,
+            "latency" if size < f._n_half else "bandwidth",
+            prior,
+        ),
     )

@@ -323,9 +323,9 @@ def _decide_block(profile: Profile, cols, codes, n: int) -> dict:
         by_second = np.where(second == 0, flags[0], np.where(second == 1, move_flag, flags[2]))
         prior |= by_choice | by_second
     # Uncertainty: cheap bound first, exact intervals only where the bound cannot decide.
-    up = np.array([max(f._rho[0], dev._rho[0]) for f in fabrics])[best_f]
-    down = np.array([max(f._rho[1], dev._rho[1]) for f in fabrics])[best_f]
-    check = ~(winner * (1 + up) < runner * (1 - down))
+    slow = np.array([profile._bound[f.name][0] for f in fabrics])[best_f]
+    fast = np.array([profile._bound[f.name][1] for f in fabrics])[best_f]
+    check = ~(winner * slow < runner * fast)
     uncertain = np.zeros(n, dtype=bool)
     for k, f in enumerate(fabrics):
         mine = check & (best_f == k) if nf > 1 else check
