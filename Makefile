@@ -30,7 +30,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	rm -rf $(DEMO)
 	$(BIN)/xbench env
-	$(BIN)/xbench probe --np 2 --sizes 8B:4MiB --pattern latency,bandwidth,rtt,gather --samples 5 --out $(DEMO)/probe
+	$(BIN)/xbench probe --np 2 --sizes 8B:4MiB --pattern latency,bandwidth,rtt,gather,offcache --samples 5 --out $(DEMO)/probe
 	$(BIN)/xbench kernel --threads 1 --heads 16 --rows 1,4,16 --chunk 128:4096 --samples 3 --out $(DEMO)/kernel
 	$(BIN)/xbench fit $(DEMO)/probe $(DEMO)/kernel --base profiles/h100-priors.toml --out $(DEMO)/profile.toml
 	$(BIN)/xbench decide --profile $(DEMO)/profile.toml --payload 1152B --return 1028B --heads 16 --rows 1,4,16 --chunk 256,1024,4096 --reuse 0,10 --out $(DEMO)/decisions.parquet

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from xbench.core.profile import load_profile
-from xbench.fit.profile_fit import fit_device, fit_fabrics
+from xbench.fit.profile_fit import fit_device, fit_fabrics, wire_regimes
 from xbench.fit.segments import fit_piecewise
 
 SIZES = np.array([2**k for k in range(3, 25)], dtype=float)  # 8 B .. 16 MiB
@@ -125,3 +125,17 @@ def test_missing_device_samples_need_a_base():
     base = load_profile("profiles/h100-priors.toml").device
     device, notes = fit_device(pd.DataFrame(columns=["kernel", "warmup", "sparse"]), base, "x")
     assert device.prior and "compute_t0" in notes["from_base"]
+
+
+def test_offcache_samples_are_preferred_for_the_segments():
+    """Route and fetch messages follow compute: cold-cache ping-pong, when measured, sets alpha."""
+    rng = np.random.default_rng(7)
+    hot = _probe_frame(rng, alpha=1.5e-6, beta=25e9, o=0.4e-6)
+    cold = _probe_frame(rng, alpha=20e-6, beta=10e9, o=0.4e-6)
+    cold = cold[cold.pattern == "latency"].assign(pattern="offcache")
+    both = pd.concat([hot, cold], ignore_index=True)
+    (fabric,) = fit_fabrics(both)
+    assert wire_regimes(both) == {"ib": "offcache"} and wire_regimes(hot) == {"ib": "latency"}
+    assert fabric.segments[0].alpha.value == pytest.approx(20e-6, rel=0.08)
+    assert fabric.segments[-1].beta.value == pytest.approx(10e9, rel=0.03)
+    assert fabric.overhead.value == pytest.approx(0.4e-6, rel=0.05)  # still from bandwidth

@@ -103,6 +103,7 @@ def test_all_patterns_over_tcp_with_python_loop(xbench, tmp_path):
         "fetch_messages",
         "fetch_packed",
         "fetch_contiguous",
+        "latency_oneway_offcache",
     } <= metrics
     rtt = samples[samples.pattern == "rtt"]
     assert set(zip(rtt.rows, rtt.size_bytes, rtt.return_bytes, strict=True)) == {
@@ -284,3 +285,20 @@ def test_rank_error_is_read_from_the_log_after_the_launch_start(tmp_path):
     assert rank_error(log, start) == "rank 3: the nccl backend needs CUDA GPUs"
     assert rank_error(log) == "rank 1: from an earlier launch"
     assert rank_error(tmp_path / "missing.log") is None
+
+
+def test_offcache_pingpong_flushes_caches_between_round_trips(xbench, tmp_path):
+    """IMB-style -off_cache: same message as latency, from cold caches, few timed trips."""
+    out = tmp_path / "cold"
+    r = xbench(
+        "probe", "--np", "2", "-p", "latency,offcache", "--sizes", "64KiB", *QUICK, "--out", out
+    )
+    assert r.returncode == 0, r.stderr
+    samples = read_table(out, PROBE_SAMPLES)
+    measured = samples[~samples.warmup & (samples.pattern != "overhead")]
+    cold = measured[measured.pattern == "offcache"]
+    hot = measured[measured.pattern == "latency"]
+    assert set(cold.metric) == {"latency_oneway_offcache"} and set(cold.unit) == {"us"}
+    assert cold.iterations.max() <= 16
+    # 64 KiB over shared memory: about 8 us hot, 40-60 us after a cache flush on these VMs
+    assert cold.value.median() > 1.5 * hot.value.median()

@@ -219,7 +219,7 @@ class Peer:
 
 
 def _sets_needed(cfg, chunk: int, rows: int) -> int:
-    from xbench.kernels.bench import llc_bytes
+    from xbench.results.metadata import llc_bytes
 
     elem = 2 if cfg.dtype == "bf16" else 4
     one = (2 * chunk * cfg.dim + rows * cfg.heads * cfg.dim) * elem

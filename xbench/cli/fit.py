@@ -85,6 +85,8 @@ def _table(profile, out: Path) -> None:
 
     for f in profile.fabrics:
         held = f" held-out error {100 * f.heldout_mape:.1f}%" if f.heldout_mape is not None else ""
+        source = profile.provenance.get("wire_pattern", {}).get(f.name)
+        held += f", segments from {source}" if source else ""
         table.add_row(f"[bold]{f.name}[/bold] {f.pair_class} {f.transport}{held}", "", "", "")
         row("  o (per message)", f.overhead, 1e-6, "us")
         for s in f.segments:

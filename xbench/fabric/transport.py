@@ -113,6 +113,28 @@ class Transport(ABC):
     def fetch(self, mode: str, k: int, block: int, iters: int) -> float:
         """Requester (initiator) pulls ``k`` blocks of ``block`` bytes from the holder."""
 
+    def exchange_offcache(self, nbytes: int, iters: int) -> float:
+        """Ping-pong with cold caches (IMB's -off_cache); only the round trips are timed.
+
+        Before each round trip both ranks write one byte per cache line of a buffer twice
+        the last-level cache (dirty lines push the message buffers out), then meet at a
+        barrier so neither times the other's flush.
+        """
+        flush = self._flush_buffer()
+        total = 0.0
+        for _ in range(iters):
+            flush[::64] += 1
+            self.pair.comm.Barrier()
+            total += self.exchange(nbytes, nbytes, 1)
+        return total
+
+    def _flush_buffer(self) -> np.ndarray:
+        if getattr(self, "_flush", None) is None:
+            from xbench.results.metadata import llc_bytes
+
+            self._flush = self._host_buffer(2 * llc_bytes(), fill=0)
+        return self._flush
+
     def empty_loop(self, iters: int) -> float:
         """The timed loop with nothing in it: the tool's own per-iteration overhead."""
         import time

@@ -1,7 +1,10 @@
 """From results directories to a Profile: fabric segments, overheads, device terms.
 
 Fabric (per fabric label, pair class and transport):
-- segments from the ``latency`` pattern (one-way time = half the ping-pong round trip);
+- segments from the ``offcache`` pattern where the probe ran it (IMB-style cold-cache
+  ping-pong: route and fetch messages follow attention, which has streamed the KV cache
+  through the CPU's caches), else from ``latency`` (one-way time = half the round trip);
+  :func:`wire_regimes` says which;
 - the per-message overhead ``o`` from the ``bandwidth`` pattern at small sizes, where a
   window of W messages is limited by per-message cost: o = size / windowed rate;
 - alpha = (segment intercept - o), so that a single message costs alpha + o + n/beta,
@@ -60,17 +63,32 @@ def heldout_mape(n: np.ndarray, t: np.ndarray) -> float | None:
     return float(np.mean(np.abs(predict(fits, held) - medians) / medians))
 
 
+WIRE_PATTERNS = ("offcache", "latency")  # in order of preference for the segments
+
+
+def _wire_groups(samples: pd.DataFrame):
+    """((fabric, pair class, transport), pattern used, its samples) per fabric group."""
+    measured = samples[~samples.warmup]
+    wire = measured[measured.pattern.isin(WIRE_PATTERNS)]
+    for key, group in wire.groupby(["fabric", "pair_class", "transport"], sort=False):
+        regime = next(p for p in WIRE_PATTERNS if (group.pattern == p).any())
+        yield key, regime, group[group.pattern == regime]
+
+
+def wire_regimes(samples: pd.DataFrame) -> dict[str, str]:
+    """Fabric label -> the probe pattern its segments were fitted from."""
+    return {str(key[0]): regime for key, regime, _ in _wire_groups(samples)}
+
+
 def fit_fabrics(samples: pd.DataFrame) -> list[Fabric]:
     measured = samples[~samples.warmup]
-    lat = measured[measured.pattern == "latency"]
-    if lat.empty:
+    groups = list(_wire_groups(samples))
+    if not groups:
         raise XbenchError(
             "no latency samples to fit a fabric", "run xbench probe with -p latency (the default)"
         )
     fabrics = []
-    for (fabric, pair_class, transport), group in lat.groupby(
-        ["fabric", "pair_class", "transport"], sort=False
-    ):
+    for (fabric, pair_class, transport), _, group in groups:
         n = group.size_bytes.to_numpy(float)
         t = group.value.to_numpy(float) * 1e-6
         bw = measured[
@@ -269,6 +287,7 @@ def fit_profile(
         "git_revisions": sorted({m.get("git_revision") or "?" for m in meta}),
         "device_notes": {k: (", ".join(v) if isinstance(v, list) else v) for k, v in notes.items()},
         "heldout_mape": {f.name: f.heldout_mape for f in fabrics if f.heldout_mape is not None},
+        "wire_pattern": wire_regimes(probe) if not probe.empty else {},
     }
     if base is not None:
         provenance["base"] = base.name

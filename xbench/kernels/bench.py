@@ -14,13 +14,13 @@ import math
 import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from xbench.core.models import LSE_BYTES, ModelPreset
 from xbench.kernels.api import get_backend
 from xbench.kernels.selection import DensePages, random_topk
+from xbench.results.metadata import llc_bytes
 
 KERNELS = ("partial_attention", "merge", "gather", "splice")
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -74,22 +74,6 @@ class KernelCase:
     def label(self) -> str:
         kind = "sparse" if self.sparse else "dense"
         return f"{self.kernel} rows={self.rows} chunk={self.chunk} {kind} {self.dtype}"
-
-
-def llc_bytes() -> int:
-    """Last-level cache size of CPU 0 (sysfs), 32 MiB when unknown."""
-    best = 0
-    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
-        try:
-            text = (index / "size").read_text().strip()
-            best = max(
-                best,
-                int(text[:-1])
-                * (1024 if text.endswith("K") else 1024**2 if text.endswith("M") else 1),
-            )
-        except (OSError, ValueError):
-            continue
-    return best or 32 * 2**20
 
 
 class Clock:

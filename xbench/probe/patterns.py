@@ -7,6 +7,10 @@
   b rows of R bytes back, one message each way.
 - ``gather``: the wire part of fetching a selection: k blocks of s bytes as k messages,
   packed into one message (pack + unpack included), and as one contiguous message.
+- ``offcache``: ping-pong with cold caches (Intel IMB's ``-off_cache``): before every round
+  trip both ranks write a buffer twice the last-level cache, untimed, so each message starts
+  as one sent after attention has streamed the KV cache through the CPU; one-way = half
+  the round trip.
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ from dataclasses import dataclass, field
 from xbench.core.units import format_size
 from xbench.fabric.transport import FETCH_MODES
 
-PATTERNS = ("latency", "bandwidth", "bibw", "rtt", "gather")
+PATTERNS = ("latency", "bandwidth", "bibw", "rtt", "gather", "offcache")
+OFFCACHE_MAX_ITERS = 16  # round trips per sample: each costs an untimed cache flush
 DEFAULT_PATTERNS = ("latency", "bandwidth")
 
 
@@ -53,11 +58,13 @@ class Case:
             return transport.biwindow(self.size_bytes, self.window, iters)
         if self.pattern == "gather":
             return transport.fetch(self.mode, self.blocks, self.block_bytes, iters)
+        if self.pattern == "offcache":
+            return transport.exchange_offcache(self.size_bytes, iters)
         raise ValueError(self.pattern)
 
     def value(self, elapsed: float, iters: int) -> float:
         """Per-iteration figure in ``unit`` from the elapsed seconds of ``iters``."""
-        if self.pattern == "latency":
+        if self.pattern in ("latency", "offcache"):
             return elapsed / (2 * iters) * 1e6
         if self.pattern in ("rtt", "gather"):
             return elapsed / iters * 1e6
@@ -69,10 +76,17 @@ class Case:
 
     def first_iters(self) -> int:
         """Iterations of the calibration sample: about a millisecond at 1 GB/s."""
+        if self.pattern == "offcache":
+            return 1
         moved = (
             self.size_bytes * (self.window or 1) * (2 if self.pattern in ("latency", "bibw") else 1)
         )
         return max(1, min(1000, 10**6 // max(moved, 1)))
+
+    @property
+    def max_iters(self) -> int | None:
+        """A cap on iterations per sample where untimed work surrounds each one."""
+        return OFFCACHE_MAX_ITERS if self.pattern == "offcache" else None
 
 
 @dataclass(frozen=True)
@@ -94,6 +108,8 @@ def plan_cases(spec: SweepSpec) -> list[Case]:
     for pattern in spec.patterns:
         if pattern == "latency":
             cases += [Case("latency", n, "latency_oneway", "us") for n in spec.sizes]
+        elif pattern == "offcache":
+            cases += [Case("offcache", n, "latency_oneway_offcache", "us") for n in spec.sizes]
         elif pattern == "bandwidth":
             cases += [
                 Case("bandwidth", n, "bandwidth_window", "MB/s", window=spec.window)

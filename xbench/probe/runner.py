@@ -177,7 +177,7 @@ def _measure(case: Case, transport, pair: Pair, cfg: ProbeConfig) -> list[tuple[
     out.append((first, True, elapsed))
     # The initiator's calibration decides the iterations for both ranks.
     wanted = math.ceil(cfg.min_sample_s * first / max(elapsed, 1e-9)) if pair.initiator else 0
-    iters = comm.bcast(max(1, min(cfg.max_iters, wanted)), root=0)
+    iters = comm.bcast(max(1, min(cfg.max_iters, case.max_iters or cfg.max_iters, wanted)), root=0)
     for s in range(cfg.warmups + cfg.samples):
         comm.Barrier()
         out.append((iters, s < cfg.warmups, case.run(transport, iters)))

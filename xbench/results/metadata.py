@@ -121,3 +121,19 @@ def run_metadata(run_id: str, command: str, **extra) -> dict:
     }
     meta.update(extra)
     return meta
+
+
+def llc_bytes() -> int:
+    """Last-level cache size of CPU 0 (sysfs), 32 MiB when unknown."""
+    best = 0
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            text = (index / "size").read_text().strip()
+            best = max(
+                best,
+                int(text[:-1])
+                * (1024 if text.endswith("K") else 1024**2 if text.endswith("M") else 1),
+            )
+        except (OSError, ValueError):
+            continue
+    return best or 32 * 2**20
