@@ -196,7 +196,7 @@ def test_splice_refuses_too_few_pages():
 
 @pytest.mark.parametrize("kind", ["dense-contiguous", "dense-scattered", "sparse-shared"])
 def test_bf16_score_kernel_matches_float64(kind):
-    """Enough rows for the AVX512-BF16 score kernel; same tolerances as the torch path."""
+    """Enough rows for the AVX512-BF16 attention kernel; same tolerances as the torch path."""
     from xbench.kernels import cpu_bf16
 
     if cpu_bf16.load() is None:

@@ -139,17 +139,17 @@ def check_cpu_bf16() -> Capability:
 
     if not cpu_bf16.cpu_has_bf16():
         return Capability(
-            "CPU bf16 score kernel",
+            "CPU bf16 attention kernel",
             False,
-            "no avx512_bf16 on this CPU: bf16 scores use an fp32 product",
+            "no avx512_bf16 on this CPU: bf16 attention uses fp32 products",
         )
     ok = cpu_bf16.load() is not None
     return Capability(
-        "CPU bf16 score kernel",
+        "CPU bf16 attention kernel",
         ok,
-        "AVX512-BF16 bf16 x bf16 -> fp32 scores and softmax on torch's OpenMP threads (torch backend, >= 4 query rows)"
+        "AVX512-BF16 partial attention, both products fp32-accumulated, on torch's OpenMP threads (torch backend, >= 4 query rows)"
         if ok
-        else "gcc could not build it: bf16 scores use an fp32 product",
+        else "gcc could not build it, or torch brings another OpenMP runtime: bf16 attention uses fp32 products",
     )
 
 

@@ -119,7 +119,10 @@ def _pack_threads(tokens: int) -> int:
 
 
 def scores(q, keys, scale: float):
-    """fp32 [L, S] = scale * q [L, D] @ keys [S, D]^T for bf16 CPU tensors; None if unavailable."""
+    """fp32 [L, S] = scale * q [L, D] @ keys [S, D]^T for bf16 CPU tensors; None if unavailable.
+
+    The first product alone, so tests and diagnostics can check it in isolation.
+    """
     import torch
 
     (L, D), S = q.shape, keys.shape[0]
