@@ -99,7 +99,8 @@ def validate(
         )
     summary = summarize_validation(read_table(out_dir, VALIDATE_SAMPLES), prof, fab)
     summary.to_parquet(out_dir / "validate_summary.parquet", index=False)
-    emit_frame(summary, fmt, lambda f: _table(f, prof.name, fab, out_dir))
+    wire = prof.provenance.get("wire_pattern", {}).get(fab)
+    emit_frame(summary, fmt, lambda f: _table(f, prof.name, fab, out_dir, wire))
     if not summary.correct.all():
         raise XbenchError(
             "a path's output differs from one-instance attention beyond tolerance",
@@ -107,7 +108,7 @@ def validate(
         )
 
 
-def _table(summary, profile: str, fabric: str, out_dir) -> None:
+def _table(summary, profile: str, fabric: str, out_dir, wire: str | None = None) -> None:
     table = Table(
         title=f"xbench validate: measured vs profile {profile} on {fabric}",
         caption=f"{out_dir}  |  error = (predicted - measured) / measured",
@@ -148,3 +149,9 @@ def _table(summary, profile: str, fabric: str, out_dir) -> None:
         f"(worst {100 * comp.max():.1f}%): what is left is the composition of the phases, not the compute fit",
         style="dim",
     )
+    if wire == "latency":
+        console.print(
+            "the profile's wire segments come from hot ping-pong (latency); a probe with "
+            "-p offcache gives the cold-cache regime that routed and fetched messages meet",
+            style="dim",
+        )
