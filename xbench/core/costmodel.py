@@ -335,7 +335,7 @@ def _device_side(d: tuple, r: Request) -> tuple:
     """The fabric-free part of a request's times, computed once however many fabrics compete.
 
     (S_q, S_o, S_kv, route's shared time t_cm, fetch's fabric-free numerator, 1 / uses,
-    local time).
+    local time, fetch messages n_seg, probe bytes or None).
     """
     rows = r.rows * r.heads
     chunk = r.chunk_tokens

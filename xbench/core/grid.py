@@ -75,8 +75,8 @@ def _device_terms(end_device, cols) -> tuple:
 def _options(f, end_fabric, dev_terms, cols) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """route, fetch, local arrays on fabric f at one end of the coefficients."""
     o, segs = end_fabric
-    t_cm, move, local = dev_terms[:3]
-    _, _, s_q, s_o, s_kv, probe, reuse, nseg, _, _ = cols
+    t_cm, _, local = dev_terms[:3]
+    _, _, s_q, s_o, s_kv, probe, _, nseg, _, _ = cols
     alphas = np.array([a for a, _ in segs])
     inv_betas = np.array([ib for _, ib in segs])
     breaks = np.asarray(f._breaks, dtype=np.float64)
