@@ -6,6 +6,8 @@ import functools
 import json
 import sys
 from enum import Enum
+from pathlib import Path
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -21,6 +23,13 @@ class OutputFormat(str, Enum):
     table = "table"
     json = "json"
     csv = "csv"
+
+
+# The options every measuring command takes alike.
+FormatOption = Annotated[OutputFormat, typer.Option("--format", help="table, json or csv.")]
+RunDirOption = Annotated[
+    Path | None, typer.Option("--out", "-o", help="Run directory (default results/<run_id>).")
+]
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from xbench.cli.common import OutputFormat, console, emit_frame, handles_errors
+from xbench.cli.common import FormatOption, OutputFormat, console, emit_frame, handles_errors
 from xbench.errors import XbenchError
 
 DEFAULT_PROFILE = Path(__file__).resolve().parents[2] / "profiles" / "h100-priors.toml"
@@ -89,9 +89,7 @@ def decide(
             help="Decision table Parquet file (default results/<run_id>/decisions.parquet).",
         ),
     ] = None,
-    fmt: Annotated[
-        OutputFormat, typer.Option("--format", help="table, json or csv.")
-    ] = OutputFormat.table,
+    fmt: FormatOption = OutputFormat.table,
 ) -> None:
     """Evaluate the predicate over rows x chunk x reuse (x fabric); write the decision table."""
     from xbench.core.grid import decide_grid, expand

@@ -8,7 +8,14 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from xbench.cli.common import OutputFormat, console, emit_frame, handles_errors
+from xbench.cli.common import (
+    FormatOption,
+    OutputFormat,
+    RunDirOption,
+    console,
+    emit_frame,
+    handles_errors,
+)
 from xbench.cli.render import num
 from xbench.core.units import parse_duration, parse_int_list
 from xbench.errors import XbenchError
@@ -59,12 +66,8 @@ def kernel(
         int | None,
         typer.Option(help="torch CPU threads (match what the serving or validate ranks get)."),
     ] = None,
-    out: Annotated[
-        Path | None, typer.Option("--out", "-o", help="Run directory (default results/<run_id>).")
-    ] = None,
-    fmt: Annotated[
-        OutputFormat, typer.Option("--format", help="table, json or csv.")
-    ] = OutputFormat.table,
+    out: RunDirOption = None,
+    fmt: FormatOption = OutputFormat.table,
 ) -> None:
     """Time the compute side of cross-instance attention; write samples as Parquet."""
     from xbench.cli.progress import make_progress

@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
 import pandas as pd
-import typer
 from rich.table import Table
 
-from xbench.cli.common import OutputFormat, console, emit_frame, handles_errors
+from xbench.cli.common import FormatOption, OutputFormat, console, emit_frame, handles_errors
 
 
 @handles_errors
 def models(
-    fmt: Annotated[
-        OutputFormat, typer.Option("--format", help="table, json or csv.")
-    ] = OutputFormat.table,
+    fmt: FormatOption = OutputFormat.table,
 ) -> None:
     """List model presets: heads, widths, indexer top-k, layers, routed / returned / KV bytes."""
     from xbench.core.models import PRESETS

@@ -7,18 +7,19 @@ from typing import Annotated
 
 import typer
 
-from xbench.cli.common import OutputFormat, console, emit_frame, err_console, handles_errors
+from xbench.cli.common import (
+    FormatOption,
+    OutputFormat,
+    RunDirOption,
+    console,
+    emit_frame,
+    err_console,
+    handles_errors,
+)
 from xbench.core.units import parse_duration, parse_int_list, parse_size, parse_size_list
 from xbench.errors import RankFailure, XbenchError
 from xbench.fabric.registry import TRANSPORTS, check_fabric
 from xbench.probe.patterns import DEFAULT_PATTERNS, PATTERNS, SweepSpec
-
-Out = Annotated[
-    Path | None, typer.Option("--out", "-o", help="Run directory (default results/<run_id>).")
-]
-Fmt = Annotated[
-    OutputFormat, typer.Option("--format", help="table, json (list of summary rows) or csv.")
-]
 
 
 def _patterns(text: str) -> tuple[str, ...]:
@@ -116,8 +117,8 @@ def probe(
     tcp_interface: Annotated[
         str | None, typer.Option(help="tcp: network interface to listen on, e.g. eth0.")
     ] = None,
-    out: Out = None,
-    fmt: Fmt = OutputFormat.table,
+    out: RunDirOption = None,
+    fmt: FormatOption = OutputFormat.table,
 ) -> None:
     """Measure latency and bandwidth between MPI ranks; write samples as Parquet."""
     from xbench.fabric.launch import inside_launcher, launcher_name

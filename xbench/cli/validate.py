@@ -8,7 +8,14 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from xbench.cli.common import OutputFormat, console, emit_frame, handles_errors
+from xbench.cli.common import (
+    FormatOption,
+    OutputFormat,
+    RunDirOption,
+    console,
+    emit_frame,
+    handles_errors,
+)
 from xbench.errors import RankFailure, XbenchError
 
 
@@ -36,12 +43,8 @@ def validate(
         typer.Option(help="torch threads per rank (match the xbench kernel --threads you fitted)."),
     ] = 1,
     timeout: Annotated[float, typer.Option(help="Seconds before a case is declared hung.")] = 300.0,
-    out: Annotated[
-        Path | None, typer.Option("--out", "-o", help="Run directory (default results/<run_id>).")
-    ] = None,
-    fmt: Annotated[
-        OutputFormat, typer.Option("--format", help="table, json or csv.")
-    ] = OutputFormat.table,
+    out: RunDirOption = None,
+    fmt: FormatOption = OutputFormat.table,
 ) -> None:
     """Time the real primitives, check them against one-instance attention, report the model's MAPE."""
     from xbench.cli.progress import EventProgress, make_progress

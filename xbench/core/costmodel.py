@@ -96,11 +96,6 @@ class Fabric:
     _rho: tuple = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        object.__setattr__(
-            self,
-            "_prior",
-            self.overhead.prior or any(s.alpha.prior or s.beta.prior for s in self.segments),
-        )
         segs = tuple(sorted(self.segments, key=lambda s: s.min_bytes))
         object.__setattr__(self, "segments", segs)
         object.__setattr__(self, "_breaks", tuple(s.min_bytes for s in segs[1:]))
@@ -117,6 +112,7 @@ class Fabric:
         )
         object.__setattr__(self, "_n_half", self._half_performance())
         coefs = [self.overhead] + [c for seg in segs for c in (seg.alpha, seg.beta)]
+        object.__setattr__(self, "_prior", any(c.prior for c in coefs))
         object.__setattr__(self, "_rho", _relative_spread(coefs))
 
     @property

@@ -69,6 +69,7 @@ class Transport(ABC):
         self.staging = self._buffer(k * s, fill=0x44 + pair.me)
         # Blocks sit at scattered pages of the cache, as a selection would find them.
         self.offsets = (rng.permutation(2 * k)[:k] * s).astype(np.int64)
+        self._flush = None  # the offcache pattern's flush buffer, allocated on first use
 
     @staticmethod
     def _host_buffer(nbytes: int, fill: int) -> np.ndarray:
@@ -129,7 +130,7 @@ class Transport(ABC):
         return total
 
     def _flush_buffer(self) -> np.ndarray:
-        if getattr(self, "_flush", None) is None:
+        if self._flush is None:
             from xbench.results.metadata import llc_bytes
 
             self._flush = self._host_buffer(2 * llc_bytes(), fill=0)
