@@ -244,3 +244,84 @@ def test_grid_blocks_on_threads_equal_one_thread_and_scalar_decide():
             one.uncertain[i],
         )
         assert d.t_route == pytest.approx(one.t_route[i], rel=1e-12)
+
+
+def _full_ranking(profile, request):
+    """decide()'s fabric choice by brute force: every fabric, first of the fastest on ties."""
+    from xbench.core.costmodel import _device_side, _fabric_side
+
+    dev = _device_side(profile.device._ends[0], request)
+    best = None
+    for f in profile.fabrics:
+        route, fetch = _fabric_side(f, f._val, dev)
+        tw = min(route, fetch, dev[6])
+        if best is None or tw < best[0]:
+            best = (tw, f.name, route, fetch)
+    return best[1:]
+
+
+# Coefficients from a small set, so that fabrics often tie or dominate one another exactly.
+_alpha = st.sampled_from([1e-6, 2e-6, 5e-6, 2e-5])
+_beta = st.sampled_from([1e9, 1.2e10, 5e10, 4.5e11])
+_fabric_specs = st.lists(
+    st.tuples(
+        st.lists(st.tuples(_alpha, _beta), min_size=1, max_size=3),
+        st.sampled_from([0.0, 5e-8, 3e-7, 3e-6]),
+        st.lists(st.sampled_from([1024, 8192, 65536, 1 << 20]), min_size=2, max_size=2),
+    ),
+    min_size=1,
+    max_size=6,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    _fabric_specs,
+    st.lists(
+        st.tuples(
+            st.integers(1, 512),
+            st.integers(1, 32768),
+            st.sampled_from([0, 1, 10, 1000]),
+            st.sampled_from([None, 0.0, 1e-4, 3e-3]),
+            st.booleans(),
+        ),
+        min_size=1,
+        max_size=20,
+    ),
+)
+def test_decide_over_all_fabrics_equals_the_full_ranking(specs, requests):
+    """Skipping dominated fabrics never changes the answer, ties and local wins included."""
+    fabrics = []
+    for i, (segs, o, breaks) in enumerate(specs):
+        starts = [0.0, *sorted(set(breaks))][: len(segs)]
+        segs = segs[: len(starts)]  # two equal breaks leave room for two segments
+        fabrics.append(
+            Fabric(
+                f"f{i}",
+                tuple(
+                    Segment(s, c(a), c(b, unit="B/s"))
+                    for s, (a, b) in zip(starts, segs, strict=True)
+                ),
+                c(o),
+            )
+        )
+    base = one_segment_profile(1e-6, 1e10, 0, 1e-5, 1e-9, 1e-12, 1e-3, 1e-9)
+    profile = Profile("p", tuple(fabrics), base.device)
+    for rows, chunk, reuse, fetch_cost, blocks_local in requests:
+        req = Request(
+            rows=rows,
+            heads=16,
+            chunk_tokens=chunk,
+            reuse=reuse,
+            fetch_cost=fetch_cost,
+            blocks_local=blocks_local,
+        )
+        d = decide(profile, req)
+        assert (d.fabric, d.t_route, d.t_fetch) == _full_ranking(profile, req)
+
+
+def test_dominated_fabrics_are_not_ranked():
+    profile = load_profile(PRIORS)
+    ranked = [entry[0].name for entry in profile._scan]
+    # roce and tcp are slower than ib at every size (alpha, o, beta): never the best fabric
+    assert ranked == ["nvlink", "ib", "ibgda"]

@@ -29,7 +29,7 @@ coefficients and so errs towards calling a decision uncertain.
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -258,6 +258,32 @@ class Device:
         return g0 + chunk * g1
 
 
+def _dominates(a: Fabric, b: Fabric, strict: bool) -> bool:
+    """Whether ``a`` moves any message at least as fast as ``b`` (faster, when ``strict``).
+
+    Compared at the coefficients' values for every size n >= 0 and message count: o_a <= o_b
+    and wire_a(n) <= wire_b(n). The difference of two piecewise-linear functions is linear
+    between the union of their breakpoints, so its sign at each breakpoint (both sides) and
+    its slope past the last one settle it. A dominated fabric never ranks first in decide():
+    its route and fetch times are never below the dominating fabric's. When ``a`` comes
+    later in the profile, ties would have gone to ``b``, so only strict dominance counts.
+    """
+    o_a, segs_a = a._val
+    o_b, segs_b = b._val
+    if o_a > o_b:
+        return False
+
+    def gap(n: float, side) -> float:
+        alpha_a, ib_a = segs_a[side(a._breaks, n)]
+        alpha_b, ib_b = segs_b[side(b._breaks, n)]
+        return (alpha_b + n * ib_b) - (alpha_a + n * ib_a)
+
+    points = sorted({0.0, *a._breaks, *b._breaks})
+    gaps = [gap(n, bisect_right) for n in points] + [gap(n, bisect_left) for n in points if n > 0]
+    slope = segs_b[-1][1] - segs_a[-1][1]
+    return slope >= 0 and all(g > 0 if strict else g >= 0 for g in gaps)
+
+
 @dataclass(frozen=True)
 class Profile:
     name: str
@@ -267,8 +293,19 @@ class Profile:
     _by_name: dict = field(init=False, repr=False, compare=False)
     _bound: dict = field(init=False, repr=False, compare=False)
 
+    _scan: tuple = field(init=False, repr=False, compare=False)
+
     def __post_init__(self):
         object.__setattr__(self, "_by_name", {f.name: f for f in self.fabrics})
+        # What decide() ranks when a request names no fabric: the fabrics no other fabric
+        # beats at every size, in profile order, with their hot-path terms unpacked.
+        kept = [
+            f
+            for j, f in enumerate(self.fabrics)
+            if not any(_dominates(g, f, strict=i > j) for i, g in enumerate(self.fabrics) if i != j)
+        ]
+        scan = tuple((f, f._breaks, f._val[0], f._val[1]) for f in kept)
+        object.__setattr__(self, "_scan", scan)
         # Per fabric, the cheap uncertainty bound's factors (1 + up, 1 - down): the widest
         # relative spread of the fabric's and the device's coefficients, each way.
         rho = self.device._rho
@@ -423,6 +460,29 @@ def decide(profile: Profile, request: Request) -> Decision:
     if request.fabric is not None:
         f = profile.fabric(request.fabric)
         route, fetch = _fabric_side(f, f._val, dev_side)
+    elif dev_side[8] is None:  # every fabric, no probe: the hot path, _fabric_side inlined
+        s_q, s_o, s_kv, t_cm, fetch_base, per_use, _, n_seg, _ = dev_side
+        best, f = INF, None
+        for cand, breaks, o, segs in profile._scan:
+            if breaks:
+                a_q, ib_q = segs[bisect_right(breaks, s_q)]
+                a_o, ib_o = segs[bisect_right(breaks, s_o)]
+                a_kv, ib_kv = segs[bisect_right(breaks, s_kv)]
+                r_c = t_cm + a_q + a_o + 2 * o + s_q * ib_q + s_o * ib_o
+                f_c = (fetch_base + a_kv + n_seg * o + s_kv * ib_kv) * per_use
+            else:
+                a, ib = segs[0]
+                r_c = t_cm + a + a + 2 * o + s_q * ib + s_o * ib
+                f_c = (fetch_base + a + n_seg * o + s_kv * ib) * per_use
+            tw = r_c if r_c < f_c else f_c
+            if tw > local:
+                tw = local
+            if tw < best:
+                best, f, route, fetch = tw, cand, r_c, f_c
+        if f is None or (best == local and f is not profile.fabrics[0]):
+            # local wins on every fabric: report the profile's first, as the full ranking does
+            f = profile.fabrics[0]
+            route, fetch = _fabric_side(f, f._val, dev_side)
     else:
         best = None
         for cand in profile.fabrics:
