@@ -7,6 +7,7 @@ import torch
 
 from xbench.kernels import (
     DensePages,
+    cpu_bf16,
     gather_kv,
     merge_partials,
     mla_partial_attention,
@@ -256,3 +257,25 @@ def test_bf16_attention_kernel_against_float64():
             assert not torch.isnan(out).any()
     with pytest.raises(IndexError):
         cpu_bf16.attention(q, cache, 0.25, 512, index=torch.tensor([6000]))
+
+
+@pytest.mark.skipif(cpu_bf16.load() is None, reason="the C kernels need gcc and AVX512-BF16")
+@pytest.mark.parametrize("shape", [(2, 1, 16, 512), (3, 4, 8, 64), (2, 64, 16, 512), (5, 7)])
+def test_c_merge_equals_torch_merge(shape):
+    gen = torch.Generator().manual_seed(len(shape) + shape[0])
+    outs = torch.randn(*shape, generator=gen)
+    lses = torch.randn(*shape[:-1], generator=gen) * 4
+    lses.view(shape[0], -1)[0, 0] = float("-inf")  # one empty partial
+    lses.view(shape[0], -1)[:, -1] = float("-inf")  # one row with no keys at all
+    for o, lse in (
+        (outs, lses),
+        (outs.bfloat16(), lses),
+        (outs.transpose(0, -1).contiguous().transpose(0, -1), lses),
+    ):
+        c_out, c_lse = cpu_bf16.merge(o, lse)
+        t_out, t_lse = torch_backend._merge_torch(o, lse)
+        assert torch.allclose(c_out, t_out, rtol=1e-5, atol=1e-6)
+        assert torch.equal(torch.isneginf(c_lse), torch.isneginf(t_lse))
+        finite = ~torch.isneginf(t_lse)
+        assert torch.allclose(c_lse[finite], t_lse[finite], rtol=1e-6, atol=1e-6)
+        assert not torch.isnan(c_out).any()

@@ -256,9 +256,9 @@ def default_device() -> str:
 
 
 def sample_rows(
-    case: KernelCase, timings, run_id: str, backend: str, device: str, model: str
+    case: KernelCase, timings, run_id: str, backend: str, device: str, model: str, round_: int = 0
 ) -> list[dict]:
-    """kernel_samples rows of one case (time per call in us)."""
+    """kernel_samples rows of one case in one pass over the cases (time per call in us)."""
     return [
         {
             "run_id": run_id,
@@ -280,6 +280,7 @@ def sample_rows(
             "metric": "time",
             "value": seconds * 1e6,
             "unit": "us",
+            "round": round_,
         }
         for i, (calls, warm, seconds) in enumerate(timings)
     ]
@@ -302,6 +303,7 @@ def ceiling_rows(ceilings: dict, run_id: str, backend: str, device: str, dtype: 
         "sample": 0,
         "warmup": False,
         "unit": "us",
+        "round": 0,
     }
     n = ceilings["matmul_n"]
     return [

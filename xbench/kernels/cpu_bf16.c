@@ -219,3 +219,30 @@ void xb_scores(const uint16_t* q, const uint32_t* kp, float* out, int L, int S, 
         scores_block(q, kp, out + (long)l0 * S, l0, nrows, S, D, scale);
     }
 }
+
+/* Merge P partial results of the same rows: outs [P][R][V] and lses [P][R] fp32 give
+ * out [R][V] = sum_p w_p outs[p] with w_p = exp(lse_p - lse), lse = log sum_p exp(lse_p).
+ * Partials over no keys carry lse = -inf and weigh nothing; a row with no keys at all gets
+ * out 0 and lse -inf (as the torch merge). One pass per row, no temporaries. */
+void xb_merge(const float* outs, const float* lses, int P, long R, int V, float* out, float* lse,
+              int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    for (long r = 0; r < R; r++) {
+        float m = -INFINITY;
+        for (int p = 0; p < P; p++) m = fmaxf(m, lses[(long)p * R + r]);
+        float* o = out + r * V;
+        for (int v = 0; v < V; v++) o[v] = 0.0f;
+        if (m == -INFINITY) {
+            lse[r] = -INFINITY;
+            continue;
+        }
+        float total = 0.0f;
+        for (int p = 0; p < P; p++) total += expf(lses[(long)p * R + r] - m);
+        for (int p = 0; p < P; p++) {
+            const float w = expf(lses[(long)p * R + r] - m) / total;
+            const float* src = outs + ((long)p * R + r) * V;
+            for (int v = 0; v < V; v++) o[v] += w * src[v];
+        }
+        lse[r] = m + logf(total);
+    }
+}

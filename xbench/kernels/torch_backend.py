@@ -39,6 +39,17 @@ def _attend(
 
 def merge_partials(outs: torch.Tensor, lses: torch.Tensor):
     """Combine P partial results [P, ..., v] with their LSEs [P, ...] into one."""
+    if outs.device.type == "cpu":
+        from xbench.kernels import cpu_bf16
+
+        merged = cpu_bf16.merge(outs, lses)
+        if merged is not None:
+            return merged
+    return _merge_torch(outs, lses)
+
+
+def _merge_torch(outs: torch.Tensor, lses: torch.Tensor):
+    """merge_partials in torch operators: on GPUs, and on CPUs without the C kernel."""
     m = lses.amax(dim=0)
     empty = torch.isneginf(m)
     m_safe = torch.where(empty, torch.zeros_like(m), m)
@@ -158,7 +169,9 @@ def splice_kv(kv_cache, packed, free_pages, position_shift, rope_dim: int = 64, 
         raise ValueError(f"{n} tokens need {-(-n // block_size)} free pages, got {len(pages)}")
     slots = DensePages(pages, n).token_indices(block_size).to(kv_cache.device)
     flat = kv_cache.view(-1, dim)
-    shift = torch.as_tensor(position_shift, device=packed.device).expand(n)
+    # One shift for the whole block (the usual splice) stays a scalar: rotate() then takes
+    # cos and sin of rope_dim / 2 angles, not of n x rope_dim / 2 (half the splice's time).
+    shift = torch.as_tensor(position_shift, device=packed.device)
     freqs = inv_freq(rope_dim) if freqs is None else freqs
     rotated = rotate(packed[:, dim - rope_dim :], shift, freqs)
     flat[slots, : dim - rope_dim] = packed[:, : dim - rope_dim]
