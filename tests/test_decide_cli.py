@@ -149,7 +149,9 @@ def test_probe_kernel_fit_validate_end_to_end(xbench, tmp_path):
         "--heads",
         "4",
         "--samples",
-        "3",
+        "2",
+        "--rounds",
+        "2",
         "--out",
         tmp_path / "v",
         "--format",
@@ -162,6 +164,9 @@ def test_probe_kernel_fit_validate_end_to_end(xbench, tmp_path):
     )
     assert all(row["predicted_us"] > 0 and row["measured_us"] > 0 for row in summary)
     assert (tmp_path / "v" / "validate_summary.parquet").exists()
+    samples = pd.read_parquet(tmp_path / "v" / "validate_samples")
+    assert set(samples.requester) == {0, 1}  # the ranks took turns asking
+    assert samples[~samples.warmup].groupby(["option", "rows", "round"]).size().eq(2).all()
     r = xbench(
         "decide",
         "--profile",

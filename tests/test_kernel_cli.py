@@ -77,6 +77,8 @@ def test_kernel_sparse_fp32(xbench, tmp_path):
         "128",
         "--samples",
         "2",
+        "--rounds",
+        "2",
         "--no-ceilings",
         "--min-sample-time",
         "1ms",
@@ -87,6 +89,11 @@ def test_kernel_sparse_fp32(xbench, tmp_path):
     )
     assert r.returncode == 0, r.stderr
     assert "partial_attention" in r.stdout and ",True," in r.stdout
+    samples = read_table(tmp_path / "s", KERNEL_SAMPLES)
+    measured = samples[~samples.warmup].groupby(["kernel", "round"]).size()
+    assert measured.to_dict() == {
+        (k, r): 2 for k in ("gather", "partial_attention") for r in (0, 1)
+    }
 
 
 def test_kernel_bad_input(xbench):

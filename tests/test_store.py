@@ -113,6 +113,36 @@ def test_v1_files_migrate_to_v2(tmp_path):
     assert frame.process_run.tolist() == [0] * 6
 
 
+def test_validate_v1_files_read_as_rank_0_asking_in_one_pass(tmp_path):
+    row = dict(
+        run_id="v",
+        option="route",
+        transport="mpi",
+        fabric="shm",
+        rows=1,
+        heads=16,
+        chunk_tokens=256,
+        dtype="bf16",
+        iterations=10,
+        sample=0,
+        warmup=False,
+        metric="time",
+        value=300.0,
+        unit="us",
+        max_abs_error=1e-4,
+        correct=True,
+        requester=1,
+        round=2,
+    )
+    path = write_table(tmp_path / "v.parquet", schema.VALIDATE_SAMPLES, [row], {"run_id": "v"})
+    table = pq.read_table(path).drop_columns(["requester", "round"])
+    meta = {**table.schema.metadata, b"xbench.schema_version": b"1"}
+    pq.write_table(table.replace_schema_metadata(meta), tmp_path / "v1.parquet")
+    frame = read_table([tmp_path / "v1.parquet", path], schema.VALIDATE_SAMPLES)
+    assert list(frame.columns) == schema.VALIDATE_SAMPLES_SCHEMA.names
+    assert frame.requester.tolist() == [0, 1] and frame["round"].tolist() == [0, 2]
+
+
 def test_migrations_chain_from_older_versions(tmp_path, monkeypatch):
     path = write_table(tmp_path / "a.parquet", schema.PROBE_SAMPLES, _rows(), {"run_id": "r1"})
     old = _as_version(path, 0, tmp_path / "v0.parquet")

@@ -47,8 +47,18 @@ def kernel(
         typer.Option(help="Heads per device (after tensor parallelism); default: the model's."),
     ] = None,
     block_size: Annotated[int, typer.Option(help="Tokens per KV page.")] = 64,
-    samples: Annotated[int, typer.Option(help="Measured samples per case.")] = 5,
-    warmups: Annotated[int, typer.Option(help="Warm-up samples per case (stored, flagged).")] = 1,
+    samples: Annotated[int, typer.Option(help="Measured samples per case and round.")] = 5,
+    warmups: Annotated[
+        int, typer.Option(help="Warm-up samples per case and round (stored, flagged).")
+    ] = 1,
+    rounds: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Passes over all cases, interleaved so drift on a shared machine hits every "
+            "case alike (asv-style); each pass takes --samples per case, on fresh inputs.",
+        ),
+    ] = 1,
     min_sample_time: Annotated[
         str, typer.Option(help="Calibrate calls so one sample lasts at least this.")
     ] = "20ms",
@@ -123,7 +133,7 @@ def kernel(
     )
     store = RunStore(out_dir, meta)
     with make_progress() as progress:
-        task = progress.add_task("kernel", total=len(cases) + int(ceilings))
+        task = progress.add_task("kernel", total=len(cases) * rounds + int(ceilings))
         if ceilings:
             progress.update(task, description="kernel: ceilings", refresh=True)
             store.append(
@@ -131,8 +141,9 @@ def kernel(
                 ceiling_rows(measure_ceilings(dev, dtype), run_id, backend, dev, dtype),
             )
             progress.update(task, advance=1, refresh=True)
-        for case in cases:
-            progress.update(task, description=f"kernel: {case.label}", refresh=True)
+        for round_, case in ((r, c) for r in range(rounds) for c in cases):
+            label = case.label if rounds == 1 else f"{case.label}, round {round_ + 1}/{rounds}"
+            progress.update(task, description=f"kernel: {label}", refresh=True)
             timings = time_case(
                 case,
                 backend,
@@ -141,10 +152,10 @@ def kernel(
                 samples=samples,
                 warmups=warmups,
                 min_sample_s=min_s,
+                seed=1000 * round_,
             )
-            store.append(
-                KERNEL_SAMPLES, sample_rows(case, timings, run_id, backend, dev, preset.name)
-            )
+            rows = sample_rows(case, timings, run_id, backend, dev, preset.name, round_)
+            store.append(KERNEL_SAMPLES, rows)
             progress.update(task, advance=1, refresh=True)
     summary = summarize_kernels(read_table(out_dir, KERNEL_SAMPLES))
     emit_frame(summary, fmt, lambda f: _table(f, out_dir))

@@ -37,7 +37,15 @@ def validate(
             help="Fabric of the profile to predict with (default: the one measured between local ranks, shm)."
         ),
     ] = None,
-    samples: Annotated[int, typer.Option(help="Measured samples per case.")] = 7,
+    samples: Annotated[int, typer.Option(help="Measured samples per case and round.")] = 3,
+    rounds: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Passes over all cases, interleaved so drift on a shared machine hits every "
+            "case alike (as xbench kernel --rounds).",
+        ),
+    ] = 3,
     threads: Annotated[
         int,
         typer.Option(help="torch threads per rank (match the xbench kernel --threads you fitted)."),
@@ -79,6 +87,7 @@ def validate(
         heads=heads,
         dtype=dtype,
         samples=samples,
+        rounds=rounds,
         threads=threads,
         timeout_s=timeout,
         fabric=fab,

@@ -16,6 +16,10 @@ probe_samples v2: adds ``process_run``, the index of the launch of the ranks the
 kernel_samples v1: first version. One row per timed sample of a kernel on one device.
 validate_samples v1: first version. One row per timed sample of a real route / fetch /
     local between two ranks, with the path's error against one-instance attention.
+kernel_samples v2: adds ``round``, the pass over all cases the sample came from
+    (``--rounds``: passes interleave the cases, so drift hits them alike); v1 reads as 0.
+validate_samples v2: adds ``requester``, the rank that asked (and timed) the sample (the
+    ranks take turns), and ``round`` as in kernel_samples; v1 files read as 0 and 0.
 """
 
 from __future__ import annotations
@@ -88,6 +92,7 @@ KERNEL_SAMPLES_SCHEMA = pa.schema(
         pa.field("metric", pa.string(), nullable=False),  # time
         pa.field("value", pa.float64(), nullable=False),
         pa.field("unit", pa.string(), nullable=False),
+        pa.field("round", pa.int32(), nullable=False),  # v2: which pass over the cases
     ]
 )
 
@@ -110,6 +115,8 @@ VALIDATE_SAMPLES_SCHEMA = pa.schema(
         pa.field("unit", pa.string(), nullable=False),
         pa.field("max_abs_error", pa.float64()),  # against one-instance attention
         pa.field("correct", pa.bool_()),  # within the kernel tests' tolerance
+        pa.field("requester", pa.int32(), nullable=False),  # v2: the rank that asked and timed
+        pa.field("round", pa.int32(), nullable=False),  # v2: which pass over the cases
     ]
 )
 
@@ -118,20 +125,26 @@ SCHEMAS = {
     KERNEL_SAMPLES: KERNEL_SAMPLES_SCHEMA,
     VALIDATE_SAMPLES: VALIDATE_SAMPLES_SCHEMA,
 }
-SCHEMA_VERSIONS = {PROBE_SAMPLES: 2, KERNEL_SAMPLES: 1, VALIDATE_SAMPLES: 1}
+SCHEMA_VERSIONS = {PROBE_SAMPLES: 2, KERNEL_SAMPLES: 2, VALIDATE_SAMPLES: 2}
 
 
 # MIGRATIONS[table][v] turns a pyarrow.Table of version v into version v + 1.
-def _probe_v1_to_v2(table: pa.Table) -> pa.Table:
-    """v1 files come from a single launch: process_run 0."""
-    return table.append_column(
-        pa.field("process_run", pa.int32(), nullable=False),
-        pa.array([0] * table.num_rows, pa.int32()),
-    )
+def _added_int_columns(**defaults: int):
+    """A migration for a version that added int32 columns: older rows held these values."""
+
+    def migrate(table: pa.Table) -> pa.Table:
+        for name, value in defaults.items():
+            table = table.append_column(
+                pa.field(name, pa.int32(), nullable=False),
+                pa.array([value] * table.num_rows, pa.int32()),
+            )
+        return table
+
+    return migrate
 
 
 MIGRATIONS: dict[str, dict[int, object]] = {
-    PROBE_SAMPLES: {1: _probe_v1_to_v2},
-    KERNEL_SAMPLES: {},
-    VALIDATE_SAMPLES: {},
+    PROBE_SAMPLES: {1: _added_int_columns(process_run=0)},  # v1: one launch
+    KERNEL_SAMPLES: {1: _added_int_columns(round=0)},  # v1: one pass
+    VALIDATE_SAMPLES: {1: _added_int_columns(requester=0, round=0)},  # v1: rank 0 asked, one pass
 }
