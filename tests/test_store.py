@@ -90,11 +90,11 @@ def test_newer_schema_and_wrong_table_are_refused(tmp_path):
         read_table(tmp_path / "b.parquet", schema.PROBE_SAMPLES)
 
 
-def _as_version(path, version: int, out):
-    """Rewrite a current file as an older version: v1 had no process_run column."""
+def _as_version(path, version: int, out, added_in_v2=("process_run",)):
+    """Rewrite a current file as an older version: v1 lacked the columns v2 added."""
     table = pq.read_table(path)
     if version < 2:
-        table = table.drop_columns(["process_run"])
+        table = table.drop_columns(list(added_in_v2))
     pq.write_table(
         table.replace_schema_metadata(
             {**table.schema.metadata, b"xbench.schema_version": str(version).encode()}
@@ -135,12 +135,39 @@ def test_validate_v1_files_read_as_rank_0_asking_in_one_pass(tmp_path):
         round=2,
     )
     path = write_table(tmp_path / "v.parquet", schema.VALIDATE_SAMPLES, [row], {"run_id": "v"})
-    table = pq.read_table(path).drop_columns(["requester", "round"])
-    meta = {**table.schema.metadata, b"xbench.schema_version": b"1"}
-    pq.write_table(table.replace_schema_metadata(meta), tmp_path / "v1.parquet")
-    frame = read_table([tmp_path / "v1.parquet", path], schema.VALIDATE_SAMPLES)
+    old = _as_version(path, 1, tmp_path / "v1.parquet", ("requester", "round"))
+    frame = read_table([old, path], schema.VALIDATE_SAMPLES)
     assert list(frame.columns) == schema.VALIDATE_SAMPLES_SCHEMA.names
     assert frame.requester.tolist() == [0, 1] and frame["round"].tolist() == [0, 2]
+
+
+def test_kernel_v1_files_read_as_one_pass(tmp_path):
+    row = dict(
+        run_id="k",
+        kernel="merge",
+        backend="torch",
+        device="cpu",
+        model="m",
+        dtype="bf16",
+        rows=1,
+        heads=16,
+        chunk_tokens=0,
+        sparse=False,
+        partials=2,
+        bytes_moved=1,
+        flops=1,
+        iterations=10,
+        sample=0,
+        warmup=False,
+        metric="time",
+        value=11.8,
+        unit="us",
+        round=1,
+    )
+    path = write_table(tmp_path / "k.parquet", schema.KERNEL_SAMPLES, [row], {"run_id": "k"})
+    old = _as_version(path, 1, tmp_path / "v1.parquet", ("round",))
+    frame = read_table([old, path], schema.KERNEL_SAMPLES)
+    assert frame["round"].tolist() == [0, 1]
 
 
 def test_migrations_chain_from_older_versions(tmp_path, monkeypatch):

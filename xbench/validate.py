@@ -1,10 +1,13 @@
 """``xbench validate``: run route, fetch and local for real between two ranks and compare
 their times with the fitted model's predictions (which never saw these measurements).
 
-Rank 0 is the requester A, rank 1 the holder B. For each (rows b, chunk c):
+One rank is the requester A, the other the holder B; they swap roles sample by sample
+(both hold the same data), so every option is timed from both cores. For each (rows b,
+chunk c):
 
 - route: A sends b*h query rows (S_q); B attends its resident chunk and returns the partial
-  output in the query dtype plus fp32 LSE (S_o); A merges it with its own local partial.
+  output in the query dtype plus fp32 LSE as one message (S_o); A merges it with its own
+  local partial.
 - fetch: A asks for the chunk; B gathers the selected (scattered) pages into one packed
   message (S_kv); A splices them into free pages of its cache (re-rotating RoPE), attends
   them and merges with its local partial.
@@ -291,7 +294,8 @@ def run_validate(cfg: ValidateConfig, sink) -> None:
             run = getattr(peer, option)
             # correctness first, each rank asking once, on set 0, against one instance
             found = []
-            for peer.requester in (1, 0):
+            for asker in (1, 0):  # ends with rank 0 asking, for the calibration below
+                peer.requester = asker
                 comm.Barrier()
                 result = run(0)
                 found.append(peer.check(option, result) if rank == peer.requester else None)

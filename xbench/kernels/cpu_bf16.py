@@ -1,4 +1,5 @@
-"""bf16 MLA partial attention on CPUs with AVX512-BF16 (``cpu_bf16.c``), built with gcc.
+"""bf16 MLA partial attention on CPUs with AVX512-BF16 (``cpu_bf16.c``), built with gcc;
+the same library merges partial results in one pass (:func:`merge`).
 
 Used by the torch backend when the cache is bf16, the CPU has ``avx512_bf16`` and a group
 has at least ``MIN_ROWS`` query rows; everything else keeps torch's fp32 path. Both
