@@ -105,6 +105,17 @@ def test_decide_bad_input(xbench):
     )
 
 
+def test_validate_bad_input(xbench):
+    priors = ["--profile", "profiles/h100-priors.toml"]
+    for args, words in (
+        ([], "no fabric 'shm'"),
+        (["--fabric", "ib", "--rounds", "0"], "nothing would be measured"),
+        (["--fabric", "ib", "--np", "3"], "pass --np 2"),
+    ):
+        line = _error_line(xbench("validate", *priors, *args))
+        assert words in line and line.startswith("xbench: error:"), line
+
+
 def test_probe_kernel_fit_validate_end_to_end(xbench, tmp_path):
     quick = ["--samples", "3", "--warmups", "1"]
     assert xbench("probe", "--sizes", "8B:256KiB", *quick, "--out", tmp_path / "p").returncode == 0

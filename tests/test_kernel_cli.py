@@ -102,6 +102,7 @@ def test_kernel_bad_input(xbench):
         (["--kernels", "fft"], "unknown kernel"),
         (["--dtype", "int4"], "unknown dtype"),
         (["--backend", "cuda"], "cuda backend"),
+        (["--rounds", "0"], "nothing would be measured"),
     ):
         r = xbench("kernel", *args)
         assert r.returncode != 0 and "Traceback" not in r.stderr

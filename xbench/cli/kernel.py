@@ -54,7 +54,6 @@ def kernel(
     rounds: Annotated[
         int,
         typer.Option(
-            min=1,
             help="Passes over all cases, interleaved so drift on a shared machine hits every "
             "case alike (asv-style); each pass takes --samples per case, on fresh inputs.",
         ),
@@ -106,6 +105,11 @@ def kernel(
         )
     if dtype not in ("bf16", "fp32"):
         raise XbenchError(f"unknown dtype {dtype!r}", "pick bf16 or fp32")
+    if rounds < 1 or samples < 1:
+        raise XbenchError(
+            f"--rounds {rounds} --samples {samples}: nothing would be measured",
+            "pass --rounds and --samples of 1 or more",
+        )
     chunks = parse_int_list(chunk, "--chunk")
     row_list = parse_int_list(rows, "--rows")
     dev = device or default_device()

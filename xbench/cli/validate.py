@@ -41,7 +41,6 @@ def validate(
     rounds: Annotated[
         int,
         typer.Option(
-            min=1,
             help="Passes over all cases, interleaved so drift on a shared machine hits every "
             "case alike (as xbench kernel --rounds).",
         ),
@@ -74,6 +73,11 @@ def validate(
         )
     if np != 2:
         raise XbenchError(f"--np {np}: validate runs one requester and one holder", "pass --np 2")
+    if rounds < 1 or samples < 1:
+        raise XbenchError(
+            f"--rounds {rounds} --samples {samples}: nothing would be measured",
+            "pass --rounds and --samples of 1 or more",
+        )
     if dtype not in ("bf16", "fp32"):
         raise XbenchError(f"unknown dtype {dtype!r}", "pick bf16 or fp32")
     run_id = new_run_id("validate")
