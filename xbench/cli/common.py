@@ -30,6 +30,22 @@ FormatOption = Annotated[OutputFormat, typer.Option("--format", help="table, jso
 RunDirOption = Annotated[
     Path | None, typer.Option("--out", "-o", help="Run directory (default results/<run_id>).")
 ]
+RoundsOption = Annotated[
+    int,
+    typer.Option(
+        help="Passes over all cases, interleaved so drift on a shared machine hits every case "
+        "alike (asv-style); each pass takes --samples per case."
+    ),
+]
+
+
+def check_repeats(rounds: int, samples: int) -> None:
+    """Refuse a sweep that would measure nothing."""
+    if rounds < 1 or samples < 1:
+        raise XbenchError(
+            f"--rounds {rounds} --samples {samples}: nothing would be measured",
+            "pass --rounds and --samples of 1 or more",
+        )
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:

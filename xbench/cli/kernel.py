@@ -11,7 +11,9 @@ from rich.table import Table
 from xbench.cli.common import (
     FormatOption,
     OutputFormat,
+    RoundsOption,
     RunDirOption,
+    check_repeats,
     console,
     emit_frame,
     handles_errors,
@@ -51,13 +53,7 @@ def kernel(
     warmups: Annotated[
         int, typer.Option(help="Warm-up samples per case and round (stored, flagged).")
     ] = 1,
-    rounds: Annotated[
-        int,
-        typer.Option(
-            help="Passes over all cases, interleaved so drift on a shared machine hits every "
-            "case alike (asv-style); each pass takes --samples per case, on fresh inputs.",
-        ),
-    ] = 1,
+    rounds: RoundsOption = 1,
     min_sample_time: Annotated[
         str, typer.Option(help="Calibrate calls so one sample lasts at least this.")
     ] = "20ms",
@@ -105,11 +101,7 @@ def kernel(
         )
     if dtype not in ("bf16", "fp32"):
         raise XbenchError(f"unknown dtype {dtype!r}", "pick bf16 or fp32")
-    if rounds < 1 or samples < 1:
-        raise XbenchError(
-            f"--rounds {rounds} --samples {samples}: nothing would be measured",
-            "pass --rounds and --samples of 1 or more",
-        )
+    check_repeats(rounds, samples)
     chunks = parse_int_list(chunk, "--chunk")
     row_list = parse_int_list(rows, "--rows")
     dev = device or default_device()

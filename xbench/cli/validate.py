@@ -11,7 +11,9 @@ from rich.table import Table
 from xbench.cli.common import (
     FormatOption,
     OutputFormat,
+    RoundsOption,
     RunDirOption,
+    check_repeats,
     console,
     emit_frame,
     handles_errors,
@@ -38,13 +40,7 @@ def validate(
         ),
     ] = None,
     samples: Annotated[int, typer.Option(help="Measured samples per case and round.")] = 3,
-    rounds: Annotated[
-        int,
-        typer.Option(
-            help="Passes over all cases, interleaved so drift on a shared machine hits every "
-            "case alike (as xbench kernel --rounds).",
-        ),
-    ] = 3,
+    rounds: RoundsOption = 3,
     threads: Annotated[
         int,
         typer.Option(help="torch threads per rank (match the xbench kernel --threads you fitted)."),
@@ -73,11 +69,7 @@ def validate(
         )
     if np != 2:
         raise XbenchError(f"--np {np}: validate runs one requester and one holder", "pass --np 2")
-    if rounds < 1 or samples < 1:
-        raise XbenchError(
-            f"--rounds {rounds} --samples {samples}: nothing would be measured",
-            "pass --rounds and --samples of 1 or more",
-        )
+    check_repeats(rounds, samples)
     if dtype not in ("bf16", "fp32"):
         raise XbenchError(f"unknown dtype {dtype!r}", "pick bf16 or fp32")
     run_id = new_run_id("validate")
