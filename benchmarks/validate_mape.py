@@ -1,11 +1,11 @@
 """How well the fitted model predicts the real paths: fresh probe -> kernel -> fit -> validate.
 
-    python benchmarks/validate_mape.py [--pipelines 3] [--keep DIR]
+    python benchmarks/validate_mape.py [--pipelines 3] [--rounds 3] [--keep DIR]
 
-Each pipeline measures everything again (probe with offcache in three launches, kernel
-sweep in three interleaved rounds, fit, then validate in three rounds with the ranks
-taking turns), so the figure includes the run-to-run drift a user meets, not only the
-model's error. Target (issue 4): MAPE <= 7 % for MPI between 2 local ranks. Prints each
+Each pipeline measures everything again (probe with offcache in ``--rounds`` launches,
+kernel sweep in ``--rounds`` interleaved passes, fit, then validate in ``--rounds`` passes
+with the ranks taking turns), so the figure includes the run-to-run drift a user meets, not
+only the model's error. Target (issue 4): MAPE <= 7 % for MPI between 2 local ranks. Prints each
 pipeline's MAPE, worst case and per-option MAPE, then the median over pipelines.
 """
 
@@ -21,9 +21,9 @@ from pathlib import Path
 
 BIN = Path(sys.executable).parent
 PROBE = ["probe", "--np", "2", "-p", "latency,bandwidth,offcache", "--sizes", "8B:4MiB"]
-PROBE += ["--samples", "4", "--runs", "3"]
+PROBE += ["--samples", "4"]
 KERNEL = ["kernel", "--threads", "1", "--heads", "16", "--rows", "1,4,16", "--chunk", "128:8192"]
-KERNEL += ["--samples", "2", "--rounds", "3"]
+KERNEL += ["--samples", "2"]
 
 
 def xbench(*args) -> str:
@@ -35,15 +35,14 @@ def xbench(*args) -> str:
     return done.stdout
 
 
-def pipeline(work: Path) -> list[dict]:
-    xbench(*PROBE, "--out", work / "probe")
-    xbench(*KERNEL, "--out", work / "kernel")
+def pipeline(work: Path, rounds: int) -> list[dict]:
+    xbench(*PROBE, "--runs", rounds, "--out", work / "probe")
+    xbench(*KERNEL, "--rounds", rounds, "--out", work / "kernel")
     profile = work / "profile.toml"
     base = ["--base", "profiles/h100-priors.toml", "--out", profile]
     xbench("fit", work / "probe", work / "kernel", *base)
-    return json.loads(
-        xbench("validate", "--profile", profile, "--out", work / "validate", "--format", "json")
-    )
+    validate = ["validate", "--profile", profile, "--rounds", rounds, "--out", work / "validate"]
+    return json.loads(xbench(*validate, "--format", "json"))
 
 
 def main() -> int:
@@ -51,13 +50,16 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--pipelines", type=int, default=3)
+    ap.add_argument(
+        "--rounds", type=int, default=3, help="probe launches, kernel and validate passes"
+    )
     ap.add_argument("--keep", type=Path, help="write the runs under this directory")
     args = ap.parse_args()
     mapes = []
     with tempfile.TemporaryDirectory() as tmp:
         root = args.keep or Path(tmp)
         for i in range(args.pipelines):
-            rows = pipeline(root / f"pipeline-{i + 1}")
+            rows = pipeline(root / f"pipeline-{i + 1}", args.rounds)
             errors = [abs(r["error"]) for r in rows]
             mape = 100 * statistics.fmean(errors)
             mapes.append(mape)
