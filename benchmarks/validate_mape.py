@@ -19,6 +19,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pandas as pd
+
+from xbench.validate import validation_errors
+
 BIN = Path(sys.executable).parent
 PROBE = ["probe", "--np", "2", "-p", "latency,bandwidth,offcache", "--sizes", "8B:4MiB"]
 PROBE += ["--samples", "4"]
@@ -31,7 +35,8 @@ def xbench(*args) -> str:
         [str(BIN / "xbench"), *map(str, args)], capture_output=True, text=True, check=False
     )
     if done.returncode != 0:
-        sys.exit(f"xbench {args[0]} failed: {done.stderr.strip().splitlines()[-1:]}")
+        last = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
+        sys.exit(f"xbench {args[0]} failed: {last}")
     return done.stdout
 
 
@@ -59,18 +64,13 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         root = args.keep or Path(tmp)
         for i in range(args.pipelines):
-            rows = pipeline(root / f"pipeline-{i + 1}", args.rounds)
-            errors = [abs(r["error"]) for r in rows]
-            mape = 100 * statistics.fmean(errors)
-            mapes.append(mape)
-            by_option = {
-                o: 100 * statistics.fmean(abs(r["error"]) for r in rows if r["option"] == o)
-                for o in ("route", "fetch", "local")
-            }
-            options = ", ".join(f"{o} {v:.1f} %" for o, v in by_option.items())
+            summary = pd.DataFrame(pipeline(root / f"pipeline-{i + 1}", args.rounds))
+            errors = validation_errors(summary)  # the figures xbench validate prints
+            mapes.append(100 * errors["mape"])
+            options = ", ".join(f"{o} {100 * v:.1f} %" for o, v in errors["by_option"].items())
             print(
-                f"pipeline {i + 1}: MAPE {mape:.1f} % (worst {100 * max(errors):.1f} %, "
-                f"{len(rows)} cases; {options})",
+                f"pipeline {i + 1}: MAPE {mapes[-1]:.1f} % (worst {100 * errors['worst']:.1f} %, "
+                f"{len(summary)} cases; {options})",
                 flush=True,
             )
     print(

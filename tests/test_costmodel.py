@@ -284,13 +284,14 @@ _fabric_specs = st.lists(
             st.sampled_from([0, 1, 10, 1000]),
             st.sampled_from([None, 0.0, 1e-4, 3e-3]),
             st.booleans(),
+            st.booleans(),
         ),
         min_size=1,
         max_size=20,
     ),
 )
 def test_decide_over_all_fabrics_equals_the_full_ranking(specs, requests):
-    """Skipping dominated fabrics never changes the answer, ties and local wins included."""
+    """Skipping dominated fabrics never changes the answer: ties, local wins, probes included."""
     fabrics = []
     for i, (segs, o, breaks) in enumerate(specs):
         starts = [0.0, *sorted(set(breaks))][: len(segs)]
@@ -307,7 +308,7 @@ def test_decide_over_all_fabrics_equals_the_full_ranking(specs, requests):
         )
     base = one_segment_profile(1e-6, 1e10, 0, 1e-5, 1e-9, 1e-12, 1e-3, 1e-9)
     profile = Profile("p", tuple(fabrics), base.device)
-    for rows, chunk, reuse, fetch_cost, blocks_local in requests:
+    for rows, chunk, reuse, fetch_cost, blocks_local, probe in requests:
         req = Request(
             rows=rows,
             heads=16,
@@ -315,6 +316,7 @@ def test_decide_over_all_fabrics_equals_the_full_ranking(specs, requests):
             reuse=reuse,
             fetch_cost=fetch_cost,
             blocks_local=blocks_local,
+            include_probe=probe,
         )
         d = decide(profile, req)
         assert (d.fabric, d.t_route, d.t_fetch) == _full_ranking(profile, req)

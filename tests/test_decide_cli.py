@@ -196,3 +196,14 @@ def test_probe_kernel_fit_validate_end_to_end(xbench, tmp_path):
         "json",
     )
     assert r.returncode == 0 and {row["fabric_chosen"] for row in json.loads(r.stdout)} == {"shm"}
+
+
+def test_validation_errors_are_what_validate_reports():
+    from xbench.validate import validation_errors
+
+    summary = pd.DataFrame(
+        {"option": ["route", "fetch", "local", "route"], "error": [-0.1, 0.05, 0.02, 0.3]}
+    )
+    errors = validation_errors(summary)
+    assert errors["mape"] == pytest.approx(0.1175) and errors["worst"] == pytest.approx(0.3)
+    assert errors["by_option"] == pytest.approx({"route": 0.2, "fetch": 0.05, "local": 0.02})

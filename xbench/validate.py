@@ -429,3 +429,10 @@ def summarize_validation(samples, profile, fabric: str):
         frame.predicted_with_measured_tc_us - frame.measured_us
     ) / frame.measured_us
     return frame
+
+
+def validation_errors(summary) -> dict:
+    """The figures validate reports from its summary: MAPE, worst case, MAPE per option."""
+    err = summary.error.abs()
+    per = summary.groupby("option", sort=False).error.apply(lambda e: e.abs().mean())
+    return {"mape": float(err.mean()), "worst": float(err.max()), "by_option": per.to_dict()}

@@ -144,11 +144,12 @@ def _table(summary, profile: str, fabric: str, out_dir, wire: str | None = None)
             "[green]matches[/green]" if r.correct else "[red]differs[/red]",
         )
     console.print(table)
-    err = summary.error.abs()
-    per = summary.groupby("option").error.apply(lambda e: e.abs().mean())
+    from xbench.validate import validation_errors
+
+    errors = validation_errors(summary)
     console.print(
-        f"MAPE {100 * err.mean():.1f}% (worst {100 * err.max():.1f}%, {len(summary)} cases on {fabric}); by option: "
-        + ", ".join(f"{k} {100 * v:.1f}%" for k, v in per.items())
+        f"MAPE {100 * errors['mape']:.1f}% (worst {100 * errors['worst']:.1f}%, {len(summary)} cases on {fabric}); by option: "
+        + ", ".join(f"{k} {100 * v:.1f}%" for k, v in sorted(errors["by_option"].items()))
     )
     moved = summary[summary.option != "local"]
     comp = moved.composition_error.abs()

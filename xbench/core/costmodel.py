@@ -292,7 +292,6 @@ class Profile:
     provenance: dict = field(default_factory=dict, compare=False)
     _by_name: dict = field(init=False, repr=False, compare=False)
     _bound: dict = field(init=False, repr=False, compare=False)
-
     _scan: tuple = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -460,37 +459,36 @@ def decide(profile: Profile, request: Request) -> Decision:
     if request.fabric is not None:
         f = profile.fabric(request.fabric)
         route, fetch = _fabric_side(f, f._val, dev_side)
-    elif dev_side[8] is None:  # every fabric, no probe: the hot path, _fabric_side inlined
-        s_q, s_o, s_kv, t_cm, fetch_base, per_use, _, n_seg, _ = dev_side
+    else:  # every fabric that no other beats at every size (Profile._scan), in order
         best, f = INF, None
-        for cand, breaks, o, segs in profile._scan:
-            if breaks:
-                a_q, ib_q = segs[bisect_right(breaks, s_q)]
-                a_o, ib_o = segs[bisect_right(breaks, s_o)]
-                a_kv, ib_kv = segs[bisect_right(breaks, s_kv)]
-                r_c = t_cm + a_q + a_o + 2 * o + s_q * ib_q + s_o * ib_o
-                f_c = (fetch_base + a_kv + n_seg * o + s_kv * ib_kv) * per_use
-            else:
-                a, ib = segs[0]
-                r_c = t_cm + a + a + 2 * o + s_q * ib + s_o * ib
-                f_c = (fetch_base + a + n_seg * o + s_kv * ib) * per_use
-            tw = r_c if r_c < f_c else f_c
-            if tw > local:
-                tw = local
-            if tw < best:
-                best, f, route, fetch = tw, cand, r_c, f_c
+        if dev_side[8] is None:  # no probe: the hot path, _fabric_side inlined
+            s_q, s_o, s_kv, t_cm, fetch_base, per_use, _, n_seg, _ = dev_side
+            for cand, breaks, o, segs in profile._scan:
+                if breaks:
+                    a_q, ib_q = segs[bisect_right(breaks, s_q)]
+                    a_o, ib_o = segs[bisect_right(breaks, s_o)]
+                    a_kv, ib_kv = segs[bisect_right(breaks, s_kv)]
+                    r_c = t_cm + a_q + a_o + 2 * o + s_q * ib_q + s_o * ib_o
+                    f_c = (fetch_base + a_kv + n_seg * o + s_kv * ib_kv) * per_use
+                else:
+                    a, ib = segs[0]
+                    r_c = t_cm + a + a + 2 * o + s_q * ib + s_o * ib
+                    f_c = (fetch_base + a + n_seg * o + s_kv * ib) * per_use
+                tw = r_c if r_c < f_c else f_c
+                if tw > local:
+                    tw = local
+                if tw < best:
+                    best, f, route, fetch = tw, cand, r_c, f_c
+        else:
+            for cand, *_ in profile._scan:
+                r_c, f_c = _fabric_side(cand, cand._val, dev_side)
+                tw = min(r_c, f_c, local)
+                if tw < best:
+                    best, f, route, fetch = tw, cand, r_c, f_c
         if f is None or (best == local and f is not profile.fabrics[0]):
             # local wins on every fabric: report the profile's first, as the full ranking does
             f = profile.fabrics[0]
             route, fetch = _fabric_side(f, f._val, dev_side)
-    else:
-        best = None
-        for cand in profile.fabrics:
-            r_c, f_c = _fabric_side(cand, cand._val, dev_side)
-            tw = min(r_c, f_c, local)
-            if best is None or tw < best[0]:
-                best = (tw, cand, r_c, f_c)
-        _, f, route, fetch = best
     if route <= fetch and route <= local:
         choice, win, tw = ROUTE, 0, route
         second, runner = (1, fetch) if fetch <= local else (2, local)
