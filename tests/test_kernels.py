@@ -279,3 +279,85 @@ def test_c_merge_equals_torch_merge(shape):
         finite = ~torch.isneginf(t_lse)
         assert torch.allclose(c_lse[finite], t_lse[finite], rtol=1e-6, atol=1e-6)
         assert not torch.isnan(c_out).any()
+
+
+NEEDS_C = pytest.mark.skipif(
+    cpu_bf16.load() is None, reason="the C kernels need gcc and AVX512-BF16"
+)
+
+
+@NEEDS_C
+def test_c_splice_is_bit_for_bit_the_torch_splice():
+    """Random lengths, page orders, magnitudes and shifts (large ones too): the C pass and
+    torch's operators (taken with a 1-element shift tensor) write the same bits and slots."""
+    gen = torch.Generator().manual_seed(11)
+    for _ in range(60):
+        n = int(torch.randint(1, 4 * BS + 7, (1,), generator=gen))
+        pages = -(-n // BS)
+        packed = torch.randn(n, D, generator=gen) * 10.0 ** int(torch.randint(-3, 4, (1,)))
+        packed = packed.to(torch.bfloat16)
+        free = torch.randperm(pages + 3, generator=gen)[:pages].tolist()
+        shift = int(torch.randint(-(10**6), 10**6, (1,), generator=gen))
+        fast = torch.full((pages + 3, BS, D), float("nan"), dtype=torch.bfloat16)
+        slow = fast.clone()
+        slots_fast = splice_kv(fast, packed, free, shift)
+        slots_slow = torch_backend.splice_kv(slow, packed, free, torch.tensor([shift]))
+        assert torch.equal(slots_fast, slots_slow)
+        assert torch.equal(fast.view(torch.int16), slow.view(torch.int16)), (n, shift)
+    with pytest.raises(IndexError, match="free pages"):
+        splice_kv(torch.zeros(2, BS, D, dtype=torch.bfloat16), packed[:BS], [2], 0)
+
+
+@NEEDS_C
+@pytest.mark.parametrize("rows", [1, 4])
+@pytest.mark.parametrize("pages", [[3, 7, 1], [2, 3, 4]])  # scattered, consecutive
+def test_attention_into_a_wire_buffer_is_one_rounding_of_the_fp32_result(rows, pages):
+    """A holder attends straight into its bf16 message: the same bits as converting the
+    fp32 result afterwards; into fp32 buffers, the same result."""
+    gen = torch.Generator().manual_seed(rows + pages[0])
+    cache = torch.randn(10, BS, D, generator=gen).to(torch.bfloat16)
+    sel = DensePages(torch.tensor(pages), 2 * BS + 22)
+    q = torch.randn(rows, 16, D, generator=gen).to(torch.bfloat16)
+    out, lse = mla_partial_attention(q, cache, sel, 0.04)
+    for dtype in (torch.bfloat16, torch.float32):
+        into = torch.empty(rows, 16, V, dtype=dtype)
+        into_lse = torch.empty(rows, 16)
+        got = mla_partial_attention(q, cache, sel, 0.04, out=into, lse=into_lse)
+        assert got[0] is into and got[1] is into_lse
+        assert torch.equal(into, out.to(dtype)) and torch.equal(into_lse, lse)
+    with pytest.raises(ValueError, match="out must be"):
+        mla_partial_attention(q, cache, sel, 0.04, out=torch.empty(rows, 16, 64), lse=lse)
+
+
+@NEEDS_C
+def test_merge_of_separate_partials_reads_bf16_in_place():
+    """A received bf16 partial and a local fp32 one, merged without stacking: the same as
+    stacking them in fp32, and the torch fallback agrees."""
+    gen = torch.Generator().manual_seed(4)
+    remote = torch.randn(3, 16, V, generator=gen).to(torch.bfloat16)
+    local = torch.randn(3, 16, V, generator=gen)
+    lses = [torch.randn(3, 16, generator=gen) * 3, torch.randn(3, 16, generator=gen) * 3]
+    lses[0][0, 0] = float("-inf")
+    out, lse = merge_partials([remote, local], lses)
+    s_out, s_lse = merge_partials(torch.stack([remote.float(), local]), torch.stack(lses))
+    assert torch.equal(out, s_out) and torch.equal(lse, s_lse)
+    t_out, t_lse = torch_backend._merge_torch(
+        torch.stack([remote.float(), local]), torch.stack(lses)
+    )
+    assert torch.allclose(out, t_out, rtol=1e-5, atol=1e-6)
+    assert torch.allclose(lse, t_lse, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("tokens", [3 * BS, 2 * BS + 9])
+def test_gather_into_a_staging_buffer_equals_a_fresh_gather(tokens):
+    gen = torch.Generator().manual_seed(tokens)
+    cache = torch.randn(8, BS, D, generator=gen).to(torch.bfloat16)
+    dense = DensePages(torch.tensor([6, 1, 4]), tokens)
+    sparse = torch.randperm(8 * BS, generator=gen)[:tokens]
+    for sel in (dense, sparse):
+        staging = torch.full((tokens, D), float("nan"), dtype=torch.bfloat16)
+        got = gather_kv(cache, sel, out=staging)
+        assert got is staging or got.data_ptr() == staging.data_ptr()
+        assert torch.equal(staging, cache.reshape(-1, D)[torch_backend.token_indices(sel, BS)])
+    with pytest.raises(ValueError, match="out must be"):
+        gather_kv(cache, dense, out=torch.empty(tokens + 1, D, dtype=torch.bfloat16))

@@ -98,6 +98,7 @@ class Peer:
             self.sets.append((holder, sel, local, q))
         self.target = torch.zeros(pages + 1, bs, cfg.dim, dtype=dt)  # A's free pages
         self.free_pages = list(range(pages))
+        self.spliced = DensePages(torch.arange(pages), chunk)  # where the fetch puts them
         self.sq = torch.empty(rows, cfg.heads, cfg.dim, dtype=dt)
         # What the holder returns, as one message of S_o bytes per query row (the model's
         # S_o): the partial output in the cache dtype, then its fp32 LSE.
@@ -105,7 +106,8 @@ class Peer:
         self.ret = torch.empty(n_out + rows * cfg.heads * 4, dtype=torch.uint8)
         self.ret_out = self.ret[:n_out].view(dt).view(rows, cfg.heads, cfg.v_dim)
         self.ret_lse = self.ret[n_out:].view(torch.float32).view(rows, cfg.heads)
-        self.skv = torch.empty(chunk, cfg.dim, dtype=dt)
+        self.skv = torch.empty(chunk, cfg.dim, dtype=dt)  # the requester receives the chunk here
+        self.staging = torch.empty(chunk, cfg.dim, dtype=dt)  # the holder packs it here
         self.req = bytearray(1)
         # A's local partials are computed once: route and fetch both need them equally.
         from xbench.kernels import mla_partial_attention
@@ -116,43 +118,35 @@ class Peer:
             )
             for _, _, local, q in self.sets
         ]
-        # Merge inputs laid out once per set: slot 1 holds A's local partial, slot 0 receives
-        # the remote (route) or spliced (fetch) partial. Stacking per call cost 4x the merge.
-        self.stacks = []
-        for out, lse in self.local_partials:
-            outs, lses = torch.empty(2, *out.shape), torch.empty(2, *lse.shape)
-            outs[1], lses[1] = out, lse
-            self.stacks.append((outs, lses))
 
     # ---- the three paths; A's side returns the merged (out, lse) ----
     def route(self, i: int):
-
         from xbench.kernels import merge_partials, mla_partial_attention
 
         holder, sel, _, q = self.sets[i % len(self.sets)]
         c = self.comm
         if self.rank == self.requester:
-            outs, lses = self.stacks[i % len(self.sets)]
             c.Send(_bytes_view(q), dest=self.other, tag=1)
             c.Recv(self.ret.numpy(), source=self.other, tag=2)
-            outs[0].copy_(self.ret_out)
-            lses[0].copy_(self.ret_lse)
-            return merge_partials(outs, lses)
+            # the received partial is merged where it lies, bf16, with no unpacking copy
+            out, lse = self.local_partials[i % len(self.sets)]
+            return merge_partials([self.ret_out, out], [self.ret_lse, lse])
         c.Recv(_bytes_view(self.sq), source=self.other, tag=1)
-        out, lse = mla_partial_attention(self.sq, holder, sel, self.cfg.scale, v_dim=self.cfg.v_dim)
-        self.ret_out.copy_(out)
-        self.ret_lse.copy_(lse)
+        # attention writes its partial straight into the message, in the wire format
+        mla_partial_attention(
+            self.sq,
+            holder,
+            sel,
+            self.cfg.scale,
+            v_dim=self.cfg.v_dim,
+            out=self.ret_out,
+            lse=self.ret_lse,
+        )
         c.Send(self.ret.numpy(), dest=self.other, tag=2)
         return None
 
     def fetch(self, i: int):
-        from xbench.kernels import (
-            DensePages,
-            gather_kv,
-            merge_partials,
-            mla_partial_attention,
-            splice_kv,
-        )
+        from xbench.kernels import gather_kv, merge_partials, mla_partial_attention, splice_kv
 
         holder, sel, _, q = self.sets[i % len(self.sets)]
         c = self.comm
@@ -160,22 +154,14 @@ class Peer:
             c.Send(self.req, dest=self.other, tag=4)
             c.Recv(_bytes_view(self.skv), source=self.other, tag=5)
             splice_kv(self.target, self.skv, self.free_pages, 0)
-            import torch
-
             out, lse = mla_partial_attention(
-                q,
-                self.target,
-                DensePages(torch.arange(len(self.free_pages)), self.chunk),
-                self.cfg.scale,
-                v_dim=self.cfg.v_dim,
+                q, self.target, self.spliced, self.cfg.scale, v_dim=self.cfg.v_dim
             )
-            outs, lses = self.stacks[i % len(self.sets)]
-            outs[0].copy_(out)
-            lses[0].copy_(lse)
-            return merge_partials(outs, lses)
+            local_out, local_lse = self.local_partials[i % len(self.sets)]
+            return merge_partials([out, local_out], [lse, local_lse])
         c.Recv(self.req, source=self.other, tag=4)
-        packed = gather_kv(holder, sel)
-        c.Send(_bytes_view(packed), dest=self.other, tag=5)
+        gather_kv(holder, sel, out=self.staging)
+        c.Send(_bytes_view(self.staging), dest=self.other, tag=5)
         return None
 
     def local(self, i: int):

@@ -39,24 +39,56 @@ def get_backend(name: str):
 
 
 def mla_partial_attention(
-    q, kv_cache, indices, scale: float, *, v_dim: int = 512, backend: str = "torch"
+    q,
+    kv_cache,
+    indices,
+    scale: float,
+    *,
+    v_dim: int = 512,
+    backend: str = "torch",
+    out=None,
+    lse=None,
 ):
-    """Attention of ``q`` over the selected tokens of ``kv_cache`` -> (out, lse)."""
+    """Attention of ``q`` over the selected tokens of ``kv_cache`` -> (out, lse).
+
+    ``out`` [rows, heads, v_dim] (fp32, or the cache dtype as a partial is shipped) and
+    ``lse`` [rows, heads] fp32, when given, receive the result: a holder attends straight
+    into the message it returns. The torch backend writes them in place on CPU; the others
+    compute and copy.
+    """
     if q.dim() != 3 or kv_cache.dim() != 3 or q.shape[-1] != kv_cache.shape[-1]:
         raise ValueError(
             f"q must be [rows, heads, D] and kv_cache [blocks, block_size, D]; got {tuple(q.shape)} and {tuple(kv_cache.shape)}"
         )
-    return get_backend(backend).partial_attention(q, kv_cache, indices, scale, v_dim)
+    impl = get_backend(backend)
+    if out is None and lse is None:
+        return impl.partial_attention(q, kv_cache, indices, scale, v_dim)
+    if backend == "torch":
+        return impl.partial_attention(q, kv_cache, indices, scale, v_dim, out=out, lse=lse)
+    o, s = impl.partial_attention(q, kv_cache, indices, scale, v_dim)
+    out.copy_(o)
+    lse.copy_(s)
+    return out, lse
 
 
 def merge_partials(outs, lses, *, backend: str = "torch"):
-    """Log-sum-exp combine of P partial results: outs [P, rows, heads, v], lses [P, rows, heads]."""
+    """Log-sum-exp combine of P partial results: outs [P, rows, heads, v], lses [P, rows, heads]
+    (the torch backend also takes sequences of P tensors, bf16 outputs included)."""
     return get_backend(backend).merge_partials(outs, lses)
 
 
-def gather_kv(kv_cache, indices, *, backend: str = "torch"):
-    """Pack the selected tokens into a contiguous [n, D] buffer (the holder's side of a fetch)."""
-    return get_backend(backend).gather_kv(kv_cache, indices)
+def gather_kv(kv_cache, indices, *, backend: str = "torch", out=None):
+    """Pack the selected tokens into a contiguous [n, D] buffer (the holder's side of a fetch).
+
+    ``out`` [n, D], when given, is that buffer (a holder's staging buffer, registered once):
+    the torch backend packs into it directly; the others pack and copy.
+    """
+    impl = get_backend(backend)
+    if out is None:
+        return impl.gather_kv(kv_cache, indices)
+    if backend == "torch":
+        return impl.gather_kv(kv_cache, indices, out=out)
+    return out.copy_(impl.gather_kv(kv_cache, indices))
 
 
 def splice_kv(

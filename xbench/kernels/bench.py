@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from xbench.core.models import LSE_BYTES, ModelPreset
-from xbench.kernels.api import get_backend
+from xbench.kernels.api import gather_kv, get_backend
 from xbench.kernels.selection import DensePages, random_topk
 from xbench.results.metadata import llc_bytes
 
@@ -110,6 +110,8 @@ def make_inputs(case: KernelCase, device: str, seed: int):
     if case.kernel == "merge":
         outs = torch.randn(case.partials, case.rows, case.heads, case.v_dim, generator=gen)
         lses = torch.randn(case.partials, case.rows, case.heads, generator=gen)
+        if device == "cpu":  # separate partials, as route and fetch merge them (no stacking)
+            return {"outs": list(outs.unbind(0)), "lses": list(lses.unbind(0))}
         return {"outs": outs.to(device), "lses": lses.to(device)}
     pool = case.chunk * (4 if case.sparse else 1)  # sparse selections come out of a larger cache
     blocks = max(1, -(-pool // bs))
@@ -128,6 +130,8 @@ def make_inputs(case: KernelCase, device: str, seed: int):
         pages = torch.randperm(blocks, generator=gen)[: -(-case.chunk // bs)]
         indices = DensePages(pages.to(device), case.chunk)
     inputs = {"cache": cache, "indices": indices}
+    if case.kernel == "gather":  # packed into a staging buffer allocated once, as a holder does
+        inputs["staging"] = torch.empty(case.chunk, case.dim, dtype=dt, device=device)
     if case.kernel == "partial_attention":
         inputs["q"] = torch.randn(case.rows, case.heads, case.dim, generator=gen).to(dt).to(device)
     if case.kernel == "splice":
@@ -140,7 +144,8 @@ def make_inputs(case: KernelCase, device: str, seed: int):
 
 
 def input_bytes(inputs) -> int:
-    return sum(v.numel() * v.element_size() for v in inputs.values() if isinstance(v, torch.Tensor))
+    tensors = [t for v in inputs.values() for t in (v if isinstance(v, list) else [v])]
+    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
 
 
 def case_runner(case: KernelCase, backend_name: str, scale: float):
@@ -152,7 +157,7 @@ def case_runner(case: KernelCase, backend_name: str, scale: float):
     if case.kernel == "merge":
         return lambda x: backend.merge_partials(x["outs"], x["lses"])
     if case.kernel == "gather":
-        return lambda x: backend.gather_kv(x["cache"], x["indices"])
+        return lambda x: gather_kv(x["cache"], x["indices"], backend=backend_name, out=x["staging"])
     if case.kernel == "splice":
         return lambda x: backend.splice_kv(
             x["target"], x["packed"], x["pages"], 1024, case.rope_dim, None

@@ -160,9 +160,11 @@ static void softmax_row(const float* s, uint16_t* p, int S, float* rowmax, float
     *rowsum = _mm512_reduce_add_ps(vs);
 }
 
-/* out[r, :] = (p[r] @ V) / rowsum[r] for r < nrows; p rows have stride 2 S2 (zero tail). */
-static void pv_block(const uint16_t* p, long S2, const uint32_t* vp, int Dv, float* out,
-                     int nrows, const float* rowsum) {
+/* out[r, :] = (p[r] @ V) / rowsum[r] for r < nrows; p rows have stride 2 S2 (zero tail).
+ * out is fp32, or bf16 (rounded to nearest even) when out_bf16: the partial then goes
+ * straight into a message in the wire format, as FlashMLA's bf16 output would. */
+static void pv_block(const uint16_t* p, long S2, const uint32_t* vp, int Dv, void* out,
+                     int out_bf16, int nrows, const float* rowsum) {
     for (int c = 0; c < Dv; c += VT) {
         const uint32_t* tile = vp + (long)(c / VT) * S2 * VT;
         for (int rb = 0; rb < nrows; rb += MR) {
@@ -174,20 +176,26 @@ static void pv_block(const uint16_t* p, long S2, const uint32_t* vp, int Dv, flo
             dot_tile(prow, tile, S2, acc);
             for (int r = 0; r < mr; r++) {
                 const __m512 inv = _mm512_set1_ps(1.0f / rowsum[rb + r]);
-                float* dst = out + (long)(rb + r) * Dv + c;
-                _mm512_storeu_ps(dst, _mm512_mul_ps(acc[r][0], inv));
-                _mm512_storeu_ps(dst + 16, _mm512_mul_ps(acc[r][1], inv));
+                const long at = (long)(rb + r) * Dv + c;
+                const __m512 lo = _mm512_mul_ps(acc[r][0], inv), hi = _mm512_mul_ps(acc[r][1], inv);
+                if (out_bf16) {
+                    _mm512_storeu_si512((uint16_t*)out + at, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+                } else {
+                    _mm512_storeu_ps((float*)out + at, lo);
+                    _mm512_storeu_ps((float*)out + at + 16, hi);
+                }
             }
         }
     }
 }
 
-/* Attention of q [L, D] over S selected cache rows: out [L, Dv] fp32, lse [L] (natural log).
+/* Attention of q [L, D] over S selected cache rows: out [L, Dv] fp32 (bf16 when out_bf16),
+ * lse [L] fp32 (natural log).
  * kp, vp: packing space (see xb_pack_kv); sc: threads x RB x S fp32; pb: threads x RB x 2 S2
  * bf16. S >= 1, D even, Dv a multiple of 32 and <= D. */
 void xb_attention(const uint16_t* q, int L, const uint16_t* cache, const int64_t* idx, long start,
                   int S, int D, int Dv, float scale, uint32_t* kp, uint32_t* vp, float* sc,
-                  uint16_t* pb, float* out, float* lse, int threads) {
+                  uint16_t* pb, void* out, int out_bf16, float* lse, int threads) {
     const long S2 = (S + 1) / 2;
     xb_pack_kv(cache, idx, start, S, D, Dv, kp, vp, threads);
     const int blocks = (L + RB - 1) / RB;
@@ -205,7 +213,8 @@ void xb_attention(const uint16_t* q, int L, const uint16_t* cache, const int64_t
             if (S & 1) p[(long)r * 2 * S2 + S] = 0;
             lse[l0 + r] = m + logf(rowsum[r]);
         }
-        pv_block(p, S2, vp, Dv, out + (long)l0 * Dv, nrows, rowsum);
+        void* dst = out_bf16 ? (void*)((uint16_t*)out + (long)l0 * Dv) : (void*)((float*)out + (long)l0 * Dv);
+        pv_block(p, S2, vp, Dv, dst, out_bf16, nrows, rowsum);
     }
 }
 
@@ -224,12 +233,43 @@ void xb_scores(const uint16_t* q, const uint32_t* kp, float* out, int L, int S, 
  * out [R][V] = sum_p w_p outs[p] with w_p = exp(lse_p - lse), lse = log sum_p exp(lse_p).
  * Partials over no keys carry lse = -inf and weigh nothing; a row with no keys at all gets
  * out 0 and lse -inf (as the torch merge). One pass per row, no temporaries. */
+void xb_merge_parts(const void* const* outs, const int* bf16, const float* const* lses, int P,
+                    long R, int V, float* out, float* lse, int threads);
+
 void xb_merge(const float* outs, const float* lses, int P, long R, int V, float* out, float* lse,
               int threads) {
+    const void* out_p[P];
+    const float* lse_p[P];
+    int bf16[P];
+    for (int p = 0; p < P; p++) {
+        out_p[p] = outs + (long)p * R * V;
+        lse_p[p] = lses + (long)p * R;
+        bf16[p] = 0;
+    }
+    xb_merge_parts(out_p, bf16, lse_p, P, R, V, out, lse, threads);
+}
+
+static inline float bf16_to_float(uint16_t h) {
+    union { uint32_t u; float f; } v = {.u = (uint32_t)h << 16};
+    return v.f;
+}
+
+/* torch's float -> bf16: round to nearest even, any NaN to the canonical quiet NaN. */
+static inline uint16_t float_to_bf16(float f) {
+    union { float f; uint32_t u; } v = {.f = f};
+    if (f != f) return 0x7FC0;
+    return (uint16_t)((v.u + 0x7FFFu + ((v.u >> 16) & 1u)) >> 16);
+}
+
+/* xb_merge over P partials given by pointers, each out [R][V] fp32 or bf16 (bf16[p] != 0)
+ * with lse [R] fp32: the requester merges a received wire-format partial (bf16 output,
+ * fp32 LSE, read in place from the message) with its own fp32 partial, with no copies. */
+void xb_merge_parts(const void* const* outs, const int* bf16, const float* const* lses, int P,
+                    long R, int V, float* out, float* lse, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
     for (long r = 0; r < R; r++) {
         float m = -INFINITY;
-        for (int p = 0; p < P; p++) m = fmaxf(m, lses[(long)p * R + r]);
+        for (int p = 0; p < P; p++) m = fmaxf(m, lses[p][r]);
         float* o = out + r * V;
         for (int v = 0; v < V; v++) o[v] = 0.0f;
         if (m == -INFINITY) {
@@ -237,12 +277,50 @@ void xb_merge(const float* outs, const float* lses, int P, long R, int V, float*
             continue;
         }
         float total = 0.0f;
-        for (int p = 0; p < P; p++) total += expf(lses[(long)p * R + r] - m);
+        for (int p = 0; p < P; p++) total += expf(lses[p][r] - m);
         for (int p = 0; p < P; p++) {
-            const float w = expf(lses[(long)p * R + r] - m) / total;
-            const float* src = outs + ((long)p * R + r) * V;
-            for (int v = 0; v < V; v++) o[v] += w * src[v];
+            const float w = expf(lses[p][r] - m) / total;
+            if (bf16[p]) {
+                const uint16_t* src = (const uint16_t*)outs[p] + r * V;
+                for (int v = 0; v < V; v++) o[v] += w * bf16_to_float(src[v]);
+            } else {
+                const float* src = (const float*)outs[p] + r * V;
+                for (int v = 0; v < V; v++) o[v] += w * src[v];
+            }
         }
         lse[r] = m + logf(total);
+    }
+}
+
+/* The requester's splice: token t of packed [n][D] (bf16) goes to slot
+ * pages[t / bs] * bs + t % bs of cache [.][bs][D]; its first D - rope values are copied,
+ * its last rope values, interleaved pairs (x0, x1), turned by the angle shift * freqs[i]
+ * for pair i. Arithmetic as rope.rotate's: the turn's cos and sin from libm (torch.polar
+ * calls the same std::cos / std::sin), the complex product in float64 with no fused
+ * multiply-add, then float64 -> float -> bf16 as torch casts: bit for bit torch's splice. */
+__attribute__((optimize("fp-contract=off"))) void xb_splice(uint16_t* cache,
+                                                           const int64_t* pages, int bs,
+                                                           const uint16_t* packed, long n, int D,
+                                                           int rope, const double* freqs,
+                                                           double shift) {
+    const int keep = D - rope, half = rope / 2;
+    double cs[half > 0 ? 2 * half : 1];
+    for (int i = 0; i < half; i++) {
+        const double angle = shift * freqs[i];
+        cs[2 * i] = cos(angle);
+        cs[2 * i + 1] = sin(angle);
+    }
+    for (long t = 0; t < n; t++) {
+        uint16_t* dst = cache + (pages[t / bs] * bs + t % bs) * (long)D;
+        const uint16_t* src = packed + t * (long)D;
+        memcpy(dst, src, (size_t)keep * sizeof(uint16_t));
+        for (int i = 0; i < half; i++) {
+            const double a = bf16_to_float(src[keep + 2 * i]);
+            const double b = bf16_to_float(src[keep + 2 * i + 1]);
+            const double c = cs[2 * i], s = cs[2 * i + 1];
+            const double ac = a * c, bd = b * s, ad = a * s, bc = b * c;
+            dst[keep + 2 * i] = float_to_bf16((float)(ac - bd));
+            dst[keep + 2 * i + 1] = float_to_bf16((float)(ad + bc));
+        }
     }
 }

@@ -9,10 +9,14 @@ own ``inv_freq``.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 
 
+@lru_cache(maxsize=16)
 def inv_freq(rope_dim: int = 64, theta: float = 10000.0, dtype=torch.float64) -> torch.Tensor:
+    """The frequencies, computed once per shape (callers must not write to the result)."""
     return theta ** (-torch.arange(0, rope_dim, 2, dtype=dtype) / rope_dim)
 
 

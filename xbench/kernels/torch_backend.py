@@ -10,8 +10,10 @@ combined with :func:`merge_partials`, so memory stays bounded for long chunks.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
+from xbench.kernels import cpu_bf16
 from xbench.kernels.rope import inv_freq, rotate
 from xbench.kernels.selection import DensePages, token_indices
 
@@ -37,14 +39,21 @@ def _attend(
     return out, lse.masked_fill(empty.squeeze(-1), float("-inf"))
 
 
-def merge_partials(outs: torch.Tensor, lses: torch.Tensor):
-    """Combine P partial results [P, ..., v] with their LSEs [P, ...] into one."""
-    if outs.device.type == "cpu":
-        from xbench.kernels import cpu_bf16
+def merge_partials(outs, lses):
+    """Combine P partial results [P, ..., v] with their LSEs [P, ...] into one.
 
-        merged = cpu_bf16.merge(outs, lses)
+    ``outs`` and ``lses`` may also be sequences of P tensors (an output may be bf16, as a
+    partial received in the wire format): on CPU they are then read in place, not stacked.
+    """
+    stacked = isinstance(outs, torch.Tensor)
+    device = (outs if stacked else outs[0]).device
+    if device.type == "cpu":
+        merged = cpu_bf16.merge(outs, lses) if stacked else cpu_bf16.merge_parts(outs, lses)
         if merged is not None:
             return merged
+    if not stacked:
+        outs = torch.stack([o.float() for o in outs])
+        lses = torch.stack([s.float() for s in lses])
     return _merge_torch(outs, lses)
 
 
@@ -70,8 +79,6 @@ def _cpu_bf16_attention(q, flat, indices, block_size: int, scale: float, v_dim: 
     Each group of query rows sharing a key set is one kernel call, which reads the selected
     cache rows in place: a sparse selection is never gathered into a copy first.
     """
-    from xbench.kernels import cpu_bf16
-
     rows, heads, dim = q.shape
     if not (flat.is_contiguous() and cpu_bf16.usable(heads, dim, v_dim)):
         return None
@@ -101,7 +108,11 @@ def _cpu_bf16_attention(q, flat, indices, block_size: int, scale: float, v_dim: 
     return torch.cat(outs).reshape(rows, heads, v_dim), torch.cat(lses).reshape(rows, heads)
 
 
-def partial_attention(q, kv_cache, indices, scale: float, v_dim: int):
+def partial_attention(q, kv_cache, indices, scale: float, v_dim: int, out=None, lse=None):
+    """(out [rows, heads, v_dim], lse [rows, heads]); written into ``out`` and ``lse`` when
+    given (``out`` fp32 or bf16: a holder's message buffer in the wire format)."""
+    if out is not None or lse is not None:
+        return _into(q, kv_cache, indices, scale, v_dim, out, lse)
     rows, heads, dim = q.shape
     block_size = kv_cache.shape[1]
     flat = kv_cache.reshape(-1, dim)
@@ -149,12 +160,79 @@ def partial_attention(q, kv_cache, indices, scale: float, v_dim: int):
     return out.reshape(rows, heads, v_dim), lse.reshape(rows, heads)
 
 
-def gather_kv(kv_cache, indices):
-    """Pack the selected tokens [n, D] contiguously (the holder's side of a fetch)."""
+def _into(q, kv_cache, indices, scale: float, v_dim: int, out, lse):
+    """partial_attention writing into given tensors: in place where the bf16 kernel takes
+    the shape (one key set for all rows), else computed and copied (one rounding either way)."""
+    rows, heads, dim = q.shape
+    if (
+        out is None
+        or lse is None
+        or out.shape != (rows, heads, v_dim)
+        or lse.shape != (rows, heads)
+    ):
+        raise ValueError(f"out must be [{rows}, {heads}, {v_dim}] and lse [{rows}, {heads}]")
+    flat = kv_cache.reshape(-1, dim)
+    if (
+        q.dtype == torch.bfloat16
+        and flat.dtype == torch.bfloat16
+        and q.device.type == "cpu"
+        and flat.is_contiguous()
+        and out.is_contiguous()
+        and lse.is_contiguous()
+        and lse.dtype == torch.float32
+        and out.dtype in (torch.float32, torch.bfloat16)
+        and isinstance(indices, DensePages)
+        and indices.num_tokens > 0
+    ):
+        if cpu_bf16.usable(rows * heads, dim, v_dim):
+            block_size = kv_cache.shape[1]
+            start = indices.contiguous_start()
+            if start is not None:
+                where = {"start": start * block_size, "count": indices.num_tokens}
+            else:
+                where = {"index": indices.token_indices(block_size)}
+            cpu_bf16.attention(
+                q.reshape(rows * heads, dim),
+                flat,
+                scale,
+                v_dim,
+                out=out.view(rows * heads, v_dim),
+                lse=lse.view(rows * heads),
+                **where,
+            )
+            return out, lse
+    o, s = partial_attention(q, kv_cache, indices, scale, v_dim)
+    out.copy_(o)
+    lse.copy_(s)
+    return out, lse
+
+
+def gather_kv(kv_cache, indices, out=None):
+    """Pack the selected tokens [n, D] contiguously (the holder's side of a fetch), into
+    ``out`` when given (a staging buffer allocated once, as a holder keeps one registered)."""
     block_size, dim = kv_cache.shape[1], kv_cache.shape[2]
+    if isinstance(indices, DensePages):  # whole pages: one copy per page, no token index
+        pages = indices.pages.to(device=kv_cache.device, dtype=torch.int64)
+        n = indices.num_tokens
+        if out is None:
+            return kv_cache.index_select(0, pages).view(-1, dim)[:n]
+        if out.shape != (n, dim):
+            raise ValueError(f"out must be [{n}, {dim}], got {tuple(out.shape)}")
+        full = n // block_size
+        if full:
+            torch.index_select(
+                kv_cache, 0, pages[:full], out=out[: full * block_size].view(full, block_size, dim)
+            )
+        if n > full * block_size:
+            out[full * block_size :].copy_(kv_cache[int(pages[full]), : n - full * block_size])
+        return out
     idx = token_indices(indices, block_size).to(kv_cache.device).flatten()
     idx = idx[idx >= 0]
-    return kv_cache.reshape(-1, dim).index_select(0, idx)
+    if out is None:
+        return kv_cache.reshape(-1, dim).index_select(0, idx)
+    if out.shape != (len(idx), dim):
+        raise ValueError(f"out must be [{len(idx)}, {dim}], got {tuple(out.shape)}")
+    return torch.index_select(kv_cache.reshape(-1, dim), 0, idx, out=out)
 
 
 def splice_kv(kv_cache, packed, free_pages, position_shift, rope_dim: int = 64, freqs=None):
@@ -167,13 +245,28 @@ def splice_kv(kv_cache, packed, free_pages, position_shift, rope_dim: int = 64, 
     pages = torch.as_tensor(free_pages, dtype=torch.int64)
     if len(pages) * block_size < n:
         raise ValueError(f"{n} tokens need {-(-n // block_size)} free pages, got {len(pages)}")
+    freqs = inv_freq(rope_dim) if freqs is None else freqs
+    if kv_cache.device.type == "cpu" and packed.is_contiguous() and _scalar(position_shift):
+        # in numpy: the slots and the bounds as torch operators cost more than the C splice
+        used = pages.numpy()[: -(-n // block_size)]
+        if n and (used.min() < 0 or used.max() >= kv_cache.shape[0]):
+            raise IndexError(f"free pages outside a cache of {kv_cache.shape[0]} pages")
+        slots = torch.from_numpy((used[:, None] * block_size + np.arange(block_size)).ravel()[:n])
+        if cpu_bf16.splice(kv_cache, packed, used, freqs, int(position_shift), rope_dim):
+            return slots
     slots = DensePages(pages, n).token_indices(block_size).to(kv_cache.device)
     flat = kv_cache.view(-1, dim)
     # One shift for the whole block (the usual splice) stays a scalar: rotate() then takes
     # cos and sin of rope_dim / 2 angles, not of n x rope_dim / 2 (half the splice's time).
     shift = torch.as_tensor(position_shift, device=packed.device)
-    freqs = inv_freq(rope_dim) if freqs is None else freqs
     rotated = rotate(packed[:, dim - rope_dim :], shift, freqs)
     flat[slots, : dim - rope_dim] = packed[:, : dim - rope_dim]
     flat[slots, dim - rope_dim :] = rotated
     return slots
+
+
+def _scalar(shift) -> bool:
+    """An integer shift for the whole block (a Python int or a 0-d integer tensor)."""
+    if isinstance(shift, torch.Tensor):
+        return shift.dim() == 0 and not shift.is_floating_point() and not shift.is_complex()
+    return isinstance(shift, int | np.integer)
