@@ -325,6 +325,11 @@ def test_attention_into_a_wire_buffer_is_one_rounding_of_the_fp32_result(rows, p
         got = mla_partial_attention(q, cache, sel, 0.04, out=into, lse=into_lse)
         assert got[0] is into and got[1] is into_lse
         assert torch.equal(into, out.to(dtype)) and torch.equal(into_lse, lse)
+    # where the kernel does not apply (an fp32 cache): computed, then copied
+    want = mla_partial_attention(q.float(), cache.float(), sel, 0.04)
+    into, into_lse = torch.empty(rows, 16, V), torch.empty(rows, 16)
+    mla_partial_attention(q.float(), cache.float(), sel, 0.04, out=into, lse=into_lse)
+    assert torch.equal(into, want[0]) and torch.equal(into_lse, want[1])
     with pytest.raises(ValueError, match="out must be"):
         mla_partial_attention(q, cache, sel, 0.04, out=torch.empty(rows, 16, 64), lse=lse)
 

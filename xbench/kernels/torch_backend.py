@@ -73,11 +73,14 @@ def _merge_torch(outs: torch.Tensor, lses: torch.Tensor):
     return out, lse
 
 
-def _cpu_bf16_attention(q, flat, indices, block_size: int, scale: float, v_dim: int):
+def _cpu_bf16_attention(
+    q, flat, indices, block_size: int, scale: float, v_dim: int, out=None, lse=None
+):
     """The AVX512-BF16 kernel's answer (out, lse), or None where it does not apply.
 
     Each group of query rows sharing a key set is one kernel call, which reads the selected
-    cache rows in place: a sparse selection is never gathered into a copy first.
+    cache rows in place: a sparse selection is never gathered into a copy first. Given
+    ``out`` and ``lse`` (contiguous), one key set for all rows is written straight into them.
     """
     rows, heads, dim = q.shape
     if not (flat.is_contiguous() and cpu_bf16.usable(heads, dim, v_dim)):
@@ -95,6 +98,14 @@ def _cpu_bf16_attention(q, flat, indices, block_size: int, scale: float, v_dim: 
                     f"2-D indices need one row per query row ({rows}), got {idx.shape[0]}"
                 )
             groups = [(q[r], {"index": idx[r][idx[r] >= 0]}) for r in range(rows)]
+    if out is not None:
+        queries, selection = groups[0]
+        n = selection["count"] if "count" in selection else selection["index"].numel()
+        if len(groups) != 1 or n == 0 or not (out.is_contiguous() and lse.is_contiguous()):
+            return None  # computed, then copied, by the caller
+        into = {"out": out.view(rows * heads, v_dim), "lse": lse.view(rows * heads)}
+        cpu_bf16.attention(queries, flat, scale, v_dim, **selection, **into)
+        return out, lse
     outs, lses = [], []
     for queries, selection in groups:
         n = selection["count"] if "count" in selection else selection["index"].numel()
@@ -105,14 +116,37 @@ def _cpu_bf16_attention(q, flat, indices, block_size: int, scale: float, v_dim: 
         out, lse = cpu_bf16.attention(queries, flat, scale, v_dim, **selection)
         outs.append(out)
         lses.append(lse)
-    return torch.cat(outs).reshape(rows, heads, v_dim), torch.cat(lses).reshape(rows, heads)
+    if len(outs) > 1:
+        outs, lses = [torch.cat(outs)], [torch.cat(lses)]
+    return outs[0].reshape(rows, heads, v_dim), lses[0].reshape(rows, heads)
 
 
 def partial_attention(q, kv_cache, indices, scale: float, v_dim: int, out=None, lse=None):
     """(out [rows, heads, v_dim], lse [rows, heads]); written into ``out`` and ``lse`` when
-    given (``out`` fp32 or bf16: a holder's message buffer in the wire format)."""
-    if out is not None or lse is not None:
-        return _into(q, kv_cache, indices, scale, v_dim, out, lse)
+    given (``out`` fp32 or bf16: a holder's message buffer in the wire format), in place
+    where the bf16 kernel takes the shape, else computed and copied (one rounding either way)."""
+    if out is None and lse is None:
+        return _partial_attention(q, kv_cache, indices, scale, v_dim)
+    rows, heads, dim = q.shape
+    if (
+        out is None
+        or lse is None
+        or out.shape != (rows, heads, v_dim)
+        or lse.shape != (rows, heads)
+    ):
+        raise ValueError(f"out must be [{rows}, {heads}, {v_dim}] and lse [{rows}, {heads}]")
+    flat = kv_cache.reshape(-1, dim)
+    if q.dtype == torch.bfloat16 and flat.dtype == torch.bfloat16 and q.device.type == "cpu":
+        fast = _cpu_bf16_attention(q, flat, indices, kv_cache.shape[1], scale, v_dim, out, lse)
+        if fast is not None:
+            return fast
+    o, s = _partial_attention(q, kv_cache, indices, scale, v_dim)
+    out.copy_(o)
+    lse.copy_(s)
+    return out, lse
+
+
+def _partial_attention(q, kv_cache, indices, scale: float, v_dim: int):
     rows, heads, dim = q.shape
     block_size = kv_cache.shape[1]
     flat = kv_cache.reshape(-1, dim)
@@ -158,53 +192,6 @@ def partial_attention(q, kv_cache, indices, scale: float, v_dim: int, out=None, 
             torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts])
         )
     return out.reshape(rows, heads, v_dim), lse.reshape(rows, heads)
-
-
-def _into(q, kv_cache, indices, scale: float, v_dim: int, out, lse):
-    """partial_attention writing into given tensors: in place where the bf16 kernel takes
-    the shape (one key set for all rows), else computed and copied (one rounding either way)."""
-    rows, heads, dim = q.shape
-    if (
-        out is None
-        or lse is None
-        or out.shape != (rows, heads, v_dim)
-        or lse.shape != (rows, heads)
-    ):
-        raise ValueError(f"out must be [{rows}, {heads}, {v_dim}] and lse [{rows}, {heads}]")
-    flat = kv_cache.reshape(-1, dim)
-    if (
-        q.dtype == torch.bfloat16
-        and flat.dtype == torch.bfloat16
-        and q.device.type == "cpu"
-        and flat.is_contiguous()
-        and out.is_contiguous()
-        and lse.is_contiguous()
-        and lse.dtype == torch.float32
-        and out.dtype in (torch.float32, torch.bfloat16)
-        and isinstance(indices, DensePages)
-        and indices.num_tokens > 0
-    ):
-        if cpu_bf16.usable(rows * heads, dim, v_dim):
-            block_size = kv_cache.shape[1]
-            start = indices.contiguous_start()
-            if start is not None:
-                where = {"start": start * block_size, "count": indices.num_tokens}
-            else:
-                where = {"index": indices.token_indices(block_size)}
-            cpu_bf16.attention(
-                q.reshape(rows * heads, dim),
-                flat,
-                scale,
-                v_dim,
-                out=out.view(rows * heads, v_dim),
-                lse=lse.view(rows * heads),
-                **where,
-            )
-            return out, lse
-    o, s = partial_attention(q, kv_cache, indices, scale, v_dim)
-    out.copy_(o)
-    lse.copy_(s)
-    return out, lse
 
 
 def gather_kv(kv_cache, indices, out=None):
