@@ -31,7 +31,10 @@ def c(v, spread=0.0, unit="s"):
     return Coef(v, v * (1 - spread), v * (1 + spread), unit)
 
 
-def one_segment_profile(alpha, beta, o, t0, per_token, per_row_token, move0, move1, spread=0.0):
+def one_segment_profile(
+    alpha, beta, o, t0, per_token, per_row_token, move0, move1, splice=None, spread=0.0
+):
+    """One fabric, one device; ``splice`` = (t0, per_token) of T_splice, or None."""
     fabric = Fabric("ib", (Segment(0.0, c(alpha, spread), c(beta, spread, "B/s")),), c(o, spread))
     device = Device(
         "d",
@@ -42,6 +45,8 @@ def one_segment_profile(alpha, beta, o, t0, per_token, per_row_token, move0, mov
         c(1e-10, spread, "s/row-partial"),
         c(move0, spread),
         c(move1, spread, "s/token"),
+        splice_t0=None if splice is None else c(splice[0], spread),
+        splice_per_token=None if splice is None else c(splice[1], spread, "s/token"),
     )
     return Profile("p", (fabric,), device)
 
@@ -56,6 +61,7 @@ coefs = st.fixed_dictionaries(
         "per_row_token": st.floats(0, 1e-9),
         "move0": st.floats(0, 1e-2),
         "move1": st.floats(0, 1e-7),
+        "splice": st.none() | st.tuples(st.floats(0, 1e-2), st.floats(0, 1e-7)),
     }
 )
 shapes = st.fixed_dictionaries(
@@ -106,17 +112,22 @@ def test_u_star_separates_fetch_with_reuse(k, shape, rows):
     coefs,
     st.floats(0.0, 0.5),
     st.lists(
-        st.tuples(st.integers(1, 512), st.integers(1, 20000), st.integers(0, 50)),
+        st.tuples(
+            st.integers(1, 512), st.integers(1, 20000), st.integers(0, 50), st.integers(1, 8)
+        ),
         min_size=1,
         max_size=20,
     ),
 )
 def test_grid_equals_scalar(k, spread, requests):
     profile = one_segment_profile(**k, spread=spread)
-    grid = pd.DataFrame(requests, columns=["rows", "chunk_tokens", "reuse"])
+    grid = pd.DataFrame(requests, columns=["rows", "chunk_tokens", "reuse", "segments"])
     out = decide_grid(profile, grid)
-    for row in out.itertuples():
-        d = decide(profile, Request(rows=row.rows, chunk_tokens=row.chunk_tokens, reuse=row.reuse))
+    for row, segments in zip(out.itertuples(), grid.segments, strict=True):
+        req = Request(
+            rows=row.rows, chunk_tokens=row.chunk_tokens, reuse=row.reuse, segments=segments
+        )
+        d = decide(profile, req)
         assert (d.choice, d.uncertain, d.ranked_by, d.prior) == (
             row.decision,
             row.uncertain,
@@ -126,6 +137,25 @@ def test_grid_equals_scalar(k, spread, requests):
         assert d.t_route == pytest.approx(row.t_route, rel=1e-12) and d.t_fetch == pytest.approx(
             row.t_fetch, rel=1e-12
         )
+
+
+def test_a_fetch_sent_block_by_block_pays_the_splice_not_the_gather():
+    k = dict(alpha=1e-6, beta=1e10, o=2e-7, t0=1e-5, per_token=1e-9, per_row_token=0.0)
+    packed_only = one_segment_profile(**k, move0=5e-6, move1=4e-9)
+    both = one_segment_profile(**k, move0=5e-6, move1=4e-9, splice=(2e-6, 1e-9))
+    f = both.fabrics[0]
+    assert both.device.move(1000) == pytest.approx(5e-6 + 4e-6)
+    assert both.device.move(1000, segments=16) == pytest.approx(2e-6 + 1e-6)
+    assert packed_only.device.move(1000, segments=16) == packed_only.device.move(1000)
+    packed = decide(both, Request(rows=1, chunk_tokens=1000))
+    paged = decide(both, Request(rows=1, chunk_tokens=1000, segments=16))
+    # 15 more messages cost 15 o; T_splice (3 us) replaces T_move (9 us)
+    assert paged.t_fetch - packed.t_fetch == pytest.approx(15 * 2e-7 - (9e-6 - 3e-6))
+    fallback = decide(packed_only, Request(rows=1, chunk_tokens=1000, segments=16))
+    assert fallback.t_fetch - packed.t_fetch == pytest.approx(15 * 2e-7)
+    b_star, _ = thresholds(f, both.device, Request(rows=1, chunk_tokens=1000, segments=16))
+    b_packed, _ = thresholds(f, both.device, Request(rows=1, chunk_tokens=1000))
+    assert b_star < b_packed  # a cheaper fetch leaves route fewer batch sizes
 
 
 def test_piecewise_fabric_uses_the_segment_of_each_size():

@@ -111,6 +111,7 @@ def test_validate_bad_input(xbench):
         ([], "no fabric 'shm'"),
         (["--fabric", "ib", "--rounds", "0"], "nothing would be measured"),
         (["--fabric", "ib", "--np", "3"], "pass --np 2"),
+        (["--fabric", "ib", "--fetch-layout", "scattered"], "pick pages or packed"),
     ):
         line = _error_line(xbench("validate", *priors, *args))
         assert words in line and line.startswith("xbench: error:"), line
@@ -177,6 +178,8 @@ def test_probe_kernel_fit_validate_end_to_end(xbench, tmp_path):
     assert (tmp_path / "v" / "validate_summary.parquet").exists()
     samples = pd.read_parquet(tmp_path / "v" / "validate_samples")
     assert set(samples.requester) == {0, 1}  # the ranks took turns asking
+    # by default a fetch sends each of the chunk's 2 pages (64 tokens) as its own message
+    assert set(samples[samples.option == "fetch"].segments) == {2}
     assert samples[~samples.warmup].groupby(["option", "rows", "round"]).size().eq(2).all()
     r = xbench(
         "decide",

@@ -114,7 +114,34 @@ def test_device_fit_recovers_compute_merge_and_move():
     assert device.merge_per_row_partial.value == pytest.approx(1e-9, rel=0.1)
     assert device.move_per_token.value == pytest.approx(3e-9, rel=0.05)
     assert device.move_t0.value == pytest.approx(7e-6, rel=0.3)
+    for ch in (128, 512, 2048, 8192):  # T_splice: the splice alone, whatever pieces it took
+        assert device.move(ch, segments=4) == pytest.approx(4e-6 + ch * 2e-9, rel=0.05)
     assert device.recompute_per_token is None and not device.prior
+
+
+def test_splice_terms_survive_a_profile_file_and_half_of_one_is_refused(tmp_path):
+    import dataclasses
+
+    from xbench.core.costmodel import Coef
+    from xbench.core.profile import ProfileError, save_profile
+
+    priors = load_profile("profiles/h100-priors.toml")
+    us, ns = Coef(4e-6, 3e-6, 5e-6, "s"), Coef(2e-9, 1.8e-9, 2.2e-9, "s/token")
+    device = dataclasses.replace(
+        priors.device,
+        splice_t0=us,
+        splice_per_token=ns,
+        splice_segments=((4096, Coef(9e-6, 8e-6, 1e-5, "s"), ns),),
+    )
+    path = save_profile(dataclasses.replace(priors, device=device), tmp_path / "s.toml")
+    back = load_profile(path).device
+    assert back.move(8192, segments=8) == pytest.approx(9e-6 + 8192 * 2e-9)
+    assert back.move(1024, segments=8) == pytest.approx(4e-6 + 1024 * 2e-9)
+    assert back.splice_t0.low == pytest.approx(3e-6)
+    half = path.read_text().replace("splice_per_token", "splice_per_tokens")
+    (tmp_path / "half.toml").write_text(half)
+    with pytest.raises(ProfileError, match="part of the splice term"):
+        load_profile(tmp_path / "half.toml")
 
 
 def test_missing_device_samples_need_a_base():

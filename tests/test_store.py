@@ -90,11 +90,11 @@ def test_newer_schema_and_wrong_table_are_refused(tmp_path):
         read_table(tmp_path / "b.parquet", schema.PROBE_SAMPLES)
 
 
-def _as_version(path, version: int, out, added_in_v2=("process_run",)):
-    """Rewrite a current file as an older version: v1 lacked the columns v2 added."""
+def _as_version(path, version: int, out, added_since=("process_run",)):
+    """Rewrite a current file as an older version, without the columns added after it."""
     table = pq.read_table(path)
-    if version < 2:
-        table = table.drop_columns(list(added_in_v2))
+    if added_since:
+        table = table.drop_columns(list(added_since))
     pq.write_table(
         table.replace_schema_metadata(
             {**table.schema.metadata, b"xbench.schema_version": str(version).encode()}
@@ -133,12 +133,15 @@ def test_validate_v1_files_read_as_rank_0_asking_in_one_pass(tmp_path):
         correct=True,
         requester=1,
         round=2,
+        segments=4,
     )
     path = write_table(tmp_path / "v.parquet", schema.VALIDATE_SAMPLES, [row], {"run_id": "v"})
-    old = _as_version(path, 1, tmp_path / "v1.parquet", ("requester", "round"))
-    frame = read_table([old, path], schema.VALIDATE_SAMPLES)
+    old = _as_version(path, 1, tmp_path / "v1.parquet", ("requester", "round", "segments"))
+    v2 = _as_version(path, 2, tmp_path / "v2.parquet", ("segments",))
+    frame = read_table([old, v2, path], schema.VALIDATE_SAMPLES)
     assert list(frame.columns) == schema.VALIDATE_SAMPLES_SCHEMA.names
-    assert frame.requester.tolist() == [0, 1] and frame["round"].tolist() == [0, 2]
+    assert frame.requester.tolist() == [0, 1, 1] and frame["round"].tolist() == [0, 2, 2]
+    assert frame.segments.tolist() == [1, 1, 4]  # before v3 a fetch was one packed message
 
 
 def test_kernel_v1_files_read_as_one_pass(tmp_path):

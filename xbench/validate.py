@@ -31,6 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 OPTIONS = ("route", "fetch", "local")
+# How a fetch leaves the holder: "pages", one message per selected page straight from its
+# cache (n_seg = pages, nothing packed: the model's T_splice); "packed", gathered into a
+# staging buffer and sent as one message (n_seg = 1, T_move = gather + splice).
+FETCH_LAYOUTS = ("pages", "packed")
 
 
 @dataclass
@@ -45,6 +49,7 @@ class ValidateConfig:
     dtype: str = "bf16"
     local_tokens: int = 256
     block_size: int = 64
+    fetch_layout: str = "pages"
     samples: int = 3  # per case and round
     warmups: int = 2  # per case and round: one per requesting rank
     rounds: int = 3  # passes over all cases (interleaved: drift hits every case alike)
@@ -108,6 +113,18 @@ class Peer:
         self.ret_lse = self.ret[n_out:].view(torch.float32).view(rows, cfg.heads)
         self.skv = torch.empty(chunk, cfg.dim, dtype=dt)  # the requester receives the chunk here
         self.staging = torch.empty(chunk, cfg.dim, dtype=dt)  # the holder packs it here
+        # a per-page fetch sends each selected page from where it lies in the holder's cache
+        # and lands it at its place in skv; the last page may be partly selected
+        landing = _bytes_view(self.skv).reshape(-1)
+        page_bytes = bs * cfg.dim * torch.finfo(dt).bits // 8
+        self.landing = [landing[j : j + page_bytes] for j in range(0, len(landing), page_bytes)]
+        self.page_views = [
+            [
+                _bytes_view(holder[int(p)]).reshape(-1)[: len(land)]
+                for p, land in zip(sel.pages, self.landing, strict=True)
+            ]
+            for holder, sel, _, _ in self.sets
+        ]
         self.req = bytearray(1)
         # A's local partials are computed once: route and fetch both need them equally.
         from xbench.kernels import mla_partial_attention
@@ -145,14 +162,25 @@ class Peer:
         c.Send(self.ret.numpy(), dest=self.other, tag=2)
         return None
 
+    @property
+    def fetch_segments(self) -> int:
+        """Messages one fetch sends (the model's n_seg)."""
+        return len(self.landing) if self.cfg.fetch_layout == "pages" else 1
+
     def fetch(self, i: int):
+        from mpi4py import MPI
+
         from xbench.kernels import gather_kv, merge_partials, mla_partial_attention, splice_kv
 
         holder, sel, _, q = self.sets[i % len(self.sets)]
         c = self.comm
+        pages = self.cfg.fetch_layout == "pages"
         if self.rank == self.requester:
             c.Send(self.req, dest=self.other, tag=4)
-            c.Recv(_bytes_view(self.skv), source=self.other, tag=5)
+            if pages:
+                MPI.Request.Waitall([c.Irecv(v, source=self.other, tag=5) for v in self.landing])
+            else:
+                c.Recv(_bytes_view(self.skv), source=self.other, tag=5)
             splice_kv(self.target, self.skv, self.free_pages, 0)
             out, lse = mla_partial_attention(
                 q, self.target, self.spliced, self.cfg.scale, v_dim=self.cfg.v_dim
@@ -160,8 +188,12 @@ class Peer:
             local_out, local_lse = self.local_partials[i % len(self.sets)]
             return merge_partials([out, local_out], [lse, local_lse])
         c.Recv(self.req, source=self.other, tag=4)
-        gather_kv(holder, sel, out=self.staging)
-        c.Send(_bytes_view(self.staging), dest=self.other, tag=5)
+        if pages:
+            views = self.page_views[i % len(self.sets)]
+            MPI.Request.Waitall([c.Isend(v, dest=self.other, tag=5) for v in views])
+        else:
+            gather_kv(holder, sel, out=self.staging)
+            c.Send(_bytes_view(self.staging), dest=self.other, tag=5)
         return None
 
     def local(self, i: int):
@@ -333,6 +365,7 @@ def run_validate(cfg: ValidateConfig, sink) -> None:
                         "correct": correct,
                         "requester": peer.requester,
                         "round": round_,
+                        "segments": peer.fetch_segments if option == "fetch" else 1,
                     }
                 )
         watchdog.disarm()
@@ -368,8 +401,8 @@ def summarize_validation(samples, profile, fabric: str):
 
     measured = samples[~samples.warmup]
     rows = []
-    for (option, b, h, c, dtype), group in measured.groupby(
-        ["option", "rows", "heads", "chunk_tokens", "dtype"], sort=False
+    for (option, b, h, c, dtype, n_seg), group in measured.groupby(
+        ["option", "rows", "heads", "chunk_tokens", "dtype", "segments"], sort=False
     ):
         s = summarize(group.value.to_numpy())
         elem = 2 if dtype == "bf16" else 4
@@ -381,6 +414,7 @@ def summarize_validation(samples, profile, fabric: str):
             return_bytes=512 * elem + 4,
             kv_bytes_per_token=576 * elem,
             fabric=fabric,
+            segments=int(n_seg),
             blocks_local=option == "local",
         )
         d = decide(profile, req)

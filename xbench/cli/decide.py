@@ -70,7 +70,10 @@ def decide(
         typer.Option(help="KV bytes per token per layer (default: the model's, else 1152B)."),
     ] = None,
     segments: Annotated[
-        int, typer.Option(help="Messages per fetch: 1 = packed, k = one per block.")
+        int,
+        typer.Option(
+            help="Messages per fetch: 1 = packed (T_move), k = one per block from the cache (T_splice)."
+        ),
     ] = 1,
     probe_phase: Annotated[
         bool,

@@ -39,6 +39,13 @@ def validate(
             help="Fabric of the profile to predict with (default: the one measured between local ranks, shm)."
         ),
     ] = None,
+    fetch_layout: Annotated[
+        str,
+        typer.Option(
+            help="How a fetch leaves the holder: pages (one message per page from its cache, "
+            "model T_splice) or packed (gathered into one message, model T_move)."
+        ),
+    ] = "pages",
     samples: Annotated[int, typer.Option(help="Measured samples per case and round.")] = 3,
     rounds: RoundsOption = 3,
     threads: Annotated[
@@ -57,7 +64,7 @@ def validate(
     from xbench.results.metadata import new_run_id
     from xbench.results.schema import VALIDATE_SAMPLES
     from xbench.results.store import ensure_writable_dir, read_table, refuse_existing_run
-    from xbench.validate import ValidateConfig, summarize_validation
+    from xbench.validate import FETCH_LAYOUTS, ValidateConfig, summarize_validation
 
     prof = load_profile(profile)
     names = [f.name for f in prof.fabrics]
@@ -72,6 +79,10 @@ def validate(
     check_repeats(rounds, samples)
     if dtype not in ("bf16", "fp32"):
         raise XbenchError(f"unknown dtype {dtype!r}", "pick bf16 or fp32")
+    if fetch_layout not in FETCH_LAYOUTS:
+        raise XbenchError(
+            f"unknown --fetch-layout {fetch_layout!r}", f"pick {' or '.join(FETCH_LAYOUTS)}"
+        )
     run_id = new_run_id("validate")
     out_dir = ensure_writable_dir(out or Path("results") / run_id)
     refuse_existing_run(out_dir)
@@ -82,6 +93,7 @@ def validate(
         chunks=tuple(parse_int_list(chunk, "--chunk")),
         heads=heads,
         dtype=dtype,
+        fetch_layout=fetch_layout,
         samples=samples,
         rounds=rounds,
         threads=threads,

@@ -149,12 +149,15 @@ class Device:
         reason routing improves as queries converge on one holder);
     T_m(R, p) = merge_t0 + R * p * merge_per_row_partial;
     T_move(c) = move_t0 + c * move_per_token (gather at the holder + splice at the requester);
+    T_splice(c) = splice_t0 + c * splice_per_token, when measured: the move of a fetch that
+        sends each block as its own message straight from the holder's cache (n_seg > 1),
+        which packs nothing; without it such a fetch is charged the whole T_move;
     T_recompute(c) = c * recompute_per_token (prefilling the chunk locally), when known.
 
-    T_c and T_move may change slope where the chunk outgrows a cache (a CPU's L2/L3, a
-    GPU's L2): ``compute_segments`` and ``move_segments`` hold further pieces, each from a
-    chunk size on, as ``(min_tokens, t0, per_token[, per_row_token])``; the flat terms are
-    the piece from 0 tokens.
+    T_c, T_move and T_splice may change slope where the chunk outgrows a cache (a CPU's
+    L2/L3, a GPU's L2): ``compute_segments``, ``move_segments`` and ``splice_segments`` hold
+    further pieces, each from a chunk size on, as ``(min_tokens, t0, per_token[,
+    per_row_token])``; the flat terms are the piece from 0 tokens.
     """
 
     name: str
@@ -168,6 +171,9 @@ class Device:
     recompute_per_token: Coef | None = None
     compute_segments: tuple = ()
     move_segments: tuple = ()
+    splice_t0: Coef | None = None
+    splice_per_token: Coef | None = None
+    splice_segments: tuple = ()
     _ends: tuple = field(init=False, repr=False, compare=False)
     _prior: bool = field(init=False, repr=False, compare=False)
     _rho: tuple = field(init=False, repr=False, compare=False)
@@ -179,9 +185,11 @@ class Device:
             "compute_segments",
             tuple(sorted(self.compute_segments, key=lambda piece: piece[0])),
         )
-        object.__setattr__(
-            self, "move_segments", tuple(sorted(self.move_segments, key=lambda piece: piece[0]))
-        )
+        for name in ("move_segments", "splice_segments"):
+            pieces = tuple(sorted(getattr(self, name), key=lambda piece: piece[0]))
+            object.__setattr__(self, name, pieces)
+        if (self.splice_t0 is None) != (self.splice_per_token is None):
+            raise ValueError("splice_t0 and splice_per_token come together")
         object.__setattr__(
             self, "_ends", tuple(self._terms(end) for end in ("value", "low", "high"))
         )
@@ -200,17 +208,24 @@ class Device:
             c.prior
             for c in shared_coefs + [c for piece in self.compute_segments for c in piece[1:]]
         )
-        move = any(
-            c.prior
-            for c in [self.move_t0, self.move_per_token]
-            + [c for piece in self.move_segments for c in piece[1:]]
-        )
+        move = any(c.prior for c in self._move_coefs())
         recompute = bool(self.recompute_per_token and self.recompute_per_token.prior)
         object.__setattr__(self, "_prior_by_option", (shared, shared or move, shared or recompute))
 
     @property
     def prior(self) -> bool:
         return self._prior
+
+    def _move_pieces(self) -> tuple[list, list]:
+        """(T_move pieces, T_splice pieces): a per-block fetch falls back to T_move."""
+        move = [(0.0, self.move_t0, self.move_per_token), *self.move_segments]
+        if self.splice_t0 is None:
+            return move, move
+        return move, [(0.0, self.splice_t0, self.splice_per_token), *self.splice_segments]
+
+    def _move_coefs(self) -> list[Coef]:
+        move, splice = self._move_pieces()
+        return [c for piece in move + (splice if splice is not move else []) for c in piece[1:]]
 
     def _all_coefs(self) -> list[Coef]:
         coefs = [
@@ -219,29 +234,33 @@ class Device:
             self.compute_per_row_token,
             self.merge_t0,
             self.merge_per_row_partial,
-            self.move_t0,
-            self.move_per_token,
         ]
-        coefs += [c for piece in self.compute_segments for c in piece[1:]] + [
-            c for piece in self.move_segments for c in piece[1:]
-        ]
+        coefs += [c for piece in self.compute_segments for c in piece[1:]] + self._move_coefs()
         return coefs + ([self.recompute_per_token] if self.recompute_per_token else [])
 
     def _terms(self, end: str) -> tuple:
-        """(compute breaks, compute pieces, m0, m1, move breaks, move pieces, recompute) at one end."""
+        """(compute breaks, compute pieces, m0, m1, move breaks, move pieces, recompute,
+        splice breaks, splice pieces) at one end."""
         compute = [
             (0.0, self.compute_t0, self.compute_per_token, self.compute_per_row_token),
             *self.compute_segments,
         ]
-        move = [(0.0, self.move_t0, self.move_per_token), *self.move_segments]
+
+        def at_end(pieces):
+            breaks = tuple(float(piece[0]) for piece in pieces[1:])
+            return breaks, tuple(tuple(getattr(c, end) for c in piece[1:]) for piece in pieces)
+
+        move, splice = self._move_pieces()
+        move_end = at_end(move)
+        # the same objects when there is no splice term: grid.py tests `is` to skip it
+        splice_end = move_end if splice is move else at_end(splice)
         return (
-            tuple(float(piece[0]) for piece in compute[1:]),
-            tuple(tuple(getattr(c, end) for c in piece[1:]) for piece in compute),
+            *at_end(compute),
             getattr(self.merge_t0, end),
             getattr(self.merge_per_row_partial, end),
-            tuple(float(piece[0]) for piece in move[1:]),
-            tuple(tuple(getattr(c, end) for c in piece[1:]) for piece in move),
+            *move_end,
             getattr(self.recompute_per_token, end) if self.recompute_per_token else INF,
+            *splice_end,
         )
 
     def compute(self, rows: float, chunk: float) -> float:
@@ -252,8 +271,9 @@ class Device:
     def merge(self, rows: float, partials: int = 2) -> float:
         return self.merge_t0.value + rows * partials * self.merge_per_row_partial.value
 
-    def move(self, chunk: float) -> float:
-        breaks, pieces = self._ends[0][4], self._ends[0][5]
+    def move(self, chunk: float, segments: int = 1) -> float:
+        """T_move of a packed fetch (``segments`` 1), or of one message per block (T_splice)."""
+        breaks, pieces = self._ends[0][4:6] if segments == 1 else self._ends[0][7:9]
         g0, g1 = pieces[bisect_right(breaks, chunk)]
         return g0 + chunk * g1
 
@@ -338,7 +358,7 @@ class Request:
     return_bytes: float = 1028  # S_o per query row (512 bf16 + fp32 LSE)
     kv_bytes_per_token: float = 1152  # S_kv per token (bf16 MLA)
     reuse: float = 0  # r: later local uses of fetched blocks
-    segments: int = 1  # n_seg: 1 = packed fetch, k = one message per block
+    segments: int = 1  # n_seg: 1 = packed fetch; k = one message per block, sent from the cache
     fetch_cost: float | None = None  # T_move override (s); None = the device's fitted T_move(c)
     include_probe: bool = False
     probe_bytes: float = 64
@@ -371,7 +391,9 @@ def _device_side(d: tuple, r: Request) -> tuple:
     """
     rows = r.rows * r.heads
     chunk = r.chunk_tokens
-    cb, cp, m0, m1, mb, mp, rec = d
+    cb, cp, m0, m1, mb, mp, rec, sb, sp = d
+    if r.segments != 1:  # blocks leave the holder's cache as they lie: nothing is packed
+        mb, mp = sb, sp
     c0, c1, c2 = cp[bisect_right(cb, chunk)] if cb else cp[0]
     t_c = c0 + chunk * (c1 + rows * c2)
     t_cm = t_c + m0 + rows * 2 * m1  # compute and merge: paid by route and fetch alike
@@ -441,7 +463,10 @@ def thresholds(f: Fabric, device: Device, r: Request) -> tuple[float, float]:
     a_o, ib_o = segs[f.segment_index(s_o)]
     a_kv, ib_kv = segs[f.segment_index(s_kv)]
     o = f.overhead.value
-    t_move = r.fetch_cost if r.fetch_cost is not None else device.move(r.chunk_tokens)
+    if r.fetch_cost is not None:
+        t_move = r.fetch_cost
+    else:
+        t_move = device.move(r.chunk_tokens, r.segments)
     fetch_wire = a_kv + r.segments * o + s_kv * ib_kv + t_move
     per_token = r.heads * (r.payload_bytes * ib_q + r.return_bytes * ib_o)
     b_star = (fetch_wire - a_q - a_o - 2 * o) / per_token if per_token > 0 else INF

@@ -50,8 +50,8 @@ def _full(values, n: int) -> np.ndarray:
 
 def _device_terms(end_device, cols) -> tuple:
     """(compute+merge shared by route and fetch, fetch's move cost, local time): fabric-free."""
-    cb, cp, m0, m1, mb, mp, rec = end_device
-    rows, chunk, _, _, _, _, reuse, _, fcost, local_mask = cols
+    cb, cp, m0, m1, mb, mp, rec, sb, sp = end_device
+    rows, chunk, _, _, _, _, reuse, nseg, fcost, local_mask = cols
 
     def piece(breaks, pieces):
         if not breaks:
@@ -64,6 +64,9 @@ def _device_terms(end_device, cols) -> tuple:
     t_c = c0 + chunk * (c1 + rows * c2)
     t_cm = t_c + (m0 + rows * (2 * m1))
     move = g0 + chunk * g1
+    if sp is not mp and np.any(nseg != 1):  # one message per block: splice, no gather
+        s0, s1 = piece(sb, sp)
+        move = np.where(nseg != 1, s0 + chunk * s1, move)
     if not np.all(np.isnan(fcost)):
         move = np.where(np.isnan(fcost), move, fcost)
     local = chunk * rec + t_c if np.isfinite(rec) else np.float64(np.inf)

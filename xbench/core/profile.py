@@ -46,8 +46,11 @@ DEVICE_TERMS = {
     "move_t0": None,
     "move_per_token": "token",
     "recompute_per_token": "token",
+    "splice_t0": None,
+    "splice_per_token": "token",
 }
-OPTIONAL_TERMS = {"recompute_per_token"}
+# splice_*: T_move of a fetch sent block by block from the holder's cache (no gather)
+OPTIONAL_TERMS = {"recompute_per_token", "splice_t0", "splice_per_token"}
 
 
 class ProfileError(XbenchError):
@@ -226,6 +229,14 @@ def parse_profile(data: dict, path: str = "<profile>") -> Profile:
         terms[term] = _coef(dev[term], f"device {term}", "time", path, per=per)
     terms["compute_segments"] = _pieces(dev, "compute", ("t0", "per_token", "per_row_token"), path)
     terms["move_segments"] = _pieces(dev, "move", ("t0", "per_token"), path)
+    terms["splice_segments"] = _pieces(dev, "splice", ("t0", "per_token"), path)
+    if (terms["splice_t0"] is None) != (terms["splice_per_token"] is None) or (
+        terms["splice_segments"] and terms["splice_t0"] is None
+    ):
+        raise ProfileError(
+            f"profile {path}: [device] has part of the splice term",
+            "give splice_t0 and splice_per_token together (or neither, with no splice_segment)",
+        )
     provenance = dict(data.get("provenance", {}))
     provenance.setdefault("name", head.get("name", Path(path).stem))
     return Profile(
@@ -299,15 +310,16 @@ def profile_to_toml_dict(profile: Profile) -> dict:
             }
             for m, t0, a, k in d.compute_segments
         ]
-    if d.move_segments:
-        device["move_segment"] = [
-            {
-                "min_tokens": int(m),
-                "t0": _coef_table(t0, "us", 1e-6),
-                "per_token": _coef_table(a, "ns/token", 1e-9),
-            }
-            for m, t0, a in d.move_segments
-        ]
+    for kind in ("move", "splice"):
+        if getattr(d, f"{kind}_segments"):
+            device[f"{kind}_segment"] = [
+                {
+                    "min_tokens": int(m),
+                    "t0": _coef_table(t0, "us", 1e-6),
+                    "per_token": _coef_table(a, "ns/token", 1e-9),
+                }
+                for m, t0, a in getattr(d, f"{kind}_segments")
+            ]
     return {
         "profile": {"name": profile.name, "schema_version": PROFILE_SCHEMA_VERSION},
         "provenance": profile.provenance,

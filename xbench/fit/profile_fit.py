@@ -12,7 +12,8 @@ Fabric (per fabric label, pair class and transport):
 - held-out error: refit on 3 of every 4 sizes, predict the 4th, mean |error| / measured.
 
 Device (from ``xbench kernel`` samples, dense selections preferred):
-T_c = t0 + c*(a + R*k); T_m = m0 + R*p*m1; T_move = gather + splice = g0 + c*g1.
+T_c = t0 + c*(a + R*k); T_m = m0 + R*p*m1; T_move = gather + splice = g0 + c*g1; T_splice
+(a fetch sent block by block from the holder's cache, nothing packed) = s0 + c*s1.
 Terms without samples come from ``base`` (a priors profile) and stay marked as priors.
 """
 
@@ -220,6 +221,18 @@ def fit_device(samples: pd.DataFrame, base: Device | None, name: str) -> tuple[D
             (start, _coef(g0, "s"), _coef(g1, "s/token")) for start, (g0, g1) in rest
         )
         notes["move"] = f"gather + splice, {len(pieces)} piece(s)"
+    if splice is not None:
+        # T_splice: the move of a fetch sent block by block from the holder's cache
+        c = splice.chunk_tokens.to_numpy(float)
+        pieces = fit_segmented_linear(
+            c, np.column_stack([np.ones_like(c), c]), splice.value.to_numpy(float) * 1e-6
+        )
+        (_, (s0, s1)), rest = pieces[0], pieces[1:]
+        terms.update(splice_t0=_coef(s0, "s"), splice_per_token=_coef(s1, "s/token"))
+        terms["splice_segments"] = tuple(
+            (start, _coef(s0, "s"), _coef(s1, "s/token")) for start, (s0, s1) in rest
+        )
+        notes["splice"] = f"{len(splice)} samples, {len(pieces)} piece(s)"
     needed = [
         "compute_t0",
         "compute_per_token",
@@ -241,7 +254,9 @@ def fit_device(samples: pd.DataFrame, base: Device | None, name: str) -> tuple[D
         terms["compute_segments"] = base.compute_segments
     if "move_t0" in missing and base is not None:
         terms["move_segments"] = base.move_segments
-    for term in missing + ["recompute_per_token"]:
+    if "splice_t0" not in terms and base is not None and base.splice_t0 is not None:
+        terms["splice_segments"] = base.splice_segments
+    for term in missing + ["recompute_per_token", "splice_t0", "splice_per_token"]:
         if term not in terms:
             terms[term] = getattr(base, term) if base is not None else None
             if terms[term] is not None:

@@ -117,6 +117,8 @@ VALIDATE_SAMPLES_SCHEMA = pa.schema(
         pa.field("correct", pa.bool_()),  # within the kernel tests' tolerance
         pa.field("requester", pa.int32(), nullable=False),  # v2: the rank that asked and timed
         pa.field("round", pa.int32(), nullable=False),  # v2: which pass over the cases
+        # v3: messages the fetch sent (1 packed, one per page when sent from the cache)
+        pa.field("segments", pa.int32(), nullable=False),
     ]
 )
 
@@ -125,7 +127,7 @@ SCHEMAS = {
     KERNEL_SAMPLES: KERNEL_SAMPLES_SCHEMA,
     VALIDATE_SAMPLES: VALIDATE_SAMPLES_SCHEMA,
 }
-SCHEMA_VERSIONS = {PROBE_SAMPLES: 2, KERNEL_SAMPLES: 2, VALIDATE_SAMPLES: 2}
+SCHEMA_VERSIONS = {PROBE_SAMPLES: 2, KERNEL_SAMPLES: 2, VALIDATE_SAMPLES: 3}
 
 
 # MIGRATIONS[table][v] turns a pyarrow.Table of version v into version v + 1.
@@ -146,5 +148,8 @@ def _added_int_columns(**defaults: int):
 MIGRATIONS: dict[str, dict[int, object]] = {
     PROBE_SAMPLES: {1: _added_int_columns(process_run=0)},  # v1: one launch
     KERNEL_SAMPLES: {1: _added_int_columns(round=0)},  # v1: one pass
-    VALIDATE_SAMPLES: {1: _added_int_columns(requester=0, round=0)},  # v1: rank 0 asked, one pass
+    VALIDATE_SAMPLES: {
+        1: _added_int_columns(requester=0, round=0),  # v1: rank 0 asked, one pass
+        2: _added_int_columns(segments=1),  # v2: fetches were packed into one message
+    },
 }
