@@ -366,3 +366,16 @@ def test_gather_into_a_staging_buffer_equals_a_fresh_gather(tokens):
         assert torch.equal(staging, cache.reshape(-1, D)[torch_backend.token_indices(sel, BS)])
     with pytest.raises(ValueError, match="out must be"):
         gather_kv(cache, dense, out=torch.empty(tokens + 1, D, dtype=torch.bfloat16))
+
+
+def test_bench_splice_reads_one_landing_buffer_and_rotates_its_targets():
+    """As in a fetch: the source was just written by the transfer, the free pages are cold."""
+    from xbench.kernels.bench import KernelCase, input_sets
+
+    case = KernelCase("splice", 1, 16, 1024, 576, 512, "bf16", False)
+    sets = input_sets(case, "cpu", 0)
+    assert len(sets) > 1
+    assert all(s["packed"] is sets[0]["packed"] for s in sets)
+    assert len({s["target"].data_ptr() for s in sets}) == len(sets)
+    gather = input_sets(KernelCase("gather", 1, 16, 1024, 576, 512, "bf16", False), "cpu", 0)
+    assert len({s["cache"].data_ptr() for s in gather}) == len(gather)  # caches rotate

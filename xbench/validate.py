@@ -101,7 +101,9 @@ class Peer:
             local = torch.randn(-(-cfg.local_tokens // bs), bs, cfg.dim, generator=gen).to(dt)
             q = torch.randn(rows, cfg.heads, cfg.dim, generator=gen).to(dt)
             self.sets.append((holder, sel, local, q))
-        self.target = torch.zeros(pages + 1, bs, cfg.dim, dtype=dt)  # A's free pages
+        # A's free pages: one target per set, so a fetch writes pages not in cache, as a
+        # serving cache's free pages are (the bench's splice rotates its targets the same way)
+        self.targets = [torch.zeros(pages + 1, bs, cfg.dim, dtype=dt) for _ in range(sets)]
         self.free_pages = list(range(pages))
         self.spliced = DensePages(torch.arange(pages), chunk)  # where the fetch puts them
         self.sq = torch.empty(rows, cfg.heads, cfg.dim, dtype=dt)
@@ -181,9 +183,10 @@ class Peer:
                 MPI.Request.Waitall([c.Irecv(v, source=self.other, tag=5) for v in self.landing])
             else:
                 c.Recv(_bytes_view(self.skv), source=self.other, tag=5)
-            splice_kv(self.target, self.skv, self.free_pages, 0)
+            target = self.targets[i % len(self.sets)]
+            splice_kv(target, self.skv, self.free_pages, 0)
             out, lse = mla_partial_attention(
-                q, self.target, self.spliced, self.cfg.scale, v_dim=self.cfg.v_dim
+                q, target, self.spliced, self.cfg.scale, v_dim=self.cfg.v_dim
             )
             local_out, local_lse = self.local_partials[i % len(self.sets)]
             return merge_partials([out, local_out], [lse, local_lse])

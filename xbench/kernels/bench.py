@@ -4,7 +4,8 @@ Honest timing: every case first runs untimed warm-ups, then calibrates the calls
 sample so a sample lasts at least ``min_sample_s``, then takes ``samples`` samples. Inputs
 are several fresh sets (at most 8) rotated call by call, enough that their total exceeds
 twice the last-level cache where 8 sets can, so a kernel does not re-read what the previous
-call left in cache. Small inputs (a merge of a few rows, a short chunk) stay in cache
+call left in cache. The splice's source is the exception: it is the landing buffer the
+transfer has just written, one buffer kept in cache, so only its target pages rotate. Small inputs (a merge of a few rows, a short chunk) stay in cache
 across 8 sets: they are timed with their data cached, as when they directly follow the
 transfer or the attention that produced it. (Flushing the whole cache before each call was
 tried: it also evicts the code and the allocator's state, and made a 64 KB merge 7x slower
@@ -113,6 +114,12 @@ def make_inputs(case: KernelCase, device: str, seed: int):
         if device == "cpu":  # separate partials, as route and fetch merge them (no stacking)
             return {"outs": list(outs.unbind(0)), "lses": list(lses.unbind(0))}
         return {"outs": outs.to(device), "lses": lses.to(device)}
+    if case.kernel == "splice":  # packed tokens into a paged cache's free pages
+        return {
+            "packed": torch.randn(case.chunk, case.dim, generator=gen).to(dt).to(device),
+            "target": torch.zeros(-(-case.chunk // bs) + 1, bs, case.dim, dtype=dt, device=device),
+            "pages": list(range(-(-case.chunk // bs))),
+        }
     pool = case.chunk * (4 if case.sparse else 1)  # sparse selections come out of a larger cache
     blocks = max(1, -(-pool // bs))
     cache = torch.randn(blocks, bs, case.dim, generator=gen).to(dt).to(device)
@@ -134,18 +141,25 @@ def make_inputs(case: KernelCase, device: str, seed: int):
         inputs["staging"] = torch.empty(case.chunk, case.dim, dtype=dt, device=device)
     if case.kernel == "partial_attention":
         inputs["q"] = torch.randn(case.rows, case.heads, case.dim, generator=gen).to(dt).to(device)
-    if case.kernel == "splice":
-        inputs["packed"] = torch.randn(case.chunk, case.dim, generator=gen).to(dt).to(device)
-        inputs["target"] = torch.zeros(
-            -(-case.chunk // bs) + 1, bs, case.dim, dtype=dt, device=device
-        )
-        inputs["pages"] = list(range(-(-case.chunk // bs)))
     return inputs
 
 
 def input_bytes(inputs) -> int:
     tensors = [t for v in inputs.values() for t in (v if isinstance(v, list) else [v])]
     return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+
+
+def input_sets(case: KernelCase, device: str, seed: int) -> list[dict]:
+    """The input sets a case rotates through: up to 8, together over twice the LLC."""
+    first = make_inputs(case, device, seed)
+    count = max(1, min(8, math.ceil(2 * llc_bytes() / max(input_bytes(first), 1))))
+    sets = [first] + [make_inputs(case, device, seed + i) for i in range(1, count)]
+    if case.kernel == "splice":
+        # A splice reads the landing buffer the transfer has just written (one buffer, in
+        # cache) and writes free pages that are not: only the targets rotate.
+        for inputs in sets[1:]:
+            inputs["packed"] = first["packed"]
+    return sets
 
 
 def case_runner(case: KernelCase, backend_name: str, scale: float):
@@ -177,11 +191,7 @@ def time_case(
     seed: int = 0,
 ):
     """[(calls, warm-up?, seconds per call)] for one case."""
-    first = make_inputs(case, device, seed)
-    sets = [first] + [
-        make_inputs(case, device, seed + i)
-        for i in range(1, max(1, min(8, math.ceil(2 * llc_bytes() / max(input_bytes(first), 1)))))
-    ]
+    sets = input_sets(case, device, seed)
     run = case_runner(case, backend, scale)
     clock = Clock(device)
 
