@@ -256,7 +256,8 @@ def _sets_needed(cfg, chunk: int, rows: int) -> int:
     from xbench.results.metadata import llc_bytes
 
     elem = 2 if cfg.dtype == "bf16" else 4
-    one = (2 * chunk * cfg.dim + rows * cfg.heads * cfg.dim) * elem
+    # the holder's cache (twice the chunk), the requester's target pages, the query
+    one = (3 * chunk * cfg.dim + rows * cfg.heads * cfg.dim) * elem
     return max(1, min(8, math.ceil(2 * llc_bytes() / one)))
 
 
@@ -428,6 +429,7 @@ def summarize_validation(samples, profile, fabric: str):
                 "rows": int(b),
                 "heads": int(h),
                 "chunk_tokens": int(c),
+                "segments": int(n_seg),
                 "measured_us": s.median,
                 "ci_low_us": s.ci_low,
                 "ci_high_us": s.ci_high,

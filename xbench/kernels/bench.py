@@ -5,9 +5,10 @@ sample so a sample lasts at least ``min_sample_s``, then takes ``samples`` sampl
 are several fresh sets (at most 8) rotated call by call, enough that their total exceeds
 twice the last-level cache where 8 sets can, so a kernel does not re-read what the previous
 call left in cache. The splice's source is the exception: it is the landing buffer the
-transfer has just written, one buffer kept in cache, so only its target pages rotate. Small inputs (a merge of a few rows, a short chunk) stay in cache
-across 8 sets: they are timed with their data cached, as when they directly follow the
-transfer or the attention that produced it. (Flushing the whole cache before each call was
+transfer has just written, one buffer kept in cache, so only its target pages rotate.
+Small inputs (a merge of a few rows, a short chunk) stay in cache across 8 sets: they are
+timed with their data cached, as when they directly follow the transfer or the attention
+that produced it. (Flushing the whole cache before each call was
 tried: it also evicts the code and the allocator's state, and made a 64 KB merge 7x slower
 than the same merge inside a routed query.) On CUDA
 the samples are timed with CUDA events around the calls, never host clocks around
