@@ -150,6 +150,7 @@ def test_probe_kernel_fit_validate_end_to_end(xbench, tmp_path):
     assert (
         "shm" in r.stdout and "held-out error" in r.stdout and "compute_per_row_token" in r.stdout
     )
+    assert "splice_per_token" in r.stdout  # T_splice, for fetches sent page by page
     r = xbench(
         "validate",
         "--profile",

@@ -103,6 +103,8 @@ def _table(profile, out: Path) -> None:
         ("merge_per_row_partial", 1e-12, "ps/row-partial"),
         ("move_t0", 1e-6, "us"),
         ("move_per_token", 1e-9, "ns/token"),
+        ("splice_t0", 1e-6, "us"),
+        ("splice_per_token", 1e-9, "ns/token"),
         ("recompute_per_token", 1e-6, "us/token"),
     ):
         c = getattr(d, term)
@@ -112,7 +114,8 @@ def _table(profile, out: Path) -> None:
         row(f"  compute from {int(start)} tokens: t0", t0, 1e-6, "us")
         row("    per_token", a, 1e-9, "ns/token")
         row("    per_row_token", k, 1e-12, "ps/row-token")
-    for start, t0, a in d.move_segments:
-        row(f"  move from {int(start)} tokens: t0", t0, 1e-6, "us")
-        row("    per_token", a, 1e-9, "ns/token")
+    for kind in ("move", "splice"):
+        for start, t0, a in getattr(d, f"{kind}_segments"):
+            row(f"  {kind} from {int(start)} tokens: t0", t0, 1e-6, "us")
+            row("    per_token", a, 1e-9, "ns/token")
     console.print(table)
