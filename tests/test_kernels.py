@@ -379,3 +379,20 @@ def test_bench_splice_reads_one_landing_buffer_and_rotates_its_targets():
     assert len({s["target"].data_ptr() for s in sets}) == len(sets)
     gather = input_sets(KernelCase("gather", 1, 16, 1024, 576, 512, "bf16", False), "cpu", 0)
     assert len({s["cache"].data_ptr() for s in gather}) == len(gather)  # caches rotate
+
+
+def test_bf16_kernel_takes_one_page_and_no_page():
+    """Dense selections reach the kernel as a row range (one page) or, with no page, as the
+    empty partial: zero output, -inf LSE, weighing nothing in a merge."""
+    gen = torch.Generator().manual_seed(5)
+    cache = torch.randn(4, BS, 576, generator=gen).to(torch.bfloat16)
+    q = torch.randn(1, 16, 576, generator=gen).to(torch.bfloat16)
+    one = DensePages(torch.tensor([2]), BS - 3)
+    out, lse = mla_partial_attention(q, cache, one, 0.04)
+    ref, ref_lse = mla_partial_attention(q.double(), cache.double(), one, 0.04)
+    assert torch.allclose(out.double(), ref.double(), atol=2e-2 * ref.abs().max().item())
+    assert torch.allclose(lse.double(), ref_lse.double(), rtol=1e-3)
+    out, lse = mla_partial_attention(
+        q, cache, DensePages(torch.tensor([], dtype=torch.int64), 0), 0.04
+    )
+    assert bool((out == 0).all()) and bool(torch.isneginf(lse).all())
