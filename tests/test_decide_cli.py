@@ -181,6 +181,16 @@ def test_probe_kernel_fit_validate_end_to_end(xbench, tmp_path):
     assert set(samples.requester) == {0, 1}  # the ranks took turns asking
     # by default a fetch sends each of the chunk's 2 pages (64 tokens) as its own message
     assert set(samples[samples.option == "fetch"].segments) == {2}
+    r = xbench(
+        "validate",
+        "--profile",
+        tmp_path / "here.toml",
+        *("--rows", "1", "--chunk", "128", "--heads", "4", "--samples", "1", "--rounds", "1"),
+        *("--fetch-layout", "packed", "--out", tmp_path / "v-packed", "--format", "json"),
+    )
+    assert r.returncode == 0, r.stderr
+    packed = {row["option"]: row for row in json.loads(r.stdout)}
+    assert packed["fetch"]["segments"] == 1 and all(row["correct"] for row in packed.values())
     assert samples[~samples.warmup].groupby(["option", "rows", "round"]).size().eq(2).all()
     r = xbench(
         "decide",
