@@ -151,6 +151,18 @@ def _coef(triple, unit: str) -> Coef:
     return Coef(triple[0], triple[1], triple[2], unit)
 
 
+def _fit_per_token(terms: dict, kind: str, chunk: np.ndarray, seconds: np.ndarray) -> int:
+    """t = t0 + c * per_token, piecewise in the chunk, into terms[<kind>_t0,
+    <kind>_per_token, <kind>_segments]; returns the number of pieces."""
+    pieces = fit_segmented_linear(chunk, np.column_stack([np.ones_like(chunk), chunk]), seconds)
+    (_, (t0, per_token)), rest = pieces[0], pieces[1:]
+    terms[f"{kind}_t0"], terms[f"{kind}_per_token"] = _coef(t0, "s"), _coef(per_token, "s/token")
+    terms[f"{kind}_segments"] = tuple(
+        (start, _coef(a, "s"), _coef(b, "s/token")) for start, (a, b) in rest
+    )
+    return len(pieces)
+
+
 def fit_device(samples: pd.DataFrame, base: Device | None, name: str) -> tuple[Device, dict]:
     """Device terms from kernel samples; the rest from ``base``. Returns (device, notes)."""
     measured = (
@@ -213,26 +225,12 @@ def fit_device(samples: pd.DataFrame, base: Device | None, name: str) -> tuple[D
             n = max(len(g), len(sp))
             cs += [chunk] * n
             ts += list((rng.choice(g, n) + rng.choice(sp, n)) * 1e-6)
-        c = np.array(cs, float)
-        pieces = fit_segmented_linear(c, np.column_stack([np.ones_like(c), c]), np.array(ts))
-        (_, (g0, g1)), rest = pieces[0], pieces[1:]
-        terms.update(move_t0=_coef(g0, "s"), move_per_token=_coef(g1, "s/token"))
-        terms["move_segments"] = tuple(
-            (start, _coef(g0, "s"), _coef(g1, "s/token")) for start, (g0, g1) in rest
-        )
-        notes["move"] = f"gather + splice, {len(pieces)} piece(s)"
+        pieces = _fit_per_token(terms, "move", np.array(cs, float), np.array(ts))
+        notes["move"] = f"gather + splice, {pieces} piece(s)"
     if splice is not None:
         # T_splice: the move of a fetch sent block by block from the holder's cache
-        c = splice.chunk_tokens.to_numpy(float)
-        pieces = fit_segmented_linear(
-            c, np.column_stack([np.ones_like(c), c]), splice.value.to_numpy(float) * 1e-6
-        )
-        (_, (s0, s1)), rest = pieces[0], pieces[1:]
-        terms.update(splice_t0=_coef(s0, "s"), splice_per_token=_coef(s1, "s/token"))
-        terms["splice_segments"] = tuple(
-            (start, _coef(s0, "s"), _coef(s1, "s/token")) for start, (s0, s1) in rest
-        )
-        notes["splice"] = f"{len(splice)} samples, {len(pieces)} piece(s)"
+        c, t = splice.chunk_tokens.to_numpy(float), splice.value.to_numpy(float) * 1e-6
+        notes["splice"] = f"{len(splice)} samples, {_fit_per_token(terms, 'splice', c, t)} piece(s)"
     needed = [
         "compute_t0",
         "compute_per_token",

@@ -99,16 +99,18 @@ def _cpu_bf16_attention(
             groups = [(q[r], {"index": idx[r][idx[r] >= 0]}) for r in range(rows)]
     if out is not None:
         queries, selection = groups[0]
-        n = selection["count"] if "count" in selection else selection["index"].numel()
-        if len(groups) != 1 or n == 0 or not (out.is_contiguous() and lse.is_contiguous()):
+        if (
+            len(groups) != 1
+            or _selected(selection) == 0
+            or not (out.is_contiguous() and lse.is_contiguous())
+        ):
             return None  # computed, then copied, by the caller
         into = {"out": out.view(rows * heads, v_dim), "lse": lse.view(rows * heads)}
         cpu_bf16.attention(queries, flat, scale, v_dim, **selection, **into)
         return out, lse
     outs, lses = [], []
     for queries, selection in groups:
-        n = selection["count"] if "count" in selection else selection["index"].numel()
-        if n == 0:
+        if _selected(selection) == 0:
             outs.append(torch.zeros(queries.shape[0], v_dim))
             lses.append(torch.full((queries.shape[0],), float("-inf")))
             continue
@@ -128,8 +130,18 @@ def _dense_selection(indices: DensePages, block_size: int) -> dict:
     n = indices.num_tokens
     if len(pages) and (len(pages) == 1 or bool((np.diff(pages) == 1).all())):
         return {"start": int(pages[0]) * block_size, "count": n}
-    rows = (pages[:, None] * block_size + np.arange(block_size)).ravel()[:n]
-    return {"index": torch.from_numpy(rows)}
+    return {"index": _token_rows(pages, block_size, n)}
+
+
+def _token_rows(pages: np.ndarray, block_size: int, n: int) -> torch.Tensor:
+    """DensePages.token_indices in numpy, for the CPU paths where torch's operators cost
+    more than the work: the first n rows of the int64 pages, in order."""
+    return torch.from_numpy((pages[:, None] * block_size + np.arange(block_size)).ravel()[:n])
+
+
+def _selected(selection: dict) -> int:
+    """Rows a bf16 kernel selection covers (a start and count, or an index)."""
+    return selection["count"] if "count" in selection else selection["index"].numel()
 
 
 def partial_attention(q, kv_cache, indices, scale: float, v_dim: int, out=None, lse=None):
@@ -249,7 +261,7 @@ def splice_kv(kv_cache, packed, free_pages, position_shift, rope_dim: int = 64, 
         used = pages.numpy()[: -(-n // block_size)]
         if n and (used.min() < 0 or used.max() >= kv_cache.shape[0]):
             raise IndexError(f"free pages outside a cache of {kv_cache.shape[0]} pages")
-        slots = torch.from_numpy((used[:, None] * block_size + np.arange(block_size)).ravel()[:n])
+        slots = _token_rows(used, block_size, n)
         if cpu_bf16.splice(kv_cache, packed, used, freqs, int(position_shift), rope_dim):
             return slots
     slots = DensePages(pages, n).token_indices(block_size).to(kv_cache.device)
