@@ -1,0 +1,49 @@
+"""The statistics of benchmarks/compare_osu.py: the figure the OSU agreement is judged on."""
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "compare_osu.py"
+spec = importlib.util.spec_from_file_location("compare_osu", SCRIPT)
+compare_osu = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(compare_osu)
+
+
+def test_tolerances_follow_the_issue():
+    assert compare_osu.tolerance(8) == compare_osu.tolerance(1000) == 0.10
+    assert compare_osu.tolerance(1024) is None  # 1 KiB is past 1 KB; no target up to 64 KB
+    assert compare_osu.tolerance(65536) == compare_osu.tolerance(16 * 2**20) == 0.05
+    assert compare_osu.tolerance(32 * 2**20) is None
+
+
+def test_equal_tools_agree():
+    rng = np.random.default_rng(1)
+    osu = rng.lognormal(0, 0.1, 20)
+    row = compare_osu.compare(osu, osu)
+    assert row["ratio"] == pytest.approx(1.0)
+    assert row["ci_low"] == pytest.approx(1.0) and row["ci_high"] == pytest.approx(1.0)
+    assert compare_osu.verdict(65536, row) == "agrees"
+
+
+def test_a_constant_factor_is_recovered_and_judged():
+    rng = np.random.default_rng(2)
+    osu = rng.lognormal(0, 0.2, 25)
+    row = compare_osu.compare(osu, 1.08 * osu)
+    assert row["ratio"] == pytest.approx(1.08)
+    assert row["paired_min"] == pytest.approx(1.08) == row["paired_max"]
+    assert compare_osu.verdict(8, row) == "agrees"  # 10 % allowed at 8 B
+    assert compare_osu.verdict(1 << 20, row) == "outside"  # 5 % from 64 KB
+    assert compare_osu.verdict(4096, row) == "-"
+
+
+def test_noisy_launches_widen_the_interval():
+    """Launches spread +-20 % around the same median: the point agrees, the interval does not."""
+    osu = np.ones(9)
+    xb = np.array([0.8, 1.2, 0.85, 1.15, 1.0, 0.9, 1.1, 0.95, 1.05])
+    row = compare_osu.compare(osu, xb)
+    assert row["ratio"] == pytest.approx(1.0)
+    assert row["ci_low"] < 0.95 and row["ci_high"] > 1.05
+    assert compare_osu.verdict(1 << 20, row) == "agrees (CI wider)"
