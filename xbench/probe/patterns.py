@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from xbench.core.units import format_size
-from xbench.fabric.transport import FETCH_MODES
+from xbench.fabric.transport import FETCH_MODES, BufferPlan
 
 PATTERNS = ("latency", "bandwidth", "bibw", "rtt", "gather", "offcache")
 OFFCACHE_MAX_ITERS = 16  # round trips per sample: each costs an untimed cache flush
@@ -101,6 +101,11 @@ class SweepSpec:
     block_bytes: int = 73728  # one 64-token page of bf16 MLA cache
     fetch_modes: tuple[str, ...] = field(default=FETCH_MODES)
 
+    @classmethod
+    def from_dict(cls, data: dict) -> SweepSpec:
+        """The inverse of ``dataclasses.asdict`` after a JSON round trip (lists back to tuples)."""
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+
 
 def plan_cases(spec: SweepSpec) -> list[Case]:
     """Every case of a sweep, in the order they run (pattern by pattern, small to large)."""
@@ -143,6 +148,12 @@ def plan_cases(spec: SweepSpec) -> list[Case]:
         else:
             raise ValueError(f"unknown pattern {pattern}")
     return cases
+
+
+def buffer_plan(spec: SweepSpec) -> BufferPlan:
+    """The buffers a transport allocates for this sweep."""
+    message, window, blocks, block = buffer_needs(plan_cases(spec))
+    return BufferPlan(message_bytes=message, window=window, blocks=blocks, block_bytes=block)
 
 
 def buffer_needs(cases: list[Case]) -> tuple[int, int, int, int]:

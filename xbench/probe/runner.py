@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 
 from xbench.errors import XbenchError
 from xbench.fabric.registry import infer_fabric, make_transport
-from xbench.fabric.transport import BufferPlan, Pair
-from xbench.probe.patterns import Case, SweepSpec, buffer_needs, plan_cases
+from xbench.fabric.transport import Pair
+from xbench.probe.patterns import Case, SweepSpec, buffer_plan, plan_cases
 from xbench.results.schema import PROBE_SAMPLES
 
 EXIT_TIMEOUT = 124
@@ -62,9 +62,7 @@ class ProbeConfig:
     @classmethod
     def from_json(cls, text: str) -> ProbeConfig:
         data = json.loads(text)
-        sweep = data.pop("sweep")
-        spec = SweepSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in sweep.items()})
-        return cls(sweep=spec, **data)
+        return cls(sweep=SweepSpec.from_dict(data.pop("sweep")), **data)
 
 
 def parse_pairs(text: str, size: int) -> list[tuple[int, int]]:
@@ -272,8 +270,7 @@ def run_probe(cfg: ProbeConfig, sink, comm=None) -> None:
     except ImportError as exc:
         fatal(f"transport {cfg.transport} cannot load: {exc}", 2)
     cases = plan_cases(cfg.sweep)
-    message, window, blocks, block = buffer_needs(cases)
-    plan = BufferPlan(message_bytes=message, window=window, blocks=blocks, block_bytes=block)
+    plan = buffer_plan(cfg.sweep)
     watchdog = Watchdog(
         cfg.timeout_s,
         lambda label: fatal(
@@ -385,6 +382,7 @@ def run_probe(cfg: ProbeConfig, sink, comm=None) -> None:
             index += 1
         if member:
             transport.close()
+            transport.return_buffers()
         if pair_comm != MPI.COMM_NULL:
             pair_comm.Free()
     world.Barrier()

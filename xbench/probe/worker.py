@@ -1,18 +1,36 @@
-"""Entry point of ranks launched by ``xbench probe``: ``python -m xbench.probe.worker CONFIG``."""
+"""Entry point of ranks launched by ``xbench probe``: ``python -m xbench.probe.worker CONFIG``.
+
+The order is a C benchmark's: MPI_Init, then the buffers, then everything else. The rank's
+host buffers are mapped and written before the runner loads pyarrow and the rest (see
+:func:`xbench.fabric.transport.reserve_host_buffers` for why).
+"""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
-from xbench.probe.events import JsonLinesSink, NullSink
-from xbench.probe.runner import ProbeConfig, run_probe
+
+def reserve_buffers(config_text: str) -> None:
+    """Map this run's host buffers now, from the configuration alone."""
+    from xbench.fabric.transport import reserve_host_buffers
+    from xbench.probe.patterns import SweepSpec, buffer_plan
+
+    data = json.loads(config_text)
+    if data.get("device", "host") == "host":
+        reserve_host_buffers(buffer_plan(SweepSpec.from_dict(data["sweep"])))
 
 
 def main(argv: list[str]) -> int:
-    cfg = ProbeConfig.from_json(Path(argv[0]).read_text())
+    text = Path(argv[0]).read_text()
     from mpi4py import MPI
 
+    reserve_buffers(text)
+    from xbench.probe.events import JsonLinesSink, NullSink
+    from xbench.probe.runner import ProbeConfig, run_probe
+
+    cfg = ProbeConfig.from_json(text)
     sink = JsonLinesSink() if MPI.COMM_WORLD.Get_rank() == 0 else NullSink()
     run_probe(cfg, sink)
     return 0
