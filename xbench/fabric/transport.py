@@ -92,11 +92,13 @@ class Transport(ABC):
         rng = np.random.default_rng(seed + pair.me)
         self._host_buffers: list[np.ndarray] = []  # what return_buffers hands back
         # Distinct, written contents: untouched pages would flatter the first samples.
-        self.sbuf = self._buffer(plan.message_bytes, fill=0x5A + pair.me)
-        self.rbuf = self._buffer(plan.message_bytes, fill=0xA5 - pair.me)
+        # The sizes come from host_buffer_sizes, which the early reservation maps too.
+        # cache: a paged cache, half of it free; staging: one packed selection.
+        fills = (0x5A + pair.me, 0xA5 - pair.me, 0x33 + pair.me, 0x44 + pair.me)
+        self.sbuf, self.rbuf, self.cache, self.staging = (
+            self._buffer(n, fill=f) for n, f in zip(host_buffer_sizes(plan), fills, strict=True)
+        )
         k, s = plan.blocks, plan.block_bytes
-        self.cache = self._buffer(2 * k * s, fill=0x33 + pair.me)  # paged cache, half free
-        self.staging = self._buffer(k * s, fill=0x44 + pair.me)
         # Blocks sit at scattered pages of the cache, as a selection would find them.
         self.offsets = (rng.permutation(2 * k)[:k] * s).astype(np.int64)
         self._flush = None  # the offcache pattern's flush buffer, allocated on first use
