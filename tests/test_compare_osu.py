@@ -47,3 +47,28 @@ def test_noisy_launches_widen_the_interval():
     assert row["ratio"] == pytest.approx(1.0)
     assert row["ci_low"] < 0.95 and row["ci_high"] > 1.05
     assert compare_osu.verdict(1 << 20, row) == "agrees (CI wider)"
+
+
+def test_bandwidth_has_no_target_below_64kb():
+    assert compare_osu.tolerance(8, "bandwidth") is None
+    assert compare_osu.tolerance(65536, "bandwidth") == 0.05
+    row = compare_osu.compare(np.ones(5), np.full(5, 0.9))
+    assert compare_osu.verdict(512, row, "bandwidth") == "-"
+    assert compare_osu.verdict(512, row, "latency") == "agrees"
+
+
+def test_aggregate_is_osus_whole_loop_statistic():
+    """Two samples of one size: OSU's figure is total time (or bytes) over the whole loop."""
+    import pandas as pd
+
+    size = 1 << 20
+    # latency samples: 10 iterations at 2 us, 30 at 4 us -> 140 us over 40 iterations
+    lat = pd.DataFrame(
+        {"size_bytes": [size] * 3, "iterations": [10, 30, 5], "value": [2.0, 4.0, 99.0]}
+    ).assign(warmup=[False, False, True])
+    assert compare_osu.aggregate(lat, "latency") == {size: pytest.approx(3.5)}
+    # bandwidth: 1 window at 1000 MB/s and 1 at 3000 MB/s -> 2 windows in 4/3000 s: 1500 MB/s
+    bw = pd.DataFrame(
+        {"size_bytes": [size] * 2, "iterations": [1, 1], "value": [1000.0, 3000.0]}
+    ).assign(warmup=False)
+    assert compare_osu.aggregate(bw, "bandwidth") == {size: pytest.approx(1500.0)}
