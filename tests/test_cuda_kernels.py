@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from xbench.kernels import BackendUnavailable, DensePages, get_backend, random_topk
+from xbench.kernels import BackendUnavailable, DensePages, cuda_backend, get_backend, random_topk
 from xbench.kernels.cuda_backend import KERNELS, SOURCES, CudaBackend, compile_source, cuda_dir
 
 ELF_MAGIC = b"\x7fELF"
@@ -26,6 +26,43 @@ def test_compiles_for_sm90_without_a_gpu(source, tmp_path, monkeypatch):
         assert name.encode() in cubin
     assert any(tmp_path.glob("*.cubin"))  # cached for the next run
     assert compile_source(source, "sm_90") == cubin
+
+
+def test_older_nvrtc_compiles_with_the_toolkit_headers(tmp_path, monkeypatch):
+    """NVRTC < 13.3 (a CUDA 13.0 image) has no bundled headers: cuda_bf16.h comes from the
+    CUDA runtime headers that cuda.pathfinder finds, and the cubin still builds."""
+    from cuda.pathfinder import find_nvidia_header_directory
+
+    if find_nvidia_header_directory("cudart") is None:
+        pytest.skip("no CUDA runtime headers here (wheel or toolkit) to stand in for NVRTC 13.0")
+    monkeypatch.setenv("XBENCH_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cuda_backend, "nvrtc_version", lambda: (13, 0))
+    assert "use_bundled_headers" not in cuda_backend.header_options("inc")
+    assert compile_source("mla_partial_attention.cu", "sm_90").startswith(ELF_MAGIC)
+
+
+def test_older_nvrtc_without_headers_says_what_to_install(monkeypatch):
+    import cuda.pathfinder
+
+    monkeypatch.setattr(cuda.pathfinder, "find_nvidia_header_directory", lambda name: None)
+    with pytest.raises(BackendUnavailable) as err:
+        cuda_backend.header_options("inc", version=(12, 8))
+    assert "NVRTC 12.8" in err.value.problem and "nvidia-cuda-runtime-cu12" in err.value.fix
+    assert cuda_backend.header_options("inc", version=(13, 5))["use_bundled_headers"]
+
+
+def test_a_source_that_does_not_compile_is_one_line(tmp_path, monkeypatch):
+    broken = tmp_path / "cuda"
+    broken.mkdir()
+    for f in cuda_dir().iterdir():
+        (broken / f.name).write_bytes(f.read_bytes())
+    with open(broken / "merge_partials.cu", "a") as f:
+        f.write("this is not c++;\n")
+    monkeypatch.setenv("XBENCH_CUDA_DIR", str(broken))
+    monkeypatch.setenv("XBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    with pytest.raises(BackendUnavailable) as err:
+        compile_source("merge_partials.cu", "sm_90")
+    assert "\n" not in str(err.value) and "merge_partials.cu(" in err.value.problem
 
 
 def test_backend_says_why_it_cannot_run_here():

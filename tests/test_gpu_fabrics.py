@@ -9,6 +9,7 @@ import pytest
 
 from xbench.cluster.slurm import SlurmJob, render
 from xbench.errors import XbenchError
+from xbench.fabric.gpu import ranks_sharing_a_gpu
 from xbench.fabric.presets import check_nccl_log, preset_env
 from xbench.fabric.topology import label_pair
 from xbench.results.schema import PROBE_SAMPLES
@@ -209,6 +210,30 @@ def test_hostfile_launch(xbench, tmp_path):
     assert f"-f {hosts}" in (tmp_path / "h" / "launcher.log").read_text()
     r = xbench("probe", "--np", "2", "--hostfile", tmp_path / "nope", "--sizes", "8B")
     assert r.returncode != 0 and "hosts file" in r.stderr
+
+
+def test_ranks_sharing_a_gpu_are_found_by_host_and_uuid():
+    one_node = [("n1", "GPU-a"), ("n1", "GPU-b"), ("n2", "GPU-a")]
+    assert ranks_sharing_a_gpu(one_node) == []  # same UUID string on two hosts is two GPUs
+    assert ranks_sharing_a_gpu([("n1", "GPU-a"), ("n1", "GPU-a"), ("n1", "GPU-b")]) == [0, 1]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("transport", ["nccl", "nvshmem"])
+def test_two_ranks_on_one_gpu_is_a_one_line_error(xbench, tmp_path, transport):
+    import torch
+
+    if torch.cuda.device_count() != 1:
+        pytest.skip("needs exactly one GPU")
+    if transport == "nvshmem":
+        pytest.importorskip("nvshmem.core")
+    out = tmp_path / "one"
+    r = xbench(
+        "probe", "--np", "2", "--transport", transport, "--sizes", "8B", *QUICK, "--out", out
+    )
+    assert r.returncode != 0
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "one GPU per rank" in lines[0], r.stderr
 
 
 @pytest.mark.gpu

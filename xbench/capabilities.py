@@ -166,6 +166,8 @@ def check_kernel_backends() -> list[Capability]:
             ok = True
         except BackendUnavailable as exc:
             detail, ok = exc.problem, False
+        except Exception as exc:  # noqa: BLE001 - env reports every backend, whatever breaks
+            detail, ok = f"fails to load: {type(exc).__name__}: {exc}".splitlines()[0], False
         if name == "cuda":
             detail += f"; NVRTC {nvrtc_status()}"
         caps.append(Capability(f"kernel backend {name}", ok, detail))

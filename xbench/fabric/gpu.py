@@ -58,6 +58,28 @@ def local_gpu(world_comm) -> int:
     return local % max(torch.cuda.device_count(), 1)
 
 
+def ranks_sharing_a_gpu(idents: list[tuple[str, str]]) -> list[int]:
+    """World ranks whose (host, GPU UUID) another rank also holds, from an allgather."""
+    return [r for r, ident in enumerate(idents) if idents.count(ident) > 1]
+
+
+def claim_own_gpu(world_comm, gpu: int, transport: str) -> None:
+    """NCCL refuses two ranks on one GPU ("Duplicate GPU detected") and NVSHMEM's host
+    barriers refuse it ("limited MPG"); say so before either library starts. Compared by
+    UUID, so ranks that each see one different GPU (srun --gpus-per-task=1) pass."""
+    torch = _torch()
+    uuid = str(getattr(torch.cuda.get_device_properties(gpu), "uuid", gpu))
+    host = socket.gethostname()
+    shared = ranks_sharing_a_gpu(world_comm.allgather((host, uuid)))
+    if shared:
+        raise XbenchError(
+            f"the {transport} transport needs one GPU per rank, and ranks {shared} share "
+            f"a GPU ({torch.cuda.device_count()} visible on {host})",
+            "launch at most one rank per GPU (--np, or srun --gpus-per-task=1), "
+            "or use --transport mpi",
+        )
+
+
 class TorchDistTransport(Transport):
     """Point-to-point send/recv through torch.distributed: NCCL on GPUs, gloo on CPUs."""
 
@@ -95,7 +117,9 @@ class TorchDistTransport(Transport):
                     "the nccl backend needs CUDA GPUs, and torch sees none here",
                     "run on GPU nodes, or pass --backend gloo for the same path on CPUs",
                 )
-            torch.cuda.set_device(local_gpu(world_comm))
+            gpu = local_gpu(world_comm)
+            claim_own_gpu(world_comm, gpu, "nccl")
+            torch.cuda.set_device(gpu)
         if world_comm.Get_rank() == 0:
             with socket.socket() as s:
                 s.bind(("", 0))
@@ -260,6 +284,7 @@ class NvshmemTransport(Transport):
                 "nvshmem transport needs CUDA GPUs, and torch sees none here", "run on GPU nodes"
             )
         gpu = local_gpu(world_comm)
+        claim_own_gpu(world_comm, gpu, "nvshmem")
         torch.cuda.set_device(gpu)
         dev = Device(gpu)
         dev.set_current()

@@ -48,6 +48,37 @@ def _cache_path(source: str, arch: str) -> Path:
     return cache_dir() / f"{Path(source).stem}-{arch}-{digest.hexdigest()[:16]}.cubin"
 
 
+BUNDLED_HEADERS_NVRTC = (13, 3)  # cuda.core refuses use_bundled_headers on older NVRTC
+
+
+def nvrtc_version() -> tuple[int, int]:
+    from cuda.bindings import nvrtc
+
+    err, major, minor = nvrtc.nvrtcVersion()
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        raise BackendUnavailable(f"nvrtcVersion failed: {err}", "pip install nvidia-cuda-nvrtc")
+    return major, minor
+
+
+def header_options(*include_path: str, version: tuple[int, int] | None = None) -> dict:
+    """Where ``cuda_bf16.h`` comes from: NVRTC's bundled headers (NVRTC >= 13.3), else the
+    CUDA runtime headers of a wheel or toolkit that cuda.pathfinder finds (older NVRTC, as in
+    a CUDA 12.x or 13.0 image)."""
+    version = version or nvrtc_version()
+    if version >= BUNDLED_HEADERS_NVRTC:
+        return {"use_bundled_headers": True, "include_path": list(include_path)}
+    from cuda.pathfinder import find_nvidia_header_directory
+
+    cudart = find_nvidia_header_directory("cudart")
+    if cudart is None:
+        major, minor = version
+        raise BackendUnavailable(
+            f"NVRTC {major}.{minor} has no bundled headers and no CUDA runtime headers were found",
+            f"pip install nvidia-cuda-runtime-cu{major} (or set CUDA_HOME), or NVRTC >= 13.3",
+        )
+    return {"include_path": [*include_path, cudart]}
+
+
 def compile_source(source: str, arch: str = "sm_90") -> bytes:
     """NVRTC-compile one source to a cubin (no GPU needed); cached on disk."""
     target = _cache_path(source, arch)
@@ -60,15 +91,17 @@ def compile_source(source: str, arch: str = "sm_90") -> bytes:
             f"cuda.core is not importable ({exc})",
             "pip install cuda-core cuda-bindings nvidia-cuda-nvrtc",
         ) from None
-    options = ProgramOptions(
-        arch=arch,
-        std="c++17",
-        use_bundled_headers=True,
-        include_path=[str(cuda_dir())],
-        name=source,
-    )
+    options = ProgramOptions(arch=arch, std="c++17", name=source, **header_options(str(cuda_dir())))
     program = Program((cuda_dir() / source).read_text(), code_type="c++", options=options)
-    cubin = program.compile("cubin").code
+    try:
+        cubin = program.compile("cubin").code
+    except Exception as exc:  # noqa: BLE001 - NVRTC's errors carry the compiler log
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        first = next((ln for ln in lines if "error" in ln), lines[0] if lines else repr(exc))
+        raise BackendUnavailable(
+            f"NVRTC could not compile {source} for {arch}: {first}",
+            "check the CUDA headers (xbench env) or set XBENCH_CUDA_DIR to intact sources",
+        ) from None
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_suffix(f".tmp-{os.getpid()}")
     tmp.write_bytes(cubin)
