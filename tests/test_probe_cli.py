@@ -59,6 +59,7 @@ def test_sweep_writes_every_size_and_prints_json(xbench, tmp_path):
     ):
         assert key in meta
     assert meta["mpi_library"].startswith("MPICH")
+    assert meta["mpi_thread_level"] == "funneled"  # as a C benchmark's MPI_Init, not MULTIPLE
 
 
 def test_all_patterns_over_tcp_with_python_loop(xbench, tmp_path):
@@ -248,6 +249,22 @@ def test_env_reports_capabilities(xbench):
     assert r.returncode == 0
     for word in ("MPI", "compiled probe loop", "torch", "NVRTC", "CUDA driver"):
         assert word in r.stdout
+
+
+def test_env_reports_a_backend_that_breaks_as_one_line(monkeypatch):
+    """A GPU image whose libraries disagree (seen: cuda.core refusing NVRTC 13.0) must not
+    turn ``xbench env`` into a traceback."""
+    from xbench import capabilities
+    from xbench.kernels import api
+
+    def broken(name):
+        raise RuntimeError("use_bundled_headers requires NVRTC >= 13.3\nsecond line")
+
+    monkeypatch.setattr(api, "get_backend", broken)
+    caps = {c.name: c for c in capabilities.check_kernel_backends()}
+    cap = caps["kernel backend cuda"]
+    assert not cap.ok and "RuntimeError: use_bundled_headers" in cap.detail
+    assert "second line" not in cap.detail
 
 
 def test_runs_launch_separate_process_sets_into_one_run(xbench, tmp_path):

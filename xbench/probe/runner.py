@@ -122,6 +122,17 @@ class Watchdog:
                 os._exit(EXIT_TIMEOUT)
 
 
+def _thread_level(MPI) -> str:
+    """The MPI thread level the ranks were given (recorded: it changes small-message latency)."""
+    names = {
+        MPI.THREAD_SINGLE: "single",
+        MPI.THREAD_FUNNELED: "funneled",
+        MPI.THREAD_SERIALIZED: "serialized",
+        MPI.THREAD_MULTIPLE: "multiple",
+    }
+    return names.get(MPI.Query_thread(), "unknown")
+
+
 def _my_gpu(cfg, world) -> dict | None:
     """This rank's GPU in the topology format, when the transport uses one."""
     if (
@@ -244,6 +255,7 @@ def run_probe(cfg: ProbeConfig, sink, comm=None) -> None:
                     MPI.get_vendor()[0], ".".join(map(str, MPI.get_vendor()[1]))
                 ),
                 mpi4py=__import__("mpi4py").__version__,
+                mpi_thread_level=_thread_level(MPI),
                 launcher=cfg.launcher,
                 rank_gpus=rank_gpus,
                 pair_labels=_pair_labels(cfg.pairs, size, hosts, rank_gpus),

@@ -8,8 +8,15 @@ host buffers are mapped and written before the runner loads pyarrow and the rest
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
+
+# Only the main thread calls MPI (the watchdog and the tcp sender threads never do), so the
+# ranks ask for MPI_THREAD_FUNNELED instead of mpi4py's default MULTIPLE: under MULTIPLE
+# MPICH takes a lock in every call, which adds to each small-message round trip and which
+# a C benchmark (MPI_Init) does not pay. MPI4PY_RC_THREAD_LEVEL still overrides it.
+THREAD_LEVEL = "funneled"
 
 
 def reserve_buffers(config_text: str) -> None:
@@ -24,6 +31,10 @@ def reserve_buffers(config_text: str) -> None:
 
 def main(argv: list[str]) -> int:
     text = Path(argv[0]).read_text()
+    import mpi4py
+
+    if "MPI4PY_RC_THREAD_LEVEL" not in os.environ:
+        mpi4py.rc.thread_level = THREAD_LEVEL
     from mpi4py import MPI
 
     reserve_buffers(text)
