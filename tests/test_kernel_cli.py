@@ -3,6 +3,8 @@
 import json
 
 from xbench.core.models import PRESETS, get_model
+from xbench.kernels import cpu_bf16
+from xbench.kernels.bench import matmul_dtype
 from xbench.results.schema import KERNEL_SAMPLES
 from xbench.results.store import read_table
 
@@ -58,7 +60,21 @@ def test_kernel_sweep_writes_samples_and_rates(xbench, tmp_path):
         assert 0 < row["copy_share"] and row["gb_per_s"] > 0
     samples = read_table(out, KERNEL_SAMPLES)
     assert {"ceiling_copy", "ceiling_matmul"} <= set(samples.kernel)
+    matmul = samples[samples.kernel == "ceiling_matmul"].iloc[0]
+    assert matmul["dtype"] == matmul_dtype("cpu", "bf16")
+    assert round((matmul["flops"] / 2) ** (1 / 3)) in (256, 512, 1024, 2048)  # n grows to 50 ms
     assert samples.warmup.any() and (~samples.warmup).any()
+
+
+def test_cpu_ceiling_is_the_dtype_the_kernels_multiply_in(monkeypatch):
+    """Without AVX512-BF16 bf16 attention runs as fp32 products (torch's CPU bf16 matmul ran
+    at 1 GFLOP/s there), so the matmul ceiling is fp32's; a GPU keeps the cache dtype."""
+    monkeypatch.setattr(cpu_bf16, "cpu_has_bf16", lambda: False)
+    assert matmul_dtype("cpu", "bf16") == "fp32"
+    assert matmul_dtype("cpu", "fp32") == "fp32"
+    assert matmul_dtype("cuda", "bf16") == "bf16"
+    monkeypatch.setattr(cpu_bf16, "cpu_has_bf16", lambda: True)
+    assert matmul_dtype("cpu", "bf16") == "bf16"
 
 
 def test_kernel_sparse_fp32(xbench, tmp_path):

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from xbench.core.models import LSE_BYTES, ModelPreset
+from xbench.kernels import cpu_bf16
 from xbench.kernels.api import gather_kv, get_backend
 from xbench.kernels.selection import DensePages, random_topk
 from xbench.results.metadata import llc_bytes
@@ -208,19 +209,36 @@ def time_case(
     return results
 
 
+def matmul_dtype(device: str, dtype: str) -> str:
+    """The dtype the kernels multiply in here: a CPU without AVX512-BF16 runs bf16 attention
+    as fp32 products (see torch_backend), so that is the rate its ceiling should be."""
+    if device == "cpu" and dtype == "bf16" and not cpu_bf16.cpu_has_bf16():
+        return "fp32"
+    return dtype
+
+
 def measure_ceilings(device: str, dtype: str, *, samples: int = 5) -> dict[str, float]:
     """Copy bandwidth (bytes read + written per second) and matmul rate (FLOP/s) here."""
     clock = Clock(device)
-    dt = TORCH_DTYPES[dtype]
     n_copy = (512 if device.startswith("cuda") else 128) * 2**20
     src = torch.ones(n_copy // 4, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
     copy_t = []
     for _ in range(samples + 1):
         copy_t.append(clock.time(lambda i: dst.copy_(src), 3) / 3)
-    n = 8192 if device.startswith("cuda") else 2048
-    a = torch.randn(n, n, device=device).to(dt)
-    b = torch.randn(n, n, device=device).to(dt)
+    mm_dtype = matmul_dtype(device, dtype)
+    dt = TORCH_DTYPES[mm_dtype]
+    n = 8192 if device.startswith("cuda") else 256
+    while True:  # on CPU: the smallest n up to 2048 whose product takes 50 ms (bounded time)
+        a = torch.randn(n, n, device=device).to(dt)
+        b = torch.randn(n, n, device=device).to(dt)
+        if (
+            device.startswith("cuda")
+            or n >= 2048
+            or clock.time(lambda i, a=a, b=b: torch.mm(a, b), 1) > 0.05
+        ):
+            break
+        n *= 2
     mm_t = []
     for _ in range(samples + 1):
         mm_t.append(clock.time(lambda i: torch.mm(a, b), 2) / 2)
@@ -231,6 +249,7 @@ def measure_ceilings(device: str, dtype: str, *, samples: int = 5) -> dict[str, 
         "copy_s": copy_s,
         "matmul_s": mm_s,
         "matmul_n": n,
+        "matmul_dtype": mm_dtype,
         "copy_bytes": n_copy,
     }
 
@@ -335,7 +354,8 @@ def ceiling_rows(ceilings: dict, run_id: str, backend: str, device: str, dtype: 
         {
             **base,
             "kernel": "ceiling_matmul",
-            "bytes_moved": 3 * n * n * TORCH_DTYPES[dtype].itemsize,
+            "dtype": ceilings["matmul_dtype"],
+            "bytes_moved": 3 * n * n * TORCH_DTYPES[ceilings["matmul_dtype"]].itemsize,
             "flops": 2 * n**3,
             "metric": "time",
             "value": ceilings["matmul_s"] * 1e6,
