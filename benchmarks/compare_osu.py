@@ -22,6 +22,11 @@ compared: its median, and the same aggregate over its measured samples (read bac
 run's Parquet samples), so a difference of statistic is told apart from a difference of
 speed. Every round's figures are appended to ``--out`` as it finishes, so an interrupted
 comparison keeps what it measured.
+
+``--variant NAME:VAR=VALUE[,VAR=VALUE]`` (repeatable) adds one more xbench launch per round
+with those environment variables, in the same rotation, and prints its own tables: an A/B of
+a setting against OSU and the default in the same sitting, e.g.
+``--variant multiple:MPI4PY_RC_THREAD_LEVEL=multiple``.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -56,14 +62,26 @@ def run_osu(binary: Path, bind: str, osu_args: list[str]) -> dict[int, float]:
     return values
 
 
+def parse_variant(text: str) -> tuple[str, dict[str, str]]:
+    """``NAME:VAR=VALUE[,VAR=VALUE]`` -> (NAME, {VAR: VALUE})."""
+    name, sep, assignments = text.partition(":")
+    env = dict(a.split("=", 1) for a in assignments.split(",") if "=" in a)
+    if not sep or not name or name in ("osu", "xbench") or not env:
+        raise ValueError(f"--variant {text!r}: expected NAME:VAR=VALUE[,VAR=VALUE]")
+    return name, env
+
+
 def run_xbench(
-    pattern: str, sizes: str, bind: str, extra: list[str]
+    pattern: str, sizes: str, bind: str, extra: list[str], env: dict[str, str] | None = None
 ) -> tuple[dict[int, float], dict[int, float]]:
     """One xbench launch: (median per size as xbench prints it, OSU's aggregate per size)."""
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [str(BIN / "xbench"), "probe", "--np", "2", "-p", pattern, "--sizes", sizes]
         cmd += ["--bind", bind, *extra, "--out", f"{tmp}/r", "--format", "json"]
-        rows = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
+        done = subprocess.run(
+            cmd, capture_output=True, text=True, check=True, env={**os.environ, **(env or {})}
+        )
+        rows = json.loads(done.stdout)
         samples = read_table(f"{tmp}/r", PROBE_SAMPLES)
     medians = {row["size_bytes"]: row["median"] for row in rows}
     return medians, aggregate(samples[samples.pattern == pattern], pattern)
@@ -148,11 +166,22 @@ def main() -> int:
     )
     ap.add_argument("--xbench-args", default="", help="extra xbench probe options")
     ap.add_argument("--out", type=Path, help="CSV of every round's figures, appended per round")
+    ap.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="NAME:VAR=VALUE[,VAR=VALUE]: one more xbench launch per round with this environment",
+    )
     args = ap.parse_args()
+    variants = dict(parse_variant(v) for v in args.variant)
+    tools = ["osu", "xbench", *variants]
     sizes = parse_size_list(args.sizes)
     osu_args = args.osu_args.split() if args.osu_args is not None else ["-m", str(max(sizes))]
     patterns = args.patterns.split(",")
-    figures = {p: {"osu": [], "xbench": [], "xbench_aggregate": []} for p in patterns}
+    figures = {
+        p: {"osu": [], **{k: [] for t in tools[1:] for k in (t, f"{t}_aggregate")}}
+        for p in patterns
+    }
     writer = None
     if args.out:
         fresh = not args.out.exists()
@@ -162,7 +191,7 @@ def main() -> int:
             writer.writerow(["round", "pattern", "tool", "size_bytes", "value"])
     for r in range(args.rounds):
         for pattern in patterns:
-            order = ["osu", "xbench"] if r % 2 == 0 else ["xbench", "osu"]
+            order = tools[r % len(tools) :] + tools[: r % len(tools)]
             for tool in order:
                 if tool == "osu":
                     figs = {
@@ -170,9 +199,9 @@ def main() -> int:
                     }
                 else:
                     median, agg = run_xbench(
-                        pattern, args.sizes, args.bind, args.xbench_args.split()
+                        pattern, args.sizes, args.bind, args.xbench_args.split(), variants.get(tool)
                     )
-                    figs = {"xbench": median, "xbench_aggregate": agg}
+                    figs = {tool: median, f"{tool}_aggregate": agg}
                 for name, fig in figs.items():
                     figures[pattern][name].append(fig)
                     if writer:
@@ -183,27 +212,33 @@ def main() -> int:
     for pattern in patterns:
         unit = PATTERNS[pattern][1]
         runs = figures[pattern]
-        for mine, what in (
-            ("xbench", "xbench's median of samples"),
-            ("xbench_aggregate", "xbench's aggregate over samples (OSU's statistic)"),
-        ):
-            print(f"\n{pattern} ({unit}), {what}, {args.rounds} rounds, medians over launches")
-            print(
-                f"{'size':>10} {'OSU':>10} {'xbench':>10} {'ratio':>7} {'95% CI':>13} "
-                f"{'paired med':>10} {'paired range':>13}  verdict"
-            )
-            common = sorted(set(runs[mine][0]) & set(runs["osu"][0]))
-            for size in common:
-                row = compare([o[size] for o in runs["osu"]], [x[size] for x in runs[mine]])
-                print(
-                    f"{size:>10} {row['osu']:>10.2f} {row['xbench']:>10.2f} {row['ratio']:>7.3f} "
-                    f"{row['ci_low']:>6.3f}-{row['ci_high']:<6.3f} {row['paired_median']:>10.3f} "
-                    f"{row['paired_min']:>6.3f}-{row['paired_max']:<6.3f}  "
-                    f"{verdict(size, row, pattern)}"
-                )
+        for tool in tools[1:]:
+            label = "xbench" if tool == "xbench" else f"xbench [{tool}]"
+            for mine, what in (
+                (tool, f"{label}'s median of samples"),
+                (f"{tool}_aggregate", f"{label}'s aggregate over samples (OSU's statistic)"),
+            ):
+                print_table(pattern, unit, what, args.rounds, runs["osu"], runs[mine])
     if writer:
         handle.close()
     return 0
+
+
+def print_table(pattern, unit, what, rounds, osu_runs, mine_runs) -> None:
+    """One table: per size, OSU and xbench medians over launches, ratio, CI and verdict."""
+    print(f"\n{pattern} ({unit}), {what}, {rounds} rounds, medians over launches")
+    print(
+        f"{'size':>10} {'OSU':>10} {'xbench':>10} {'ratio':>7} {'95% CI':>13} "
+        f"{'paired med':>10} {'paired range':>13}  verdict"
+    )
+    for size in sorted(set(mine_runs[0]) & set(osu_runs[0])):
+        row = compare([o[size] for o in osu_runs], [x[size] for x in mine_runs])
+        print(
+            f"{size:>10} {row['osu']:>10.2f} {row['xbench']:>10.2f} {row['ratio']:>7.3f} "
+            f"{row['ci_low']:>6.3f}-{row['ci_high']:<6.3f} {row['paired_median']:>10.3f} "
+            f"{row['paired_min']:>6.3f}-{row['paired_max']:<6.3f}  "
+            f"{verdict(size, row, pattern)}"
+        )
 
 
 if __name__ == "__main__":

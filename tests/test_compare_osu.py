@@ -72,3 +72,14 @@ def test_aggregate_is_osus_whole_loop_statistic():
         {"size_bytes": [size] * 2, "iterations": [1, 1], "value": [1000.0, 3000.0]}
     ).assign(warmup=False)
     assert compare_osu.aggregate(bw, "bandwidth") == {size: pytest.approx(1500.0)}
+
+
+def test_variant_names_an_environment_for_one_more_xbench_launch():
+    assert compare_osu.parse_variant("multiple:MPI4PY_RC_THREAD_LEVEL=multiple") == (
+        "multiple",
+        {"MPI4PY_RC_THREAD_LEVEL": "multiple"},
+    )
+    assert compare_osu.parse_variant("x:A=1,B=c=d") == ("x", {"A": "1", "B": "c=d"})
+    for bad in ("noenv", "x:", ":A=1", "osu:A=1", "xbench:A=1"):
+        with pytest.raises(ValueError):
+            compare_osu.parse_variant(bad)
