@@ -26,7 +26,9 @@ comparison keeps what it measured.
 ``--variant NAME:VAR=VALUE[,VAR=VALUE]`` (repeatable) adds one more xbench launch per round
 with those environment variables, in the same rotation, and prints its own tables: an A/B of
 a setting against OSU and the default in the same sitting, e.g.
-``--variant multiple:MPI4PY_RC_THREAD_LEVEL=multiple``.
+``--variant multiple:MPI4PY_RC_THREAD_LEVEL=multiple``. ``--osu-again`` launches OSU a
+second time per round and compares it with its first launch in the same way: what the
+method reports when both sides are the same program, the floor under any verdict.
 """
 
 from __future__ import annotations
@@ -117,7 +119,7 @@ def compare(osu: list[float], xbench: list[float], seed: int = 0) -> dict:
     """xbench/OSU over paired rounds: ratio of medians, its 95 % bootstrap CI, paired ratios."""
     o, x = np.asarray(osu, dtype=float), np.asarray(xbench, dtype=float)
     ratio = float(np.median(x) / np.median(o))
-    low, high = ratio, ratio
+    low = high = float("nan")  # no interval from fewer than 3 rounds
     if len(o) >= 3:
         ci = stats.bootstrap(
             (x, o),
@@ -172,14 +174,24 @@ def main() -> int:
         default=[],
         help="NAME:VAR=VALUE[,VAR=VALUE]: one more xbench launch per round with this environment",
     )
+    ap.add_argument(
+        "--osu-again",
+        action="store_true",
+        help="launch OSU a second time per round and compare it with the first (noise floor)",
+    )
     args = ap.parse_args()
     variants = dict(parse_variant(v) for v in args.variant)
-    tools = ["osu", "xbench", *variants]
+    tools = ["osu", "xbench", *variants, *(["osu_again"] if args.osu_again else [])]
+    xbench_tools = [t for t in tools if not t.startswith("osu")]
     sizes = parse_size_list(args.sizes)
     osu_args = args.osu_args.split() if args.osu_args is not None else ["-m", str(max(sizes))]
     patterns = args.patterns.split(",")
     figures = {
-        p: {"osu": [], **{k: [] for t in tools[1:] for k in (t, f"{t}_aggregate")}}
+        p: {
+            "osu": [],
+            "osu_again": [],
+            **{k: [] for t in xbench_tools for k in (t, f"{t}_aggregate")},
+        }
         for p in patterns
     }
     writer = None
@@ -193,10 +205,8 @@ def main() -> int:
         for pattern in patterns:
             order = tools[r % len(tools) :] + tools[: r % len(tools)]
             for tool in order:
-                if tool == "osu":
-                    figs = {
-                        "osu": run_osu(args.osu_dir / PATTERNS[pattern][0], args.bind, osu_args)
-                    }
+                if tool.startswith("osu"):
+                    figs = {tool: run_osu(args.osu_dir / PATTERNS[pattern][0], args.bind, osu_args)}
                 else:
                     median, agg = run_xbench(
                         pattern, args.sizes, args.bind, args.xbench_args.split(), variants.get(tool)
@@ -212,26 +222,32 @@ def main() -> int:
     for pattern in patterns:
         unit = PATTERNS[pattern][1]
         runs = figures[pattern]
-        for tool in tools[1:]:
+        for tool in xbench_tools:
             label = "xbench" if tool == "xbench" else f"xbench [{tool}]"
             for mine, what in (
                 (tool, f"{label}'s median of samples"),
                 (f"{tool}_aggregate", f"{label}'s aggregate over samples (OSU's statistic)"),
             ):
-                print_table(pattern, unit, what, args.rounds, runs["osu"], runs[mine])
+                print_table(pattern, unit, what, args.rounds, runs["osu"], runs[mine], sizes)
+        if args.osu_again:
+            what = "OSU's second launch against its first (the method's own noise)"
+            print_table(
+                pattern, unit, what, args.rounds, runs["osu"], runs["osu_again"], sizes, "OSU again"
+            )
     if writer:
         handle.close()
     return 0
 
 
-def print_table(pattern, unit, what, rounds, osu_runs, mine_runs) -> None:
-    """One table: per size, OSU and xbench medians over launches, ratio, CI and verdict."""
+def print_table(pattern, unit, what, rounds, osu_runs, mine_runs, sizes, other="xbench") -> None:
+    """One table: per size, OSU's and the other launch's medians over launches, ratio, CI and
+    verdict (the other column is xbench, or OSU again for the noise floor)."""
     print(f"\n{pattern} ({unit}), {what}, {rounds} rounds, medians over launches")
     print(
-        f"{'size':>10} {'OSU':>10} {'xbench':>10} {'ratio':>7} {'95% CI':>13} "
+        f"{'size':>10} {'OSU':>10} {other:>10} {'ratio':>7} {'95% CI':>13} "
         f"{'paired med':>10} {'paired range':>13}  verdict"
     )
-    for size in sorted(set(mine_runs[0]) & set(osu_runs[0])):
+    for size in sorted(set(mine_runs[0]) & set(osu_runs[0]) & set(sizes)):
         row = compare([o[size] for o in osu_runs], [x[size] for x in mine_runs])
         print(
             f"{size:>10} {row['osu']:>10.2f} {row['xbench']:>10.2f} {row['ratio']:>7.3f} "

@@ -83,3 +83,9 @@ def test_variant_names_an_environment_for_one_more_xbench_launch():
     for bad in ("noenv", "x:", ":A=1", "osu:A=1", "xbench:A=1"):
         with pytest.raises(ValueError):
             compare_osu.parse_variant(bad)
+
+
+def test_fewer_than_three_rounds_give_no_interval():
+    row = compare_osu.compare([1.0, 1.1], [1.0, 1.2])
+    assert np.isnan(row["ci_low"]) and np.isnan(row["ci_high"])
+    assert compare_osu.verdict(65536, row) == "agrees (CI wider)"
