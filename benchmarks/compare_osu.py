@@ -68,7 +68,7 @@ def parse_variant(text: str) -> tuple[str, dict[str, str]]:
     """``NAME:VAR=VALUE[,VAR=VALUE]`` -> (NAME, {VAR: VALUE})."""
     name, sep, assignments = text.partition(":")
     env = dict(a.split("=", 1) for a in assignments.split(",") if "=" in a)
-    if not sep or not name or name in ("osu", "xbench") or not env:
+    if not sep or not name or name == "xbench" or name.startswith("osu") or not env:
         raise ValueError(f"--variant {text!r}: expected NAME:VAR=VALUE[,VAR=VALUE]")
     return name, env
 
@@ -180,7 +180,10 @@ def main() -> int:
         help="launch OSU a second time per round and compare it with the first (noise floor)",
     )
     args = ap.parse_args()
-    variants = dict(parse_variant(v) for v in args.variant)
+    try:
+        variants = dict(parse_variant(v) for v in args.variant)
+    except ValueError as err:
+        ap.error(str(err))
     tools = ["osu", "xbench", *variants, *(["osu_again"] if args.osu_again else [])]
     xbench_tools = [t for t in tools if not t.startswith("osu")]
     sizes = parse_size_list(args.sizes)

@@ -80,7 +80,7 @@ def test_variant_names_an_environment_for_one_more_xbench_launch():
         {"MPI4PY_RC_THREAD_LEVEL": "multiple"},
     )
     assert compare_osu.parse_variant("x:A=1,B=c=d") == ("x", {"A": "1", "B": "c=d"})
-    for bad in ("noenv", "x:", ":A=1", "osu:A=1", "xbench:A=1"):
+    for bad in ("noenv", "x:", ":A=1", "osu:A=1", "osu_again:A=1", "xbench:A=1"):
         with pytest.raises(ValueError):
             compare_osu.parse_variant(bad)
 
