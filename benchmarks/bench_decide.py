@@ -65,7 +65,7 @@ def main() -> None:
             xbench.Request(rows=8, heads=128, chunk_tokens=2048, fabric=first),
         ),
         (
-            f"decide(), best of {len(profile.fabrics)} ({len(profile._scan)} undominated)",
+            f"decide(), best of {len(profile.fabrics)} ({len(profile.candidates)} undominated)",
             xbench.Request(rows=8, heads=128, chunk_tokens=2048),
         ),
     ):

@@ -17,9 +17,9 @@ from xbench.core.costmodel import (
     Profile,
     Request,
     Segment,
-    _times,
     decide,
     thresholds,
+    times,
 )
 from xbench.core.grid import decide_grid
 from xbench.core.profile import load_profile
@@ -85,7 +85,7 @@ def test_b_star_separates_route_from_fetch(k, shape):
     assume(math.isfinite(b_star) and 2 <= b_star <= 1e6)
     for b, route_wins in ((math.floor(b_star * 0.999), True), (math.ceil(b_star * 1.001), False)):
         assume(b >= 1)
-        route, fetch, _ = _times(f, dev._ends[0], Request(rows=b, **shape), f._val)
+        route, fetch, _ = times(f, dev, Request(rows=b, **shape))
         assert (route < fetch) == route_wins, (b, b_star, route, fetch)
 
 
@@ -101,9 +101,7 @@ def test_u_star_separates_fetch_with_reuse(k, shape, rows):
         (math.ceil(u_star * 1.001), True),
     ):
         assume(uses >= 1)
-        route, fetch, _ = _times(
-            f, dev._ends[0], Request(rows=rows, reuse=uses - 1, **shape), f._val
-        )
+        route, fetch, _ = times(f, dev, Request(rows=rows, reuse=uses - 1, **shape))
         assert (fetch < route) == fetch_wins, (uses, u_star, route, fetch)
 
 
@@ -278,13 +276,10 @@ def test_grid_blocks_on_threads_equal_one_thread_and_scalar_decide():
 
 def _full_ranking(profile, request):
     """decide()'s fabric choice by brute force: every fabric, first of the fastest on ties."""
-    from xbench.core.costmodel import _device_side, _fabric_side
-
-    dev = _device_side(profile.device._ends[0], request)
     best = None
     for f in profile.fabrics:
-        route, fetch = _fabric_side(f, f._val, dev)
-        tw = min(route, fetch, dev[6])
+        route, fetch, local = times(f, profile.device, request)
+        tw = min(route, fetch, local)
         if best is None or tw < best[0]:
             best = (tw, f.name, route, fetch)
     return best[1:]
@@ -354,6 +349,6 @@ def test_decide_over_all_fabrics_equals_the_full_ranking(specs, requests):
 
 def test_dominated_fabrics_are_not_ranked():
     profile = load_profile(PRIORS)
-    ranked = [entry[0].name for entry in profile._scan]
+    ranked = [f.name for f in profile.candidates]
     # roce and tcp are slower than ib at every size (alpha, o, beta): never the best fabric
     assert ranked == ["nvlink", "ib", "ibgda"]

@@ -255,12 +255,12 @@ def test_env_reports_a_backend_that_breaks_as_one_line(monkeypatch):
     """A GPU image whose libraries disagree (seen: cuda.core refusing NVRTC 13.0) must not
     turn ``xbench env`` into a traceback."""
     from xbench import capabilities
-    from xbench.kernels import api
+    from xbench.kernels import backend
 
     def broken(name):
         raise RuntimeError("use_bundled_headers requires NVRTC >= 13.3\nsecond line")
 
-    monkeypatch.setattr(api, "get_backend", broken)
+    monkeypatch.setattr(backend, "get_backend", broken)
     caps = {c.name: c for c in capabilities.check_kernel_backends()}
     cap = caps["kernel backend cuda"]
     assert not cap.ok and "RuntimeError: use_bundled_headers" in cap.detail

@@ -8,10 +8,9 @@ The cost model is importable without MPI, torch or a GPU::
     table = xbench.decide_grid(profile, {"rows": [1, 8, 64], "chunk_tokens": [512, 4096]})
 """
 
-__version__ = "0.1.0"
-
 from xbench.core.costmodel import Decision, Profile, Request, decide  # noqa: E402
 from xbench.core.profile import load_profile  # noqa: E402
+from xbench.version import __version__  # noqa: E402
 
 
 def decide_grid(profile, grid, *, threads=None):

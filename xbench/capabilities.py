@@ -75,9 +75,9 @@ def check_torch() -> Capability:
 
 
 def check_nvml() -> Capability:
-    from xbench.results.metadata import gpu_inventory
+    from xbench.host import gpu_topology
 
-    gpus = gpu_inventory()
+    gpus = gpu_topology()
     if gpus:
         names = ", ".join(f"{g['index']}: {g['name']}" for g in gpus)
         return Capability(
@@ -155,16 +155,16 @@ def check_cpu_bf16() -> Capability:
 
 def check_kernel_backends() -> list[Capability]:
     """Each kernel backend: can it run here, and if not, why."""
-    from xbench.kernels.api import BackendUnavailable, get_backend
+    from xbench.kernels import backend as kernel_backends
     from xbench.kernels.cuda_backend import nvrtc_status
 
     caps = []
-    for name in ("torch", "cuda", "flashmla", "flashinfer"):
+    for name in kernel_backends.BACKENDS:
         try:
-            get_backend(name)
+            kernel_backends.get_backend(name)
             detail = "runs here"
             ok = True
-        except BackendUnavailable as exc:
+        except kernel_backends.BackendUnavailable as exc:
             detail, ok = exc.problem, False
         except Exception as exc:  # noqa: BLE001 - env reports every backend, whatever breaks
             detail, ok = f"fails to load: {type(exc).__name__}: {exc}".splitlines()[0], False

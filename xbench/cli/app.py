@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import sys
+
 import typer
 
-import xbench
 from xbench.cli.decide import decide
 from xbench.cli.env import env
 from xbench.cli.fit import fit
@@ -13,26 +14,30 @@ from xbench.cli.models import models
 from xbench.cli.probe import probe
 from xbench.cli.slurm import slurm
 from xbench.cli.validate import validate
+from xbench.version import version_line
 
 app = typer.Typer(
     name="xbench",
     help="Route the query or fetch the cache: probe fabrics, time MLA kernels, fit a cost model, decide.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
 )
 
 
 def _version(value: bool) -> None:
     if value:
-        typer.echo(f"xbench {xbench.__version__}")
+        typer.echo(version_line())
         raise typer.Exit()
 
 
 @app.callback()
 def _main(
     version: bool = typer.Option(
-        False, "--version", callback=_version, is_eager=True, help="Print the version."
+        False,
+        "--version",
+        callback=_version,
+        is_eager=True,
+        help="Print the version and the git revision it was built from.",
     ),
 ) -> None:
     """xbench: measurements behind route / fetch / local decisions."""
@@ -49,7 +54,27 @@ app.command("env")(env)
 
 
 def main() -> None:
-    app()
+    """Run the CLI; a usage error (bad option value, unknown option) is one line too."""
+    from xbench.cli.common import fail
+
+    try:
+        code = app(standalone_mode=False)
+    except typer.Exit as exc:
+        code = exc.exit_code
+    except typer.Abort:
+        code = 130
+    except Exception as exc:
+        # click's usage and parameter errors (click is vendored in newer Typer, so matched by
+        # what they carry rather than by class)
+        if not (hasattr(exc, "format_message") and hasattr(exc, "exit_code")):
+            raise
+        ctx = getattr(exc, "ctx", None)
+        hint = f"; see {ctx.command_path} --help" if ctx is not None else ""
+        try:
+            raise fail(f"{exc.format_message()}{hint}", exc.exit_code) from None
+        except typer.Exit as done:
+            code = done.exit_code
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import sys
 from enum import Enum
 from pathlib import Path
@@ -55,17 +56,35 @@ def fail(message: str, code: int = 2) -> typer.Exit:
     return typer.Exit(code)
 
 
+_run_dir: list[Path] = []  # the run directory the running command writes, once it has one
+
+
+def note_run_dir(path: Path) -> None:
+    """Tell the error mapping where this command's results go (for the interrupt message)."""
+    _run_dir[:] = [Path(path)]
+
+
 def handles_errors(fn):
     """Map library errors to one line on stderr and an exit code: the only such place."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        _run_dir.clear()
         try:
             return fn(*args, **kwargs)
         except XbenchError as exc:
             raise fail(str(exc), exc.exit_code) from None
         except KeyboardInterrupt:
-            raise fail("interrupted; results finished so far are on disk", 130) from None
+            if not _run_dir:
+                raise fail("interrupted before anything was written", 130) from None
+            from xbench.results.store import mark_partial
+
+            mark_partial(_run_dir[0], "interrupted")
+            raise fail(
+                f"interrupted; the cases finished so far are in {_run_dir[0]} "
+                "(run.json marks the run partial; xbench fit says so when it reads it)",
+                130,
+            ) from None
 
     return wrapper
 
@@ -73,23 +92,40 @@ def handles_errors(fn):
 def emit_frame(frame, fmt: OutputFormat, render_table) -> None:
     """Print a result frame as a rich table, a JSON list of rows, or CSV."""
     if fmt == OutputFormat.json:
-        sys.stdout.write(
-            json.dumps(frame.to_dict(orient="records"), default=_json_default, indent=1) + "\n"
-        )
+        sys.stdout.write(strict_json(frame.to_dict(orient="records")) + "\n")
     elif fmt == OutputFormat.csv:
         sys.stdout.write(frame.to_csv(index=False))
     else:
         render_table(frame)
 
 
-def _json_default(value):
-    try:
-        import numpy as np
+def strict_json(value) -> str:
+    """JSON that every parser reads: NaN and infinities become null, numpy scalars numbers."""
+    return json.dumps(_plain(value), indent=1, allow_nan=False, default=str)
 
-        if isinstance(value, np.generic):
-            return value.item()
-    except ImportError:
-        pass
-    if value != value:  # NaN
+
+def _plain(value):
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):  # numpy scalar
+        try:
+            value = value.item()
+        except (TypeError, ValueError):
+            return str(value)
+    if isinstance(value, float) and not math.isfinite(value):
         return None
-    return str(value)
+    return value
+
+
+def interval_label(coverages) -> str:
+    """The header of a median-interval column: the coverage the sample counts give.
+
+    Order-statistic intervals reach 95 % only from 6 samples on; with fewer, the interval is
+    the range of the samples and covers less (2 samples: 50 %). The label says the least
+    coverage of any row, never more than the rows have.
+    """
+    values = [float(c) for c in coverages if c == c]
+    low = min(values, default=0.0)
+    return "95% CI" if low >= 0.95 - 1e-9 else f"{math.floor(low * 100)}% CI"

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from xbench.cli.common import FormatOption, OutputFormat, console, emit_frame, handles_errors
+from xbench.cli.render import result_table
 from xbench.errors import XbenchError
-
-DEFAULT_PROFILE = Path(__file__).resolve().parents[2] / "profiles" / "h100-priors.toml"
 
 
 @handles_errors
@@ -44,7 +41,10 @@ def decide(
     ] = None,
     profile: Annotated[
         Path | None,
-        typer.Option(help="Profile TOML (default: profiles/h100-priors.toml, datasheet priors)."),
+        typer.Option(
+            help="Profile TOML, or the name of one xbench ships (default: h100-priors, "
+            "datasheet priors)."
+        ),
     ] = None,
     model: Annotated[
         str | None,
@@ -92,6 +92,7 @@ def decide(
             help="Decision table Parquet file (default results/<run_id>/decisions.parquet).",
         ),
     ] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace --out if it exists.")] = False,
     fmt: FormatOption = OutputFormat.table,
 ) -> None:
     """Evaluate the predicate over rows x chunk x reuse (x fabric); write the decision table."""
@@ -99,8 +100,12 @@ def decide(
     from xbench.core.models import get_model
     from xbench.core.profile import load_profile
     from xbench.core.units import parse_duration, parse_int_list, parse_size
+    from xbench.resources import DEFAULT_PROFILE, profile_path
+    from xbench.results.store import refuse_overwrite
 
-    prof = load_profile(profile or DEFAULT_PROFILE)
+    prof = load_profile(profile_path(profile or DEFAULT_PROFILE))
+    if out is not None:
+        refuse_overwrite(out, force)
     if scenario is not None:
         return _decide_scenario(scenario, prof, out, fmt)
     preset = get_model(model) if model else None
@@ -116,7 +121,7 @@ def decide(
         else (preset.return_bytes_per_row() if preset and not payload else pay)
     )
     kvb = parse_size(kv_bytes) if kv_bytes else (preset.kv_bytes_per_token() if preset else 1152)
-    h = heads or (preset.q_heads if preset else 1)
+    h = heads if heads is not None else (preset.q_heads if preset else 1)
     chunks = parse_int_list(chunk, "--chunk")
     reuses = parse_int_list(reuse, "--reuse")
     row_list = parse_int_list(rows, "--rows")
@@ -145,6 +150,7 @@ def decide(
     )
     grid["segments"], grid["include_probe"] = segments, probe_phase
     grid["fetch_cost"] = parse_duration(fetch_cost) if fetch_cost else math.nan
+    check_shapes(grid)
     table = decide_grid(prof, grid)
     settings = {
         "profile": prof.name,
@@ -179,6 +185,7 @@ def _decide_scenario(path: Path, prof, out, fmt) -> None:
     grid = expand(sc["axes"])
     for key, value in sc["request"].items():
         grid[key] = value
+    check_shapes(grid, f"scenario {path}")
     table = decide_grid(prof, grid)
     req = sc["request"]
     settings = {
@@ -215,12 +222,35 @@ def _decide_scenario(path: Path, prof, out, fmt) -> None:
     emit_frame(table, fmt, lambda f: _render(f, thresholds, prof, settings, written))
 
 
-def _write(table, prof, settings, out: Path | None) -> Path:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+# Each request field, the option that sets it, and the least value that means something.
+_SHAPES = (
+    ("rows", "--rows", 1),
+    ("heads", "--heads", 1),
+    ("chunk_tokens", "--chunk", 1),
+    ("payload_bytes", "--payload", 1),
+    ("return_bytes", "--return", 1),
+    ("kv_bytes_per_token", "--kv-bytes", 1),
+    ("segments", "--segments", 1),
+    ("reuse", "--reuse", 0),
+)
 
+
+def check_shapes(grid, where: str = "") -> None:
+    """Refuse request shapes the model cannot mean: no rows, no tokens, no bytes."""
+    for column, option, least in _SHAPES:
+        if column in grid.columns and len(grid) and float(grid[column].min()) < least:
+            bad = grid[column].min()
+            source = f"{where}: {column}" if where else option
+            raise XbenchError(
+                f"{source} {bad:g} is not a request shape (at least {least})",
+                f"give {option} of {least} or more",
+            )
+
+
+def _write(table, prof, settings, out: Path | None) -> Path:
     from xbench.results.metadata import new_run_id, run_metadata
-    from xbench.results.store import ensure_writable_dir
+    from xbench.results.schema import DECISIONS
+    from xbench.results.store import ensure_writable_dir, write_table
 
     run_id = new_run_id("decide")
     path = out or Path("results") / run_id / "decisions.parquet"
@@ -232,16 +262,14 @@ def _write(table, prof, settings, out: Path | None) -> Path:
         profile_provenance=prof.provenance,
         rests_on_priors=prof.rests_on_priors,
     )
-    arrow = pa.Table.from_pandas(table, preserve_index=False)
-    arrow = arrow.replace_schema_metadata(
-        {
-            b"xbench.table": b"decisions",
-            b"xbench.schema_version": b"1",
-            b"xbench.run": json.dumps(meta, default=str).encode(),
-        }
-    )
-    pq.write_table(arrow, path)
-    return path
+    frame = table.copy()
+    if "fabric" not in frame.columns:
+        frame["fabric"] = None
+    frame["fetch_cost"] = frame.get("fetch_cost", float("nan"))
+    frame["fetch_cost"] = frame["fetch_cost"].where(frame["fetch_cost"].notna(), None)
+    for column in ("decision", "fabric_chosen", "ranked_by"):
+        frame[column] = frame[column].astype(str)
+    return write_table(path, DECISIONS, frame, meta)
 
 
 def _thresholds(prof, rows, chunks, heads, pay, ret, kvb, segments, fetch_cost, fabrics):
@@ -283,7 +311,7 @@ def _render(f, thresholds, prof, settings, path) -> None:
         if any_prior
         else ""
     )
-    table = Table(title=title, caption=caption)
+    table = result_table(title, caption)
     for col in (
         "rows",
         "chunk",
@@ -297,7 +325,10 @@ def _render(f, thresholds, prof, settings, path) -> None:
         "margin",
     ):
         table.add_column(
-            col, justify="left" if col in ("decision", "fabric", "by") else "right", no_wrap=True
+            col,
+            justify="left" if col in ("decision", "fabric", "by") else "right",
+            no_wrap=True,
+            min_width=len(col),
         )
     for r in f.itertuples():
         flags = ("?" if r.uncertain else "") + ("*" if r.prior else "")
@@ -319,13 +350,13 @@ def _render(f, thresholds, prof, settings, path) -> None:
         "? = uncertain (the coefficients' 95% intervals allow another answer); by: latency or bandwidth ranked the fabric",
         style="dim",
     )
-    th = Table(title="closed-form thresholds (at the smallest batch)")
+    th = result_table("closed-form thresholds (at the smallest batch)")
     for col in (
         "fabric",
         "chunk",
-        "b* (route wins below)",
-        "u* (fetch wins past 1+r)",
-        "n1/2 = alpha*beta",
+        "b* (route if b <)",
+        "u* (fetch if 1+r >)",
+        "n1/2 (B)",
     ):
         th.add_column(col, justify="left" if col == "fabric" else "right")
     for name, c, b_star, u_star, n_half in thresholds:
@@ -334,6 +365,6 @@ def _render(f, thresholds, prof, settings, path) -> None:
             str(c),
             f"{b_star:,.1f}" if b_star > 0 else "never",
             f"{u_star:,.2f}",
-            f"{n_half:,.0f} B",
+            f"{n_half:,.0f}",
         )
     console.print(th)

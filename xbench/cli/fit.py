@@ -8,7 +8,14 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from xbench.cli.common import console, handles_errors
+from xbench.cli.common import (
+    FormatOption,
+    OutputFormat,
+    console,
+    emit_frame,
+    err_console,
+    handles_errors,
+)
 from xbench.errors import XbenchError
 
 
@@ -24,18 +31,28 @@ def fit(
     base: Annotated[
         Path | None,
         typer.Option(
-            help="Profile whose terms fill what the samples lack (they stay marked as priors)."
+            help="Profile (a file, or the name of one xbench ships) whose terms fill what the "
+            "samples lack (they stay marked as priors)."
         ),
     ] = None,
     name: Annotated[
         str | None, typer.Option(help="Profile name (default: the output file's stem).")
     ] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace --out if it exists.")] = False,
+    fmt: FormatOption = OutputFormat.table,
 ) -> None:
     """Fit fabric segments, overheads and device terms; write a TOML profile."""
     from xbench.core.profile import load_profile, save_profile
     from xbench.fit import fit_profile
+    from xbench.resources import profile_path
     from xbench.results.schema import KERNEL_SAMPLES, PROBE_SAMPLES
-    from xbench.results.store import read_run_meta, read_table, table_files
+    from xbench.results.store import (
+        read_run_meta,
+        read_table,
+        refuse_overwrite,
+        run_status,
+        table_files,
+    )
 
     for path in results:
         if not path.exists():
@@ -43,6 +60,13 @@ def fit(
                 f"results path {path} does not exist",
                 "pass directories written by xbench probe / xbench kernel",
             )
+    base_path = profile_path(base) if base else None
+    if base_path is not None and base_path.resolve() == out.resolve():
+        raise XbenchError(
+            f"--out {out} is the --base profile", "write the fit to a new file and keep the base"
+        )
+    refuse_overwrite(out, force)
+    base_profile = load_profile(base_path) if base_path else None
     probe = read_table(results, PROBE_SAMPLES)
     kernel = read_table(results, KERNEL_SAMPLES)
     if probe.empty and kernel.empty:
@@ -50,72 +74,107 @@ def fit(
             f"no probe or kernel samples under {', '.join(map(str, results))}",
             "pass the directories that xbench probe and xbench kernel wrote",
         )
-    metas = []
+    metas, warnings = [], []
     for f in table_files(results, PROBE_SAMPLES) + table_files(results, KERNEL_SAMPLES):
         meta = read_run_meta(f)
         if meta and meta not in metas:
             metas.append(meta)
+            if run_status(meta) != "complete":
+                why = meta.get("stopped_because") or "it did not finish"
+                warnings.append(
+                    f"run {meta.get('run_id', f.parent.parent)} is partial ({why}): "
+                    "fitted from the cases it finished"
+                )
     profile = fit_profile(
         probe,
         kernel,
         name=name or out.stem,
-        base=load_profile(base) if base else None,
+        base=base_profile,
         run_meta=metas,
+        warnings=warnings,
     )
     save_profile(profile, out)
-    _table(profile, out)
+    for line in warnings:
+        err_console.print(f"[yellow]xbench: warning: {line}[/yellow]", highlight=False)
+    emit_frame(coefficient_frame(profile), fmt, lambda f: _table(f, profile.name, out))
 
 
-def _table(profile, out: Path) -> None:
-    table = Table(
-        title=f"xbench fit: {profile.name}",
-        caption=f"written to {out}; [95% CI]; * = prior, not measured",
-    )
-    for col in ("term", "value", "95% CI", "unit"):
-        table.add_column(col, justify="left" if col in ("term", "unit") else "right")
+_DEVICE_TERMS = (
+    ("compute_t0", 1e-6, "us"),
+    ("compute_per_token", 1e-9, "ns/token"),
+    ("compute_per_row_token", 1e-12, "ps/row-token"),
+    ("merge_t0", 1e-6, "us"),
+    ("merge_per_row_partial", 1e-12, "ps/row-partial"),
+    ("move_t0", 1e-6, "us"),
+    ("move_per_token", 1e-9, "ns/token"),
+    ("splice_t0", 1e-6, "us"),
+    ("splice_per_token", 1e-9, "ns/token"),
+    ("recompute_per_token", 1e-6, "us/token"),
+)
 
-    def row(label, c, scale, unit):
-        mark = "*" if c.prior else ""
-        table.add_row(
-            label + mark,
-            f"{c.value / scale:.4g}",
-            f"{c.low / scale:.4g}-{c.high / scale:.4g}",
-            unit,
+
+def coefficient_frame(profile):
+    """One row per coefficient (display units), as printed and as --format json/csv give."""
+    import pandas as pd
+
+    rows = []
+
+    def add(group, term, c, scale, unit, note=""):
+        rows.append(
+            {
+                "group": group,
+                "term": term,
+                "value": c.value / scale,
+                "low": c.low / scale,
+                "high": c.high / scale,
+                "unit": unit,
+                "prior": c.prior,
+                "note": note,
+            }
         )
 
     for f in profile.fabrics:
-        held = f" held-out error {100 * f.heldout_mape:.1f}%" if f.heldout_mape is not None else ""
+        group = f"fabric {f.name}"
         source = profile.provenance.get("wire_pattern", {}).get(f.name)
-        held += f", segments from {source}" if source else ""
-        table.add_row(f"[bold]{f.name}[/bold] {f.pair_class} {f.transport}{held}", "", "", "")
-        row("  o (per message)", f.overhead, 1e-6, "us")
+        note = f"{f.pair_class} {f.transport}" + (f", segments from {source}" if source else "")
+        if f.heldout_mape is not None:
+            note += f", held-out error {100 * f.heldout_mape:.1f}%"
+        add(group, "o (per message)", f.overhead, 1e-6, "us", note)
         for s in f.segments:
-            row(f"  alpha (>= {int(s.min_bytes)} B)", s.alpha, 1e-6, "us")
-            row(f"  beta  (>= {int(s.min_bytes)} B)", s.beta, 1e9, "GB/s")
-        table.add_row(f"  n1/2 = alpha*beta = {f.half_performance_bytes():,.0f} B", "", "", "")
+            add(group, f"alpha (>= {int(s.min_bytes)} B)", s.alpha, 1e-6, "us")
+            add(group, f"beta (>= {int(s.min_bytes)} B)", s.beta, 1e9, "GB/s")
     d = profile.device
-    table.add_row(f"[bold]device[/bold] {d.name}", "", "", "")
-    for term, scale, unit in (
-        ("compute_t0", 1e-6, "us"),
-        ("compute_per_token", 1e-9, "ns/token"),
-        ("compute_per_row_token", 1e-12, "ps/row-token"),
-        ("merge_t0", 1e-6, "us"),
-        ("merge_per_row_partial", 1e-12, "ps/row-partial"),
-        ("move_t0", 1e-6, "us"),
-        ("move_per_token", 1e-9, "ns/token"),
-        ("splice_t0", 1e-6, "us"),
-        ("splice_per_token", 1e-9, "ns/token"),
-        ("recompute_per_token", 1e-6, "us/token"),
-    ):
+    group = f"device {d.name}"
+    for term, scale, unit in _DEVICE_TERMS:
         c = getattr(d, term)
         if c is not None:
-            row(f"  {term}", c, scale, unit)
+            add(group, term, c, scale, unit)
     for start, t0, a, k in d.compute_segments:
-        row(f"  compute from {int(start)} tokens: t0", t0, 1e-6, "us")
-        row("    per_token", a, 1e-9, "ns/token")
-        row("    per_row_token", k, 1e-12, "ps/row-token")
+        add(group, f"compute from {int(start)} tokens: t0", t0, 1e-6, "us")
+        add(group, f"compute from {int(start)} tokens: per_token", a, 1e-9, "ns/token")
+        add(group, f"compute from {int(start)} tokens: per_row_token", k, 1e-12, "ps/row-token")
     for kind in ("move", "splice"):
         for start, t0, a in getattr(d, f"{kind}_segments"):
-            row(f"  {kind} from {int(start)} tokens: t0", t0, 1e-6, "us")
-            row("    per_token", a, 1e-9, "ns/token")
+            add(group, f"{kind} from {int(start)} tokens: t0", t0, 1e-6, "us")
+            add(group, f"{kind} from {int(start)} tokens: per_token", a, 1e-9, "ns/token")
+    return pd.DataFrame(rows)
+
+
+def _table(frame, name: str, out: Path) -> None:
+    table = Table(
+        title=f"xbench fit: {name}",
+        caption=f"written to {out}; intervals are 95% bootstrap; * = prior, not measured",
+    )
+    for col in ("term", "value", "95% CI", "unit"):
+        table.add_column(col, justify="left" if col in ("term", "unit") else "right")
+    for group, rows in frame.groupby("group", sort=False):
+        note = rows.note.iloc[0]
+        table.add_row(f"[bold]{group}[/bold]" + (f" {note}" if note else ""), "", "", "")
+        for r in rows.itertuples():
+            table.add_row(
+                f"  {r.term}" + ("*" if r.prior else ""),
+                f"{r.value:.4g}",
+                f"{r.low:.4g}-{r.high:.4g}",
+                r.unit,
+            )
     console.print(table)

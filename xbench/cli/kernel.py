@@ -17,6 +17,8 @@ from xbench.cli.common import (
     console,
     emit_frame,
     handles_errors,
+    interval_label,
+    note_run_dir,
 )
 from xbench.cli.render import num
 from xbench.core.units import parse_duration, parse_int_list
@@ -128,6 +130,7 @@ def kernel(
         torch_threads=torch.get_num_threads(),
     )
     store = RunStore(out_dir, meta)
+    note_run_dir(out_dir)
     with make_progress() as progress:
         task = progress.add_task("kernel", total=len(cases) * rounds + int(ceilings))
         if ceilings:
@@ -153,6 +156,7 @@ def kernel(
             rows = sample_rows(case, timings, run_id, backend, dev, preset.name, round_)
             store.append(KERNEL_SAMPLES, rows)
             progress.update(task, advance=1, refresh=True)
+    store.finish()
     summary = summarize_kernels(read_table(out_dir, KERNEL_SAMPLES))
     emit_frame(summary, fmt, lambda f: _table(f, out_dir))
 
@@ -175,7 +179,7 @@ def _table(summary, out_dir) -> None:
         "rows",
         "chunk",
         "median us",
-        "95% CI",
+        interval_label(summary.ci_coverage),
         "GB/s",
         "GFLOP/s",
         "%copy",

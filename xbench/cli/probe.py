@@ -15,9 +15,10 @@ from xbench.cli.common import (
     emit_frame,
     err_console,
     handles_errors,
+    note_run_dir,
 )
 from xbench.core.units import parse_duration, parse_int_list, parse_size, parse_size_list
-from xbench.errors import RankFailure, XbenchError
+from xbench.errors import XbenchError
 from xbench.fabric.registry import TRANSPORTS, check_fabric
 from xbench.probe.patterns import DEFAULT_PATTERNS, PATTERNS, SweepSpec
 
@@ -162,6 +163,7 @@ def probe(
     if not launched:  # under a launcher, rank 0 alone creates the directory
         ensure_writable_dir(out_dir)
         refuse_existing_run(out_dir)
+        note_run_dir(out_dir)
     cfg = ProbeConfig(
         out_dir=str(out_dir),
         run_id=run_id,
@@ -205,7 +207,7 @@ def _run_as_rank(cfg, launcher: str, fmt: OutputFormat) -> None:
     from mpi4py import MPI
 
     from xbench.cli.progress import RichSink
-    from xbench.probe.events import NullSink
+    from xbench.fabric.events import NullSink
     from xbench.probe.runner import ProbeConfig, run_probe
 
     rank = MPI.COMM_WORLD.Get_rank()
@@ -225,7 +227,7 @@ def _run_as_rank(cfg, launcher: str, fmt: OutputFormat) -> None:
 def _launch(cfg, np: int, fmt: OutputFormat, hostfile: Path | None = None, runs: int = 1) -> None:
     from xbench.cli.progress import EventProgress, make_progress
     from xbench.fabric.cloop import LoopUnavailable, build_loops
-    from xbench.fabric.launch import launch_worker
+    from xbench.fabric.launch import run_ranks
 
     out_dir = Path(cfg.out_dir)
     if cfg.loop != "python":
@@ -239,43 +241,23 @@ def _launch(cfg, np: int, fmt: OutputFormat, hostfile: Path | None = None, runs:
             err_console.print(
                 f"[yellow]xbench: compiled loop unavailable ({exc}); timing in Python[/yellow]"
             )
-    log_path = out_dir / "launcher.log"
     stall = cfg.timeout_s + 60.0
     for process_run in range(runs):  # separate process sets: placement and start-up state vary
         cfg.process_run = process_run
         config_path = out_dir / "probe-config.json"
         config_path.write_text(cfg.to_json())
         with make_progress() as progress:
-            result = launch_worker(
+            run_ranks(
                 np,
                 "xbench.probe.worker",
-                [str(config_path)],
-                log_path,
+                config_path,
                 EventProgress(progress),
                 stall,
                 bind=cfg.bind,
                 hostfile=str(hostfile) if hostfile else None,
+                launch_label=f" of launch {process_run + 1}/{runs}",
             )
-        if result.returncode != 0 or result.stalled or result.error:
-            kept = f"{result.finished_cases} finished case(s) of launch {process_run + 1}/{runs} are in {out_dir}"
-            if result.error:
-                raise RankFailure(
-                    f"{result.error}", None, exit_code=3 if result.returncode != 124 else 124
-                )
-            if result.stalled:
-                raise RankFailure(
-                    f"no progress from the ranks for {stall:g} s during '{result.last_started}'; stopped the job; {kept}",
-                    f"see {log_path}",
-                )
-            where = (
-                f" during '{result.last_started}'"
-                if result.last_started
-                else " before the first case"
-            )
-            raise RankFailure(
-                f"a rank died{where} (mpiexec exit {result.returncode}); {kept}", f"see {log_path}"
-            )
-    _check_preset(cfg, log_path)
+    _check_preset(cfg, out_dir / "launcher.log")
     _report(out_dir, fmt)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from xbench.cli.common import err_console, escape
-from xbench.probe.events import NullSink
+from xbench.fabric.events import NullSink
 
 
 def make_progress() -> Progress:

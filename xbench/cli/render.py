@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 
+from rich import box
 from rich.table import Table
 
-from xbench.cli.common import console
+from xbench.cli.common import console, interval_label
 
 
 def num(x) -> str:
@@ -20,6 +21,14 @@ def num(x) -> str:
     if abs(x) >= 10:
         return f"{x:.1f}"
     return f"{x:.2f}" if abs(x) >= 1 else f"{x:.3f}"
+
+
+def result_table(title: str, caption: str | None = None) -> Table:
+    """A results table that fits 80 columns: rules between header and rows only, no edge
+    padding, so numbers keep their digits (a column never shrinks below its widest cell)."""
+    return Table(
+        title=title, caption=caption, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True
+    )
 
 
 def _constant(frame, column):
@@ -39,7 +48,7 @@ def probe_table(summary, title: str = "xbench probe", caption: str | None = None
     columns = (
         ["pattern"]
         + (["pair"] if many_pairs else [])
-        + ["size", "detail", "median", "95% CI", "p99", "unit"]
+        + ["size", "detail", "median", interval_label(summary.ci_coverage), "p99", "unit"]
     )
     for name in columns:
         table.add_column(

@@ -17,8 +17,10 @@ from xbench.cli.common import (
     console,
     emit_frame,
     handles_errors,
+    interval_label,
+    note_run_dir,
 )
-from xbench.errors import RankFailure, XbenchError
+from xbench.errors import XbenchError
 
 
 @handles_errors
@@ -60,13 +62,20 @@ def validate(
     from xbench.cli.progress import EventProgress, make_progress
     from xbench.core.profile import load_profile
     from xbench.core.units import parse_int_list
-    from xbench.fabric.launch import launch_worker
+    from xbench.fabric.launch import run_ranks
+    from xbench.resources import profile_path
     from xbench.results.metadata import new_run_id
-    from xbench.results.schema import VALIDATE_SAMPLES
-    from xbench.results.store import ensure_writable_dir, read_table, refuse_existing_run
+    from xbench.results.schema import VALIDATE_SAMPLES, VALIDATE_SUMMARY
+    from xbench.results.store import (
+        ensure_writable_dir,
+        read_run_meta,
+        read_table,
+        refuse_existing_run,
+        write_table,
+    )
     from xbench.validate import FETCH_LAYOUTS, ValidateConfig, summarize_validation
 
-    prof = load_profile(profile)
+    prof = load_profile(profile_path(profile))
     names = [f.name for f in prof.fabrics]
     fab = fabric or ("shm" if "shm" in names else None)
     if fab not in names:
@@ -86,6 +95,7 @@ def validate(
     run_id = new_run_id("validate")
     out_dir = ensure_writable_dir(out or Path("results") / run_id)
     refuse_existing_run(out_dir)
+    note_run_dir(out_dir)
     cfg = ValidateConfig(
         out_dir=str(out_dir),
         run_id=run_id,
@@ -103,22 +113,11 @@ def validate(
     config_path = out_dir / "validate-config.json"
     config_path.write_text(cfg.to_json())
     with make_progress() as progress:
-        result = launch_worker(
-            2,
-            "xbench.validate",
-            [str(config_path)],
-            out_dir / "launcher.log",
-            EventProgress(progress),
-            timeout + 60,
-        )
-    if result.returncode != 0 or result.stalled or result.error:
-        raise RankFailure(
-            result.error
-            or f"a rank died during '{result.last_started}' (exit {result.returncode}); finished cases are in {out_dir}",
-            f"see {out_dir / 'launcher.log'}",
-        )
+        run_ranks(2, "xbench.validate.worker", config_path, EventProgress(progress), timeout + 60)
     summary = summarize_validation(read_table(out_dir, VALIDATE_SAMPLES), prof, fab)
-    summary.to_parquet(out_dir / "validate_summary.parquet", index=False)
+    write_table(
+        out_dir / "validate_summary.parquet", VALIDATE_SUMMARY, summary, read_run_meta(out_dir)
+    )
     wire = prof.provenance.get("wire_pattern", {}).get(fab)
     emit_frame(summary, fmt, lambda f: _table(f, prof.name, fab, out_dir, wire))
     if not summary.correct.all():
@@ -138,7 +137,7 @@ def _table(summary, profile: str, fabric: str, out_dir, wire: str | None = None)
         "rows",
         "chunk",
         "measured us",
-        "95% CI",
+        interval_label(summary.ci_coverage),
         "predicted us",
         "error",
         "output",

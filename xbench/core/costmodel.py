@@ -119,6 +119,15 @@ class Fabric:
     def prior(self) -> bool:
         return self._prior
 
+    @property
+    def breaks(self) -> tuple:
+        """Message sizes where a new segment starts (after the first)."""
+        return self._breaks
+
+    def terms(self, end: int = 0) -> tuple:
+        """(o, ((alpha, 1/beta) per segment)) at the value (0), low (1) or high (2) end."""
+        return (self._val, self._lo, self._hi)[end]
+
     def segment_index(self, nbytes: float) -> int:
         return bisect_right(self._breaks, nbytes)
 
@@ -216,6 +225,16 @@ class Device:
     def prior(self) -> bool:
         return self._prior
 
+    @property
+    def prior_by_option(self) -> tuple[bool, bool, bool]:
+        """Whether a prior enters route's, fetch's and local's device time."""
+        return self._prior_by_option
+
+    def terms(self, end: int = 0) -> tuple:
+        """Every device term at the value (0), low (1) or high (2) end, as the model reads
+        them (:func:`device_side`)."""
+        return self._ends[end]
+
     def _move_pieces(self) -> tuple[list, list]:
         """(T_move pieces, T_splice pieces): a per-block fetch falls back to T_move."""
         move = [(0.0, self.move_t0, self.move_per_token), *self.move_segments]
@@ -240,7 +259,7 @@ class Device:
 
     def _terms(self, end: str) -> tuple:
         """(compute breaks, compute pieces, m0, m1, move breaks, move pieces, recompute,
-        splice breaks, splice pieces) at one end."""
+        splice breaks, splice pieces, has a splice term) at one end."""
         compute = [
             (0.0, self.compute_t0, self.compute_per_token, self.compute_per_row_token),
             *self.compute_segments,
@@ -252,15 +271,14 @@ class Device:
 
         move, splice = self._move_pieces()
         move_end = at_end(move)
-        # the same objects when there is no splice term: grid.py tests `is` to skip it
-        splice_end = move_end if splice is move else at_end(splice)
         return (
             *at_end(compute),
             getattr(self.merge_t0, end),
             getattr(self.merge_per_row_partial, end),
             *move_end,
             getattr(self.recompute_per_token, end) if self.recompute_per_token else INF,
-            *splice_end,
+            *(move_end if splice is move else at_end(splice)),
+            splice is not move,
         )
 
     def compute(self, rows: float, chunk: float) -> float:
@@ -312,7 +330,7 @@ class Profile:
     provenance: dict = field(default_factory=dict, compare=False)
     _by_name: dict = field(init=False, repr=False, compare=False)
     _bound: dict = field(init=False, repr=False, compare=False)
-    _scan: tuple = field(init=False, repr=False, compare=False)
+    _candidates: tuple = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         object.__setattr__(self, "_by_name", {f.name: f for f in self.fabrics})
@@ -323,8 +341,7 @@ class Profile:
             for j, f in enumerate(self.fabrics)
             if not any(_dominates(g, f, strict=i > j) for i, g in enumerate(self.fabrics) if i != j)
         ]
-        scan = tuple((f, f._breaks, f._val[0], f._val[1]) for f in kept)
-        object.__setattr__(self, "_scan", scan)
+        object.__setattr__(self, "_candidates", tuple(kept))
         # Per fabric, the cheap uncertainty bound's factors (1 + up, 1 - down): the widest
         # relative spread of the fabric's and the device's coefficients, each way.
         rho = self.device._rho
@@ -333,6 +350,17 @@ class Profile:
             for f in self.fabrics
         }
         object.__setattr__(self, "_bound", bound)
+
+    @property
+    def candidates(self) -> tuple[Fabric, ...]:
+        """The fabrics no other fabric beats at every size, in profile order: what
+        :func:`decide` ranks when a request names no fabric (the others can never win)."""
+        return self._candidates
+
+    def spread(self, name: str) -> tuple[float, float]:
+        """(1 + up, 1 - down): every time on fabric ``name`` lies within these factors of its
+        value, from the widest relative spread of the fabric's and the device's intervals."""
+        return self._bound[name]
 
     def fabric(self, name: str) -> Fabric:
         try:
@@ -382,165 +410,231 @@ class Decision(NamedTuple):
 
 _new_decision = tuple.__new__
 
+# Which end of the coefficients' intervals a time is evaluated at.
+VALUE, LOW, HIGH = 0, 1, 2
 
-def _device_side(d: tuple, r: Request) -> tuple:
-    """The fabric-free part of a request's times, computed once however many fabrics compete.
 
-    (S_q, S_o, S_kv, route's shared time t_cm, fetch's fabric-free numerator, 1 / uses,
-    local time, fetch messages n_seg, probe bytes or None).
+# ---------------------------------------------------------------------------------------
+# The model, written once. Each formula takes ``ops``: arithmetic on one request (floats,
+# the scheduler's hot path) or on a block of requests (numpy arrays, ``xbench.core.grid``).
+# The formulas only add, multiply, look up a piece and choose; ``ops`` says how the last
+# two are done for its kind of number.
+# ---------------------------------------------------------------------------------------
+
+
+def _scalar_piece(breaks: tuple, pieces: tuple, x: float):
+    """The piece of a piecewise term that holds ``x`` (pieces start at ``breaks``)."""
+    return pieces[bisect_right(breaks, x)]
+
+
+def _scalar_where(cond, if_true, if_false):
+    return if_true if cond else if_false
+
+
+class ScalarOps(NamedTuple):
+    """Lookups and choices on Python floats (``bisect``; no numpy import). A tuple of plain
+    functions: attribute access without descriptors, for decide()'s hot path."""
+
+    piece: object = _scalar_piece
+    where: object = _scalar_where
+    any: object = bool
+
+
+SCALAR = ScalarOps()
+
+
+def device_side(ops, terms: tuple, rows, chunk, reuse, segments, fetch_cost, blocks_local):
+    """The fabric-free part of the times, shared by every fabric that competes.
+
+    ``terms``: :meth:`Device.terms` at one end; ``rows`` = b*h query rows; ``fetch_cost``
+    NaN where the device's T_move(c) applies. Returns (t_cm, fetch_base, per_use, local,
+    t_move): t_cm = T_c + T_m (paid by route and fetch alike); fetch_base = T_move + (1 + r)
+    t_cm, since one fetch serves this use and r later local uses; per_use = 1 / (1 + r).
     """
-    rows = r.rows * r.heads
-    chunk = r.chunk_tokens
-    cb, cp, m0, m1, mb, mp, rec, sb, sp = d
-    if r.segments != 1:  # blocks leave the holder's cache as they lie: nothing is packed
-        mb, mp = sb, sp
-    c0, c1, c2 = cp[bisect_right(cb, chunk)] if cb else cp[0]
+    cb, cp, m0, m1, mb, mp, rec, sb, sp, has_splice = terms
+    # (a term of one piece needs no lookup: the common case, and the hot path's)
+    c0, c1, c2 = ops.piece(cb, cp, chunk) if cb else cp[0]
     t_c = c0 + chunk * (c1 + rows * c2)
-    t_cm = t_c + m0 + rows * 2 * m1  # compute and merge: paid by route and fetch alike
-    if r.fetch_cost is None:
-        g0, g1 = mp[bisect_right(mb, chunk)] if mb else mp[0]
-        t_move = g0 + chunk * g1
-    else:
-        t_move = r.fetch_cost
-    reuse = r.reuse
-    # one fetch serves this use and `reuse` later local uses: (fetch + reuse t_cm) / (1 + reuse)
-    fetch_base = t_cm + t_move + reuse * t_cm
-    if r.blocks_local:
-        local = t_c
-    else:
-        local = chunk * rec + t_c if rec != INF else INF
-    return (
-        rows * r.payload_bytes,
-        rows * r.return_bytes,
-        chunk * r.kv_bytes_per_token,
-        t_cm,
-        fetch_base,
-        1.0 / (1.0 + reuse),
-        local,
-        r.segments,
-        r.probe_bytes if r.include_probe else None,
-    )
+    t_cm = t_c + m0 + rows * 2 * m1
+    g0, g1 = ops.piece(mb, mp, chunk) if mb else mp[0]
+    t_move = g0 + chunk * g1
+    # A fetch of one message per block leaves the holder's cache as the blocks lie: nothing
+    # is packed, so it pays the splice alone (T_splice), where the profile measured it.
+    if has_splice and ops.any(segments != 1):
+        s0, s1 = ops.piece(sb, sp, chunk) if sb else sp[0]
+        t_move = ops.where(segments != 1, s0 + chunk * s1, t_move)
+    t_move = ops.where(fetch_cost == fetch_cost, fetch_cost, t_move)  # NaN: not given
+    local = chunk * rec + t_c if rec != INF else INF
+    local = ops.where(blocks_local, t_c, local)
+    return t_cm, t_move + (1.0 + reuse) * t_cm, 1.0 / (1.0 + reuse), local, t_move
 
 
-def _fabric_side(f: Fabric, end: tuple, dev: tuple) -> tuple[float, float]:
-    """(route, fetch) per use on fabric ``f`` with its coefficient ends ``end``."""
-    breaks = f._breaks
-    s_q, s_o, s_kv, t_cm, fetch_base, per_use, _, n_seg, probe_bytes = dev
-    o, segs = end
+def wire_costs(ops, breaks: tuple, fabric_terms: tuple, s_q, s_o, s_kv, n_seg):
+    """(route's wire, fetch's wire, route's per-byte terms) on one fabric at one end.
+
+    route: the query out and the answer back, one message each: 2 alpha + 2 o + bytes/beta;
+    fetch: the KV as n_seg messages: alpha + n_seg o + S_kv/beta. Each size reads the
+    segment (protocol regime) it falls in.
+    """
+    o, segs = fabric_terms
     if breaks:
-        a_q, ib_q = segs[bisect_right(breaks, s_q)]
-        a_o, ib_o = segs[bisect_right(breaks, s_o)]
-        a_kv, ib_kv = segs[bisect_right(breaks, s_kv)]
+        a_q, ib_q = ops.piece(breaks, segs, s_q)
+        a_o, ib_o = ops.piece(breaks, segs, s_o)
+        a_kv, ib_kv = ops.piece(breaks, segs, s_kv)
     else:  # one segment
         a_q, ib_q = a_o, ib_o = a_kv, ib_kv = segs[0]
-    route = t_cm + a_q + a_o + 2 * o + s_q * ib_q + s_o * ib_o
-    fetch = fetch_base + a_kv + n_seg * o + s_kv * ib_kv
+    route_fixed = a_q + a_o + 2 * o
+    route_wire = route_fixed + s_q * ib_q + s_o * ib_o
+    fetch_wire = a_kv + n_seg * o + s_kv * ib_kv
+    return route_wire, fetch_wire, (route_fixed, ib_q, ib_o)
+
+
+def option_times(ops, breaks, fabric_terms, dev: tuple, s_q, s_o, s_kv, n_seg, probe_bytes):
+    """(route, fetch) per use on one fabric; ``dev`` from :func:`device_side`.
+
+    ``probe_bytes``: None when no request pays the probe round trip; else its size (NaN
+    where a request does not pay it).
+    """
+    t_cm, fetch_base, per_use = dev[0], dev[1], dev[2]
+    route_wire, fetch_wire, _ = wire_costs(ops, breaks, fabric_terms, s_q, s_o, s_kv, n_seg)
+    route = t_cm + route_wire
+    fetch = fetch_base + fetch_wire
     if probe_bytes is not None:
-        a_p, ib_p = segs[bisect_right(breaks, probe_bytes)]
-        probe = 2 * (a_p + probe_bytes * ib_p)
-        route += probe
-        fetch += probe
+        a_p, ib_p = ops.piece(breaks, fabric_terms[1], probe_bytes)
+        probe = ops.where(probe_bytes == probe_bytes, 2 * (a_p + probe_bytes * ib_p), 0.0)
+        route = route + probe
+        fetch = fetch + probe
     return route, fetch * per_use
 
 
-def _times(f: Fabric, d: tuple, r: Request, end: tuple) -> tuple[float, float, float]:
-    """(route, fetch, local) per use with the coefficient ends in ``end`` (fabric) and ``d`` (device)."""
-    dev = _device_side(d, r)
-    return (*_fabric_side(f, end, dev), dev[6])
+def closed_forms(ops, breaks, fabric_terms, heads, payload, ret, s_q, s_o, s_kv, n_seg, t_move):
+    """(b*, u*): route beats fetch for every b < b*; fetch beats route once 1 + r > u*.
+
+    From T_route = T_fetch with T_c cancelling (the same device on both sides):
+    b* = (fetch wire + T_move - route's fixed wire) / (h (P/beta_q + R/beta_o)),
+    u* = (fetch wire + T_move) / route wire.
+    """
+    route_wire, fetch_wire, (route_fixed, ib_q, ib_o) = wire_costs(
+        ops, breaks, fabric_terms, s_q, s_o, s_kv, n_seg
+    )
+    moved = fetch_wire + t_move
+    per_token = heads * (payload * ib_q + ret * ib_o)
+    b_star = ops.where(per_token > 0, (moved - route_fixed) / _nonzero(ops, per_token), INF)
+    u_star = ops.where(route_wire > 0, moved / _nonzero(ops, route_wire), INF)
+    return b_star, u_star
+
+
+def _nonzero(ops, x):
+    return ops.where(x > 0, x, 1.0)
+
+
+# ---------------------------------------------------------------------------------------
+# One request at a time.
+# ---------------------------------------------------------------------------------------
+
+
+def _request_device(terms: tuple, r: Request) -> tuple:
+    fetch_cost = math.nan if r.fetch_cost is None else r.fetch_cost
+    return device_side(
+        SCALAR,
+        terms,
+        r.rows * r.heads,
+        r.chunk_tokens,
+        r.reuse,
+        r.segments,
+        fetch_cost,
+        r.blocks_local,
+    )
+
+
+def _request_sizes(r: Request) -> tuple:
+    rows = r.rows * r.heads
+    return rows * r.payload_bytes, rows * r.return_bytes, r.chunk_tokens * r.kv_bytes_per_token
+
+
+def times(f: Fabric, device: Device, r: Request, end: int = VALUE) -> tuple[float, float, float]:
+    """(route, fetch, local) per use of ``r`` on fabric ``f``, at one end of the intervals."""
+    dev = _request_device(device.terms(end), r)
+    s_q, s_o, s_kv = _request_sizes(r)
+    probe = r.probe_bytes if r.include_probe else None
+    route, fetch = option_times(
+        SCALAR, f.breaks, f.terms(end), dev, s_q, s_o, s_kv, r.segments, probe
+    )
+    return route, fetch, dev[3]
 
 
 def thresholds(f: Fabric, device: Device, r: Request) -> tuple[float, float]:
-    """Closed forms (b*, u*) with the segments the request's sizes fall in.
-
-    b*: route beats fetch for every b < b* (decode tokens);
-    u*: fetch beats route when 1 + reuse > u*.
-    """
-    rows = r.rows * r.heads
-    s_q, s_o = rows * r.payload_bytes, rows * r.return_bytes
-    s_kv = r.chunk_tokens * r.kv_bytes_per_token
-    segs = f._val[1]
-    a_q, ib_q = segs[f.segment_index(s_q)]
-    a_o, ib_o = segs[f.segment_index(s_o)]
-    a_kv, ib_kv = segs[f.segment_index(s_kv)]
-    o = f.overhead.value
-    if r.fetch_cost is not None:
-        t_move = r.fetch_cost
-    else:
-        t_move = device.move(r.chunk_tokens, r.segments)
-    fetch_wire = a_kv + r.segments * o + s_kv * ib_kv + t_move
-    per_token = r.heads * (r.payload_bytes * ib_q + r.return_bytes * ib_o)
-    b_star = (fetch_wire - a_q - a_o - 2 * o) / per_token if per_token > 0 else INF
-    route_wire = a_q + a_o + 2 * o + s_q * ib_q + s_o * ib_o
-    u_star = fetch_wire / route_wire if route_wire > 0 else INF
-    return b_star, u_star
+    """Closed forms (b*, u*) for ``r``'s shape on fabric ``f`` (see :func:`closed_forms`)."""
+    dev = _request_device(device.terms(VALUE), r)
+    s_q, s_o, s_kv = _request_sizes(r)
+    return closed_forms(
+        SCALAR,
+        f.breaks,
+        f.terms(VALUE),
+        r.heads,
+        r.payload_bytes,
+        r.return_bytes,
+        s_q,
+        s_o,
+        s_kv,
+        r.segments,
+        dev[4],
+    )
 
 
 def decide(profile: Profile, request: Request) -> Decision:
     """The predicate for one request: the best option on the best fabric, with its margin."""
-    dev = profile.device
-    d_val = dev._ends[0]
-    dev_side = _device_side(d_val, request)
-    local = dev_side[6]
+    device = profile.device
+    dev = _request_device(device.terms(VALUE), request)
+    local = dev[3]
+    s_q, s_o, s_kv = _request_sizes(request)
+    n_seg = request.segments
+    probe = request.probe_bytes if request.include_probe else None
     if request.fabric is not None:
         f = profile.fabric(request.fabric)
-        route, fetch = _fabric_side(f, f._val, dev_side)
-    else:  # every fabric that no other beats at every size (Profile._scan), in order
+        route, fetch = option_times(
+            SCALAR, f.breaks, f.terms(VALUE), dev, s_q, s_o, s_kv, n_seg, probe
+        )
+    else:  # every fabric that no other beats at every size, in profile order
         best, f = INF, None
-        if dev_side[8] is None:  # no probe: the hot path, _fabric_side inlined
-            s_q, s_o, s_kv, t_cm, fetch_base, per_use, _, n_seg, _ = dev_side
-            for cand, breaks, o, segs in profile._scan:
-                if breaks:
-                    a_q, ib_q = segs[bisect_right(breaks, s_q)]
-                    a_o, ib_o = segs[bisect_right(breaks, s_o)]
-                    a_kv, ib_kv = segs[bisect_right(breaks, s_kv)]
-                    r_c = t_cm + a_q + a_o + 2 * o + s_q * ib_q + s_o * ib_o
-                    f_c = (fetch_base + a_kv + n_seg * o + s_kv * ib_kv) * per_use
-                else:
-                    a, ib = segs[0]
-                    r_c = t_cm + a + a + 2 * o + s_q * ib + s_o * ib
-                    f_c = (fetch_base + a + n_seg * o + s_kv * ib) * per_use
-                tw = r_c if r_c < f_c else f_c
-                if tw > local:
-                    tw = local
-                if tw < best:
-                    best, f, route, fetch = tw, cand, r_c, f_c
-        else:
-            for cand, *_ in profile._scan:
-                r_c, f_c = _fabric_side(cand, cand._val, dev_side)
-                tw = min(r_c, f_c, local)
-                if tw < best:
-                    best, f, route, fetch = tw, cand, r_c, f_c
+        for cand in profile.candidates:
+            r_c, f_c = option_times(
+                SCALAR, cand._breaks, cand._val, dev, s_q, s_o, s_kv, n_seg, probe
+            )  # the fabric's own fields, not its accessors: this loop is decide()'s hot path
+            tw = r_c if r_c < f_c else f_c
+            if tw > local:
+                tw = local
+            if tw < best:
+                best, f, route, fetch = tw, cand, r_c, f_c
         if f is None or (best == local and f is not profile.fabrics[0]):
             # local wins on every fabric: report the profile's first, as the full ranking does
             f = profile.fabrics[0]
-            route, fetch = _fabric_side(f, f._val, dev_side)
+            route, fetch = option_times(
+                SCALAR, f.breaks, f.terms(VALUE), dev, s_q, s_o, s_kv, n_seg, probe
+            )
     if route <= fetch and route <= local:
         choice, win, tw = ROUTE, 0, route
         second, runner = (1, fetch) if fetch <= local else (2, local)
-        size = request.rows * request.heads * request.payload_bytes
+        size = s_q
     elif fetch <= local:
         choice, win, tw = FETCH, 1, fetch
         second, runner = (0, route) if route <= local else (2, local)
-        size = request.chunk_tokens * request.kv_bytes_per_token
+        size = s_kv
     else:
         choice, win, tw = LOCAL, 2, local
         second, runner = (0, route) if route <= fetch else (1, fetch)
-        size = request.rows * request.heads * request.payload_bytes
+        size = s_q
     # Uncertain: the winner at its slow end reaches the runner-up at its fast end. A cheap
     # bound from the coefficients' relative spreads settles most cases; near-ties get the
     # exact interval evaluation.
-    slow, fast = profile._bound[f.name]
+    slow, fast = profile.spread(f.name)
     if tw * slow < runner * fast:
         uncertain = False
     else:
-        hi = _times(f, dev._ends[2], request, f._hi)
-        lo = _times(f, dev._ends[1], request, f._lo)
+        hi = times(f, device, request, HIGH)
+        lo = times(f, device, request, LOW)
         uncertain = hi[win] >= min(v for i, v in enumerate(lo) if i != win)
-    by_option = dev._prior_by_option
-    fixed_move = request.fetch_cost is not None
-    prior = f._prior or by_option[win] or by_option[second]
-    if fixed_move and prior and not f._prior:  # a given fetch cost replaces the move prior
-        prior = by_option[0] or (win == 2 or second == 2) and by_option[2]
+    prior = prior_flag(f.prior, device.prior_by_option, win, second, request.fetch_cost is not None)
     # tuple.__new__: half the cost of the NamedTuple's own constructor, same object
     return _new_decision(
         Decision,
@@ -552,7 +646,17 @@ def decide(profile: Profile, request: Request) -> Decision:
             local,
             runner - tw,
             uncertain,
-            "latency" if size < f._n_half else "bandwidth",
+            "latency" if size < f.half_performance_bytes() else "bandwidth",
             prior,
         ),
     )
+
+
+def prior_flag(fabric_prior: bool, by_option: tuple, win: int, second: int, fixed_move: bool):
+    """Whether a decision rests on a prior: the fabric's, or a device term that enters the
+    winner's or the runner-up's time (a given fetch cost replaces the move term)."""
+    if fabric_prior:
+        return True
+    route_flag, fetch_flag, local_flag = by_option
+    flags = (route_flag, route_flag if fixed_move else fetch_flag, local_flag)
+    return flags[win] or flags[second]

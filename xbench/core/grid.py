@@ -17,7 +17,19 @@ from functools import lru_cache
 import numpy as np
 import pandas as pd
 
-from xbench.core.costmodel import FETCH, LOCAL, ROUTE, Profile, Request
+from xbench.core.costmodel import (
+    FETCH,
+    HIGH,
+    LOCAL,
+    LOW,
+    ROUTE,
+    VALUE,
+    Profile,
+    Request,
+    closed_forms,
+    device_side,
+    option_times,
+)
 
 REQUEST_DEFAULTS = {f.name: f.default for f in fields(Request)}
 CHOICES = pd.CategoricalDtype([ROUTE, FETCH, LOCAL])
@@ -48,75 +60,39 @@ def _full(values, n: int) -> np.ndarray:
     return np.broadcast_to(values, (n,)).copy() if np.ndim(values) == 0 else values
 
 
-def _device_terms(end_device, cols) -> tuple:
-    """(compute+merge shared by route and fetch, fetch's move cost, local time): fabric-free."""
-    cb, cp, m0, m1, mb, mp, rec, sb, sp = end_device
-    rows, chunk, _, _, _, _, reuse, nseg, fcost, local_mask = cols
+class ArrayOps:
+    """Lookups and choices on numpy arrays: the cost model's formulas, a block at a time."""
 
-    def piece(breaks, pieces):
+    @staticmethod
+    def piece(breaks: tuple, pieces: tuple, x):
         if not breaks:
             return pieces[0]
-        k = np.searchsorted(np.asarray(breaks), chunk, side="right")
-        return tuple(np.asarray(col)[k] for col in zip(*pieces, strict=True))
+        k = np.searchsorted(np.asarray(breaks, dtype=np.float64), x, side="right")
+        return tuple(np.asarray(column)[k] for column in zip(*pieces, strict=True))
 
-    c0, c1, c2 = piece(cb, cp)
-    g0, g1 = piece(mb, mp)
-    t_c = c0 + chunk * (c1 + rows * c2)
-    t_cm = t_c + (m0 + rows * (2 * m1))
-    move = g0 + chunk * g1
-    if sp is not mp and np.any(nseg != 1):  # one message per block: splice, no gather
-        s0, s1 = piece(sb, sp)
-        move = np.where(nseg != 1, s0 + chunk * s1, move)
-    if not np.all(np.isnan(fcost)):
-        move = np.where(np.isnan(fcost), move, fcost)
-    local = chunk * rec + t_c if np.isfinite(rec) else np.float64(np.inf)
-    if np.any(local_mask):
-        local = np.where(local_mask, t_c, local)
-    return t_cm, move, local
+    @staticmethod
+    def where(cond, if_true, if_false):
+        if np.ndim(cond) == 0:  # one flag for the whole block: no per-row pass
+            return if_true if cond else if_false
+        return np.where(cond, if_true, if_false)
+
+    @staticmethod
+    def any(x) -> bool:
+        return bool(np.any(x))
 
 
-def _options(f, end_fabric, dev_terms, cols) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """route, fetch, local arrays on fabric f at one end of the coefficients."""
-    o, segs = end_fabric
-    t_cm, _, local = dev_terms[:3]
-    _, _, s_q, s_o, s_kv, probe, _, nseg, _, _ = cols
-    alphas = np.array([a for a, _ in segs])
-    inv_betas = np.array([ib for _, ib in segs])
-    breaks = np.asarray(f._breaks, dtype=np.float64)
-
-    def wire(n):
-        if len(segs) == 1:
-            return n * inv_betas[0] + alphas[0]
-        k = np.searchsorted(breaks, n, side="right")
-        return alphas[k] + n * inv_betas[k]
-
-    # Fabric-free sums come precomputed (_fabric_free), so each fabric costs few passes.
-    fetch_base, inv_uses = dev_terms[3:]
-    route = wire(s_q) + (t_cm + 2 * o)
-    route += wire(s_o)
-    fetch = wire(s_kv) + fetch_base
-    fetch += nseg * o
-    if np.any(probe >= 0):
-        probe_wire = np.where(probe >= 0, 2 * wire(np.maximum(probe, 0)), 0.0)
-        route += probe_wire
-        fetch += probe_wire
-    if inv_uses is not None:
-        fetch *= inv_uses
-    return route, fetch, local
+ARRAY = ArrayOps()
 
 
-def _fabric_free(dev_terms, cols) -> tuple:
-    """Device terms plus fetch's fabric-free part and 1 / (1 + reuse).
+def _device(terms, cols) -> tuple:
+    rows, chunk, _, _, _, _, reuse, nseg, fcost, local_mask = cols[:10]
+    return device_side(ARRAY, terms, rows, chunk, reuse, nseg, fcost, local_mask)
 
-    With reuse r, fetch's time per use is (fetch + r t_cm) / (1 + r): the move is paid once
-    and each reuse pays only compute and merge. fetch_base holds t_cm + move + r t_cm.
-    """
-    t_cm, move, local = dev_terms
-    reuse = cols[6]
-    fetch_base = t_cm + move
-    if np.any(reuse):
-        return t_cm, move, local, fetch_base + reuse * t_cm, 1.0 / (1.0 + reuse)
-    return t_cm, move, local, fetch_base, None
+
+def _options(f, end: int, dev, cols) -> tuple:
+    """(route, fetch) arrays on fabric ``f`` at one end of the coefficients."""
+    _, _, s_q, s_o, s_kv, probe, _, nseg = cols[:8]
+    return option_times(ARRAY, f.breaks, f.terms(end), dev, s_q, s_o, s_kv, nseg, probe)
 
 
 def _workers(threads: int | None) -> int:
@@ -188,6 +164,9 @@ def decide_grid(profile: Profile, grid, *, threads: int | None = None) -> pd.Dat
         "uncertain": np.empty(n, bool),
         "ranked": np.empty(n, np.int8),
         "prior": np.empty(n, bool),
+        "b_star": np.empty(n),
+        "u_star": np.empty(n),
+        "n_half": np.empty(n),
     }
 
     # Blocks small enough that every intermediate stays in cache: numpy is memory-bound
@@ -219,6 +198,9 @@ def decide_grid(profile: Profile, grid, *, threads: int | None = None) -> pd.Dat
             "uncertain": results["uncertain"],
             "ranked_by": pd.Categorical.from_codes(results["ranked"], dtype=RANKS),
             "prior": results["prior"],
+            "b_star": results["b_star"],
+            "u_star": results["u_star"],
+            "n_half_bytes": results["n_half"],
         },
         index=grid.index,
         copy=False,
@@ -248,35 +230,55 @@ def _derive(raw: dict) -> tuple:
         rows * f["payload_bytes"],
         rows * f["return_bytes"],
         chunk * f["kv_bytes_per_token"],
-        np.where(raw["include_probe"], f["probe_bytes"], -1.0)
+        # the probe's bytes where a request pays the probe round trip, NaN where not
+        np.where(raw["include_probe"], f["probe_bytes"], np.nan)
         if np.any(raw["include_probe"])
-        else np.float64(-1.0),
+        else None,
         f["reuse"],
         f["segments"],
         fetch_cost,
         raw["blocks_local"].astype(bool) if np.ndim(raw["blocks_local"]) else raw["blocks_local"],
+        f["heads"],
+        f["payload_bytes"],
+        f["return_bytes"],
     )
+
+
+def _closed_forms(profile: Profile, cols, t_move, best_f, n: int):
+    """b* and u* of each request on the fabric chosen for it."""
+    b_star, u_star = np.empty(n), np.empty(n)
+    _, _, s_q, s_o, s_kv, _, _, nseg, _, _, heads, payload, ret = cols
+    for k, f in enumerate(profile.fabrics):
+        mine = best_f == k
+        if not mine.any():
+            continue
+        b, u = closed_forms(
+            ARRAY, f.breaks, f.terms(VALUE), heads, payload, ret, s_q, s_o, s_kv, nseg, t_move
+        )
+        b_star[mine] = np.broadcast_to(b, (n,))[mine]
+        u_star[mine] = np.broadcast_to(u, (n,))[mine]
+    return b_star, u_star
 
 
 def _decide_block(profile: Profile, cols, codes, n: int) -> dict:
     dev = profile.device
-    dev_val = _fabric_free(_device_terms(dev._ends[0], cols), cols)
-    local = _full(dev_val[2], n)
+    dev_val = _device(dev.terms(VALUE), cols)
+    local = _full(dev_val[3], n)
     nf = len(profile.fabrics)
     # Each fabric's route and fetch times (inf where a row asks for another fabric).
     route_f, fetch_f, active = np.empty((nf, n)), np.empty((nf, n)), []
     for k, f in enumerate(profile.fabrics):
         rows_k = None if codes is None else (codes == k) | (codes < 0)
         if rows_k is None or rows_k.all():
-            route_f[k], fetch_f[k], _ = _options(f, f._val, dev_val, cols)
+            route_f[k], fetch_f[k] = _options(f, VALUE, dev_val, cols)
         elif not rows_k.any():
             continue
         else:
             idx = np.flatnonzero(rows_k)
-            r, fe, _ = _options(
+            r, fe = _options(
                 f,
-                f._val,
-                tuple(None if d is None else _subset(d, idx) for d in dev_val),
+                VALUE,
+                tuple(_subset(d, idx) for d in dev_val),
                 tuple(_subset(c, idx) for c in cols),
             )
             route_f[k], fetch_f[k] = np.inf, np.inf
@@ -309,12 +311,12 @@ def _decide_block(profile: Profile, cols, codes, n: int) -> dict:
         np.where(is_fetch, np.minimum(route, local), np.minimum(route, fetch)),
     )
     fabrics = profile.fabrics
-    n_half = np.array([f._n_half for f in fabrics])[best_f]
+    n_half = np.array([f.half_performance_bytes() for f in fabrics])[best_f]
     # A prior counts where it is the fabric's, or where it enters the winner's or the
     # runner-up's time on the device side.
-    prior = np.array([f._prior for f in fabrics])[best_f]
+    prior = np.array([f.prior for f in fabrics])[best_f]
     if not prior.all():
-        flags = np.array(dev._prior_by_option)
+        flags = np.array(dev.prior_by_option)
         second = np.where(
             is_route,
             np.where(fetch <= local, 1, 2),
@@ -326,8 +328,8 @@ def _decide_block(profile: Profile, cols, codes, n: int) -> dict:
         by_second = np.where(second == 0, flags[0], np.where(second == 1, move_flag, flags[2]))
         prior |= by_choice | by_second
     # Uncertainty: cheap bound first, exact intervals only where the bound cannot decide.
-    slow = np.array([profile._bound[f.name][0] for f in fabrics])[best_f]
-    fast = np.array([profile._bound[f.name][1] for f in fabrics])[best_f]
+    slow = np.array([profile.spread(f.name)[0] for f in fabrics])[best_f]
+    fast = np.array([profile.spread(f.name)[1] for f in fabrics])[best_f]
     check = ~(winner * slow < runner * fast)
     uncertain = np.zeros(n, dtype=bool)
     for k, f in enumerate(fabrics):
@@ -340,8 +342,9 @@ def _decide_block(profile: Profile, cols, codes, n: int) -> dict:
         else:
             index = np.flatnonzero(mine)
             sub, ch = tuple(_subset(c, index) for c in cols), choice[index]
-        hi = _options(f, f._hi, _fabric_free(_device_terms(dev._ends[2], sub), sub), sub)
-        lo = _options(f, f._lo, _fabric_free(_device_terms(dev._ends[1], sub), sub), sub)
+        dev_hi, dev_lo = _device(dev.terms(HIGH), sub), _device(dev.terms(LOW), sub)
+        hi = (*_options(f, HIGH, dev_hi, sub), dev_hi[3])
+        lo = (*_options(f, LOW, dev_lo, sub), dev_lo[3])
         r0, f0 = ch == 0, ch == 1
         hi_w = np.where(r0, hi[0], np.where(f0, hi[1], hi[2]))
         lo_r = np.where(
@@ -355,7 +358,11 @@ def _decide_block(profile: Profile, cols, codes, n: int) -> dict:
         else:
             uncertain[index] = verdict
     size = np.where(is_fetch, cols[4], cols[2])
+    b_star, u_star = _closed_forms(profile, cols, dev_val[4], best_f, n)
     return {
+        "b_star": b_star,
+        "u_star": u_star,
+        "n_half": n_half,
         "choice": choice,
         "fabric": best_f.astype(np.int16),
         "route": route,

@@ -13,6 +13,7 @@ See ``profiles/h100-priors.toml`` for the format.
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -99,6 +100,12 @@ def _coef(
         raise ProfileError(
             f"profile {path}: {where} value is not a number", "write numbers without quotes"
         ) from None
+    for label, number in (("value", value), ("low", low), ("high", high)):
+        if not math.isfinite(number):
+            raise ProfileError(
+                f"profile {path}: {where} {label} is {number} (not a finite number)",
+                "give a finite measured or datasheet figure",
+            )
     if positive and min(value, low) <= 0:
         raise ProfileError(
             f"profile {path}: {where} must be positive, got {raw['value']} {unit}",
@@ -119,7 +126,7 @@ def _coef(
 
 def _min_tokens(seg, where: str, path: str) -> float:
     value = seg.get("min_tokens") if isinstance(seg, dict) else None
-    if not isinstance(value, (int, float)) or value <= 0:
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise ProfileError(
             f"profile {path}: {where} needs min_tokens > 0",
             "the flat device terms are the piece from 0 tokens",
@@ -180,7 +187,11 @@ def parse_profile(data: dict, path: str = "<profile>") -> Profile:
         for j, seg in enumerate(segs):
             where = f"fabric {name} segment {j + 1}"
             min_bytes = seg.get("min_bytes", 0)
-            if not isinstance(min_bytes, (int, float)) or min_bytes < 0:
+            if (
+                not isinstance(min_bytes, (int, float))
+                or not math.isfinite(min_bytes)
+                or min_bytes < 0
+            ):
                 raise ProfileError(
                     f"profile {path}: {where} min_bytes must be a non-negative number",
                     "give min_bytes in bytes",

@@ -16,18 +16,13 @@ import tempfile
 from functools import lru_cache
 from pathlib import Path
 
+from xbench.native import cache_dir
+
 SOURCE = Path(__file__).resolve().parent.parent / "probe" / "loops.c"
 
 
 class LoopUnavailable(RuntimeError):
     """The compiled loop cannot be built or loaded here (the reason is the message)."""
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("XBENCH_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "xbench"
-    )
-    return Path(root)
 
 
 def find_mpicc() -> str | None:

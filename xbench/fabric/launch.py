@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from xbench.probe.events import EVENT_PREFIX
+from xbench.errors import RankFailure, XbenchError
+from xbench.fabric.events import EVENT_PREFIX
+from xbench.results.store import mark_partial
 
 # Variables that a process manager sets in each rank it starts.
 RANK_ENV = (
@@ -88,8 +90,6 @@ def launch_worker(
     """
     mpiexec = find_mpiexec()
     if mpiexec is None:
-        from xbench.errors import XbenchError
-
         raise XbenchError(
             "no mpiexec found",
             "pip install mpich, set XBENCH_MPIEXEC, or start xbench under srun/mpirun",
@@ -150,6 +150,54 @@ def launch_worker(
     if result.returncode != 0 and result.error is None:
         result.error = rank_error(log_path, log_start)
     return result
+
+
+def run_ranks(
+    np: int,
+    module: str,
+    config_path: Path,
+    on_event,
+    stall_timeout_s: float,
+    *,
+    bind: str = "core",
+    hostfile: str | None = None,
+    launch_label: str = "",
+) -> LaunchResult:
+    """Launch ``python -m module config_path`` on ``np`` ranks and watch it to the end.
+
+    The one place that turns a failed launch into a one-line :class:`RankFailure` that says
+    what happened and where the finished cases and the log are. ``on_event`` receives rank
+    0's events (a progress bar, or nothing). The log is ``launcher.log`` beside the config.
+    """
+    out_dir = config_path.parent
+    log_path = out_dir / "launcher.log"
+    try:
+        result = launch_worker(
+            np, module, [str(config_path)], log_path, on_event, stall_timeout_s, bind, hostfile
+        )
+    except KeyboardInterrupt:
+        mark_partial(out_dir, "interrupted")
+        raise
+    if result.returncode == 0 and not result.stalled and not result.error:
+        return result
+    mark_partial(
+        out_dir,
+        "a case hung" if result.stalled else (result.error or f"exit {result.returncode}"),
+    )
+    kept = f"{result.finished_cases} finished case(s){launch_label} are in {out_dir}"
+    if result.error:
+        code = 124 if result.returncode == 124 else 3
+        raise RankFailure(result.error, f"see {log_path}", exit_code=code)
+    if result.stalled:
+        raise RankFailure(
+            f"no progress from the ranks for {stall_timeout_s:g} s during "
+            f"'{result.last_started}'; stopped the job; {kept}",
+            f"see {log_path}",
+        )
+    where = f" during '{result.last_started}'" if result.last_started else " before the first case"
+    raise RankFailure(
+        f"a rank died{where} (mpiexec exit {result.returncode}); {kept}", f"see {log_path}"
+    )
 
 
 def rank_error(log_path: Path, start: int = 0) -> str | None:

@@ -14,7 +14,7 @@ def transport_class(name: str, device: str = "host"):
     """The class behind a transport name (imports only what that transport needs)."""
     if name == "mpi":
         if device == "cuda":
-            from xbench.fabric.gpu import MpiDeviceTransport
+            from xbench.fabric.mpi_device import MpiDeviceTransport
 
             return MpiDeviceTransport
         from xbench.fabric.mpi_host import MpiHostTransport
@@ -25,11 +25,11 @@ def transport_class(name: str, device: str = "host"):
 
         return TcpTransport
     if name == "nccl":
-        from xbench.fabric.gpu import TorchDistTransport
+        from xbench.fabric.nccl import TorchDistTransport
 
         return TorchDistTransport
     if name == "nvshmem":
-        from xbench.fabric.gpu import NvshmemTransport
+        from xbench.fabric.nvshmem import NvshmemTransport
 
         return NvshmemTransport
     raise XbenchError(f"unknown transport {name!r}", f"pick one of {', '.join(TRANSPORTS)}")

@@ -172,7 +172,7 @@ class Transport(ABC):
 
     def _flush_buffer(self) -> np.ndarray:
         if self._flush is None:
-            from xbench.results.metadata import llc_bytes
+            from xbench.host import llc_bytes
 
             self._flush = self._host_buffer(2 * llc_bytes(), fill=0)
         return self._flush

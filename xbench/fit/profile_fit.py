@@ -23,19 +23,14 @@ import datetime as _dt
 
 import numpy as np
 import pandas as pd
-from scipy.optimize import least_squares, nnls
 
 from xbench.core.costmodel import Coef, Device, Fabric, Profile, Segment
 from xbench.core.profile import PROFILE_SCHEMA_VERSION
 from xbench.errors import XbenchError
+from xbench.fit.linear import fit_linear, percentile_ci
 from xbench.fit.segments import fit_piecewise, fit_segmented_linear, predict, segment_start
 
 SMALL_WINDOW_BYTES = 256  # windowed messages this small are limited by per-message cost
-
-
-def _ci(draws: np.ndarray, value: float) -> tuple[float, float]:
-    lo, hi = np.percentile(draws, [2.5, 97.5])
-    return float(min(lo, value)), float(max(hi, value))
 
 
 def fit_overhead(
@@ -49,7 +44,7 @@ def fit_overhead(
     o = float(np.median(per_message))
     rng = np.random.default_rng(seed)
     draws = np.array([np.median(rng.choice(per_message, len(per_message))) for _ in range(boot)])
-    return (o, *_ci(draws, o))
+    return (o, *percentile_ci(draws, o))
 
 
 def heldout_mape(n: np.ndarray, t: np.ndarray) -> float | None:
@@ -81,7 +76,12 @@ def wire_regimes(samples: pd.DataFrame) -> dict[str, str]:
     return {str(key[0]): regime for key, regime, _ in _wire_groups(samples)}
 
 
-def fit_fabrics(samples: pd.DataFrame) -> list[Fabric]:
+def fit_fabrics(
+    samples: pd.DataFrame, base: Profile | None = None, warnings: list | None = None
+) -> list[Fabric]:
+    """Fabrics from probe samples. A term without samples comes from ``base`` (and keeps
+    its prior flag) or is a placeholder marked prior; each such case adds to ``warnings``."""
+    warnings = [] if warnings is None else warnings
     measured = samples[~samples.warmup]
     groups = list(_wire_groups(samples))
     if not groups:
@@ -98,8 +98,22 @@ def fit_fabrics(samples: pd.DataFrame) -> list[Fabric]:
             & (measured.pair_class == pair_class)
             & (measured.transport == transport)
         ]
-        over = fit_overhead(bw) or (0.0, 0.0, 0.0)
-        o, o_lo, o_hi = over
+        over = fit_overhead(bw)
+        if over is not None:
+            overhead = Coef(*over, "s")
+        else:
+            known = {f.name: f for f in base.fabrics} if base is not None else {}
+            if fabric in known:
+                overhead = known[fabric].overhead
+                source = f"kept {base.name}'s" + (" prior" if overhead.prior else "")
+            else:
+                overhead = Coef(0.0, 0.0, 0.0, "s", prior=True)
+                source = "set to 0 and marked prior"
+            warnings.append(
+                f"fabric {fabric}: no windowed bandwidth samples of {SMALL_WINDOW_BYTES} B or "
+                f"less to fit the per-message overhead o; {source} (probe -p bandwidth measures it)"
+            )
+        o, o_lo, o_hi = overhead.value, overhead.low, overhead.high
         segments = []
         fits = fit_piecewise(n, t)
         for i, f in enumerate(fits):
@@ -113,38 +127,13 @@ def fit_fabrics(samples: pd.DataFrame) -> list[Fabric]:
             Fabric(
                 str(fabric),
                 tuple(segments),
-                Coef(o, o_lo, o_hi, "s"),
+                overhead,
                 str(pair_class),
                 str(transport),
                 heldout_mape(n, t),
             )
         )
     return fabrics
-
-
-def fit_linear(
-    design: np.ndarray, t: np.ndarray, boot: int = 200, seed: int = 0
-) -> list[tuple[float, float, float]]:
-    """Non-negative coefficients of t = design @ x, robust in relative terms, with bootstrap CIs."""
-    w = design / t[:, None]
-    x0, _ = nnls(w, np.ones_like(t))
-    scale = np.where(x0 > 0, x0, np.abs(np.linalg.lstsq(w, np.ones_like(t), rcond=None)[0]) + 1e-30)
-
-    def resid(p):
-        return (design @ (p * scale) - t) / t
-
-    sol = least_squares(
-        resid, np.where(x0 > 0, 1.0, 0.0), loss="soft_l1", f_scale=0.05, bounds=(0, np.inf)
-    )
-    x = sol.x * scale
-    rng = np.random.default_rng(seed)
-    draws = []
-    for _ in range(boot):
-        idx = rng.integers(0, len(t), len(t))
-        d, _ = nnls(w[idx], np.ones(len(idx)))
-        draws.append(d)
-    draws = np.array(draws)
-    return [(float(x[j]), *_ci(draws[:, j], float(x[j]))) for j in range(design.shape[1])]
 
 
 def _coef(triple, unit: str) -> Coef:
@@ -269,9 +258,15 @@ def fit_profile(
     name: str,
     base: Profile | None = None,
     run_meta: list[dict] | None = None,
+    warnings: list | None = None,
 ) -> Profile:
-    """A profile from probe and kernel samples (either may be empty when ``base`` fills in)."""
-    fabrics = fit_fabrics(probe) if not probe.empty else []
+    """A profile from probe and kernel samples (either may be empty when ``base`` fills in).
+
+    What the fit had to take from ``base`` or leave as a placeholder goes to ``warnings``
+    (one line each) and to the profile's provenance.
+    """
+    warnings = [] if warnings is None else warnings
+    fabrics = fit_fabrics(probe, base, warnings) if not probe.empty else []
     if not fabrics:
         if base is None:
             raise XbenchError(
@@ -304,4 +299,6 @@ def fit_profile(
     }
     if base is not None:
         provenance["base"] = base.name
+    if warnings:
+        provenance["warnings"] = list(warnings)
     return Profile(name, tuple(fabrics), device, provenance)

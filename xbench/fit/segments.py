@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import least_squares, nnls
 
+from xbench.fit.linear import fit_linear
+
 MIN_SIZES_PER_SEGMENT = 3
 MAX_SEGMENTS = 4
 
@@ -147,8 +149,6 @@ def fit_segmented_linear(
     [(start_key, [(value, low, high) per design column])]; a piece starts at the
     geometric midpoint of the gap before it (0 for the first).
     """
-    from xbench.fit.profile_fit import fit_linear
-
     key, design, t = np.asarray(key, float), np.asarray(design, float), np.asarray(t, float)
     rows = {}
     for i, row in enumerate(map(tuple, np.column_stack([key, design]))):

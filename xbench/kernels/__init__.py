@@ -1,14 +1,12 @@
 """MLA decode primitives: partial attention, merge, gather and splice, on several backends."""
 
 from xbench.kernels.api import (
-    BACKENDS,
-    BackendUnavailable,
     gather_kv,
-    get_backend,
     merge_partials,
     mla_partial_attention,
     splice_kv,
 )
+from xbench.kernels.backend import BACKENDS, BackendUnavailable, get_backend
 from xbench.kernels.selection import DensePages, random_topk
 
 __all__ = [

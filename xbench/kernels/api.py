@@ -8,34 +8,17 @@ where nothing was attended.
 
 from __future__ import annotations
 
-from xbench.errors import XbenchError
+from xbench.kernels.backend import BACKENDS, BackendUnavailable, get_backend
 
-BACKENDS = ("torch", "cuda", "flashmla", "flashinfer")
-
-
-class BackendUnavailable(XbenchError):
-    """A backend that cannot run here; the message says why in one line."""
-
-
-def get_backend(name: str):
-    """The module or object implementing ``name``; raises BackendUnavailable with the reason."""
-    if name == "torch":
-        from xbench.kernels import torch_backend
-
-        return torch_backend
-    if name == "cuda":
-        from xbench.kernels.cuda_backend import CudaBackend
-
-        return CudaBackend.instance()
-    if name == "flashmla":
-        from xbench.kernels.adapters import FlashMlaBackend
-
-        return FlashMlaBackend()
-    if name == "flashinfer":
-        from xbench.kernels.adapters import FlashInferBackend
-
-        return FlashInferBackend()
-    raise XbenchError(f"unknown kernel backend {name!r}", f"pick one of {', '.join(BACKENDS)}")
+__all__ = [
+    "BACKENDS",
+    "BackendUnavailable",
+    "gather_kv",
+    "get_backend",
+    "merge_partials",
+    "mla_partial_attention",
+    "splice_kv",
+]
 
 
 def mla_partial_attention(
@@ -53,22 +36,16 @@ def mla_partial_attention(
 
     ``out`` [rows, heads, v_dim] (fp32, or the cache dtype as a partial is shipped) and
     ``lse`` [rows, heads] fp32, when given, receive the result: a holder attends straight
-    into the message it returns. The torch backend writes them in place on CPU; the others
-    compute and copy.
+    into the message it returns (the torch backend writes them in place on CPU; others
+    compute and copy).
     """
     if q.dim() != 3 or kv_cache.dim() != 3 or q.shape[-1] != kv_cache.shape[-1]:
         raise ValueError(
             f"q must be [rows, heads, D] and kv_cache [blocks, block_size, D]; got {tuple(q.shape)} and {tuple(kv_cache.shape)}"
         )
-    impl = get_backend(backend)
-    if out is None and lse is None:
-        return impl.partial_attention(q, kv_cache, indices, scale, v_dim)
-    if backend == "torch":
-        return impl.partial_attention(q, kv_cache, indices, scale, v_dim, out=out, lse=lse)
-    o, s = impl.partial_attention(q, kv_cache, indices, scale, v_dim)
-    out.copy_(o)
-    lse.copy_(s)
-    return out, lse
+    return get_backend(backend).partial_attention(
+        q, kv_cache, indices, scale, v_dim, out=out, lse=lse
+    )
 
 
 def merge_partials(outs, lses, *, backend: str = "torch"):
@@ -83,12 +60,7 @@ def gather_kv(kv_cache, indices, *, backend: str = "torch", out=None):
     ``out`` [n, D], when given, is that buffer (a holder's staging buffer, registered once):
     the torch backend packs into it directly; the others pack and copy.
     """
-    impl = get_backend(backend)
-    if out is None:
-        return impl.gather_kv(kv_cache, indices)
-    if backend == "torch":
-        return impl.gather_kv(kv_cache, indices, out=out)
-    return out.copy_(impl.gather_kv(kv_cache, indices))
+    return get_backend(backend).gather_kv(kv_cache, indices, out=out)
 
 
 def splice_kv(

@@ -25,10 +25,10 @@ from dataclasses import dataclass
 import torch
 
 from xbench.core.models import LSE_BYTES, ModelPreset
+from xbench.host import llc_bytes
 from xbench.kernels import cpu_bf16
 from xbench.kernels.api import gather_kv, get_backend
 from xbench.kernels.selection import DensePages, random_topk
-from xbench.results.metadata import llc_bytes
 
 KERNELS = ("partial_attention", "merge", "gather", "splice")
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}

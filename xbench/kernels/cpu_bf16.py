@@ -44,7 +44,7 @@ def load() -> ctypes.CDLL | None:
     """The compiled kernel, or None where the CPU or the compiler cannot provide it."""
     if os.environ.get("XBENCH_NO_BF16_KERNEL") or not cpu_has_bf16() or shutil.which("gcc") is None:
         return None
-    from xbench.fabric.cloop import cache_dir
+    from xbench.native import cache_dir
 
     flags = [*ISA_FLAGS, "-fopenmp"]
     digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]

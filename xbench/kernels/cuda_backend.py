@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from xbench.kernels.api import BackendUnavailable
+from xbench.kernels.backend import BackendUnavailable, write_into
 
 SOURCES = ("mla_partial_attention.cu", "merge_partials.cu", "gather_splice.cu", "probe_device.cu")
 KERNELS = {
@@ -32,12 +32,14 @@ WARPS = 4  # must match cuda/mla_partial_attention.cu
 
 
 def cuda_dir() -> Path:
-    """The kernel sources: ``$XBENCH_CUDA_DIR``, else ``cuda/`` of the checkout."""
-    return Path(os.environ.get("XBENCH_CUDA_DIR") or Path(__file__).resolve().parents[2] / "cuda")
+    """The kernel sources: ``$XBENCH_CUDA_DIR``, else the ``cuda/`` folder xbench ships."""
+    from xbench.resources import cuda_dir as shipped
+
+    return Path(os.environ.get("XBENCH_CUDA_DIR") or shipped())
 
 
 def _cache_path(source: str, arch: str) -> Path:
-    from xbench.fabric.cloop import cache_dir
+    from xbench.native import cache_dir
 
     folder = cuda_dir()
     digest = hashlib.sha256()
@@ -116,13 +118,7 @@ def compile_sources(arch: str = "sm_90") -> dict[str, bytes]:
 class CudaBackend:
     """Loads the cubins on the current device and launches them on torch's stream."""
 
-    _instance = None
-
-    @classmethod
-    def instance(cls) -> CudaBackend:
-        if cls._instance is None:
-            cls._instance = cls()
-        return cls._instance
+    name = "cuda"
 
     def __init__(self):
         try:
@@ -168,7 +164,7 @@ class CudaBackend:
             return "f32"
         raise TypeError(f"cuda backend supports bf16 and fp32, not {t.dtype}")
 
-    def partial_attention(self, q, kv_cache, indices, scale, v_dim):
+    def partial_attention(self, q, kv_cache, indices, scale, v_dim, *, out=None, lse=None):
         import torch
 
         from xbench.kernels.selection import token_indices
@@ -181,8 +177,8 @@ class CudaBackend:
         )
         stride = 0 if idx.dim() == 1 else idx.shape[1]
         n_idx = idx.shape[-1]
-        out = torch.empty(rows, heads, v_dim, device=q.device, dtype=torch.float32)
-        lse = torch.empty(rows, heads, device=q.device, dtype=torch.float32)
+        result = torch.empty(rows, heads, v_dim, device=q.device, dtype=torch.float32)
+        result_lse = torch.empty(rows, heads, device=q.device, dtype=torch.float32)
         q, kv_cache = q.contiguous(), kv_cache.contiguous()
         self._launch(
             f"mla_partial_attention_{self._suffix(q)}",
@@ -197,10 +193,10 @@ class CudaBackend:
             np.int32(dim),
             np.int32(v_dim),
             np.float32(scale),
-            out.data_ptr(),
-            lse.data_ptr(),
+            result.data_ptr(),
+            result_lse.data_ptr(),
         )
-        return out, lse
+        return write_into(out, lse, (result, result_lse))
 
     def merge_partials(self, outs, lses):
         import torch
@@ -225,7 +221,7 @@ class CudaBackend:
         )
         return out, lse
 
-    def gather_kv(self, kv_cache, indices):
+    def gather_kv(self, kv_cache, indices, *, out=None):
         import torch
 
         from xbench.kernels.selection import token_indices
@@ -249,7 +245,7 @@ class CudaBackend:
                 np.int32(dim),
                 packed.data_ptr(),
             )
-        return packed
+        return packed if out is None else out.copy_(packed)
 
     def splice_kv(self, kv_cache, packed, free_pages, position_shift, rope_dim=64, freqs=None):
         import torch

@@ -51,6 +51,7 @@ def summarize_kernels(samples: pd.DataFrame) -> pd.DataFrame:
                 "n": s.n,
                 "median_us": s.median,
                 "ci_low_us": s.ci_low,
+                "ci_coverage": s.confidence,
                 "ci_high_us": s.ci_high,
                 "p99_us": s.p99,
                 "gb_per_s": gbps,

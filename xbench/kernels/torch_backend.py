@@ -286,3 +286,21 @@ def _scalar(shift) -> bool:
     if isinstance(shift, torch.Tensor):
         return shift.dim() == 0 and not shift.is_floating_point() and not shift.is_complex()
     return isinstance(shift, int | np.integer)
+
+
+class TorchBackend:
+    """The reference backend behind the registry: this module's functions."""
+
+    name = "torch"
+
+    def partial_attention(self, q, kv_cache, indices, scale, v_dim, *, out=None, lse=None):
+        return partial_attention(q, kv_cache, indices, scale, v_dim, out=out, lse=lse)
+
+    def merge_partials(self, outs, lses):
+        return merge_partials(outs, lses)
+
+    def gather_kv(self, kv_cache, indices, *, out=None):
+        return gather_kv(kv_cache, indices, out=out)
+
+    def splice_kv(self, kv_cache, packed, free_pages, position_shift, rope_dim=64, freqs=None):
+        return splice_kv(kv_cache, packed, free_pages, position_shift, rope_dim, freqs)

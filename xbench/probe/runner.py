@@ -19,17 +19,15 @@ import os
 import signal
 import socket
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 
 from xbench.errors import XbenchError
 from xbench.fabric.registry import infer_fabric, make_transport
 from xbench.fabric.transport import Pair
+from xbench.fabric.watchdog import EXIT_TIMEOUT, Watchdog
 from xbench.probe.patterns import Case, SweepSpec, buffer_plan, plan_cases
 from xbench.results.schema import PROBE_SAMPLES
-
-EXIT_TIMEOUT = 124
 
 
 @dataclass
@@ -84,44 +82,6 @@ def parse_pairs(text: str, size: int) -> list[tuple[int, int]]:
     return pairs
 
 
-class Watchdog:
-    """Ends this process when one case outlasts the timeout.
-
-    The thread sleeps on a condition until the deadline; it does not poll, because on a
-    2-core machine every wake-up steals time from a busy-polling rank.
-    """
-
-    def __init__(self, timeout_s: float, on_fire):
-        self.timeout_s = timeout_s
-        self.on_fire = on_fire
-        self._deadline = None
-        self._label = ""
-        self._cond = threading.Condition()
-        threading.Thread(target=self._watch, daemon=True, name="xbench-watchdog").start()
-
-    def arm(self, label: str) -> None:
-        with self._cond:
-            self._label, self._deadline = label, time.monotonic() + self.timeout_s
-            self._cond.notify()
-
-    def disarm(self) -> None:
-        with self._cond:
-            self._deadline = None
-
-    def _watch(self) -> None:
-        with self._cond:
-            while True:
-                if self._deadline is None:
-                    self._cond.wait()
-                    continue
-                left = self._deadline - time.monotonic()
-                if left > 0:
-                    self._cond.wait(left)
-                    continue
-                self.on_fire(self._label)
-                os._exit(EXIT_TIMEOUT)
-
-
 def _thread_level(MPI) -> str:
     """The MPI thread level the ranks were given (recorded: it changes small-message latency)."""
     names = {
@@ -142,7 +102,7 @@ def _my_gpu(cfg, world) -> dict | None:
     ):
         return None
     from xbench.fabric.gpu import local_gpu
-    from xbench.fabric.topology import gpu_topology
+    from xbench.host import gpu_topology
 
     gpus = gpu_topology()
     return gpus[local_gpu(world)] if gpus else None
@@ -399,4 +359,5 @@ def run_probe(cfg: ProbeConfig, sink, comm=None) -> None:
             pair_comm.Free()
     world.Barrier()
     if rank == 0:
+        store.finish()
         sink.finish()

@@ -41,6 +41,7 @@ SUMMARY_COLUMNS = [
     "n",
     "median",
     "ci_low",
+    "ci_coverage",
     "ci_high",
     "p99",
     "unit",
@@ -64,6 +65,7 @@ def summarize_samples(samples: pd.DataFrame, *, include_overhead: bool = False) 
                 "n": s.n,
                 "median": s.median,
                 "ci_low": s.ci_low,
+                "ci_coverage": s.confidence,
                 "ci_high": s.ci_high,
                 "p99": s.p99,
             }

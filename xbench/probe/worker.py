@@ -38,7 +38,7 @@ def main(argv: list[str]) -> int:
     from mpi4py import MPI
 
     reserve_buffers(text)
-    from xbench.probe.events import JsonLinesSink, NullSink
+    from xbench.fabric.events import JsonLinesSink, NullSink
     from xbench.probe.runner import ProbeConfig, run_probe
 
     cfg = ProbeConfig.from_json(text)

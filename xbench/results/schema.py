@@ -18,6 +18,11 @@ validate_samples v1: first version. One row per timed sample of a real route / f
     local between two ranks, with the path's error against one-instance attention.
 kernel_samples v2: adds ``round``, the pass over all cases the sample came from
     (``--rounds``: passes interleave the cases, so drift hits them alike); v1 reads as 0.
+decisions v1: written by ``xbench decide`` outside the store, columns as the grid had them.
+decisions v2: through the store with a fixed schema; adds the closed forms ``b_star``,
+    ``u_star`` and ``n_half_bytes`` of each row's chosen fabric (v1 files are not migrated:
+    re-run decide, which takes microseconds).
+validate_summary v1: first version, written by ``xbench validate`` through the store.
 validate_samples v2: adds ``requester``, the rank that asked (and timed) the sample (the
     ranks take turns), and ``round`` as in kernel_samples; v1 files read as 0 and 0.
 """
@@ -122,12 +127,72 @@ VALIDATE_SAMPLES_SCHEMA = pa.schema(
     ]
 )
 
+DECISIONS = "decisions"
+# One row per request shape: the request (the fields of xbench.core.costmodel.Request), the
+# decision, each option's time per use in seconds, and the closed forms on the chosen fabric.
+DECISIONS_SCHEMA = pa.schema(
+    [
+        pa.field("rows", pa.int64()),  # b: decode tokens routed together
+        pa.field("heads", pa.int64()),
+        pa.field("chunk_tokens", pa.int64()),
+        pa.field("reuse", pa.float64()),
+        pa.field("fabric", pa.string()),  # the fabric asked for; null: every fabric competed
+        pa.field("payload_bytes", pa.float64()),  # per query row
+        pa.field("return_bytes", pa.float64()),
+        pa.field("kv_bytes_per_token", pa.float64()),
+        pa.field("segments", pa.int64()),
+        pa.field("include_probe", pa.bool_()),
+        pa.field("fetch_cost", pa.float64()),  # s; null: the profile's T_move
+        pa.field("decision", pa.string(), nullable=False),  # route, fetch, local
+        pa.field("fabric_chosen", pa.string(), nullable=False),
+        pa.field("t_route", pa.float64(), nullable=False),  # s per use
+        pa.field("t_fetch", pa.float64(), nullable=False),
+        pa.field("t_local", pa.float64(), nullable=False),  # inf: no local option
+        pa.field("margin", pa.float64(), nullable=False),  # runner-up minus winner, s
+        pa.field("uncertain", pa.bool_(), nullable=False),
+        pa.field("ranked_by", pa.string(), nullable=False),  # latency or bandwidth
+        pa.field("prior", pa.bool_(), nullable=False),  # rests on a datasheet prior
+        pa.field("b_star", pa.float64(), nullable=False),  # route wins for b < b*
+        pa.field("u_star", pa.float64(), nullable=False),  # fetch wins once 1 + reuse > u*
+        pa.field("n_half_bytes", pa.float64(), nullable=False),  # alpha * beta, chosen fabric
+    ]
+)
+
+VALIDATE_SUMMARY = "validate_summary"
+VALIDATE_SUMMARY_SCHEMA = pa.schema(
+    [
+        pa.field("option", pa.string(), nullable=False),
+        pa.field("rows", pa.int64(), nullable=False),
+        pa.field("heads", pa.int64(), nullable=False),
+        pa.field("chunk_tokens", pa.int64(), nullable=False),
+        pa.field("segments", pa.int64(), nullable=False),
+        pa.field("measured_us", pa.float64(), nullable=False),
+        pa.field("ci_low_us", pa.float64(), nullable=False),
+        pa.field("ci_coverage", pa.float64(), nullable=False),
+        pa.field("ci_high_us", pa.float64(), nullable=False),
+        pa.field("predicted_us", pa.float64(), nullable=False),
+        pa.field("error", pa.float64(), nullable=False),  # (predicted - measured) / measured
+        pa.field("correct", pa.bool_(), nullable=False),
+        pa.field("max_abs_error", pa.float64()),
+        pa.field("predicted_with_measured_tc_us", pa.float64()),
+        pa.field("composition_error", pa.float64()),
+    ]
+)
+
 SCHEMAS = {
     PROBE_SAMPLES: PROBE_SAMPLES_SCHEMA,
     KERNEL_SAMPLES: KERNEL_SAMPLES_SCHEMA,
     VALIDATE_SAMPLES: VALIDATE_SAMPLES_SCHEMA,
+    DECISIONS: DECISIONS_SCHEMA,
+    VALIDATE_SUMMARY: VALIDATE_SUMMARY_SCHEMA,
 }
-SCHEMA_VERSIONS = {PROBE_SAMPLES: 2, KERNEL_SAMPLES: 2, VALIDATE_SAMPLES: 3}
+SCHEMA_VERSIONS = {
+    PROBE_SAMPLES: 2,
+    KERNEL_SAMPLES: 2,
+    VALIDATE_SAMPLES: 3,
+    DECISIONS: 2,
+    VALIDATE_SUMMARY: 1,
+}
 
 
 # MIGRATIONS[table][v] turns a pyarrow.Table of version v into version v + 1.

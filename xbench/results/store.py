@@ -77,7 +77,7 @@ def refuse_existing_run(out_dir: Path, run_id: str | None = None) -> None:
     if meta.exists():
         try:
             other = json.loads(meta.read_text()).get("run_id", "?")
-        except (OSError, ValueError):
+        except (OSError, ValueError, AttributeError):
             other = "?"
         if run_id is not None and other == run_id:
             return
@@ -86,18 +86,57 @@ def refuse_existing_run(out_dir: Path, run_id: str | None = None) -> None:
         )
 
 
+def refuse_overwrite(path: Path, force: bool, option: str = "--out") -> Path:
+    """One-file outputs (a profile, a decision table) never replace a file silently."""
+    path = Path(path)
+    if path.exists() and not force:
+        raise XbenchError(
+            f"{path} already exists", f"pass another {option}, or --force to replace it"
+        )
+    return path
+
+
+# run.json "status": a run is "running" from its first file on and "complete" once every
+# case finished; "partial" when it stopped early (interrupted, a rank died, a case hung),
+# with the reason. Runs written before the status existed read as complete.
+RUNNING, COMPLETE, PARTIAL = "running", "complete", "partial"
+
+
+def _write_meta(out_dir: Path, meta: dict) -> None:
+    _atomic_write(
+        Path(out_dir) / "run.json", lambda p: p.write_text(json.dumps(meta, indent=2, default=str))
+    )
+
+
+def mark_partial(out_dir: Path, reason: str) -> None:
+    """Record in run.json that the run stopped before its last case (best-effort)."""
+    meta_file = Path(out_dir) / "run.json"
+    try:
+        meta = json.loads(meta_file.read_text())
+    except (OSError, ValueError):
+        return  # nothing was written yet, or run.json is not ours to repair
+    meta["status"], meta["stopped_because"] = PARTIAL, reason
+    _write_meta(out_dir, meta)
+
+
 class RunStore:
     """Writer for one run directory."""
 
     def __init__(self, out_dir: Path, run_meta: dict):
         self.out_dir = ensure_writable_dir(Path(out_dir))
         refuse_existing_run(self.out_dir, run_meta.get("run_id"))
-        self.run_meta = run_meta
+        self.run_meta = {**run_meta, "status": RUNNING}
         self._next_part: dict[str, int] = {}
-        _atomic_write(
-            self.out_dir / "run.json",
-            lambda p: p.write_text(json.dumps(run_meta, indent=2, default=str)),
-        )
+        _write_meta(self.out_dir, self.run_meta)
+
+    def finish(self) -> None:
+        """Every case is written: mark the run complete."""
+        self.run_meta["status"] = COMPLETE
+        _write_meta(self.out_dir, self.run_meta)
+
+    def write(self, table_name: str, file_name: str, frame) -> Path:
+        """A whole table as one named file of the run (a summary, a decision table)."""
+        return write_table(self.out_dir / file_name, table_name, frame, self.run_meta)
 
     def append(self, table_name: str, rows) -> Path:
         """Write one finished case as its own part file and return its path."""
@@ -112,7 +151,14 @@ class RunStore:
 
 
 def _read_file(path: Path, table_name: str) -> pa.Table:
-    table = pq.read_table(path)
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as exc:
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise XbenchError(
+            f"{path} is not a readable Parquet file ({reason})",
+            "it was cut short or is not xbench output: re-run that measurement, or move the file away",
+        ) from None
     meta = table.schema.metadata or {}
     found = meta.get(b"xbench.table", b"").decode()
     if found != table_name:
@@ -164,6 +210,22 @@ def read_table(paths, table_name: str) -> pd.DataFrame:
 
 
 def read_run_meta(path: Path) -> dict:
+    """The run.json of a run directory, or of the run a part file belongs to ({} if none)."""
     path = Path(path)
     meta_file = path / "run.json" if path.is_dir() else path.parent.parent / "run.json"
-    return json.loads(meta_file.read_text()) if meta_file.exists() else {}
+    if not meta_file.exists():
+        return {}
+    try:
+        meta = json.loads(meta_file.read_text())
+    except (OSError, ValueError) as exc:
+        raise XbenchError(
+            f"{meta_file} is not valid JSON ({str(exc).splitlines()[0]})",
+            "restore it from a copy, or re-run that measurement",
+        ) from None
+    if not isinstance(meta, dict):
+        raise XbenchError(f"{meta_file} is not a run.json object", "re-run that measurement")
+    return meta
+
+
+def run_status(meta: dict) -> str:
+    return meta.get("status", COMPLETE)

@@ -1,0 +1,139 @@
+"""The house rules, read from the source: no import loops, and no layer imports a higher one.
+
+Every import counts, at module level or inside a function: a lazy import of a higher layer
+is still a dependency on it. docs/architecture.md explains the layers.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "xbench"
+
+# Lowest first. A module may import its own layer's package and anything below; packages of
+# one layer above the first do not import each other (kernels and fabric stay independent).
+LAYERS = [
+    (
+        "xbench.errors",
+        "xbench.version",
+        "xbench.core",
+        "xbench.host",
+        "xbench.native",
+        "xbench.resources",
+    ),
+    ("xbench.results",),
+    ("xbench.fabric", "xbench.kernels"),
+    ("xbench.probe", "xbench.fit", "xbench.cluster"),
+    ("xbench.validate", "xbench.capabilities"),
+    ("xbench.cli",),
+]
+# The package's own __init__ is the pure public API (the cost model): layer 0.
+ROOT_LAYER = 0
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
+    """xbench modules imported by ``path``, resolved to the most specific module."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [
+                f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                for a in node.names
+            ]
+        else:
+            continue
+        found.update(n for n in names if n == "xbench" or n.startswith("xbench."))
+    return found
+
+
+def _package(module: str) -> str:
+    for layer in LAYERS:
+        for pkg in layer:
+            if module == pkg or module.startswith(pkg + "."):
+                return pkg
+    return "xbench"
+
+
+def _layer(module: str) -> int:
+    pkg = _package(module)
+    if pkg == "xbench":
+        return ROOT_LAYER
+    return next(i for i, layer in enumerate(LAYERS) if pkg in layer)
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(path, modules) - {name} for name, path in modules.items()}
+
+
+def test_every_module_has_a_layer():
+    unplaced = [m for m in _modules() if m != "xbench" and _package(m) == "xbench"]
+    assert not unplaced, f"give these a layer in LAYERS and docs/architecture.md: {unplaced}"
+
+
+def test_no_layer_imports_a_higher_one_or_a_sibling():
+    bad = []
+    for module, deps in _graph().items():
+        mine, pkg = _layer(module), _package(module)
+        for dep in deps:
+            theirs, other = _layer(dep), _package(dep)
+            if theirs > mine or (theirs == mine > 0 and other != pkg):
+                bad.append(f"{module} (layer {mine}) imports {dep} (layer {theirs})")
+    assert not bad, "\n".join(sorted(bad))
+
+
+def test_no_import_loops():
+    graph = _graph()
+    # Package __init__ files re-export their submodules; an edge from a submodule to its own
+    # package's __init__ is how Python loads it, not a loop of ours.
+    for module in graph:
+        graph[module] = {d for d in graph[module] if not module.startswith(d + ".")}
+    state: dict[str, int] = {}
+    loops = []
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for dep in sorted(graph.get(node, ())):
+            if state.get(dep) == 1:
+                loops.append(" -> ".join(stack[stack.index(dep) :] + [dep]))
+            elif dep not in state:
+                visit(dep, stack + [dep])
+        state[node] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert not loops, "\n".join(loops)
+
+
+@pytest.mark.parametrize(
+    "module, forbidden",
+    [
+        ("xbench.core.costmodel", ("numpy", "torch", "mpi4py", "pandas")),
+        ("xbench.core.profile", ("numpy", "torch", "mpi4py", "pandas")),
+    ],
+)
+def test_the_cost_model_imports_no_heavy_library(module, forbidden):
+    """A serving scheduler imports the predicate without MPI, torch, numpy or a GPU."""
+    tree = ast.parse(_modules()[module].read_text())
+    roots = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            roots.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            roots.add(node.module.split(".")[0])
+    assert not roots & set(forbidden)

@@ -1,0 +1,51 @@
+"""A rank's own timeout: a hung peer becomes an error (exit 124), never a hang.
+
+Armed per case on every rank (probe and validate alike); the launcher then takes the other
+ranks down (``xbench.fabric.launch``).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+EXIT_TIMEOUT = 124
+
+
+class Watchdog:
+    """Ends this process when one case outlasts the timeout.
+
+    The thread sleeps on a condition until the deadline; it does not poll, because on a
+    2-core machine every wake-up steals time from a busy-polling rank.
+    """
+
+    def __init__(self, timeout_s: float, on_fire):
+        self.timeout_s = timeout_s
+        self.on_fire = on_fire
+        self._deadline = None
+        self._label = ""
+        self._cond = threading.Condition()
+        threading.Thread(target=self._watch, daemon=True, name="xbench-watchdog").start()
+
+    def arm(self, label: str) -> None:
+        with self._cond:
+            self._label, self._deadline = label, time.monotonic() + self.timeout_s
+            self._cond.notify()
+
+    def disarm(self) -> None:
+        with self._cond:
+            self._deadline = None
+
+    def _watch(self) -> None:
+        with self._cond:
+            while True:
+                if self._deadline is None:
+                    self._cond.wait()
+                    continue
+                left = self._deadline - time.monotonic()
+                if left > 0:
+                    self._cond.wait(left)
+                    continue
+                self.on_fire(self._label)
+                os._exit(EXIT_TIMEOUT)

@@ -1,0 +1,159 @@
+"""Facts about the host this process runs on: CPU, caches, memory mode, GPUs (NVML).
+
+The lowest layer with ``core``: every other layer may ask it, it asks none of them. Each
+fact is best-effort: a missing tool or driver gives ``None`` or ``[]``, never an exception.
+
+``gpu_topology()`` returns, per GPU, a dict in this documented format (also what the tests
+feed ``xbench.fabric.topology.label_pair`` from captured machines)::
+
+    {"index": 0, "name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-...", "driver": "560.35.03", "memory_bytes": 85520809984,
+     "pci_bus_id": "00000000:18:00.0", "numa_node": 0, "sm_clock_max_mhz": 1980,
+     "mem_clock_max_mhz": 2619, "nvlink_peers": ["00000000:2A:00.0", ...],
+     "nearest_nic": "mlx5_0"}
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+from pathlib import Path
+
+
+def _read(path: str) -> str | None:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return None
+
+
+def thp_mode() -> str | None:
+    """Transparent huge page mode, e.g. ``always [madvise] never`` -> ``madvise``."""
+    text = _read("/sys/kernel/mm/transparent_hugepage/enabled")
+    if not text:
+        return None
+    for word in text.split():
+        if word.startswith("["):
+            return word.strip("[]")
+    return text
+
+
+def cpu_model() -> str | None:
+    text = _read("/proc/cpuinfo") or ""
+    for line in text.splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or None
+
+
+def torch_version() -> str | None:
+    """The installed torch's version, read from its package metadata.
+
+    Not ``import torch``: importing it changes how this process moves memory (a probe rank
+    that had imported torch ran 16 MiB shared-memory ping-pongs 15-40 % faster than the same
+    loop without it, and than osu_latency), so the host probes stay free of it.
+    """
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torch")
+    except PackageNotFoundError:
+        return None
+
+
+def llc_bytes() -> int:
+    """Last-level cache size of CPU 0 (sysfs), 32 MiB when unknown."""
+    best = 0
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            text = (index / "size").read_text().strip()
+            best = max(
+                best,
+                int(text[:-1])
+                * (1024 if text.endswith("K") else 1024**2 if text.endswith("M") else 1),
+            )
+        except (OSError, ValueError):
+            continue
+    return best or 32 * 2**20
+
+
+def host_metadata() -> dict:
+    """What this process can say about its host (stored with every run)."""
+    return {
+        "hostname": socket.gethostname(),
+        "cpu_model": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "thp": thp_mode(),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+    }
+
+
+def _nearest_nic(bus_id: str) -> str | None:
+    """The InfiniBand device sharing the longest PCI path with the GPU (sysfs), if any."""
+    gpu = Path("/sys/bus/pci/devices") / bus_id.lower()[-12:]
+    try:
+        gpu_path = gpu.resolve().parts
+    except OSError:
+        return None
+    best, best_len = None, 0
+    for nic in Path("/sys/class/infiniband").glob("*"):
+        try:
+            parts = (nic / "device").resolve().parts
+        except OSError:
+            continue
+        common = 0
+        for a, b in zip(gpu_path, parts, strict=False):
+            if a != b:
+                break
+            common += 1
+        if common > best_len:
+            best, best_len = nic.name, common
+    return best
+
+
+def gpu_topology() -> list[dict]:
+    """Every GPU NVML sees, in the format above; [] without a driver."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no driver here
+        return []
+    try:
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        gpus = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            bus = pynvml.nvmlDeviceGetPciInfo(h).busId
+            bus = bus.decode() if isinstance(bus, bytes) else bus
+            peers = []
+            for link in range(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18)):
+                try:
+                    if pynvml.nvmlDeviceGetNvLinkState(h, link):
+                        remote = pynvml.nvmlDeviceGetNvLinkRemotePciInfo(h, link).busId
+                        peers.append(remote.decode() if isinstance(remote, bytes) else remote)
+                except pynvml.NVMLError:
+                    break
+            try:
+                numa = int(Path(f"/sys/bus/pci/devices/{bus.lower()[-12:]}/numa_node").read_text())
+            except (OSError, ValueError):
+                numa = None
+            gpus.append(
+                {
+                    "index": i,
+                    "name": pynvml.nvmlDeviceGetName(h),
+                    "uuid": pynvml.nvmlDeviceGetUUID(h),
+                    "driver": driver,
+                    "memory_bytes": int(pynvml.nvmlDeviceGetMemoryInfo(h).total),
+                    "pci_bus_id": bus,
+                    "numa_node": numa,
+                    "sm_clock_max_mhz": pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM),
+                    "mem_clock_max_mhz": pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_MEM),
+                    "nvlink_peers": sorted(set(peers)),
+                    "nearest_nic": _nearest_nic(bus),
+                }
+            )
+        return gpus
+    finally:
+        pynvml.nvmlShutdown()

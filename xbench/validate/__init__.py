@@ -1,0 +1,16 @@
+"""``xbench validate``: real route / fetch / local between two ranks against the fitted model.
+
+``worker`` runs inside the two launched ranks; ``summary`` turns their samples and a
+profile into per-case errors and the MAPE.
+"""
+
+from xbench.validate.summary import summarize_validation, validation_errors
+from xbench.validate.worker import FETCH_LAYOUTS, OPTIONS, ValidateConfig
+
+__all__ = [
+    "FETCH_LAYOUTS",
+    "OPTIONS",
+    "ValidateConfig",
+    "summarize_validation",
+    "validation_errors",
+]
