@@ -85,7 +85,30 @@ def probe(
         ),
     ] = None,
     pairs: Annotated[str, typer.Option(help="Rank pairs: 0-1, all, or 0-1,0-2.")] = "0-1",
-    samples: Annotated[int, typer.Option(help="Measured samples per case.")] = 10,
+    samples: Annotated[
+        int | None,
+        typer.Option(
+            help="Measured samples per case (default 10; 1 with --iterations/--osu-compat)."
+        ),
+    ] = None,
+    iterations: Annotated[
+        int | None,
+        typer.Option(
+            help="OSU's method: every sample runs exactly N iterations (no calibration); the "
+            "table reports the aggregate mean, total time over total iterations."
+        ),
+    ] = None,
+    skip: Annotated[
+        int, typer.Option(help="With --iterations: untimed iterations before the first sample.")
+    ] = 0,
+    osu_compat: Annotated[
+        bool,
+        typer.Option(
+            "--osu-compat",
+            help="osu_latency / osu_bw / osu_bibw's own iteration and skip counts per size "
+            "(10000+100 or 1000+10 round trips; 100+10 or 20+2 windows), aggregate mean.",
+        ),
+    ] = False,
     warmups: Annotated[int, typer.Option(help="Warm-up samples per case (stored, flagged).")] = 2,
     min_sample_time: Annotated[
         str, typer.Option(help="Calibrate iterations so one sample lasts at least this.")
@@ -140,6 +163,23 @@ def probe(
     )
     if max(spec.sizes) >= 2**31 or spec.payload * max(spec.rows) >= 2**31:
         raise XbenchError("messages of 2 GiB or more are not supported", "keep sizes below 2GiB")
+    fixed = osu_compat or iterations is not None
+    samples = samples if samples is not None else (1 if fixed else 10)
+    if osu_compat and iterations is not None:
+        raise XbenchError(
+            "--osu-compat sets OSU's iteration counts itself", "pass --osu-compat or --iterations"
+        )
+    if iterations is not None and iterations < 1 or skip < 0 or (skip and iterations is None):
+        raise XbenchError(
+            f"--iterations {iterations} --skip {skip}: need iterations >= 1 and skip >= 0",
+            "e.g. --iterations 1000 --skip 10 (skip goes with --iterations)",
+        )
+    if osu_compat and set(spec.patterns) - {"latency", "bandwidth", "bibw"}:
+        raise XbenchError(
+            f"--osu-compat covers latency, bandwidth and bibw (osu_latency, osu_bw, osu_bibw), "
+            f"not {', '.join(sorted(set(spec.patterns) - {'latency', 'bandwidth', 'bibw'}))}",
+            "pass -p latency,bandwidth with --osu-compat, or --iterations N for any pattern",
+        )
     if window < 1 or samples < 1 or warmups < 0:
         raise XbenchError(
             "--window and --samples must be at least 1, --warmups at least 0",
@@ -181,6 +221,9 @@ def probe(
         device=device,
         backend=backend,
         preset_env=preset_env(transport, fabric, backend),
+        iterations=iterations,
+        skip=skip,
+        osu_compat=osu_compat,
     )
 
     if launched and runs > 1:
@@ -278,12 +321,20 @@ def _report(out_dir: Path, fmt: OutputFormat) -> None:
     from xbench.cli.render import probe_table
     from xbench.probe.summary import overhead, summarize_samples
     from xbench.results.schema import PROBE_SAMPLES
-    from xbench.results.store import read_table
+    from xbench.results.store import read_run_meta, read_table
 
     samples = read_table(out_dir, PROBE_SAMPLES)
     summary = summarize_samples(samples)
+    config = read_run_meta(out_dir).get("config", {})
+    fixed = bool(config.get("osu_compat") or config.get("iterations"))
     loops = ", ".join(f"{k} loop {v * 1e3:.2f} ns/iter" for k, v in overhead(samples).items())
     caption = f"{out_dir}  |  one-way latency = half round trip; MB = 10^6 B  |  overhead: {loops or 'n/a'}"
-    emit_frame(summary, fmt, lambda f: probe_table(f, caption=caption))
+    if fixed:
+        caption += "  |  fixed iterations (OSU's method): mean = total time / total iterations"
+    emit_frame(
+        summary,
+        fmt,
+        lambda f: probe_table(f, caption=caption, statistic="aggregate" if fixed else "median"),
+    )
     if fmt == OutputFormat.table:
         console.print(f"samples: {out_dir}/{PROBE_SAMPLES}/", highlight=False)

@@ -36,7 +36,9 @@ def _constant(frame, column):
     return values[0] if len(values) == 1 else None
 
 
-def probe_table(summary, title: str = "xbench probe", caption: str | None = None) -> None:
+def probe_table(
+    summary, title: str = "xbench probe", caption: str | None = None, statistic: str = "median"
+) -> None:
     """One row per case; columns that hold one value for the whole run go to the title."""
     shared = []
     for column in ("transport", "fabric", "loop", "pair", "pair_class"):
@@ -48,7 +50,14 @@ def probe_table(summary, title: str = "xbench probe", caption: str | None = None
     columns = (
         ["pattern"]
         + (["pair"] if many_pairs else [])
-        + ["size", "detail", "median", interval_label(summary.ci_coverage), "p99", "unit"]
+        + [
+            "size",
+            "detail",
+            "median" if statistic == "median" else "mean",
+            f"median {interval_label(summary.ci_coverage)}",
+            "p99",
+            "unit",
+        ]
     )
     for name in columns:
         table.add_column(
@@ -68,7 +77,7 @@ def probe_table(summary, title: str = "xbench probe", caption: str | None = None
             + [
                 r.size,
                 detail,
-                num(r.median),
+                num(getattr(r, statistic)),
                 f"{num(r.ci_low)}-{num(r.ci_high)}",
                 num(r.p99),
                 r.unit,

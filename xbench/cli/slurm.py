@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from xbench.cli.common import console, handles_errors
+from xbench.cli.common import FormatOption, OutputFormat, console, handles_errors, strict_json
 
 
 @handles_errors
@@ -36,6 +36,8 @@ def slurm(
         "xbench.sbatch"
     ),
     submit: Annotated[bool, typer.Option("--submit", help="Hand the script to sbatch.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace --out if it exists.")] = False,
+    fmt: FormatOption = OutputFormat.table,
 ) -> None:
     """Write an sbatch script that runs the sweep with srun and collects its results."""
     from xbench.cluster.slurm import SlurmJob, render
@@ -54,8 +56,17 @@ def slurm(
         results,
         list(xbench_args or []),
     )
+    from xbench.results.store import refuse_overwrite
+
+    refuse_overwrite(out, force)
     out.write_text(render(job))
     out.chmod(0o755)
-    console.print(f"wrote {out}", highlight=False)
-    if submit:
-        console.print(do_submit(out), highlight=False)
+    submitted = do_submit(out) if submit else None
+    if fmt == OutputFormat.table:
+        console.print(f"wrote {out}", highlight=False)
+        if submitted:
+            console.print(submitted, highlight=False)
+    elif fmt == OutputFormat.json:
+        print(strict_json({"script": str(out), "submitted": submitted}))
+    else:
+        print(f"script,submitted\n{out},{submitted or ''}")

@@ -1,4 +1,4 @@
-"""The cost model and the route / fetch / local predicate (``../shared/docs/cost-model.md``).
+"""The cost model and the route / fetch / local predicate (``docs/cost-model.md``).
 
 Pure Python over frozen dataclasses: a serving scheduler can import this module without
 MPI, torch, numpy or a GPU. Times are in seconds, sizes in bytes, rates in bytes/s.

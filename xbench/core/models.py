@@ -1,6 +1,6 @@
 """Model presets: the attention shapes that set routed and fetched byte counts.
 
-Figures come from the models' public configuration files (see ``../shared/docs/mission.md``).
+Figures come from the models' public configuration files (tabled in ``docs/cost-model.md``).
 In absorbed MLA decode one query row per head has ``qk_dim`` elements (512 latent + 64
 RoPE = 576 for DeepSeek-V3), the partial result per head is ``v_dim`` elements plus one
 fp32 log-sum-exp, and one cached token per layer is ``qk_dim`` elements in the chosen KV

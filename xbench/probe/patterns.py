@@ -89,6 +89,22 @@ class Case:
         return OFFCACHE_MAX_ITERS if self.pattern == "offcache" else None
 
 
+# OSU micro-benchmarks' own counts (osu_util.h, 5.x-7.x): (iterations, skipped iterations)
+# for messages up to LARGE_MESSAGE_SIZE and above it; a bandwidth iteration is one window.
+OSU_LARGE_MESSAGE = 8192
+OSU_COUNTS = {
+    "latency": ((10_000, 100), (1_000, 10)),  # osu_latency: LAT_LOOP_*, LAT_SKIP_*
+    "bandwidth": ((100, 10), (20, 2)),  # osu_bw: BW_LOOP_*, BW_SKIP_*
+    "bibw": ((100, 10), (20, 2)),  # osu_bibw
+}
+
+
+def osu_counts(case: Case) -> tuple[int, int]:
+    """(iterations, skip) that OSU's benchmark of this pattern uses at this size."""
+    small, large = OSU_COUNTS[case.pattern]
+    return small if case.size_bytes <= OSU_LARGE_MESSAGE else large
+
+
 @dataclass(frozen=True)
 class SweepSpec:
     patterns: tuple[str, ...] = DEFAULT_PATTERNS

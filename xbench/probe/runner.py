@@ -26,7 +26,7 @@ from xbench.errors import XbenchError
 from xbench.fabric.registry import infer_fabric, make_transport
 from xbench.fabric.transport import Pair
 from xbench.fabric.watchdog import EXIT_TIMEOUT, Watchdog
-from xbench.probe.patterns import Case, SweepSpec, buffer_plan, plan_cases
+from xbench.probe.patterns import Case, SweepSpec, buffer_plan, osu_counts, plan_cases
 from xbench.results.schema import PROBE_SAMPLES
 
 
@@ -53,6 +53,12 @@ class ProbeConfig:
     backend: str = "nccl"  # nccl transport: nccl on GPUs, gloo on CPUs
     preset_env: dict = field(default_factory=dict)  # the --fabric preset applied to every rank
     process_run: int = 0  # which launch of the ranks this is (--runs N)
+    # Fixed-count sampling (OSU's method) instead of calibrated samples: every sample runs
+    # exactly `iterations` iterations, after `skip` untimed ones; osu_compat takes both from
+    # OSU's own tables per pattern and size.
+    iterations: int | None = None
+    skip: int = 0
+    osu_compat: bool = False
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -136,10 +142,27 @@ def _inject_fault(world_rank: int, case_index: int) -> None:
             time.sleep(10**6)
 
 
+def _fixed_counts(case: Case, cfg: ProbeConfig) -> tuple[int, int] | None:
+    if cfg.osu_compat:
+        return osu_counts(case)
+    return (cfg.iterations, cfg.skip) if cfg.iterations else None
+
+
 def _measure(case: Case, transport, pair: Pair, cfg: ProbeConfig) -> list[tuple[int, bool, float]]:
     """(iterations, warm-up?, elapsed seconds) of every sample of one case, on this rank."""
     comm = pair.comm
     out = []
+    fixed = _fixed_counts(case, cfg)
+    if fixed is not None:  # OSU's method: skip, then a fixed count, one stream per sample
+        iters, skip = fixed
+        comm.Barrier()
+        if skip:  # stored as a warm-up sample; the first timed sample follows it directly
+            out.append((skip, True, case.run(transport, skip)))
+        for s in range(cfg.samples):
+            if s:
+                comm.Barrier()
+            out.append((iters, False, case.run(transport, iters)))
+        return out
     first = case.first_iters()
     comm.Barrier()
     elapsed = case.run(transport, first)

@@ -40,6 +40,7 @@ SUMMARY_COLUMNS = [
     "metric",
     "n",
     "median",
+    "aggregate",
     "ci_low",
     "ci_coverage",
     "ci_high",
@@ -57,6 +58,8 @@ def summarize_samples(samples: pd.DataFrame, *, include_overhead: bool = False) 
     for key, group in measured.groupby(CASE_KEYS, dropna=False, sort=False):
         case = dict(zip(CASE_KEYS, key, strict=True))
         s = summarize(group["value"].to_numpy())
+        iters = group["iterations"].to_numpy(float)
+        values = group["value"].to_numpy(float)
         rows.append(
             {
                 **case,
@@ -64,6 +67,13 @@ def summarize_samples(samples: pd.DataFrame, *, include_overhead: bool = False) 
                 "size": format_size(int(case["size_bytes"])),
                 "n": s.n,
                 "median": s.median,
+                # OSU's statistic: total time over total iterations (for rates, total
+                # bytes over total time), whatever the samples' lengths
+                "aggregate": (
+                    iters.sum() / (iters / values).sum()
+                    if case["unit"] == "MB/s"
+                    else (values * iters).sum() / iters.sum()
+                ),
                 "ci_low": s.ci_low,
                 "ci_coverage": s.confidence,
                 "ci_high": s.ci_high,
