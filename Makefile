@@ -51,7 +51,8 @@ bench: $(STAMP)
 gpu-check: $(STAMP)
 	$(BIN)/xbench env
 	$(BIN)/python -m pytest -q -m gpu
-	$(BIN)/xbench kernel --backend cuda --rows 1,8 --chunk 1024,8192 --samples 3 --out results/gpu-check/kernel-cuda
+	$(BIN)/xbench kernel --rows 1,8 --chunk 1024,8192 --samples 3 --out results/gpu-check/kernel
+	$(BIN)/python benchmarks/gpu_kernels.py --out results/gpu-check/gpu-kernels
 	$(BIN)/xbench probe --np 2 --transport nccl --sizes 8B:64MiB --out results/gpu-check/nccl
 
 lint: $(STAMP)

@@ -13,6 +13,22 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 
+def _gpu_present() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+# Without a GPU the triton backend's kernels run under Triton's interpreter on CPU tensors.
+# Triton reads the switch when triton.language is first imported, so it is set here, before
+# any test imports triton; on a GPU machine the kernels run compiled.
+if not _gpu_present():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
 def run_xbench(*args, env=None, timeout=180, launcher=None):
     """Run ``xbench ARGS`` (optionally under ``launcher``, e.g. ['mpiexec','-n','2'])."""
     cmd = [*(launcher or []), str(BIN / "xbench"), *map(str, args)]
@@ -33,15 +49,6 @@ def run_xbench(*args, env=None, timeout=180, launcher=None):
 @pytest.fixture
 def xbench():
     return run_xbench
-
-
-def _gpu_present() -> bool:
-    try:
-        import torch
-
-        return torch.cuda.is_available()
-    except ImportError:
-        return False
 
 
 def pytest_collection_modifyitems(config, items):

@@ -69,7 +69,7 @@ def test_backend_says_why_it_cannot_run_here():
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
     with pytest.raises(BackendUnavailable) as err:
-        get_backend("cuda")
+        get_backend("cuda-ref")
     assert "\n" not in str(err.value) and "CUDA" in str(err.value)
     for name in ("flashmla", "flashinfer"):
         with pytest.raises(BackendUnavailable):
@@ -134,7 +134,7 @@ def test_launch_arguments_match_kernel_signatures():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend", ["cuda", "flashmla", "flashinfer"])
+@pytest.mark.parametrize("backend", ["cuda-ref", "triton", "flashmla", "flashinfer"])
 def test_gpu_backends_match_torch_reference(backend):
     try:
         impl = get_backend(backend)
@@ -157,7 +157,7 @@ def test_gpu_backends_match_torch_reference(backend):
 @pytest.mark.gpu
 def test_cuda_sparse_merge_gather_splice_on_gpu():
     try:
-        impl = get_backend("cuda")
+        impl = get_backend("cuda-ref")
     except BackendUnavailable as exc:
         pytest.skip(str(exc))
     ref = get_backend("torch")

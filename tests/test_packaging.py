@@ -94,7 +94,7 @@ def test_env_compiles_the_shipped_cuda_sources(installed):
     r = _run([str(target / "bin" / "xbench"), "env", "--format", "json"], cwd=work, env=env)
     assert r.returncode == 0, r.stderr
     caps = {c["capability"]: c for c in json.loads(r.stdout)}
-    assert "compiles 4 sources to sm_90" in caps["kernel backend cuda"]["detail"], caps
+    assert "compiles 4 sources to sm_90" in caps["kernel backend cuda-ref"]["detail"], caps
     assert any((Path(env["XBENCH_CACHE_DIR"])).glob("*.cubin"))
 
 

@@ -168,7 +168,7 @@ def check_kernel_backends() -> list[Capability]:
             detail, ok = exc.problem, False
         except Exception as exc:  # noqa: BLE001 - env reports every backend, whatever breaks
             detail, ok = f"fails to load: {type(exc).__name__}: {exc}".splitlines()[0], False
-        if name == "cuda":
+        if name == "cuda-ref":
             detail += f"; NVRTC {nvrtc_status()}"
         caps.append(Capability(f"kernel backend {name}", ok, detail))
     return caps

@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from xbench.cli.common import (
     FormatOption,
@@ -20,7 +19,7 @@ from xbench.cli.common import (
     interval_label,
     note_run_dir,
 )
-from xbench.cli.render import num
+from xbench.cli.render import num, result_table
 from xbench.core.units import parse_duration, parse_int_list
 from xbench.errors import XbenchError
 
@@ -28,7 +27,20 @@ from xbench.errors import XbenchError
 @handles_errors
 def kernel(
     model: Annotated[str, typer.Option(help="Model preset (xbench models).")] = "deepseek-v3.2",
-    backend: Annotated[str, typer.Option(help="torch, cuda, flashmla or flashinfer.")] = "torch",
+    backend: Annotated[
+        str,
+        typer.Option(
+            help="auto (triton on CUDA, torch on CPU), torch, triton, cuda-ref (a correctness "
+            "reference that fits skip), flashmla or flashinfer."
+        ),
+    ] = "auto",
+    launch: Annotated[
+        str,
+        typer.Option(
+            help="auto, graph or eager: on GPUs, replay each sample's calls from a CUDA graph "
+            "(as serving engines run decode; default there) or launch them one by one."
+        ),
+    ] = "auto",
     kernels: Annotated[
         str, typer.Option(help="Comma list of partial_attention, merge, gather, splice.")
     ] = "partial_attention,merge,gather,splice",
@@ -79,7 +91,7 @@ def kernel(
     """Time the compute side of cross-instance attention; write samples as Parquet."""
     from xbench.cli.progress import make_progress
     from xbench.core.models import get_model
-    from xbench.kernels.api import get_backend
+    from xbench.kernels.backend import get_backend, resolve
     from xbench.kernels.bench import (
         KERNELS,
         ceiling_rows,
@@ -109,7 +121,13 @@ def kernel(
     dev = device or default_device()
     if dev not in ("cpu", "cuda") and not dev.startswith("cuda:"):
         raise XbenchError(f"unknown device {dev!r}", "pick cpu or cuda")
+    backend = resolve(backend, dev)
     get_backend(backend)  # a backend that cannot run here says why before anything is measured
+    if launch not in ("auto", "graph", "eager"):
+        raise XbenchError(f"unknown --launch {launch!r}", "pick auto, graph or eager")
+    if launch == "graph" and not dev.startswith("cuda"):
+        raise XbenchError("--launch graph needs a CUDA device", "use --launch eager on CPU")
+    launch = ("graph" if dev.startswith("cuda") else "eager") if launch == "auto" else launch
     run_id = new_run_id("kernel")
     out_dir = ensure_writable_dir(out or Path("results") / run_id)
     refuse_existing_run(out_dir)
@@ -126,6 +144,7 @@ def kernel(
         device=dev,
         device_name=torch.cuda.get_device_name(0) if dev.startswith("cuda") else None,
         backend=backend,
+        launch=launch,
         model=preset.name,
         torch_threads=torch.get_num_threads(),
     )
@@ -152,6 +171,7 @@ def kernel(
                 warmups=warmups,
                 min_sample_s=min_s,
                 seed=1000 * round_,
+                launch=launch,
             )
             rows = sample_rows(case, timings, run_id, backend, dev, preset.name, round_)
             store.append(KERNEL_SAMPLES, rows)
@@ -164,15 +184,27 @@ def kernel(
 SHORT = {"partial_attention": "attention", "merge": "merge", "gather": "gather", "splice": "splice"}
 
 
+def _bound(r) -> str:
+    """The share of the bound, and which ceiling sets it (copy or matmul)."""
+    if r.bound_share != r.bound_share:
+        return "-"
+    which = (
+        "mm"
+        if r.flops and r.matmul_share >= (r.copy_share if r.copy_share == r.copy_share else 0)
+        else "copy"
+    )
+    return f"{100 * r.bound_share:.0f} {which}"
+
+
 def _table(summary, out_dir) -> None:
     title = "xbench kernel"
     if len(summary):
         first = summary.iloc[0]
         selection = "sparse" if first["sparse"] else "dense"
         title += f": {first['backend']} on {first['device']}, {first['model']}, {first['heads']} heads, {first['dtype']}, {selection}"
-    table = Table(
-        title=title,
-        caption=f"{out_dir}  |  % of this run's measured copy bandwidth and matmul rate",
+    table = result_table(
+        title,
+        f"{out_dir}  |  % of this run's measured copy bandwidth and matmul rate; %bound = max(bytes/copy, FLOPs/matmul) / time",
     )
     for col in (
         "kernel",
@@ -182,10 +214,11 @@ def _table(summary, out_dir) -> None:
         interval_label(summary.ci_coverage),
         "GB/s",
         "GFLOP/s",
-        "%copy",
-        "%mm",
+        "%bound",
     ):
-        table.add_column(col, justify="left" if col == "kernel" else "right", no_wrap=True)
+        table.add_column(
+            col, justify="left" if col == "kernel" else "right", no_wrap=True, min_width=len(col)
+        )
     for r in summary.itertuples():
         table.add_row(
             SHORT[r.kernel],
@@ -195,7 +228,6 @@ def _table(summary, out_dir) -> None:
             f"{num(r.ci_low_us)}-{num(r.ci_high_us)}",
             num(r.gb_per_s),
             num(r.gflop_per_s) if r.flops else "-",
-            f"{100 * r.copy_share:.0f}" if r.copy_share == r.copy_share else "-",
-            f"{100 * r.matmul_share:.0f}" if r.flops and r.matmul_share == r.matmul_share else "-",
+            _bound(r),
         )
     console.print(table)

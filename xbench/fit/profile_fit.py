@@ -29,6 +29,7 @@ from xbench.core.profile import PROFILE_SCHEMA_VERSION
 from xbench.errors import XbenchError
 from xbench.fit.linear import fit_linear, percentile_ci
 from xbench.fit.segments import fit_piecewise, fit_segmented_linear, predict, segment_start
+from xbench.kernels.backend import REFERENCE_ONLY
 
 SMALL_WINDOW_BYTES = 256  # windowed messages this small are limited by per-message cost
 
@@ -159,9 +160,13 @@ def fit_device(samples: pd.DataFrame, base: Device | None, name: str) -> tuple[D
         if not samples.empty
         else samples
     )
+    notes: dict = {}
+    reference = measured.backend.isin(REFERENCE_ONLY) if "backend" in measured.columns else None
+    if reference is not None and reference.any():  # correctness references time nothing real
+        notes["skipped"] = f"{int(reference.sum())} samples of {', '.join(REFERENCE_ONLY)}"
+        measured = measured[~reference]
     if not measured.empty and (~measured["sparse"]).any():
         measured = measured[~measured["sparse"]]
-    notes: dict = {}
     terms: dict[str, Coef | None] = {}
 
     def take(kernel):

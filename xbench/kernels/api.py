@@ -8,7 +8,7 @@ where nothing was attended.
 
 from __future__ import annotations
 
-from xbench.kernels.backend import BACKENDS, BackendUnavailable, get_backend
+from xbench.kernels.backend import AUTO, BACKENDS, BackendUnavailable, get_backend, resolve
 
 __all__ = [
     "BACKENDS",
@@ -28,7 +28,7 @@ def mla_partial_attention(
     scale: float,
     *,
     v_dim: int = 512,
-    backend: str = "torch",
+    backend: str = AUTO,
     out=None,
     lse=None,
 ):
@@ -37,13 +37,14 @@ def mla_partial_attention(
     ``out`` [rows, heads, v_dim] (fp32, or the cache dtype as a partial is shipped) and
     ``lse`` [rows, heads] fp32, when given, receive the result: a holder attends straight
     into the message it returns (the torch backend writes them in place on CPU; others
-    compute and copy).
+    compute and copy). ``backend``: a name from ``BACKENDS``, or ``auto``: triton on CUDA
+    devices, torch elsewhere.
     """
     if q.dim() != 3 or kv_cache.dim() != 3 or q.shape[-1] != kv_cache.shape[-1]:
         raise ValueError(
             f"q must be [rows, heads, D] and kv_cache [blocks, block_size, D]; got {tuple(q.shape)} and {tuple(kv_cache.shape)}"
         )
-    return get_backend(backend).partial_attention(
+    return get_backend(resolve(backend, q.device)).partial_attention(
         q, kv_cache, indices, scale, v_dim, out=out, lse=lse
     )
 

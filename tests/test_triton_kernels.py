@@ -1,0 +1,174 @@
+"""The triton backend's numerics on CPU tensors under Triton's interpreter (TRITON_INTERPRET=1),
+against the float64 reference at the bf16 tolerances of the torch backend's tests.
+
+The interpreter runs the same kernels as a GPU with both dot operands upcast to fp32 after
+the same roundings (its bf16 dot is broken); bf16 tensor-core numerics are a GPU check.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_kernels import BS, D, assert_matches, make_cache, reference, selections
+
+from xbench.kernels import DensePages, backend, merge_partials, random_topk
+
+pytest.importorskip("triton", reason="triton is not installed (pip install '.[test]')")
+
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: conftest set the interpreter
+
+
+@pytest.fixture
+def triton_backend():
+    backend.get_backend.cache_clear()
+    yield backend.get_backend("triton")
+    backend.get_backend.cache_clear()
+
+
+def _to(x, device):
+    if isinstance(x, DensePages):
+        return DensePages(x.pages.to(device), x.num_tokens)
+    return x.to(device) if isinstance(x, torch.Tensor) else x
+
+
+def run(impl, q, cache, indices, scale, out=None, lse=None, **kwargs):
+    """Attention on DEVICE, results back on the CPU (into out/lse when given)."""
+    got = impl.partial_attention(
+        _to(q, DEVICE),
+        _to(cache, DEVICE),
+        _to(indices, DEVICE),
+        scale,
+        512,
+        out=_to(out, DEVICE),
+        lse=_to(lse, DEVICE),
+        **kwargs,
+    )
+    if DEVICE == "cpu":
+        return got
+    got = tuple(t.cpu() for t in got)
+    if out is not None:
+        out.copy_(got[0]), lse.copy_(got[1])
+        return out, lse
+    return got
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(
+    "kind", ["dense-contiguous", "dense-scattered", "sparse-shared", "sparse-per-row"]
+)
+def test_matches_float64(triton_backend, dtype, kind):
+    """Token counts that are not multiples of 64, -1 padding and an empty row included."""
+    gen = torch.Generator().manual_seed(7)
+    rows, heads, blocks = 2, 16, 24
+    indices, token_rows = selections(kind, rows, blocks, gen)
+    cache = make_cache(blocks, dtype, torch.cat([t.flatten() for t in token_rows]), gen)
+    q = torch.randn(rows, heads, D, generator=gen).to(dtype)
+    scale = 1 / math.sqrt(D)
+    out, lse = run(triton_backend, q, cache, indices, scale)
+    assert_matches(out, lse, *reference(q, cache, token_rows, scale), dtype)
+
+
+def test_empty_selection_gives_minus_infinity_and_no_nan(triton_backend):
+    q = torch.randn(2, 16, D).to(torch.bfloat16)
+    cache = torch.randn(4, BS, D).to(torch.bfloat16)
+    out, lse = run(triton_backend, q, cache, torch.full((2, 32), -1, dtype=torch.int64), 0.04)
+    assert torch.isneginf(lse).all() and not torch.isnan(out).any() and (out == 0).all()
+    out, lse = run(triton_backend, q, cache, DensePages(torch.arange(0), 0), 0.04)
+    assert torch.isneginf(lse).all() and not torch.isnan(out).any()
+
+
+def test_more_splits_than_pages_and_heads_that_do_not_fill_a_tile(triton_backend):
+    """67 tokens on two pages, 5 heads (a partial tile), 1, 2 and 50 splits requested.
+
+    The bf16 tolerance of ``assert_matches`` was set on 16-head, hundreds-of-token shapes; on
+    shapes this small the torch reference backend itself exceeds it on some seeds (1 of 12,
+    worst 1.15e-3), so here the kernel must be as accurate as that backend on the same inputs.
+    """
+    gen = torch.Generator().manual_seed(2)
+    sel = DensePages(torch.tensor([5, 1]), BS + 3)
+    cache = make_cache(8, torch.bfloat16, sel.token_indices(BS), gen)
+    q = torch.randn(1, 5, D, generator=gen).to(torch.bfloat16)
+    ref_out, ref_lse = reference(q, cache, [sel.token_indices(BS)], 0.05)
+    torch_out, _ = backend.get_backend("torch").partial_attention(q, cache, sel, 0.05, 512)
+    torch_err = (torch_out.double() - ref_out).abs().max().item()
+    for splits in (1, 2, 50):
+        out, lse = run(triton_backend, q, cache, sel, 0.05, splits=splits)
+        assert (out.double() - ref_out).abs().max().item() <= 1.1 * torch_err
+        assert torch.allclose(lse.double(), ref_lse, rtol=1.2e-4, atol=0)
+    fp32 = make_cache(8, torch.float32, sel.token_indices(BS), gen)
+    q32 = torch.randn(1, 5, D, generator=gen)
+    ref32 = reference(q32, fp32, [sel.token_indices(BS)], 0.05)
+    for splits in (1, 50):
+        assert_matches(
+            *run(triton_backend, q32, fp32, sel, 0.05, splits=splits), *ref32, torch.float32
+        )
+
+
+def test_writes_the_callers_bf16_message(triton_backend):
+    gen = torch.Generator().manual_seed(4)
+    sel = random_topk(6 * BS, 40, 2, generator=gen)
+    cache = torch.randn(6, BS, D, generator=gen).to(torch.bfloat16)
+    q = torch.randn(2, 16, D, generator=gen).to(torch.bfloat16)
+    fresh_out, fresh_lse = run(triton_backend, q, cache, sel, 0.05)
+    out = torch.empty(2, 16, 512, dtype=torch.bfloat16)
+    lse = torch.empty(2, 16)
+    got_out, got_lse = run(triton_backend, q, cache, sel, 0.05, out=out, lse=lse)
+    assert got_out is out and got_lse is lse
+    # one rounding of the combined fp32 result: within one bf16 ulp of converting afterwards
+    assert torch.allclose(out.float(), fresh_out, rtol=2**-8, atol=0)
+    assert torch.equal(lse, fresh_lse)
+
+
+@settings(
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    tokens=st.integers(1, 150),
+    cut=st.integers(0, 150),
+    splits=st.integers(1, 9),
+    seed=st.integers(0, 2**16),
+)
+def test_any_split_then_the_merge_equals_one_pass(triton_backend, tokens, cut, splits, seed):
+    """Attending two parts of a selection and merging them by LSE is attention over all of it,
+    whatever the kernel's own split count."""
+    gen = torch.Generator().manual_seed(seed)
+    cache = torch.randn(3, BS, D, generator=gen, dtype=torch.float64).float()
+    toks = torch.randperm(3 * BS, generator=gen)[:tokens]
+    cut = min(cut, tokens)
+    q = torch.randn(1, 16, D, generator=gen)
+    whole = run(triton_backend, q, cache, toks, 0.05, splits=splits)
+    first = run(triton_backend, q, cache, toks[:cut], 0.05, splits=splits)
+    second = run(triton_backend, q, cache, toks[cut:], 0.05, splits=1)
+    merged = merge_partials(torch.stack([first[0], second[0]]), torch.stack([first[1], second[1]]))
+    assert torch.allclose(merged[0], whole[0], rtol=1e-5, atol=1e-5)
+    assert torch.allclose(merged[1], whole[1], rtol=1e-5, atol=1e-5)
+
+
+def test_choose_splits_by_the_bytes_they_add():
+    from xbench.kernels.triton_backend import choose_splits
+
+    kv = 32768 * 1152
+    # one decode row of 128 heads on 132 SMs: not 132 splits, whose partials would outweigh the KV
+    one_row = choose_splits(32768, 2, 128, kv, 132, 64)
+    assert 4 <= one_row <= 20 and one_row * 128 * 513 * 8 <= 0.25 * kv
+    # 64 rows x 128 heads of one dense selection: many tiles already, few splits
+    assert choose_splits(8192, 128, 8192, 8192 * 1152, 132, 64) <= 3
+    assert choose_splits(10, 1, 16, 10 * 1152, 132, 64) == 1  # one tile: one split
+
+
+def test_triton_is_refused_on_cpu_without_the_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    backend.get_backend.cache_clear()
+    try:
+        if torch.cuda.is_available():
+            pytest.skip("a GPU is present")
+        with pytest.raises(backend.BackendUnavailable) as err:
+            backend.get_backend("triton")
+        assert "TRITON_INTERPRET=1" in str(err.value)
+    finally:
+        backend.get_backend.cache_clear()

@@ -1,0 +1,188 @@
+"""The ``triton`` backend: split-KV MLA partial attention for Hopper-class GPUs.
+
+Absorbed MLA decode has one KV head: every query row (decode token x head) reads the same
+576-wide cache rows, so the kernel flattens rows x heads into the M dimension of a tile
+(all of them for a dense page table, one row's heads for a per-row sparse selection) and
+reads each selected cache row once per tile, not once per head. The key tile is split 512 +
+64 (latent + RoPE); V is the latent part of the key tile already loaded. Tokens are split
+over programs (split-KV) so a single decode row still fills the GPU; each split keeps an fp32
+online softmax and writes a normalised fp32 partial with its LSE, and a second kernel
+combines the splits by LSE, writing the caller's ``out`` (fp32 or bf16) and ``lse``.
+
+The split count is chosen by the bytes it adds: enough programs for about two waves of the
+GPU's SMs, but never so many that the fp32 partials written and read back outweigh a
+quarter of the KV bytes read (with 132 splits at one row, they did).
+
+Numerics as FlashMLA's: bf16 products accumulate in fp32; probabilities enter the second
+product in the cache dtype. Under ``TRITON_INTERPRET=1`` (CPU tensors, for tests) ``tl.dot``
+of two bf16 operands returns garbage, so the interpreter path upcasts both operands to fp32
+after the same roundings (the ``UPCAST`` constexpr); bf16 tensor-core numerics are checked
+on a GPU.
+
+merge, gather and splice come from the torch backend.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+from xbench.kernels.backend import BackendUnavailable, TorchFallbacks
+from xbench.kernels.selection import DensePages
+
+LATENT = 512  # the MLA latent width (V); the rest of the 576-wide row is RoPE
+ROPE = 64
+PARTIAL_BUDGET = 0.25  # fp32 partials may cost at most this share of the KV bytes read
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _kernels():
+    """(split kernel, combine kernel), defined on first use (see ``triton_mla``)."""
+    from xbench.kernels import triton_mla
+
+    return triton_mla.split_kernel, triton_mla.combine_kernel
+
+
+def choose_splits(
+    n_selected: int, programs: int, query_rows: int, kv_bytes: float, sm_count: int, block_n: int
+) -> int:
+    """Splits over tokens: about two waves of programs, within the partials' byte budget.
+
+    ``programs``: tiles of query rows before splitting; ``query_rows``: rows x heads, each
+    of which writes (and the combine reads back) LATENT fp32 values + an LSE per split.
+    """
+    tiles = max(1, math.ceil(n_selected / block_n))
+    wanted = max(1, math.ceil(2 * sm_count / max(programs, 1)))
+    per_split = query_rows * (LATENT + 1) * 4 * 2
+    affordable = max(1, int(PARTIAL_BUDGET * kv_bytes // max(per_split, 1)))
+    return max(1, min(wanted, affordable, tiles))
+
+
+class TritonBackend(TorchFallbacks):
+    """Split-KV partial attention in Triton; CUDA tensors, or CPU tensors when interpreting."""
+
+    name = "triton"
+
+    def __init__(self):
+        try:
+            import torch
+            import triton  # noqa: F401
+        except ImportError as exc:
+            raise BackendUnavailable(
+                f"triton: not importable ({exc})",
+                "pip install triton (CUDA builds of torch bring it), or use --backend torch",
+            ) from None
+        if not torch.cuda.is_available() and not interpreting():
+            raise BackendUnavailable(
+                "triton: no CUDA device here",
+                "run on a GPU machine; TRITON_INTERPRET=1 runs it on CPU tensors (slow, for tests)",
+            )
+        self.torch = torch
+
+    def _sm_count(self, device) -> int:
+        if device.type == "cuda":
+            return self.torch.cuda.get_device_properties(device).multi_processor_count
+        return 4  # the interpreter: a few splits, so split and combine are exercised
+
+    def partial_attention(
+        self, q, kv_cache, indices, scale, v_dim, *, out=None, lse=None, splits=None
+    ):
+        torch = self.torch
+        rows, heads, dim = q.shape
+        if v_dim != LATENT or dim != LATENT + ROPE:
+            raise BackendUnavailable(
+                f"triton: MLA shapes only (576 = 512 latent + 64 RoPE), got {dim} with v_dim {v_dim}",
+                "use --backend torch for other head dimensions",
+            )
+        if q.device.type == "cpu" and not interpreting():
+            raise BackendUnavailable(
+                "triton: CPU tensors need TRITON_INTERPRET=1", "use --backend torch on CPU"
+            )
+        block_size = kv_cache.shape[1]
+        dev = q.device
+        if isinstance(indices, DensePages):  # every row attends the same tokens: one group
+            idx = indices.token_indices(block_size).to(device=dev, dtype=torch.int32)
+            groups, rows_per_group, group_stride = 1, rows * heads, 0
+        else:
+            idx = torch.as_tensor(indices).to(device=dev, dtype=torch.int32).contiguous()
+            if idx.dim() == 1:  # one token list that every row attends: one group
+                groups, rows_per_group, group_stride = 1, rows * heads, 0
+            else:  # per-row selections, -1 padded: one group per decode row
+                groups, rows_per_group, group_stride = rows, heads, idx.shape[1]
+        n_selected = idx.shape[-1]
+        total_rows = rows * heads
+        block_m = 16 if interpreting() else 64
+        block_n = 16 if interpreting() else 64
+        m_blocks = math.ceil(rows_per_group / block_m)
+        if splits is None:
+            splits = choose_splits(
+                n_selected,
+                groups * m_blocks,
+                total_rows,
+                groups * n_selected * dim * kv_cache.element_size(),
+                self._sm_count(dev),
+                block_n,
+            )
+        splits = max(1, int(splits))
+        # whole tiles per split, so no tile straddles two splits
+        per_split = block_n * math.ceil(max(n_selected, 1) / (splits * block_n))
+        splits = max(1, math.ceil(max(n_selected, 1) / per_split))
+        q_flat = q.reshape(total_rows, dim).contiguous()
+        kv_flat = kv_cache.reshape(-1, dim)
+        if not kv_flat.is_contiguous():
+            kv_flat = kv_flat.contiguous()
+        part_out = torch.empty(splits, total_rows, LATENT, device=dev, dtype=torch.float32)
+        part_lse = torch.empty(splits, total_rows, device=dev, dtype=torch.float32)
+        split_kernel, combine_kernel = _kernels()
+        split_kernel[(groups, m_blocks, splits)](
+            q_flat,
+            kv_flat,
+            idx,
+            part_out,
+            part_lse,
+            rows_per_group,
+            group_stride,
+            n_selected,
+            per_split,
+            total_rows,
+            float(scale),
+            # bf16 operands under the interpreter: its bf16 dot is broken, upcast after rounding
+            UPCAST=interpreting() and kv_cache.dtype == torch.bfloat16,
+            # fp32 operands (the interpreter's upcast, or an fp32 cache) multiply in IEEE
+            # fp32: Triton's default for them is TF32, 10 mantissa bits
+            PRECISION="ieee" if interpreting() or q.dtype == torch.float32 else "tf32",
+            BLOCK_M=block_m,
+            BLOCK_N=block_n,
+            DIM=dim,
+            LAT=LATENT,
+            RP=ROPE,
+            **({} if interpreting() else {"num_warps": 8}),
+        )
+        result = (
+            out
+            if out is not None
+            else torch.empty(rows, heads, LATENT, device=dev, dtype=torch.float32)
+        )
+        result_lse = (
+            lse if lse is not None else torch.empty(rows, heads, device=dev, dtype=torch.float32)
+        )
+        out_view = result if result.is_contiguous() else torch.empty_like(result)
+        lse_view = result_lse if result_lse.is_contiguous() else torch.empty_like(result_lse)
+        combine_kernel[(total_rows,)](
+            part_out,
+            part_lse,
+            out_view,
+            lse_view,
+            splits,
+            total_rows,
+            LAT=LATENT,
+            UPCAST=interpreting() and out_view.dtype != torch.float32,
+        )
+        if out_view is not result:
+            result.copy_(out_view)
+        if lse_view is not result_lse:
+            result_lse.copy_(lse_view)
+        return result, result_lse

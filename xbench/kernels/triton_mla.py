@@ -1,0 +1,133 @@
+"""The Triton kernels of the ``triton`` backend (``triton_backend.py`` says what they do).
+
+Their own module, imported on first use: Triton decides when a kernel is defined whether it
+runs compiled or under the interpreter (``TRITON_INTERPRET=1``), and the interpreter needs
+``tl`` as a module global of the kernel.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _round_to_bf16(x):
+    """fp32 -> the nearest bf16 value (ties to even), still as fp32; finite inputs."""
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def split_kernel(
+    q_ptr,
+    kv_ptr,
+    idx_ptr,
+    part_out_ptr,
+    part_lse_ptr,
+    rows_per_group,
+    idx_group_stride,
+    n_selected,
+    tokens_per_split,
+    total_rows,
+    scale,
+    UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DIM: tl.constexpr,
+    LAT: tl.constexpr,
+    RP: tl.constexpr,
+):
+    group = tl.program_id(0)
+    m_block = tl.program_id(1)
+    split = tl.program_id(2)
+    local = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = local < rows_per_group
+    rows = group * rows_per_group + local  # flattened (decode row, head) query rows
+    lat = tl.arange(0, LAT)
+    rp = tl.arange(0, RP)
+    q_lat = tl.load(q_ptr + rows[:, None] * DIM + lat[None, :], mask=row_ok[:, None], other=0.0)
+    q_rp = tl.load(q_ptr + rows[:, None] * DIM + LAT + rp[None, :], mask=row_ok[:, None], other=0.0)
+    if UPCAST:
+        q_lat = q_lat.to(tl.float32)
+        q_rp = q_rp.to(tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.full([BLOCK_M], 0.0, tl.float32)
+    acc = tl.full([BLOCK_M, LAT], 0.0, tl.float32)
+    start = split * tokens_per_split
+    stop = tl.minimum(start + tokens_per_split, n_selected)
+    for tile in range(start, stop, BLOCK_N):
+        offs = tile + tl.arange(0, BLOCK_N)
+        in_range = offs < stop
+        token = tl.load(idx_ptr + group * idx_group_stride + offs, mask=in_range, other=-1)
+        valid = token >= 0  # -1 pads a sparse selection
+        token = tl.where(valid, token, 0).to(tl.int64)
+        k_lat = tl.load(
+            kv_ptr + token[:, None] * DIM + lat[None, :], mask=valid[:, None], other=0.0
+        )
+        k_rp = tl.load(
+            kv_ptr + token[:, None] * DIM + LAT + rp[None, :], mask=valid[:, None], other=0.0
+        )
+        if UPCAST:
+            scores = tl.dot(q_lat, tl.trans(k_lat.to(tl.float32)), input_precision=PRECISION)
+            scores += tl.dot(q_rp, tl.trans(k_rp.to(tl.float32)), input_precision=PRECISION)
+        else:
+            scores = tl.dot(q_lat, tl.trans(k_lat), input_precision=PRECISION)
+            scores += tl.dot(q_rp, tl.trans(k_rp), input_precision=PRECISION)
+        scores = tl.where(valid[None, :], scores * scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp(scores - m_safe[:, None])
+        alpha = tl.exp(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        # probabilities in the cache dtype, as FlashMLA; the interpreter truncates when it
+        # converts, so there the rounding to nearest even is done by hand (a GPU's is native)
+        if UPCAST:
+            p_cache = _round_to_bf16(p).to(k_lat.dtype)
+        else:
+            p_cache = p.to(k_lat.dtype)
+        if UPCAST:
+            acc = acc * alpha[:, None] + tl.dot(
+                p_cache.to(tl.float32), k_lat.to(tl.float32), input_precision=PRECISION
+            )
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p_cache, k_lat, input_precision=PRECISION)
+        m_i = m_new
+    empty = l_i == 0.0
+    out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    lse = tl.where(empty, float("-inf"), m_i + tl.log(tl.where(empty, 1.0, l_i)))
+    base = split * total_rows + rows
+    tl.store(part_out_ptr + base[:, None] * LAT + lat[None, :], out, mask=row_ok[:, None])
+    tl.store(part_lse_ptr + base, lse, mask=row_ok)
+
+
+@triton.jit
+def combine_kernel(
+    part_out_ptr,
+    part_lse_ptr,
+    out_ptr,
+    lse_ptr,
+    splits,
+    total_rows,
+    LAT: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    row = tl.program_id(0)
+    lat = tl.arange(0, LAT)
+    m = tl.full([1], float("-inf"), tl.float32)
+    for s in range(0, splits):
+        m = tl.maximum(m, tl.load(part_lse_ptr + s * total_rows + row + tl.arange(0, 1)))
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    total = tl.full([1], 0.0, tl.float32)
+    acc = tl.full([LAT], 0.0, tl.float32)
+    for s in range(0, splits):
+        w = tl.exp(tl.load(part_lse_ptr + s * total_rows + row + tl.arange(0, 1)) - m_safe)
+        total += w
+        acc += tl.sum(w) * tl.load(part_out_ptr + (s * total_rows + row) * LAT + lat)
+    empty = total == 0.0
+    acc = acc / tl.sum(tl.where(empty, 1.0, total))
+    lse = tl.where(empty, float("-inf"), m_safe + tl.log(tl.where(empty, 1.0, total)))
+    if UPCAST:  # rounded by hand to nearest even, as the GPU's conversion does
+        acc = _round_to_bf16(acc)
+    tl.store(out_ptr + row * LAT + lat, acc.to(out_ptr.dtype.element_ty))
+    tl.store(lse_ptr + row + tl.arange(0, 1), lse)
