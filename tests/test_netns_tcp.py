@@ -69,6 +69,14 @@ def shaped_link():
 
 
 def test_tcp_fit_matches_shaped_goodput(shaped_link, tmp_path, xbench):
+    from mpi4py import MPI
+
+    if MPI.Get_library_version().startswith("Open MPI"):
+        pytest.skip(
+            "Open MPI's PMIx server is reached over loopback TCP, which a rank inside another "
+            "network namespace cannot see (MPI_Init fails there); the TCP transport itself is "
+            "tested between local ranks (test_probe_cli)"
+        )
     from conftest import BIN
 
     (ns_a, dev_a), (ns_b, dev_b) = shaped_link

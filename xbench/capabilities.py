@@ -220,13 +220,7 @@ def check_transports_and_fabrics() -> list[Capability]:
             "runs: MPI point-to-point, compiled loop" if mpi_ok else "no usable MPI",
         )
     )
-    caps.append(
-        Capability(
-            "probe mpi --device cuda",
-            mpi_ok and gpus > 0,
-            "CUDA-aware MPI on device buffers" if gpus else f"{no_gpu}; needs a CUDA-aware MPI too",
-        )
-    )
+    caps.append(_cuda_aware_capability(mpi_ok, gpus, no_gpu))
     caps.append(Capability("probe tcp", True, "plain sockets between ranks"))
     caps.append(
         Capability(
@@ -286,6 +280,19 @@ def check_transports_and_fabrics() -> list[Capability]:
     )
     caps.append(Capability("fabric roce", "Ethernet" in layers, roce_why))
     return caps
+
+
+def _cuda_aware_capability(mpi_ok: bool, gpus: int, no_gpu: str) -> Capability:
+    """The MPI's own answer to whether it takes device pointers (never assumed)."""
+    name = "probe mpi --device cuda"
+    if not gpus:
+        return Capability(name, False, f"{no_gpu}; needs a CUDA-aware MPI too")
+    if not mpi_ok:
+        return Capability(name, False, "no MPI")
+    from xbench.fabric.mpi_device import cuda_aware_mpi
+
+    supported, how = cuda_aware_mpi()
+    return Capability(name, bool(supported), f"CUDA-aware MPI: {how}")
 
 
 def all_capabilities() -> list[Capability]:

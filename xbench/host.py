@@ -8,7 +8,7 @@ feed ``xbench.fabric.topology.label_pair`` from captured machines)::
 
     {"index": 0, "name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-...", "driver": "560.35.03", "memory_bytes": 85520809984,
      "pci_bus_id": "00000000:18:00.0", "numa_node": 0, "sm_clock_max_mhz": 1980,
-     "mem_clock_max_mhz": 2619, "nvlink_peers": ["00000000:2A:00.0", ...],
+     "mem_clock_max_mhz": 2619, "nvlink_p2p": ["GPU-...", ...],
      "nearest_nic": "mlx5_0"}
 """
 
@@ -112,6 +112,32 @@ def _nearest_nic(bus_id: str) -> str | None:
     return best
 
 
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _nvlink_peers(pynvml, handle, handles, uuids, me: int) -> list[str]:
+    """UUIDs of the GPUs this one reaches over NVLink (NVML P2P status OK on the NVLink index)."""
+    peers = []
+    for j, other in enumerate(handles):
+        if j == me:
+            continue
+        try:
+            status = pynvml.nvmlDeviceGetP2PStatus(handle, other, pynvml.NVML_P2P_CAPS_INDEX_NVLINK)
+        except pynvml.NVMLError:
+            continue
+        if status == pynvml.NVML_P2P_STATUS_OK:
+            peers.append(uuids[j])
+    return peers
+
+
+def gpu_by_uuid(gpus: list[dict], uuid: str) -> dict | None:
+    """The GPU whose NVML UUID is ``uuid`` (a CUDA ordinal says nothing under --gpu-bind or
+    CUDA_VISIBLE_DEVICES: NVML numbers every GPU of the node, CUDA only the visible ones)."""
+    wanted = uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
+    return next((g for g in gpus if g.get("uuid") == wanted), None)
+
+
 def gpu_topology() -> list[dict]:
     """Every GPU NVML sees, in the format above; [] without a driver."""
     try:
@@ -122,19 +148,11 @@ def gpu_topology() -> list[dict]:
         return []
     try:
         driver = pynvml.nvmlSystemGetDriverVersion()
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        uuids = [_text(pynvml.nvmlDeviceGetUUID(h)) for h in handles]
         gpus = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            bus = pynvml.nvmlDeviceGetPciInfo(h).busId
-            bus = bus.decode() if isinstance(bus, bytes) else bus
-            peers = []
-            for link in range(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18)):
-                try:
-                    if pynvml.nvmlDeviceGetNvLinkState(h, link):
-                        remote = pynvml.nvmlDeviceGetNvLinkRemotePciInfo(h, link).busId
-                        peers.append(remote.decode() if isinstance(remote, bytes) else remote)
-                except pynvml.NVMLError:
-                    break
+        for i, h in enumerate(handles):
+            bus = _text(pynvml.nvmlDeviceGetPciInfo(h).busId)
             try:
                 numa = int(Path(f"/sys/bus/pci/devices/{bus.lower()[-12:]}/numa_node").read_text())
             except (OSError, ValueError):
@@ -142,15 +160,17 @@ def gpu_topology() -> list[dict]:
             gpus.append(
                 {
                     "index": i,
-                    "name": pynvml.nvmlDeviceGetName(h),
-                    "uuid": pynvml.nvmlDeviceGetUUID(h),
-                    "driver": driver,
+                    "name": _text(pynvml.nvmlDeviceGetName(h)),
+                    "uuid": uuids[i],
+                    "driver": _text(driver),
                     "memory_bytes": int(pynvml.nvmlDeviceGetMemoryInfo(h).total),
                     "pci_bus_id": bus,
                     "numa_node": numa,
                     "sm_clock_max_mhz": pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM),
                     "mem_clock_max_mhz": pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_MEM),
-                    "nvlink_peers": sorted(set(peers)),
+                    # NVLink peers by NVML's peer-to-peer status, as GPU UUIDs: on HGX boards
+                    # the links' remote PCI ids are NVSwitches, never the other GPU
+                    "nvlink_p2p": _nvlink_peers(pynvml, h, handles, uuids, i),
                     "nearest_nic": _nearest_nic(bus),
                 }
             )

@@ -247,6 +247,9 @@ def probe(
 
 
 def _run_as_rank(cfg, launcher: str, fmt: OutputFormat) -> None:
+    from xbench.probe.worker import apply_preset
+
+    apply_preset(cfg.preset_env)  # this rank's own options: MPI is not initialised yet
     from mpi4py import MPI
 
     from xbench.cli.progress import RichSink

@@ -96,7 +96,12 @@ def launch_worker(
         )
     hydra = _is_hydra(mpiexec)
     binding = (["-bind-to", bind] if hydra else ["--bind-to", bind]) if bind != "none" else []
-    hosts = (["-f", hostfile] if hydra else ["--hostfile", hostfile]) if hostfile else []
+    if hostfile:  # the user's file, in whichever dialect, rewritten in this launcher's
+        converted = Path(log_path).with_name("hosts")
+        converted.write_text(render_hostfile(parse_hostfile(Path(hostfile).read_text()), hydra))
+        hosts = ["-f", str(converted)] if hydra else ["--hostfile", str(converted)]
+    else:
+        hosts = []
     cmd = [mpiexec, *binding, *hosts, "-n", str(np), sys.executable, "-u", "-m", module, *args]
     result = LaunchResult(returncode=0)
     with open(log_path, "a") as log:
@@ -198,6 +203,46 @@ def run_ranks(
     raise RankFailure(
         f"a rank died{where} (mpiexec exit {result.returncode}); {kept}", f"see {log_path}"
     )
+
+
+def parse_hostfile(text: str) -> list[tuple[str, int | None]]:
+    """(host, slots) per line of a hosts file in MPICH's (``host[:slots]``) or Open MPI's
+    (``host slots=N [max_slots=M]``) dialect; comments and blank lines skipped."""
+    hosts = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        words = line.split()
+        name, _, count = words[0].partition(":")
+        slots = None
+        for word in words[1:]:
+            key, _, value = word.partition("=")
+            if key == "slots":
+                count = value
+        try:
+            slots = int(count) if count else None
+        except ValueError:
+            raise XbenchError(
+                f"hosts file line {number} ({raw.strip()!r}): slots is not a whole number",
+                "write host:N or host slots=N",
+            ) from None
+        if not name or (slots is not None and slots < 1):
+            raise XbenchError(
+                f"hosts file line {number} ({raw.strip()!r}) names no host or no slots",
+                "write host:N or host slots=N",
+            )
+        hosts.append((name, slots))
+    if not hosts:
+        raise XbenchError("the hosts file names no host", "write one host[:slots] per line")
+    return hosts
+
+
+def render_hostfile(hosts: list[tuple[str, int | None]], hydra: bool) -> str:
+    """The same hosts in MPICH Hydra's dialect (``host:N``) or Open MPI's (``host slots=N``)."""
+    if hydra:
+        return "".join(f"{h}:{n}\n" if n else f"{h}\n" for h, n in hosts)
+    return "".join(f"{h} slots={n}\n" if n else f"{h}\n" for h, n in hosts)
 
 
 def rank_error(log_path: Path, start: int = 0) -> str | None:

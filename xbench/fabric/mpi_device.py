@@ -1,14 +1,72 @@
 """The ``mpi --device cuda`` transport: CUDA-aware MPI, the compiled loop handed device
 pointers.
 
-Written from the MPI libraries' documentation; needs a CUDA-aware MPI and a GPU.
+Whether the MPI can take device pointers is asked of the MPI itself, not assumed: Open MPI
+answers ``MPIX_Query_cuda_support()`` (mpi-ext.h), MPICH ``MPIX_GPU_query_support(
+MPIX_GPU_SUPPORT_CUDA, &flag)``; an MPI that says no, or offers neither query, is refused in
+one line before any device pointer reaches it (Debian's Open MPI 4.1, not built for CUDA,
+killed both ranks with SIGSEGV). Each rank drives the GPU of its local rank. Needs a GPU;
+the check and the refusals are tested with fakes of the MPI library.
 """
 
 from __future__ import annotations
 
+import ctypes
+import os
+
 from xbench.errors import XbenchError
-from xbench.fabric.gpu import torch_module
+from xbench.fabric.gpu import local_gpu, torch_module
 from xbench.fabric.mpi_host import MpiHostTransport
+
+MPIX_GPU_SUPPORT_CUDA = 0  # MPICH's mpi_proto.h / mpix.h
+ASSUME_ENV = "XBENCH_ASSUME_CUDA_AWARE"  # for an MPI that is CUDA-aware but offers no query
+
+
+def _libmpi_symbol(name: str):
+    """A function of the MPI library mpi4py loaded (global symbols), or None."""
+    try:
+        from mpi4py import MPI  # noqa: F401 - loads and initialises the library
+
+        return getattr(ctypes.CDLL(None), name)
+    except (AttributeError, OSError, ImportError):
+        return None
+
+
+def cuda_aware_mpi(lookup=_libmpi_symbol) -> tuple[bool | None, str]:
+    """(supported, how we know): True/False from the MPI's own query, None if it has none."""
+    query = lookup("MPIX_Query_cuda_support")
+    if query is not None:
+        query.argtypes, query.restype = [], ctypes.c_int
+        answer = int(query())
+        return bool(answer), f"MPIX_Query_cuda_support() = {answer}"
+    query = lookup("MPIX_GPU_query_support")
+    if query is not None:
+        flag = ctypes.c_int(0)
+        query.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
+        query.restype = ctypes.c_int
+        rc = int(query(MPIX_GPU_SUPPORT_CUDA, ctypes.byref(flag)))
+        if rc != 0:
+            return None, f"MPIX_GPU_query_support failed ({rc})"
+        return bool(flag.value), f"MPIX_GPU_query_support(CUDA) = {flag.value}"
+    return None, "the MPI offers neither MPIX_Query_cuda_support nor MPIX_GPU_query_support"
+
+
+def require_cuda_aware(lookup=_libmpi_symbol) -> str:
+    """One line refusing an MPI that cannot take device pointers; the evidence when it can."""
+    supported, how = cuda_aware_mpi(lookup)
+    if supported:
+        return how
+    if supported is None and os.environ.get(ASSUME_ENV) == "1":
+        return f"{how}; assumed CUDA-aware ({ASSUME_ENV}=1)"
+    if supported is None:
+        raise XbenchError(
+            f"cannot tell whether this MPI is CUDA-aware: {how}",
+            f"use --device host, or set {ASSUME_ENV}=1 if you know it is",
+        )
+    raise XbenchError(
+        f"this MPI is not CUDA-aware ({how}): device buffers would crash it",
+        "use an MPI built with CUDA (e.g. Open MPI with UCX and CUDA), or --device host",
+    )
 
 
 class MpiDeviceTransport(MpiHostTransport):
@@ -16,19 +74,33 @@ class MpiDeviceTransport(MpiHostTransport):
 
     device = "cuda"
 
-    def __init__(self, pair, plan, *, loop: str = "auto", seed: int = 0):
+    @staticmethod
+    def setup_world(world_comm, cfg) -> None:
         torch = torch_module()
         if not torch.cuda.is_available():
             raise XbenchError(
                 "--device cuda needs CUDA GPUs, and torch sees none here",
                 "run on GPU nodes, or use --device host",
             )
+        require_cuda_aware()
+        torch.cuda.set_device(local_gpu(world_comm))  # each rank its own GPU, by local rank
+
+    def __init__(self, pair, plan, *, loop: str = "auto", seed: int = 0):
         super().__init__(pair, plan, loop=loop, seed=seed)
         if self.lib is None:
             raise XbenchError(
                 "CUDA-aware MPI probes need the compiled loop",
                 "install an MPI with mpicc, built with CUDA support",
             )
+
+    def fetch(self, mode, k, block, iters):
+        if mode == "packed":  # the C loop packs with memcpy, which device pointers crash
+            raise XbenchError(
+                "gather packed is not measured on device buffers (the pack would need a "
+                "device copy kernel)",
+                "probe gather on --device host, or read the messages and contiguous modes",
+            )
+        return super().fetch(mode, k, block, iters)
 
     def _buffer(self, nbytes, fill):
         torch = torch_module()

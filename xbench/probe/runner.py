@@ -107,11 +107,14 @@ def _my_gpu(cfg, world) -> dict | None:
         and not (cfg.transport == "nccl" and cfg.backend == "nccl")
     ):
         return None
-    from xbench.fabric.gpu import local_gpu
-    from xbench.host import gpu_topology
+    from xbench.fabric.gpu import local_gpu, torch_module
+    from xbench.host import gpu_by_uuid, gpu_topology
 
     gpus = gpu_topology()
-    return gpus[local_gpu(world)] if gpus else None
+    if not gpus:
+        return None
+    props = torch_module().cuda.get_device_properties(local_gpu(world))
+    return gpu_by_uuid(gpus, str(getattr(props, "uuid", "")))
 
 
 def _pair_labels(pairs_text: str, size: int, hosts, rank_gpus) -> dict:
@@ -243,6 +246,10 @@ def run_probe(cfg: ProbeConfig, sink, comm=None) -> None:
                 rank_gpus=rank_gpus,
                 pair_labels=_pair_labels(cfg.pairs, size, hosts, rank_gpus),
                 preset_env=cfg.preset_env,
+                # UCX's settings only count when set before MPI_Init; say when they were
+                preset_applied=os.environ.get(
+                    "XBENCH_PRESET_APPLIED", "after MPI_Init" if cfg.preset_env else None
+                ),
                 config=json.loads(cfg.to_json()),
             )
             store = RunStore(cfg.out_dir, meta)
@@ -265,6 +272,8 @@ def run_probe(cfg: ProbeConfig, sink, comm=None) -> None:
     except ImportError as exc:
         fatal(f"transport {cfg.transport} cannot load: {exc}", 2)
     cases = plan_cases(cfg.sweep)
+    if cfg.device == "cuda":  # packing device buffers needs a device copy the C loop lacks
+        cases = [c for c in cases if c.mode != "packed"]
     plan = buffer_plan(cfg.sweep)
     watchdog = Watchdog(
         cfg.timeout_s,

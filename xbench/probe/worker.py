@@ -29,8 +29,20 @@ def reserve_buffers(config_text: str) -> None:
         reserve_host_buffers(buffer_plan(SweepSpec.from_dict(data["sweep"])))
 
 
+PRESET_MARK = "XBENCH_PRESET_APPLIED"
+
+
+def apply_preset(preset: dict) -> None:
+    """The --fabric preset into this process's environment before MPI_Init: UCX (under the
+    MPI), NCCL and NVSHMEM read these when they initialise, so later is too late for UCX."""
+    if preset:
+        os.environ.update(preset)
+        os.environ[PRESET_MARK] = "before MPI_Init"
+
+
 def main(argv: list[str]) -> int:
     text = Path(argv[0]).read_text()
+    apply_preset(json.loads(text).get("preset_env") or {})
     import mpi4py
 
     if "MPI4PY_RC_THREAD_LEVEL" not in os.environ:

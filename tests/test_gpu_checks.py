@@ -1,0 +1,167 @@
+"""What the GPU fabrics check before they trust a library, tested without a GPU: the MPI's own
+CUDA-awareness answer (fakes of Open MPI's and MPICH's queries), the rank's GPU by UUID,
+NVLink from NVML's peer-to-peer status (a fake NVML of an HGX node), and the --fabric preset
+applied before MPI_Init."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import types
+
+import pytest
+
+from xbench.errors import XbenchError
+from xbench.fabric.mpi_device import ASSUME_ENV, cuda_aware_mpi, require_cuda_aware
+from xbench.fabric.topology import label_pair
+from xbench.host import _nvlink_peers, gpu_by_uuid
+
+
+class _CFunction:
+    """A stand-in for a ctypes function: records argtypes/restype and the calls made."""
+
+    def __init__(self, body):
+        self.body, self.calls, self.argtypes, self.restype = body, [], None, None
+
+    def __call__(self, *args):
+        self.calls.append(args)
+        return self.body(*args)
+
+
+def _mpich(flag: int, rc: int = 0):
+    def query(gpu_type, pointer):
+        assert gpu_type == 0  # MPIX_GPU_SUPPORT_CUDA
+        pointer._obj.value = flag
+        return rc
+
+    return _CFunction(query)
+
+
+def _lookup(**symbols):
+    return lambda name: symbols.get(name)
+
+
+@pytest.mark.parametrize("answer", [0, 1])
+def test_open_mpi_is_asked_with_mpix_query_cuda_support(answer):
+    query = _CFunction(lambda: answer)
+    supported, how = cuda_aware_mpi(_lookup(MPIX_Query_cuda_support=query))
+    assert supported is bool(answer) and f"= {answer}" in how
+    assert query.calls == [()] and query.restype is ctypes.c_int
+
+
+@pytest.mark.parametrize("flag", [0, 1])
+def test_mpich_is_asked_with_mpix_gpu_query_support(flag):
+    query = _mpich(flag)
+    supported, how = cuda_aware_mpi(_lookup(MPIX_GPU_query_support=query))
+    assert supported is bool(flag) and "MPIX_GPU_query_support(CUDA)" in how
+    assert query.argtypes == [ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
+
+
+def test_a_failing_or_missing_query_is_unknown():
+    assert cuda_aware_mpi(_lookup(MPIX_GPU_query_support=_mpich(1, rc=5)))[0] is None
+    assert cuda_aware_mpi(_lookup())[0] is None
+
+
+def test_refusals_are_one_line_and_name_the_way_out(monkeypatch):
+    monkeypatch.delenv(ASSUME_ENV, raising=False)
+    with pytest.raises(XbenchError) as no:
+        require_cuda_aware(_lookup(MPIX_Query_cuda_support=_CFunction(lambda: 0)))
+    assert "not CUDA-aware" in str(no.value) and "--device host" in str(no.value)
+    with pytest.raises(XbenchError) as unknown:
+        require_cuda_aware(_lookup())
+    assert "cannot tell" in str(unknown.value) and ASSUME_ENV in str(unknown.value)
+    assert "\n" not in str(no.value) + str(unknown.value)
+    monkeypatch.setenv(ASSUME_ENV, "1")
+    assert "assumed CUDA-aware" in require_cuda_aware(_lookup())
+    yes = require_cuda_aware(_lookup(MPIX_Query_cuda_support=_CFunction(lambda: 1)))
+    assert yes == "MPIX_Query_cuda_support() = 1"
+
+
+def test_the_installed_mpi_answers_without_crashing():
+    """The real lookup against whatever MPI mpi4py loaded here (the wheels: no CUDA)."""
+    supported, how = cuda_aware_mpi()
+    assert supported in (True, False, None) and how
+
+
+def test_gpu_by_uuid_not_by_ordinal():
+    gpus = [{"index": 0, "uuid": "GPU-aaaa"}, {"index": 1, "uuid": "GPU-bbbb"}]
+    # under --gpu-bind a rank's only visible GPU is CUDA ordinal 0, NVML's index 1
+    assert gpu_by_uuid(gpus, "bbbb")["index"] == 1  # torch reports the UUID without "GPU-"
+    assert gpu_by_uuid(gpus, "GPU-aaaa")["index"] == 0
+    assert gpu_by_uuid(gpus, "cccc") is None
+
+
+def test_nvlink_from_nvml_p2p_status_on_an_hgx_node():
+    """On HGX boards every NVLink's remote PCI id is an NVSwitch: only the P2P status says
+    which GPUs a GPU reaches over NVLink."""
+    nvml = types.SimpleNamespace(
+        NVML_P2P_CAPS_INDEX_NVLINK=3,
+        NVML_P2P_STATUS_OK=0,
+        NVMLError=RuntimeError,
+    )
+    linked = {(0, 1), (1, 0)}  # GPU 2 hangs off PCIe only
+
+    def status(a, b, index):
+        assert index == 3
+        return 0 if (a, b) in linked else 5
+
+    nvml.nvmlDeviceGetP2PStatus = status
+    uuids = ["GPU-a", "GPU-b", "GPU-c"]
+    assert _nvlink_peers(nvml, 0, [0, 1, 2], uuids, 0) == ["GPU-b"]
+    assert _nvlink_peers(nvml, 2, [0, 1, 2], uuids, 2) == []
+    gpu = {"pci_bus_id": "00000000:18:00.0", "nvlink_peers": ["00000000:C1:00.0"]}  # a switch
+    a = {"host": "n", "gpu": {**gpu, "uuid": "GPU-a", "nvlink_p2p": ["GPU-b"]}}
+    b = {"host": "n", "gpu": {**gpu, "uuid": "GPU-b", "pci_bus_id": "00000000:2A:00.0"}}
+    c = {"host": "n", "gpu": {**gpu, "uuid": "GPU-c", "pci_bus_id": "00000000:DB:00.0"}}
+    assert label_pair(a, b) == "nvlink" and label_pair(b, a) == "nvlink"
+    assert label_pair(a, c) == "same-node-pcie"
+
+
+def test_the_fabric_preset_is_applied_before_mpi_init(xbench, tmp_path):
+    out = tmp_path / "p"
+    r = xbench(
+        "probe",
+        "--np",
+        "2",
+        "-p",
+        "latency",
+        "--sizes",
+        "8B",
+        "--samples",
+        "2",
+        "--fabric",
+        "tcp",
+        "--out",
+        out,
+    )
+    assert r.returncode == 0, r.stderr
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["preset_env"] == {"UCX_TLS": "tcp,cuda_copy,self"}
+    assert meta["preset_applied"] == "before MPI_Init"
+
+
+@pytest.mark.parametrize(
+    "text, hosts",
+    [
+        ("a:2\nb:1\n", [("a", 2), ("b", 1)]),  # MPICH Hydra
+        ("a slots=2\nb slots=1 max_slots=4\n", [("a", 2), ("b", 1)]),  # Open MPI
+        ("# nodes\na\n\nb:4  # fat node\n", [("a", None), ("b", 4)]),
+    ],
+)
+def test_hosts_files_in_either_dialect(text, hosts):
+    from xbench.fabric.launch import parse_hostfile, render_hostfile
+
+    assert parse_hostfile(text) == hosts
+    assert parse_hostfile(render_hostfile(hosts, hydra=True)) == hosts
+    assert parse_hostfile(render_hostfile(hosts, hydra=False)) == hosts
+    assert render_hostfile([("a", 2)], hydra=False) == "a slots=2\n"
+    assert render_hostfile([("a", 2)], hydra=True) == "a:2\n"
+
+
+@pytest.mark.parametrize("text", ["", "a:x\n", "a:0\n", ":3\n"])
+def test_bad_hosts_files_are_one_line(text):
+    from xbench.fabric.launch import parse_hostfile
+
+    with pytest.raises(XbenchError) as err:
+        parse_hostfile(text)
+    assert "\n" not in str(err.value)
