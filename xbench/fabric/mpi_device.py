@@ -75,7 +75,7 @@ class MpiDeviceTransport(MpiHostTransport):
     device = "cuda"
 
     @staticmethod
-    def setup_world(world_comm, cfg) -> None:
+    def setup_world(world_comm, cfg, plan) -> None:
         torch = torch_module()
         if not torch.cuda.is_available():
             raise XbenchError(

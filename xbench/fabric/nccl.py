@@ -39,7 +39,7 @@ class TorchDistTransport(Transport):
         return torch.full((max(int(nbytes), 1),), fill & 0xFF, dtype=torch.uint8, device=self.dev)
 
     @staticmethod
-    def setup_world(world_comm, cfg) -> None:
+    def setup_world(world_comm, cfg, plan) -> None:
         import torch.distributed as dist
 
         torch = torch_module()

@@ -130,8 +130,13 @@ class Transport(ABC):
         self._host_buffers = []
 
     @staticmethod  # noqa: B027 - optional hook
-    def setup_world(world_comm, cfg) -> None:  # noqa: B027 - optional hook
-        """Once per run on every rank, before any pair connects (process groups, NVSHMEM init)."""
+    def setup_world(world_comm, cfg, plan) -> None:  # noqa: B027 - optional hook
+        """Once per run on every rank, before any pair connects (process groups, NVSHMEM init);
+        ``plan``: the buffers every pair's transport will take (host_buffer_sizes)."""
+
+    @staticmethod  # noqa: B027 - optional hook
+    def teardown_world(world_comm) -> None:  # noqa: B027 - optional hook
+        """Once per run on every rank, after the last pair (free, finalize)."""
 
     def connect(self) -> None:  # noqa: B027 - optional hook, most transports need none
         """Establish whatever the transport needs between the pair (collective on the pair)."""

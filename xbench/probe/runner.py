@@ -265,8 +265,9 @@ def run_probe(cfg: ProbeConfig, sink, comm=None) -> None:
     os.environ.update(cfg.preset_env)
     from xbench.fabric.registry import transport_class
 
+    plan = buffer_plan(cfg.sweep)
     try:
-        transport_class(cfg.transport, cfg.device).setup_world(world, cfg)
+        transport_class(cfg.transport, cfg.device).setup_world(world, cfg, plan)
     except XbenchError as exc:
         fatal(str(exc), 2)
     except ImportError as exc:
@@ -274,7 +275,6 @@ def run_probe(cfg: ProbeConfig, sink, comm=None) -> None:
     cases = plan_cases(cfg.sweep)
     if cfg.device == "cuda":  # packing device buffers needs a device copy the C loop lacks
         cases = [c for c in cases if c.mode != "packed"]
-    plan = buffer_plan(cfg.sweep)
     watchdog = Watchdog(
         cfg.timeout_s,
         lambda label: fatal(
@@ -390,6 +390,7 @@ def run_probe(cfg: ProbeConfig, sink, comm=None) -> None:
         if pair_comm != MPI.COMM_NULL:
             pair_comm.Free()
     world.Barrier()
+    transport_class(cfg.transport, cfg.device).teardown_world(world)
     if rank == 0:
         store.finish()
         sink.finish()
