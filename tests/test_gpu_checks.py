@@ -165,3 +165,24 @@ def test_bad_hosts_files_are_one_line(text):
     with pytest.raises(XbenchError) as err:
         parse_hostfile(text)
     assert "\n" not in str(err.value)
+
+
+def test_the_nccl_rendezvous_is_a_routable_address():
+    from xbench.fabric.nccl import rendezvous_host
+
+    lo, eth = ("lo", "127.0.0.1"), ("eth0", "10.1.2.3")
+    assert rendezvous_host(["n1", "n1"], [lo, eth], None) == "127.0.0.1"  # one host
+    # Debian maps the hostname to 127.0.1.1: never hand that to another node
+    assert rendezvous_host(["n1", "n2"], [lo, ("lo:1", "127.0.1.1"), eth], None) == "10.1.2.3"
+    assert rendezvous_host(["n1", "n2"], [lo], "10.9.9.9") == "10.9.9.9"  # the user knows
+    with pytest.raises(XbenchError) as err:
+        rendezvous_host(["n1", "n2"], [lo], None)
+    assert "XBENCH_RENDEZVOUS_ADDR" in str(err.value)
+
+
+def test_interface_addresses_of_this_host():
+    from xbench.fabric.nccl import interface_addresses
+
+    found = interface_addresses()
+    assert ("lo", "127.0.0.1") in found
+    assert all(len(ip.split(".")) == 4 for _, ip in found)

@@ -111,6 +111,9 @@ def test_nccl_log_check():
     ok, seen = check_nccl_log(NCCL_LOG, "tcp")
     assert not ok and seen == {"NET/IB"}
     assert check_nccl_log("NCCL INFO Channel 00 : 0[0] -> 1[1] via P2P/CUMEM/read", "nvlink")[0]
+    # a log in which NCCL names no transport is no evidence: it fails (it used to pass)
+    assert check_nccl_log("NCCL INFO Bootstrap : Using eth0\n", "ib") == (False, set())
+    assert check_nccl_log("", "nvlink") == (False, set())
 
 
 # GPU topology in the documented format, as captured on an 8-GPU H100 node.

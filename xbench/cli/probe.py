@@ -314,9 +314,13 @@ def _check_preset(cfg, log_path: Path) -> None:
     from xbench.fabric.presets import check_nccl_log
 
     ok, seen = check_nccl_log(log_path.read_text(errors="replace"), cfg.fabric)
-    if not ok:
-        err_console.print(
-            f"[yellow]xbench: warning: --fabric {cfg.fabric} asked for one path, NCCL reports {', '.join(sorted(seen))} (see {log_path})[/yellow]"
+    if not ok:  # the samples stand, but their fabric label has no evidence behind it
+        what = f"NCCL reports {', '.join(sorted(seen))}" if seen else "NCCL named no transport"
+        raise XbenchError(
+            f"--fabric {cfg.fabric} asked for one path and {what} (see {log_path}); the "
+            f"samples are in {log_path.parent} but their fabric label is not confirmed",
+            "check the preset reached the ranks (NCCL_DEBUG=INFO), or label the run --fabric "
+            "with what NCCL used",
         )
 
 

@@ -6,11 +6,46 @@ runs on machines without a GPU). Written from the libraries' documentation.
 
 from __future__ import annotations
 
+import fcntl
+import os
 import socket
+import struct
 
 from xbench.errors import XbenchError
 from xbench.fabric.gpu import DeviceTimer, claim_own_gpu, local_gpu, torch_module
 from xbench.fabric.transport import FETCH_MODES, Transport
+
+RENDEZVOUS_ENV = "XBENCH_RENDEZVOUS_ADDR"  # rank 0's address for the others, when it knows better
+
+
+def interface_addresses() -> list[tuple[str, str]]:
+    """(interface, IPv4 address) of this host's interfaces that have one (Linux ioctl)."""
+    found = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))
+            except OSError:  # SIOCGIFADDR: no IPv4 address on this interface
+                continue
+            found.append((name, socket.inet_ntoa(packed[20:24])))
+    return found
+
+
+def rendezvous_host(hostnames: list[str], addresses, override: str | None) -> str:
+    """Where the other ranks reach rank 0's store: loopback when every rank shares its host,
+    else rank 0's first routable IPv4 address. Not ``gethostbyname(gethostname())``: on many
+    nodes that is 127.0.1.1, and rank 1 then waits until torch's own timeout."""
+    if override:
+        return override
+    if len(set(hostnames)) <= 1:
+        return "127.0.0.1"
+    routable = [ip for _, ip in addresses if not ip.startswith("127.")]
+    if not routable:
+        raise XbenchError(
+            "rank 0 has no routable IPv4 address for the other nodes to reach",
+            f"set {RENDEZVOUS_ENV} to an address of rank 0's node they can reach",
+        )
+    return routable[0]
 
 
 class TorchDistTransport(Transport):
@@ -53,25 +88,33 @@ class TorchDistTransport(Transport):
             gpu = local_gpu(world_comm)
             claim_own_gpu(world_comm, gpu, "nccl")
             torch.cuda.set_device(gpu)
+        hostnames = world_comm.allgather(socket.gethostname())
+        address = None
         if world_comm.Get_rank() == 0:
-            with socket.socket() as s:
-                s.bind(("", 0))
-                port = s.getsockname()[1]
-            address = (
-                socket.gethostbyname(socket.gethostname())
-                if world_comm.Get_size() > 1
-                else "127.0.0.1",
-                port,
-            )
-        else:
-            address = None
-        host, port = world_comm.bcast(address, root=0)
+            try:
+                host = rendezvous_host(
+                    hostnames, interface_addresses(), os.environ.get(RENDEZVOUS_ENV)
+                )
+                with socket.socket() as s:
+                    s.bind(("", 0))
+                    address = (host, s.getsockname()[1])
+            except XbenchError as exc:
+                address = str(exc)
+        address = world_comm.bcast(address, root=0)  # every rank stops alike on a bad one
+        if isinstance(address, str):
+            raise XbenchError(address)
+        host, port = address
         dist.init_process_group(
             backend,
             init_method=f"tcp://{host}:{port}",
             rank=world_comm.Get_rank(),
             world_size=world_comm.Get_size(),
         )
+
+    def connect(self) -> None:
+        """One untimed exchange: NCCL builds a pair's point-to-point communicator lazily, on
+        its first send, which would otherwise land in the first case's calibration."""
+        self.exchange(1, 1, 1)
 
     def close(self) -> None:
         pass  # the process group lives for the run

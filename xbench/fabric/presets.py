@@ -99,6 +99,8 @@ EXPECTED_NCCL = {"nvlink": ("P2P",), "ib": ("NET/IB",), "roce": ("NET/IB",), "tc
 def check_nccl_log(text: str, fabric: str) -> tuple[bool, set[str]]:
     """Did NCCL use the path the preset asked for? (ok, transports seen in its channel lines)."""
     seen = set(_NCCL_VIA.findall(text))
-    if not seen or fabric not in EXPECTED_NCCL:
-        return (not seen, seen)
+    if not seen:  # no evidence is not a pass: NCCL_DEBUG=INFO did not reach the ranks
+        return False, seen
+    if fabric not in EXPECTED_NCCL:
+        return True, seen
     return all(any(s.startswith(e) for e in EXPECTED_NCCL[fabric]) for s in seen), seen

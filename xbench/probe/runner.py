@@ -265,16 +265,6 @@ def run_probe(cfg: ProbeConfig, sink, comm=None) -> None:
     os.environ.update(cfg.preset_env)
     from xbench.fabric.registry import transport_class
 
-    plan = buffer_plan(cfg.sweep)
-    try:
-        transport_class(cfg.transport, cfg.device).setup_world(world, cfg, plan)
-    except XbenchError as exc:
-        fatal(str(exc), 2)
-    except ImportError as exc:
-        fatal(f"transport {cfg.transport} cannot load: {exc}", 2)
-    cases = plan_cases(cfg.sweep)
-    if cfg.device == "cuda":  # packing device buffers needs a device copy the C loop lacks
-        cases = [c for c in cases if c.mode != "packed"]
     watchdog = Watchdog(
         cfg.timeout_s,
         lambda label: fatal(
@@ -283,6 +273,18 @@ def run_probe(cfg: ProbeConfig, sink, comm=None) -> None:
         ),
     )
 
+    plan = buffer_plan(cfg.sweep)
+    try:  # armed first: a rendezvous that never completes is a hang like any other
+        watchdog.arm(f"{cfg.transport} set-up")
+        transport_class(cfg.transport, cfg.device).setup_world(world, cfg, plan)
+        watchdog.disarm()
+    except XbenchError as exc:
+        fatal(str(exc), 2)
+    except ImportError as exc:
+        fatal(f"transport {cfg.transport} cannot load: {exc}", 2)
+    cases = plan_cases(cfg.sweep)
+    if cfg.device == "cuda":  # packing device buffers needs a device copy the C loop lacks
+        cases = [c for c in cases if c.mode != "packed"]
     total = len(pairs) * len(cases)
     loop_name = "c" if cfg.loop != "python" else "python"
     if rank == 0:
