@@ -155,7 +155,7 @@ def main(argv=None) -> int:
                     runner=plain_torch(model.softmax_scale, model.v_dim) if plain else None,
                 )
             except (BackendUnavailable, XbenchError) as exc:  # e.g. a dense-only adapter
-                print(f"{backend:18} {case.label if hasattr(case, 'label') else case}: {exc}")
+                print(f"{backend:18} {case.label}: {exc}")
                 continue
             except torch.cuda.OutOfMemoryError:
                 print(f"{backend:18} out of GPU memory at rows={case.rows} tokens={case.chunk}")

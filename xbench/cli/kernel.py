@@ -204,7 +204,8 @@ def _table(summary, out_dir) -> None:
         title += f": {first['backend']} on {first['device']}, {first['model']}, {first['heads']} heads, {first['dtype']}, {selection}"
     table = result_table(
         title,
-        f"{out_dir}  |  % of this run's measured copy bandwidth and matmul rate; %bound = max(bytes/copy, FLOPs/matmul) / time",
+        f"{out_dir}  |  %bound = max(bytes / copy bandwidth, FLOPs / matmul rate) / time, "
+        "both ceilings measured in this run, and the one that sets it",
     )
     for col in (
         "kernel",

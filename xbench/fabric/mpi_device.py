@@ -22,14 +22,31 @@ MPIX_GPU_SUPPORT_CUDA = 0  # MPICH's mpi_proto.h / mpix.h
 ASSUME_ENV = "XBENCH_ASSUME_CUDA_AWARE"  # for an MPI that is CUDA-aware but offers no query
 
 
+def _libmpi_paths() -> list[str]:
+    """The MPI libraries this process has mapped (after mpi4py loaded one)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            return sorted({line.split()[-1] for line in maps if "/libmpi." in line})
+    except OSError:
+        return []
+
+
 def _libmpi_symbol(name: str):
-    """A function of the MPI library mpi4py loaded (global symbols), or None."""
+    """A function of the MPI library mpi4py loaded, or None.
+
+    Looked up in that library itself: mpi4py loads it without RTLD_GLOBAL, so the process's
+    global namespace (``CDLL(None)``) does not show its symbols (both PyPI wheels' queries
+    were invisible that way)."""
     try:
         from mpi4py import MPI  # noqa: F401 - loads and initialises the library
-
-        return getattr(ctypes.CDLL(None), name)
-    except (AttributeError, OSError, ImportError):
+    except ImportError:
         return None
+    for path in [*_libmpi_paths(), None]:
+        try:
+            return getattr(ctypes.CDLL(path), name)
+        except (AttributeError, OSError):
+            continue
+    return None
 
 
 def cuda_aware_mpi(lookup=_libmpi_symbol) -> tuple[bool | None, str]:

@@ -134,10 +134,6 @@ class RunStore:
         self.run_meta["status"] = COMPLETE
         _write_meta(self.out_dir, self.run_meta)
 
-    def write(self, table_name: str, file_name: str, frame) -> Path:
-        """A whole table as one named file of the run (a summary, a decision table)."""
-        return write_table(self.out_dir / file_name, table_name, frame, self.run_meta)
-
     def append(self, table_name: str, rows) -> Path:
         """Write one finished case as its own part file and return its path."""
         folder = self.out_dir / table_name
