@@ -18,11 +18,13 @@ PACKAGE = Path(__file__).resolve().parents[1] / "xbench"
 LAYERS = [
     (
         "xbench.errors",
+        "xbench.events",
         "xbench.version",
         "xbench.core",
         "xbench.host",
         "xbench.native",
         "xbench.resources",
+        "xbench.ranks",
     ),
     ("xbench.results",),
     ("xbench.fabric", "xbench.kernels"),

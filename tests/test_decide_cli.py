@@ -5,6 +5,12 @@ import json
 import pandas as pd
 import pytest
 
+from xbench.core.profile import load_profile
+from xbench.kernels import cpu_bf16
+from xbench.results.schema import KERNEL_SAMPLES
+from xbench.results.store import read_table
+from xbench.validate.worker import PHASES
+
 
 def _error_line(r):
     assert r.returncode != 0 and "Traceback" not in r.stderr + r.stdout
@@ -133,10 +139,14 @@ def test_probe_kernel_fit_validate_end_to_end(xbench, tmp_path):
         *quick,
         "--min-sample-time",
         "3ms",
+        # validate's layout, in two launches, on torch's path
+        *("--np", "2", "--runs", "2", "--cpu-attention", "torch"),
         "--out",
         tmp_path / "k",
     )
     assert r.returncode == 0, r.stderr
+    kernel_samples = read_table(tmp_path / "k", KERNEL_SAMPLES)
+    assert set(kernel_samples.process_run) == {0, 1} and set(kernel_samples.timed_by) == {0, 1}
     r = xbench(
         "fit",
         tmp_path / "p",
@@ -151,6 +161,11 @@ def test_probe_kernel_fit_validate_end_to_end(xbench, tmp_path):
         "shm" in r.stdout and "held-out error" in r.stdout and "compute_per_row_token" in r.stdout
     )
     assert "splice_per_token" in r.stdout  # T_splice, for fetches sent page by page
+    assert "merge_per_token" in r.stdout  # merges timed after attentions over each chunk
+    assert set(kernel_samples[kernel_samples.kernel == "merge"].after_tokens) == {64, 256, 1024}
+    fitted = load_profile(tmp_path / "here.toml").provenance["conditions"]
+    assert fitted["cpu_attention"] == "torch" and fitted["kernel_layout"] == "peer waiting in MPI"
+    assert fitted["mpi_library"] and fitted["cpu_model"]
     r = xbench(
         "validate",
         "--profile",
@@ -164,14 +179,23 @@ def test_probe_kernel_fit_validate_end_to_end(xbench, tmp_path):
         "--samples",
         "2",
         "--rounds",
+        "1",
+        "--runs",
         "2",
+        "--cpu-attention",
+        "torch",
         "--out",
         tmp_path / "v",
         "--format",
         "json",
     )
     assert r.returncode == 0, r.stderr
+    assert "warning" not in r.stderr  # fitted and validated under the same conditions
     summary = json.loads(r.stdout)
+    for row in summary:  # the model's phases add up to its prediction
+        phases = [row[f"predicted_{name}_us"] for name in PHASES[row["option"]]]
+        assert sum(phases) == pytest.approx(row["predicted_us"], rel=1e-9)
+        assert row[f"measured_{PHASES[row['option']][0]}_us"] > 0
     assert {row["option"] for row in summary} == {"route", "fetch", "local"} and all(
         row["correct"] for row in summary
     )
@@ -179,6 +203,14 @@ def test_probe_kernel_fit_validate_end_to_end(xbench, tmp_path):
     assert (tmp_path / "v" / "validate_summary.parquet").exists()
     samples = pd.read_parquet(tmp_path / "v" / "validate_samples")
     assert set(samples.requester) == {0, 1}  # the ranks took turns asking
+    assert set(samples.process_run) == {0, 1}
+    # each sample's phases are timed and add up to about its time (the rest: loop overhead)
+    for option, names in PHASES.items():
+        rows = samples[samples.option == option]
+        timed = rows[[f"{n}_us" for n in names]]
+        assert timed.notna().all().all() and (timed >= 0).all().all()
+        total = timed.sum(axis=1)
+        assert ((total <= rows.value * 1.02) & (total >= rows.value * 0.6)).all(), option
     # by default a fetch sends each of the chunk's 2 pages (64 tokens) as its own message
     assert set(samples[samples.option == "fetch"].segments) == {2}
     r = xbench(
@@ -191,7 +223,20 @@ def test_probe_kernel_fit_validate_end_to_end(xbench, tmp_path):
     assert r.returncode == 0, r.stderr
     packed = {row["option"]: row for row in json.loads(r.stdout)}
     assert packed["fetch"]["segments"] == 1 and all(row["correct"] for row in packed.values())
-    assert samples[~samples.warmup].groupby(["option", "rows", "round"]).size().eq(2).all()
+    measured = samples[~samples.warmup]
+    assert measured.groupby(["option", "rows", "process_run"]).size().eq(2).all()
+    # validated on the other CPU path than the one fitted: one warning line says so
+    if cpu_bf16.unavailable_because() is None:
+        r = xbench(
+            "validate",
+            "--profile",
+            tmp_path / "here.toml",
+            *("--rows", "1", "--chunk", "128", "--heads", "4", "--samples", "1", "--rounds", "1"),
+            *("--cpu-attention", "c-bf16", "--out", tmp_path / "v-c", "--format", "json"),
+        )
+        assert r.returncode == 0, r.stderr
+        warned = [ln for ln in r.stderr.splitlines() if "warning" in ln]
+        assert len(warned) == 1 and "cpu_attention torch there, c-bf16 here" in warned[0]
     r = xbench(
         "decide",
         "--profile",

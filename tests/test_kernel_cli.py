@@ -121,7 +121,12 @@ def test_kernel_bad_input(xbench):
         (["--dtype", "int4"], "unknown dtype"),
         (["--backend", "nosuch"], "unknown kernel backend"),
         (["--rounds", "0"], "nothing would be measured"),
+        (["--np", "3"], "--np 3"),
+        (["--runs", "0"], "--runs 0"),
+        (["--cpu-attention", "fast"], "unknown CPU attention path"),
     ]
+    if cpu_bf16.unavailable_because():
+        cases.append((["--cpu-attention", "c-bf16"], "--cpu-attention c-bf16"))
     if not torch.cuda.is_available():  # on a GPU machine the cuda backend runs
         cases.append((["--backend", "cuda-ref"], "cuda backend"))
     for args, words in cases:

@@ -134,14 +134,26 @@ def test_validate_v1_files_read_as_rank_0_asking_in_one_pass(tmp_path):
         requester=1,
         round=2,
         segments=4,
+        process_run=1,
+        send_us=20.0,
+        attention_us=200.0,
+        return_us=30.0,
+        merge_us=50.0,
     )
     path = write_table(tmp_path / "v.parquet", schema.VALIDATE_SAMPLES, [row], {"run_id": "v"})
-    old = _as_version(path, 1, tmp_path / "v1.parquet", ("requester", "round", "segments"))
-    v2 = _as_version(path, 2, tmp_path / "v2.parquet", ("segments",))
-    frame = read_table([old, v2, path], schema.VALIDATE_SAMPLES)
+    v4 = (
+        "process_run",
+        *(f"{p}_us" for p in ("send", "attention", "return", "merge", "transfer", "move")),
+    )
+    old = _as_version(path, 1, tmp_path / "v1.parquet", ("requester", "round", "segments", *v4))
+    v2 = _as_version(path, 2, tmp_path / "v2.parquet", ("segments", *v4))
+    v3 = _as_version(path, 3, tmp_path / "v3.parquet", v4)
+    frame = read_table([old, v2, v3, path], schema.VALIDATE_SAMPLES)
     assert list(frame.columns) == schema.VALIDATE_SAMPLES_SCHEMA.names
-    assert frame.requester.tolist() == [0, 1, 1] and frame["round"].tolist() == [0, 2, 2]
-    assert frame.segments.tolist() == [1, 1, 4]  # before v3 a fetch was one packed message
+    assert frame.requester.tolist() == [0, 1, 1, 1] and frame["round"].tolist() == [0, 2, 2, 2]
+    assert frame.segments.tolist() == [1, 1, 4, 4]  # before v3 a fetch was one packed message
+    assert frame.process_run.tolist() == [0, 0, 0, 1]  # before v4 one launch, no phases
+    assert frame.send_us.isna().tolist() == [True, True, True, False]
 
 
 def test_kernel_v1_files_read_as_one_pass(tmp_path):
@@ -166,11 +178,18 @@ def test_kernel_v1_files_read_as_one_pass(tmp_path):
         value=11.8,
         unit="us",
         round=1,
+        process_run=2,
+        timed_by=1,
+        after_tokens=1024,
     )
     path = write_table(tmp_path / "k.parquet", schema.KERNEL_SAMPLES, [row], {"run_id": "k"})
-    old = _as_version(path, 1, tmp_path / "v1.parquet", ("round",))
-    frame = read_table([old, path], schema.KERNEL_SAMPLES)
-    assert frame["round"].tolist() == [0, 1]
+    v3 = ("process_run", "timed_by", "after_tokens")
+    old = _as_version(path, 1, tmp_path / "v1.parquet", ("round", *v3))
+    v2 = _as_version(path, 2, tmp_path / "v2.parquet", v3)
+    frame = read_table([old, v2, path], schema.KERNEL_SAMPLES)
+    assert frame["round"].tolist() == [0, 1, 1]
+    assert frame.process_run.tolist() == [0, 0, 2] and frame.timed_by.tolist() == [0, 0, 1]
+    assert frame.after_tokens.tolist() == [0, 0, 1024]  # before v3 timed back to back
 
 
 def test_migrations_chain_from_older_versions(tmp_path, monkeypatch):

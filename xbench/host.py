@@ -46,6 +46,29 @@ def cpu_model() -> str | None:
     return platform.processor() or None
 
 
+# The CPU features that change which kernels run and how fast (AVX512-BF16 selects the C
+# bf16 attention; AMX would change it again).
+RELEVANT_CPU_FLAGS = (
+    "avx2",
+    "fma",
+    "avx512f",
+    "avx512_bf16",
+    "avx512_vnni",
+    "amx_bf16",
+    "amx_tile",
+)
+
+
+def cpu_flags() -> str | None:
+    """The relevant CPU flags this host has, space-separated in a fixed order."""
+    text = _read("/proc/cpuinfo") or ""
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            have = set(line.split(":", 1)[1].split())
+            return " ".join(f for f in RELEVANT_CPU_FLAGS if f in have)
+    return None
+
+
 def torch_version() -> str | None:
     """The installed torch's version, read from its package metadata.
 
@@ -82,11 +105,47 @@ def host_metadata() -> dict:
     return {
         "hostname": socket.gethostname(),
         "cpu_model": cpu_model(),
+        "cpu_flags": cpu_flags(),
         "cpu_count": os.cpu_count(),
         "thp": thp_mode(),
         "kernel": platform.release(),
         "python": platform.python_version(),
     }
+
+
+def host_conditions(gpu: bool) -> dict:
+    """This host's side of a profile's conditions: its GPU and driver (``gpu``), else its CPU."""
+    if gpu:
+        gpus = gpu_topology()
+        return {"gpu": gpus[0]["name"], "driver": gpus[0]["driver"]} if gpus else {}
+    return {"cpu_model": cpu_model(), "cpu_flags": cpu_flags()}
+
+
+# glibc serves allocations above a moving threshold (128 KiB to start) with fresh mmaps,
+# faulted in page by page and unmapped on free, and raises the threshold as large blocks
+# are freed: a process's history decides whether a 128 KiB partial costs page faults. A
+# serving process has long reached steady state; fixing both thresholds gives every
+# measuring process that state, whatever ran before (measured: validate's merge and splice
+# phases otherwise ran 2x the kernel sweep's, and its totals 10-20 % slower).
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+STEADY_MMAP_THRESHOLD = 64 * 2**20
+
+
+def steady_allocator() -> str | None:
+    """Put glibc's allocator in a serving process's steady state; say what was set."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return None  # not glibc: nothing to set, nothing claimed
+    if not (
+        mallopt(M_MMAP_THRESHOLD, STEADY_MMAP_THRESHOLD)
+        and mallopt(M_TRIM_THRESHOLD, 4 * STEADY_MMAP_THRESHOLD)
+    ):
+        return None
+    return f"glibc mmap threshold {STEADY_MMAP_THRESHOLD >> 20} MiB"
 
 
 def _nearest_nic(bus_id: str) -> str | None:

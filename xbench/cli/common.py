@@ -56,6 +56,22 @@ def fail(message: str, code: int = 2) -> typer.Exit:
     return typer.Exit(code)
 
 
+def warn(line: str) -> None:
+    """One warning line on stderr (output on stdout stays parseable)."""
+    err_console.print(
+        f"[yellow]xbench: warning: {escape(line)}[/yellow]", highlight=False, soft_wrap=True
+    )
+
+
+def warn_conditions(profile, current: dict) -> None:
+    """Warn in one line when ``profile`` was fitted under conditions other than ``current``."""
+    from xbench.core import conditions
+
+    diffs = conditions.differences(profile.provenance.get("conditions") or {}, current)
+    if diffs:
+        warn(conditions.describe(profile.name, diffs))
+
+
 _run_dir: list[Path] = []  # the run directory the running command writes, once it has one
 
 

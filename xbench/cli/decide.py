@@ -8,7 +8,14 @@ from typing import Annotated
 
 import typer
 
-from xbench.cli.common import FormatOption, OutputFormat, console, emit_frame, handles_errors
+from xbench.cli.common import (
+    FormatOption,
+    OutputFormat,
+    console,
+    emit_frame,
+    handles_errors,
+    warn_conditions,
+)
 from xbench.cli.render import result_table
 from xbench.errors import XbenchError
 
@@ -104,6 +111,11 @@ def decide(
     from xbench.results.store import refuse_overwrite
 
     prof = load_profile(profile_path(profile or DEFAULT_PROFILE))
+    from xbench.host import host_conditions
+
+    # A GPU profile read on a host without GPUs is planning, not use: nothing to compare.
+    fitted = prof.provenance.get("conditions") or {}
+    warn_conditions(prof, host_conditions(gpu="gpu" in fitted))
     if out is not None:
         refuse_overwrite(out, force)
     if scenario is not None:

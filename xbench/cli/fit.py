@@ -13,8 +13,8 @@ from xbench.cli.common import (
     OutputFormat,
     console,
     emit_frame,
-    err_console,
     handles_errors,
+    warn,
 )
 from xbench.errors import XbenchError
 
@@ -95,7 +95,7 @@ def fit(
     )
     save_profile(profile, out)
     for line in warnings:
-        err_console.print(f"[yellow]xbench: warning: {line}[/yellow]", highlight=False)
+        warn(line)
     emit_frame(coefficient_frame(profile), fmt, lambda f: _table(f, profile.name, out))
 
 
@@ -105,6 +105,7 @@ _DEVICE_TERMS = (
     ("compute_per_row_token", 1e-12, "ps/row-token"),
     ("merge_t0", 1e-6, "us"),
     ("merge_per_row_partial", 1e-12, "ps/row-partial"),
+    ("merge_per_token", 1e-9, "ns/token"),
     ("move_t0", 1e-6, "us"),
     ("move_per_token", 1e-9, "ns/token"),
     ("splice_t0", 1e-6, "us"),

@@ -85,26 +85,57 @@ def kernel(
         int | None,
         typer.Option(help="torch CPU threads (match what the serving or validate ranks get)."),
     ] = None,
+    cpu_attention: Annotated[
+        str,
+        typer.Option(
+            help="CPU path for bf16 attention, merge and splice: auto, c-bf16 (the AVX512-BF16 "
+            "kernel) or torch (its fp32 products)."
+        ),
+    ] = "auto",
+    in_context: Annotated[
+        bool | None,
+        typer.Option(
+            "--in-context/--back-to-back",
+            help="Time merge, gather and splice right after an attention over the chunk, as "
+            "a route or fetch runs them (default on CPUs), or back to back (default on GPUs).",
+        ),
+    ] = None,
+    np: Annotated[
+        int,
+        typer.Option(
+            "--np",
+            "-n",
+            help="1: the sweep alone in this process; 2: in two pinned ranks, the one not "
+            "timing waiting in MPI (the layout xbench validate runs its paths in).",
+        ),
+    ] = 1,
+    runs: Annotated[
+        int,
+        typer.Option(
+            help="Launch the sweep this many times into one run (process_run column), as "
+            "pyperf repeats processes; more than 1 launches it through MPI."
+        ),
+    ] = 1,
+    config_from: Annotated[
+        Path | None,
+        typer.Option(
+            help="Re-run the sweep a stored kernel run was made with (its run.json); the "
+            "options above are then ignored (xbench check uses this)."
+        ),
+    ] = None,
     out: RunDirOption = None,
     fmt: FormatOption = OutputFormat.table,
 ) -> None:
     """Time the compute side of cross-instance attention; write samples as Parquet."""
-    from xbench.cli.progress import make_progress
     from xbench.core.models import get_model
+    from xbench.kernels import cpu_bf16
     from xbench.kernels.backend import get_backend, resolve
-    from xbench.kernels.bench import (
-        KERNELS,
-        ceiling_rows,
-        default_device,
-        measure_ceilings,
-        plan_cases,
-        sample_rows,
-        time_case,
-    )
+    from xbench.kernels.bench import KERNELS, default_device
     from xbench.kernels.summary import summarize_kernels
-    from xbench.results.metadata import new_run_id, run_metadata
+    from xbench.kernels.worker import SweepConfig
+    from xbench.results.metadata import new_run_id
     from xbench.results.schema import KERNEL_SAMPLES
-    from xbench.results.store import RunStore, ensure_writable_dir, read_table, refuse_existing_run
+    from xbench.results.store import ensure_writable_dir, read_table, refuse_existing_run
 
     preset = get_model(model)
     names = [k.strip() for k in kernels.split(",") if k.strip()]
@@ -116,11 +147,19 @@ def kernel(
     if dtype not in ("bf16", "fp32"):
         raise XbenchError(f"unknown dtype {dtype!r}", "pick bf16 or fp32")
     check_repeats(rounds, samples)
+    if np not in (1, 2):
+        raise XbenchError(f"--np {np}: the sweep runs alone or beside one peer", "pass --np 1 or 2")
+    if runs < 1:
+        raise XbenchError(f"--runs {runs} launches nothing", "pass --runs 1 or more")
     chunks = parse_int_list(chunk, "--chunk")
     row_list = parse_int_list(rows, "--rows")
     dev = device or default_device()
     if dev not in ("cpu", "cuda") and not dev.startswith("cuda:"):
         raise XbenchError(f"unknown device {dev!r}", "pick cpu or cuda")
+    try:
+        cpu_bf16.choose_path(cpu_attention)
+    except ValueError as exc:
+        raise XbenchError(str(exc), "pass --cpu-attention torch or auto") from None
     backend = resolve(backend, dev)
     get_backend(backend)  # a backend that cannot run here says why before anything is measured
     if launch not in ("auto", "graph", "eager"):
@@ -131,54 +170,91 @@ def kernel(
     run_id = new_run_id("kernel")
     out_dir = ensure_writable_dir(out or Path("results") / run_id)
     refuse_existing_run(out_dir)
-    min_s = parse_duration(min_sample_time)
-    cases = plan_cases(preset, names, row_list, chunks, dtype, sparse, heads, block_size)
-
-    import torch
-
-    if threads:
-        torch.set_num_threads(threads)
-    meta = run_metadata(
-        run_id,
-        "kernel",
-        device=dev,
-        device_name=torch.cuda.get_device_name(0) if dev.startswith("cuda") else None,
-        backend=backend,
-        launch=launch,
+    cfg = SweepConfig(
+        out_dir=str(out_dir),
+        run_id=run_id,
         model=preset.name,
-        torch_threads=torch.get_num_threads(),
+        backend=backend,
+        device=dev,
+        launch=launch,
+        kernels=names,
+        rows=row_list,
+        chunks=chunks,
+        dtype=dtype,
+        sparse=sparse,
+        heads=heads,
+        block_size=block_size,
+        samples=samples,
+        warmups=warmups,
+        rounds=rounds,
+        min_sample_s=parse_duration(min_sample_time),
+        ceilings=ceilings,
+        threads=threads,
+        cpu_attention=cpu_attention,
+        in_context=in_context,
+        ranks=np,
+        runs=runs,
     )
-    store = RunStore(out_dir, meta)
-    note_run_dir(out_dir)
-    with make_progress() as progress:
-        task = progress.add_task("kernel", total=len(cases) * rounds + int(ceilings))
-        if ceilings:
-            progress.update(task, description="kernel: ceilings", refresh=True)
-            store.append(
-                KERNEL_SAMPLES,
-                ceiling_rows(measure_ceilings(dev, dtype), run_id, backend, dev, dtype),
-            )
-            progress.update(task, advance=1, refresh=True)
-        for round_, case in ((r, c) for r in range(rounds) for c in cases):
-            label = case.label if rounds == 1 else f"{case.label}, round {round_ + 1}/{rounds}"
-            progress.update(task, description=f"kernel: {label}", refresh=True)
-            timings = time_case(
-                case,
-                backend,
-                dev,
-                preset.softmax_scale,
-                samples=samples,
-                warmups=warmups,
-                min_sample_s=min_s,
-                seed=1000 * round_,
-                launch=launch,
-            )
-            rows = sample_rows(case, timings, run_id, backend, dev, preset.name, round_)
-            store.append(KERNEL_SAMPLES, rows)
-            progress.update(task, advance=1, refresh=True)
-    store.finish()
+    if config_from is not None:
+        cfg = stored_config(config_from, cfg)
+    run_configured(cfg)
     summary = summarize_kernels(read_table(out_dir, KERNEL_SAMPLES))
     emit_frame(summary, fmt, lambda f: _table(f, out_dir))
+
+
+def stored_config(run_dir: Path, fresh):
+    """The stored kernel run's sweep, writing to ``fresh``'s run directory and run id."""
+    from xbench.kernels import cpu_bf16
+    from xbench.kernels.worker import SweepConfig
+    from xbench.results.store import read_run_meta
+
+    meta = read_run_meta(run_dir)
+    if meta.get("command") != "kernel" or not meta.get("config"):
+        raise XbenchError(
+            f"{run_dir} holds no stored kernel sweep configuration",
+            "pass a run directory written by xbench kernel (0.2.0 or later)",
+        )
+    cfg = SweepConfig(**meta["config"])
+    cfg.out_dir, cfg.run_id, cfg.process_run = fresh.out_dir, fresh.run_id, 0
+    try:
+        cpu_bf16.choose_path(cfg.cpu_attention)
+    except ValueError as exc:
+        raise XbenchError(str(exc), "re-run the baseline on a machine that has it") from None
+    return cfg
+
+
+def run_configured(cfg) -> None:
+    """The sweep as configured: in this process, or in launched ranks (--np 2, --runs N)."""
+    from xbench.cli.progress import EventProgress, make_progress
+    from xbench.events import CallbackSink
+    from xbench.kernels.worker import run_sweep
+
+    note_run_dir(Path(cfg.out_dir))
+    if cfg.ranks == 1 and cfg.runs == 1:
+        with make_progress() as progress:
+            run_sweep(cfg, CallbackSink(EventProgress(progress, "kernel")))
+    else:
+        _launch(cfg, Path(cfg.out_dir))
+
+
+def _launch(cfg, out_dir: Path) -> None:
+    """Each launch a fresh set of processes (pinned ranks), appending to the same run."""
+    from xbench.cli.progress import EventProgress, make_progress
+    from xbench.fabric.launch import run_ranks
+
+    config_path = out_dir / "kernel-config.json"
+    for process_run in range(cfg.runs):
+        cfg.process_run = process_run
+        config_path.write_text(cfg.to_json())
+        with make_progress() as progress:
+            run_ranks(
+                cfg.ranks,
+                "xbench.kernels.worker",
+                config_path,
+                EventProgress(progress, f"kernel (launch {process_run + 1}/{cfg.runs})"),
+                600.0,
+                launch_label=f" of launch {process_run + 1}/{cfg.runs}",
+            )
 
 
 SHORT = {"partial_attention": "attention", "merge": "merge", "gather": "gather", "splice": "splice"}
@@ -196,6 +272,12 @@ def _bound(r) -> str:
     return f"{100 * r.bound_share:.0f} {which}"
 
 
+def _chunk(r) -> str:
+    if not r.after_tokens:
+        return str(r.chunk_tokens)
+    return f"after {r.after_tokens}" if not r.chunk_tokens else f"{r.chunk_tokens} after"
+
+
 def _table(summary, out_dir) -> None:
     title = "xbench kernel"
     if len(summary):
@@ -205,7 +287,8 @@ def _table(summary, out_dir) -> None:
     table = result_table(
         title,
         f"{out_dir}  |  %bound = max(bytes / copy bandwidth, FLOPs / matmul rate) / time, "
-        "both ceilings measured in this run, and the one that sets it",
+        "both ceilings measured in this run, and the one that sets it  |  after: timed right "
+        "after an attention over the chunk, as in a route or a fetch",
     )
     for col in (
         "kernel",
@@ -224,7 +307,7 @@ def _table(summary, out_dir) -> None:
         table.add_row(
             SHORT[r.kernel],
             str(r.rows),
-            str(r.chunk_tokens),
+            _chunk(r),
             num(r.median_us),
             f"{num(r.ci_low_us)}-{num(r.ci_high_us)}",
             num(r.gb_per_s),

@@ -141,6 +141,13 @@ def probe(
     tcp_interface: Annotated[
         str | None, typer.Option(help="tcp: network interface to listen on, e.g. eth0.")
     ] = None,
+    config_from: Annotated[
+        Path | None,
+        typer.Option(
+            help="Re-run the sweep a stored probe run was made with (its run.json), with its "
+            "ranks and launches; the options above are then ignored (xbench check uses this)."
+        ),
+    ] = None,
     out: RunDirOption = None,
     fmt: FormatOption = OutputFormat.table,
 ) -> None:
@@ -226,6 +233,8 @@ def probe(
         osu_compat=osu_compat,
     )
 
+    if config_from is not None:
+        cfg, np, runs = stored_config(config_from, cfg)
     if launched and runs > 1:
         raise XbenchError(
             "--runs needs xbench to launch the ranks itself",
@@ -246,6 +255,30 @@ def probe(
         _launch(cfg, np, fmt, hostfile, runs)
 
 
+def stored_config(run_dir: Path, fresh):
+    """(config, ranks, launches) of the stored probe run in ``run_dir``, writing to ``fresh``'s
+    run directory under ``fresh``'s run id and binding."""
+    import json
+
+    from xbench.probe.runner import ProbeConfig
+    from xbench.results.store import read_run_meta
+
+    meta = read_run_meta(run_dir)
+    if meta.get("command") != "probe" or not meta.get("config"):
+        raise XbenchError(
+            f"{run_dir} holds no stored probe configuration",
+            "pass a run directory written by xbench probe",
+        )
+    cfg = ProbeConfig.from_json(json.dumps(meta["config"]))
+    cfg.out_dir, cfg.run_id, cfg.process_run = fresh.out_dir, fresh.run_id, 0
+    cfg.tcp_interface = fresh.tcp_interface
+    # who binds: a site launcher now, or xbench's launch as stored (or as asked, when the
+    # stored run was itself started by a site launcher)
+    if fresh.bind == "by launcher" or cfg.bind == "by launcher":
+        cfg.bind = fresh.bind
+    return cfg, int(meta.get("ranks") or 2), int(meta["config"].get("process_run", 0)) + 1
+
+
 def _run_as_rank(cfg, launcher: str, fmt: OutputFormat) -> None:
     from xbench.probe.worker import apply_preset
 
@@ -253,7 +286,7 @@ def _run_as_rank(cfg, launcher: str, fmt: OutputFormat) -> None:
     from mpi4py import MPI
 
     from xbench.cli.progress import RichSink
-    from xbench.fabric.events import NullSink
+    from xbench.events import NullSink
     from xbench.probe.runner import ProbeConfig, run_probe
 
     rank = MPI.COMM_WORLD.Get_rank()
@@ -270,7 +303,14 @@ def _run_as_rank(cfg, launcher: str, fmt: OutputFormat) -> None:
         _report(Path(cfg.out_dir), fmt)
 
 
-def _launch(cfg, np: int, fmt: OutputFormat, hostfile: Path | None = None, runs: int = 1) -> None:
+def _launch(
+    cfg,
+    np: int,
+    fmt: OutputFormat,
+    hostfile: Path | None = None,
+    runs: int = 1,
+    report: bool = True,
+) -> None:
     from xbench.cli.progress import EventProgress, make_progress
     from xbench.fabric.cloop import LoopUnavailable, build_loops
     from xbench.fabric.launch import run_ranks
@@ -304,7 +344,8 @@ def _launch(cfg, np: int, fmt: OutputFormat, hostfile: Path | None = None, runs:
                 launch_label=f" of launch {process_run + 1}/{runs}",
             )
     _check_preset(cfg, out_dir / "launcher.log")
-    _report(out_dir, fmt)
+    if report:
+        _report(out_dir, fmt)
 
 
 def _check_preset(cfg, log_path: Path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from xbench.cli.common import err_console, escape
-from xbench.fabric.events import NullSink
+from xbench.events import NullSink
 
 
 def make_progress() -> Progress:
@@ -55,19 +55,23 @@ class RichSink(NullSink):
 class EventProgress:
     """The parent's view: turns JSON events from rank 0 into bar updates."""
 
-    def __init__(self, progress: Progress):
+    def __init__(self, progress: Progress, name: str = "probe"):
         self.progress = progress
+        self.name = name
         self.task = None
 
     def __call__(self, event: dict) -> None:
         kind = event["event"]
         if kind == "start":
             self.task = self.progress.add_task(
-                f"probe ({event['loop']} loop)", total=event["total"]
+                f"{self.name} ({event['loop']} loop)" if self.name == "probe" else self.name,
+                total=event["total"],
             )
         elif kind == "case_started" and self.task is not None:
-            self.progress.update(self.task, description=f"probe {event['label']}", refresh=True)
+            self.progress.update(
+                self.task, description=f"{self.name} {event['label']}", refresh=True
+            )
         elif kind == "case_done" and self.task is not None:
             self.progress.update(self.task, advance=1, refresh=True)
         elif kind == "finish" and self.task is not None:
-            self.progress.update(self.task, description="probe done", refresh=True)
+            self.progress.update(self.task, description=f"{self.name} done", refresh=True)

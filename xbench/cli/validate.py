@@ -19,6 +19,7 @@ from xbench.cli.common import (
     handles_errors,
     interval_label,
     note_run_dir,
+    warn_conditions,
 )
 from xbench.errors import XbenchError
 
@@ -54,12 +55,27 @@ def validate(
         int,
         typer.Option(help="torch threads per rank (match the xbench kernel --threads you fitted)."),
     ] = 1,
+    cpu_attention: Annotated[
+        str,
+        typer.Option(
+            help="CPU path for bf16 attention, merge and splice: auto, c-bf16 or torch (match "
+            "the xbench kernel --cpu-attention you fitted)."
+        ),
+    ] = "auto",
+    runs: Annotated[
+        int,
+        typer.Option(
+            help="Launch the ranks this many times into one run (process_run column): a "
+            "launch's placement moves every case together on a shared machine."
+        ),
+    ] = 1,
     timeout: Annotated[float, typer.Option(help="Seconds before a case is declared hung.")] = 300.0,
     out: RunDirOption = None,
     fmt: FormatOption = OutputFormat.table,
 ) -> None:
     """Time the real primitives, check them against one-instance attention, report the model's MAPE."""
     from xbench.cli.progress import EventProgress, make_progress
+    from xbench.core import conditions
     from xbench.core.profile import load_profile
     from xbench.core.units import parse_int_list
     from xbench.fabric.launch import run_ranks
@@ -88,6 +104,14 @@ def validate(
     check_repeats(rounds, samples)
     if dtype not in ("bf16", "fp32"):
         raise XbenchError(f"unknown dtype {dtype!r}", "pick bf16 or fp32")
+    if runs < 1:
+        raise XbenchError(f"--runs {runs} launches nothing", "pass --runs 1 or more")
+    from xbench.kernels import cpu_bf16
+
+    try:
+        cpu_bf16.choose_path(cpu_attention)
+    except ValueError as exc:
+        raise XbenchError(str(exc), "pass --cpu-attention torch or auto") from None
     if fetch_layout not in FETCH_LAYOUTS:
         raise XbenchError(
             f"unknown --fetch-layout {fetch_layout!r}", f"pick {' or '.join(FETCH_LAYOUTS)}"
@@ -109,11 +133,26 @@ def validate(
         threads=threads,
         timeout_s=timeout,
         fabric=fab,
+        cpu_attention=cpu_attention,
+        runs=runs,
     )
     config_path = out_dir / "validate-config.json"
-    config_path.write_text(cfg.to_json())
-    with make_progress() as progress:
-        run_ranks(2, "xbench.validate.worker", config_path, EventProgress(progress), timeout + 60)
+    for process_run in range(runs):  # separate process sets, appending to one run
+        cfg.process_run = process_run
+        config_path.write_text(cfg.to_json())
+        with make_progress() as progress:
+            run_ranks(
+                2,
+                "xbench.validate.worker",
+                config_path,
+                EventProgress(
+                    progress,
+                    "validate" + (f" (launch {process_run + 1}/{runs})" if runs > 1 else ""),
+                ),
+                timeout + 60,
+                launch_label=f" of launch {process_run + 1}/{runs}",
+            )
+    warn_conditions(prof, conditions.from_run_meta(read_run_meta(out_dir)))
     summary = summarize_validation(read_table(out_dir, VALIDATE_SAMPLES), prof, fab)
     write_table(
         out_dir / "validate_summary.parquet", VALIDATE_SUMMARY, summary, read_run_meta(out_dir)
@@ -159,9 +198,14 @@ def _table(summary, profile: str, fabric: str, out_dir, wire: str | None = None)
 
     errors = validation_errors(summary)
     console.print(
-        f"MAPE {100 * errors['mape']:.1f}% (worst {100 * errors['worst']:.1f}%, {len(summary)} cases on {fabric}); by option: "
-        + ", ".join(f"{k} {100 * v:.1f}%" for k, v in sorted(errors["by_option"].items()))
+        f"MAPE {100 * errors['mape']:.1f}%, bias {100 * errors['bias']:+.1f}% (worst "
+        f"{100 * errors['worst']:.1f}%, {len(summary)} cases on {fabric}); by option: "
+        + ", ".join(
+            f"{k} {100 * v:.1f}% (bias {100 * errors['bias_by_option'][k]:+.1f}%)"
+            for k, v in sorted(errors["by_option"].items())
+        )
     )
+    _phase_table(summary)
     moved = summary[summary.option != "local"]
     comp = moved.composition_error.abs()
     console.print(
@@ -175,3 +219,27 @@ def _table(summary, profile: str, fabric: str, out_dir, wire: str | None = None)
             "-p offcache gives the cold-cache regime that routed and fetched messages meet",
             style="dim",
         )
+
+
+def _phase_table(summary) -> None:
+    """Which term is off: each phase summed over the cases, measured against the model."""
+    from xbench.validate import phase_errors
+
+    phases = phase_errors(summary)
+    if phases.empty or phases.measured_us.isna().all():
+        return
+    table = Table(
+        title="by phase (summed over the cases)",
+        caption="error of total = mean over cases of (predicted - measured phase) / measured option time",
+    )
+    for col in ("option", "phase", "measured us", "predicted us", "error of total"):
+        table.add_column(col, justify="left" if col in ("option", "phase") else "right")
+    for r in phases.itertuples():
+        table.add_row(
+            r.option,
+            r.phase,
+            f"{r.measured_us:,.1f}",
+            f"{r.predicted_us:,.1f}",
+            f"{100 * r.error_of_total:+.1f}%" if r.error_of_total == r.error_of_total else "-",
+        )
+    console.print(table)

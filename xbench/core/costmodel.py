@@ -156,7 +156,10 @@ class Device:
     T_c(R, c) = compute_t0 + c * (compute_per_token + R * compute_per_row_token), R = b*h
         (memory-bound reading of the chunk, plus work that grows with the rows: MoSKA's
         reason routing improves as queries converge on one holder);
-    T_m(R, p) = merge_t0 + R * p * merge_per_row_partial;
+    T_m(R, p, c) = merge_t0 + R * p * merge_per_row_partial + c * merge_per_token: the
+        last term, where measured, is what a merge pays for following an attention over c
+        tokens (its inputs and the caches as that attention left them; on a CPU it is most
+        of the merge's time past a few thousand tokens);
     T_move(c) = move_t0 + c * move_per_token (gather at the holder + splice at the requester);
     T_splice(c) = splice_t0 + c * splice_per_token, when measured: the move of a fetch that
         sends each block as its own message straight from the holder's cache (n_seg > 1),
@@ -183,6 +186,7 @@ class Device:
     splice_t0: Coef | None = None
     splice_per_token: Coef | None = None
     splice_segments: tuple = ()
+    merge_per_token: Coef | None = None
     _ends: tuple = field(init=False, repr=False, compare=False)
     _prior: bool = field(init=False, repr=False, compare=False)
     _rho: tuple = field(init=False, repr=False, compare=False)
@@ -212,6 +216,7 @@ class Device:
             self.compute_per_row_token,
             self.merge_t0,
             self.merge_per_row_partial,
+            *([self.merge_per_token] if self.merge_per_token else []),
         ]
         shared = any(
             c.prior
@@ -253,13 +258,14 @@ class Device:
             self.compute_per_row_token,
             self.merge_t0,
             self.merge_per_row_partial,
+            *([self.merge_per_token] if self.merge_per_token else []),
         ]
         coefs += [c for piece in self.compute_segments for c in piece[1:]] + self._move_coefs()
         return coefs + ([self.recompute_per_token] if self.recompute_per_token else [])
 
     def _terms(self, end: str) -> tuple:
         """(compute breaks, compute pieces, m0, m1, move breaks, move pieces, recompute,
-        splice breaks, splice pieces, has a splice term) at one end."""
+        splice breaks, splice pieces, has a splice term, merge per token) at one end."""
         compute = [
             (0.0, self.compute_t0, self.compute_per_token, self.compute_per_row_token),
             *self.compute_segments,
@@ -279,6 +285,7 @@ class Device:
             getattr(self.recompute_per_token, end) if self.recompute_per_token else INF,
             *(move_end if splice is move else at_end(splice)),
             splice is not move,
+            getattr(self.merge_per_token, end) if self.merge_per_token else 0.0,
         )
 
     def compute(self, rows: float, chunk: float) -> float:
@@ -286,8 +293,13 @@ class Device:
         c0, c1, c2 = pieces[bisect_right(breaks, chunk)]
         return c0 + chunk * (c1 + rows * c2)
 
-    def merge(self, rows: float, partials: int = 2) -> float:
-        return self.merge_t0.value + rows * partials * self.merge_per_row_partial.value
+    def merge(self, rows: float, partials: int = 2, chunk: float = 0.0) -> float:
+        per_token = self.merge_per_token.value if self.merge_per_token else 0.0
+        return (
+            self.merge_t0.value
+            + rows * partials * self.merge_per_row_partial.value
+            + chunk * per_token
+        )
 
     def move(self, chunk: float, segments: int = 1) -> float:
         """T_move of a packed fetch (``segments`` 1), or of one message per block (T_splice)."""
@@ -451,11 +463,11 @@ def device_side(ops, terms: tuple, rows, chunk, reuse, segments, fetch_cost, blo
     t_move): t_cm = T_c + T_m (paid by route and fetch alike); fetch_base = T_move + (1 + r)
     t_cm, since one fetch serves this use and r later local uses; per_use = 1 / (1 + r).
     """
-    cb, cp, m0, m1, mb, mp, rec, sb, sp, has_splice = terms
+    cb, cp, m0, m1, mb, mp, rec, sb, sp, has_splice, m2 = terms
     # (a term of one piece needs no lookup: the common case, and the hot path's)
     c0, c1, c2 = ops.piece(cb, cp, chunk) if cb else cp[0]
     t_c = c0 + chunk * (c1 + rows * c2)
-    t_cm = t_c + m0 + rows * 2 * m1
+    t_cm = t_c + m0 + rows * 2 * m1 + chunk * m2
     g0, g1 = ops.piece(mb, mp, chunk) if mb else mp[0]
     t_move = g0 + chunk * g1
     # A fetch of one message per block leaves the holder's cache as the blocks lie: nothing
@@ -469,6 +481,18 @@ def device_side(ops, terms: tuple, rows, chunk, reuse, segments, fetch_cost, blo
     return t_cm, t_move + (1.0 + reuse) * t_cm, 1.0 / (1.0 + reuse), local, t_move
 
 
+def route_legs(ops, breaks: tuple, fabric_terms: tuple, s_q, s_o):
+    """Route's two messages, each alpha + o + bytes/beta of the segment its size falls in:
+    (send, return, (alpha_q, 1/beta_q), (alpha_o, 1/beta_o))."""
+    o, segs = fabric_terms
+    if breaks:
+        a_q, ib_q = ops.piece(breaks, segs, s_q)
+        a_o, ib_o = ops.piece(breaks, segs, s_o)
+    else:  # one segment
+        a_q, ib_q = a_o, ib_o = segs[0]
+    return a_q + o + s_q * ib_q, a_o + o + s_o * ib_o, (a_q, ib_q), (a_o, ib_o)
+
+
 def wire_costs(ops, breaks: tuple, fabric_terms: tuple, s_q, s_o, s_kv, n_seg):
     """(route's wire, fetch's wire, route's per-byte terms) on one fabric at one end.
 
@@ -477,16 +501,11 @@ def wire_costs(ops, breaks: tuple, fabric_terms: tuple, s_q, s_o, s_kv, n_seg):
     segment (protocol regime) it falls in.
     """
     o, segs = fabric_terms
-    if breaks:
-        a_q, ib_q = ops.piece(breaks, segs, s_q)
-        a_o, ib_o = ops.piece(breaks, segs, s_o)
-        a_kv, ib_kv = ops.piece(breaks, segs, s_kv)
-    else:  # one segment
-        a_q, ib_q = a_o, ib_o = a_kv, ib_kv = segs[0]
+    send, ret, (a_q, ib_q), (a_o, ib_o) = route_legs(ops, breaks, fabric_terms, s_q, s_o)
+    a_kv, ib_kv = ops.piece(breaks, segs, s_kv) if breaks else segs[0]
     route_fixed = a_q + a_o + 2 * o
-    route_wire = route_fixed + s_q * ib_q + s_o * ib_o
     fetch_wire = a_kv + n_seg * o + s_kv * ib_kv
-    return route_wire, fetch_wire, (route_fixed, ib_q, ib_o)
+    return send + ret, fetch_wire, (route_fixed, ib_q, ib_o)
 
 
 def option_times(ops, breaks, fabric_terms, dev: tuple, s_q, s_o, s_kv, n_seg, probe_bytes):
@@ -561,6 +580,39 @@ def times(f: Fabric, device: Device, r: Request, end: int = VALUE) -> tuple[floa
         SCALAR, f.breaks, f.terms(end), dev, s_q, s_o, s_kv, r.segments, probe
     )
     return route, fetch, dev[3]
+
+
+def phase_times(f: Fabric, device: Device, r: Request, end: int = VALUE) -> dict:
+    """Each option's time split into the phases validate times, from the same terms as
+    :func:`times` (the phases of an option add up to its time there).
+
+    route: send, attention, return, merge; fetch (per use): transfer, move, attention,
+    merge; local: attention (plus recompute where the blocks are not here). With
+    ``include_probe`` route and fetch also carry the probe's round trip as ``probe``.
+    """
+    terms = device.terms(end)
+    t_cm, _, per_use, local, t_move = _request_device(terms, r)
+    fetch_cost = math.nan if r.fetch_cost is None else r.fetch_cost
+    rows = r.rows * r.heads
+    t_c = device_side(SCALAR, terms, rows, r.chunk_tokens, 0, r.segments, fetch_cost, True)[3]
+    s_q, s_o, s_kv = _request_sizes(r)
+    send, ret, _, _ = route_legs(SCALAR, f.breaks, f.terms(end), s_q, s_o)
+    _, fetch_wire, _ = wire_costs(SCALAR, f.breaks, f.terms(end), s_q, s_o, s_kv, r.segments)
+    route = {"send": send, "attention": t_c, "return": ret, "merge": t_cm - t_c}
+    fetch = {
+        "transfer": fetch_wire * per_use,
+        "move": t_move * per_use,
+        "attention": t_c,
+        "merge": t_cm - t_c,
+    }
+    if r.include_probe:
+        a_p, ib_p = SCALAR.piece(f.breaks, f.terms(end)[1], r.probe_bytes)
+        route["probe"] = 2 * (a_p + r.probe_bytes * ib_p)
+        fetch["probe"] = route["probe"] * per_use
+    local_phases = {"attention": t_c}
+    if local != t_c:
+        local_phases["recompute"] = local - t_c
+    return {"route": route, "fetch": fetch, "local": local_phases}
 
 
 def thresholds(f: Fabric, device: Device, r: Request) -> tuple[float, float]:

@@ -44,6 +44,7 @@ DEVICE_TERMS = {
     "compute_per_row_token": "row-token",
     "merge_t0": None,
     "merge_per_row_partial": "row-partial",
+    "merge_per_token": "token",
     "move_t0": None,
     "move_per_token": "token",
     "recompute_per_token": "token",
@@ -51,7 +52,8 @@ DEVICE_TERMS = {
     "splice_per_token": "token",
 }
 # splice_*: T_move of a fetch sent block by block from the holder's cache (no gather)
-OPTIONAL_TERMS = {"recompute_per_token", "splice_t0", "splice_per_token"}
+# merge_per_token: what a merge pays for following an attention over the chunk (0 if absent)
+OPTIONAL_TERMS = {"recompute_per_token", "splice_t0", "splice_per_token", "merge_per_token"}
 
 
 class ProfileError(XbenchError):

@@ -22,7 +22,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from xbench.errors import RankFailure, XbenchError
-from xbench.fabric.events import EVENT_PREFIX
+from xbench.events import EVENT_PREFIX
 from xbench.results.store import mark_partial
 
 # Variables that a process manager sets in each rank it starts.
@@ -287,3 +287,14 @@ def _stop_group(proc: subprocess.Popen) -> None:
             return
         except subprocess.TimeoutExpired:
             continue
+
+
+def thread_level_name(MPI) -> str:
+    """The MPI thread level the ranks were given (recorded: it changes small-message latency)."""
+    names = {
+        MPI.THREAD_SINGLE: "single",
+        MPI.THREAD_FUNNELED: "funneled",
+        MPI.THREAD_SERIALIZED: "serialized",
+        MPI.THREAD_MULTIPLE: "multiple",
+    }
+    return names.get(MPI.Query_thread(), "unknown")

@@ -12,7 +12,8 @@ Fabric (per fabric label, pair class and transport):
 - held-out error: refit on 3 of every 4 sizes, predict the 4th, mean |error| / measured.
 
 Device (from ``xbench kernel`` samples, dense selections preferred):
-T_c = t0 + c*(a + R*k); T_m = m0 + R*p*m1; T_move = gather + splice = g0 + c*g1; T_splice
+T_c = t0 + c*(a + R*k); T_m = m0 + R*p*m1 (+ c*m2 where the merges were timed after
+attentions over several chunks, ``--in-context``); T_move = gather + splice = g0 + c*g1; T_splice
 (a fetch sent block by block from the holder's cache, nothing packed) = s0 + c*s1.
 Terms without samples come from ``base`` (a priors profile) and stay marked as priors.
 """
@@ -24,6 +25,7 @@ import datetime as _dt
 import numpy as np
 import pandas as pd
 
+from xbench.core import conditions
 from xbench.core.costmodel import Coef, Device, Fabric, Profile, Segment
 from xbench.core.profile import PROFILE_SCHEMA_VERSION
 from xbench.errors import XbenchError
@@ -203,11 +205,16 @@ def fit_device(samples: pd.DataFrame, base: Device | None, name: str) -> tuple[D
     merge = measured[measured.kernel == "merge"] if not measured.empty else measured
     if len(merge) and merge.rows.nunique() >= 2:
         rp = (merge.rows * merge.heads * merge.partials).to_numpy(float)
-        m0, m1 = fit_linear(
-            np.column_stack([np.ones_like(rp), rp]), merge.value.to_numpy(float) * 1e-6
-        )
+        t = merge.value.to_numpy(float) * 1e-6
+        after = merge.after_tokens.to_numpy(float) if "after_tokens" in merge else np.zeros_like(rp)
+        if len(np.unique(after)) >= 2:  # timed after attentions over several chunks
+            m0, m1, m2 = fit_linear(np.column_stack([np.ones_like(rp), rp, after]), t)
+            terms["merge_per_token"] = _coef(m2, "s/token")
+        else:
+            m0, m1 = fit_linear(np.column_stack([np.ones_like(rp), rp]), t)
         terms.update(merge_t0=_coef(m0, "s"), merge_per_row_partial=_coef(m1, "s/row-partial"))
-        notes["merge"] = f"{len(merge)} samples"
+        context = "after attention" if after.any() else "back to back"
+        notes["merge"] = f"{len(merge)} samples, {context}"
     gather, splice = take("gather"), take("splice")
     if gather is not None and splice is not None:
         # T_move = gather at the holder + splice at the requester: pair their samples per chunk.
@@ -301,6 +308,7 @@ def fit_profile(
         "device_notes": {k: (", ".join(v) if isinstance(v, list) else v) for k, v in notes.items()},
         "heldout_mape": {f.name: f.heldout_mape for f in fabrics if f.heldout_mape is not None},
         "wire_pattern": wire_regimes(probe) if not probe.empty else {},
+        "conditions": conditions.merged(meta),
     }
     if base is not None:
         provenance["base"] = base.name

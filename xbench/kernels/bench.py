@@ -48,6 +48,11 @@ class KernelCase:
     partials: int = 2
     block_size: int = 64
     rope_dim: int = 64
+    # Tokens an attention (of ``rows`` query rows) reads just before each timed call; 0:
+    # calls back to back. In a route or a fetch the merge, gather and splice follow an
+    # attention over the chunk, and on a CPU they run up to 6x slower there than back to
+    # back (measured: a 16-row merge 25 us alone, 151 us after attending 4096 tokens).
+    after: int = 0
 
     @property
     def elem(self) -> int:
@@ -82,7 +87,23 @@ class KernelCase:
     @property
     def label(self) -> str:
         kind = "sparse" if self.sparse else "dense"
-        return f"{self.kernel} rows={self.rows} chunk={self.chunk} {kind} {self.dtype}"
+        after = f" after {self.after}" if self.after else ""
+        return f"{self.kernel} rows={self.rows} chunk={self.chunk}{after} {kind} {self.dtype}"
+
+    def context(self) -> KernelCase:
+        """The attention that runs before each timed call (``after`` tokens)."""
+        return KernelCase(
+            "partial_attention",
+            self.rows,
+            self.heads,
+            self.after,
+            self.dim,
+            self.v_dim,
+            self.dtype,
+            False,
+            block_size=self.block_size,
+            rope_dim=self.rope_dim,
+        )
 
 
 class Clock:
@@ -227,6 +248,10 @@ def time_case(
     sets = input_sets(case, device, seed)
     run = runner or case_runner(case, backend, scale)  # a runner: a reference timed alike
     clock = Clock(device)
+    if case.after and not clock.cuda:
+        return _time_after_attention(
+            case, backend, device, scale, sets, run, samples, warmups, min_sample_s, seed
+        )
 
     def call(i):
         run(sets[i % len(sets)])
@@ -242,6 +267,29 @@ def time_case(
         return results
     for s in range(warmups + samples):
         results.append((calls, s < warmups, clock.time(call, calls) / calls))
+    return results
+
+
+def _time_after_attention(case, backend, device, scale, sets, run, samples, warmups, min_s, seed):
+    """Each call right after an untimed attention over ``case.after`` tokens; only the call
+    is timed (host clock around it: these are CPU-only cases)."""
+    context = case.context()
+    context_sets = input_sets(context, device, seed + 7)
+    attend = case_runner(context, backend, scale)
+
+    def timed(i: int) -> float:
+        attend(context_sets[i % len(context_sets)])
+        t0 = time.perf_counter()
+        run(sets[i % len(sets)])
+        return time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    first = timed(0)  # also the first warm-up
+    cycle = time.perf_counter() - t0
+    results = [(1, True, first)]
+    calls = max(1, min(10_000, math.ceil(min_s / max(cycle, 1e-9))))
+    for s in range(warmups + samples):
+        results.append((calls, s < warmups, sum(timed(i) for i in range(calls)) / calls))
     return results
 
 
@@ -299,24 +347,29 @@ def plan_cases(
     sparse: bool,
     heads: int | None,
     block_size: int,
+    in_context: bool = False,
 ) -> list[KernelCase]:
+    """The cases of a sweep. ``in_context``: merge, gather and splice each follow an attention
+    over the chunk (a merge then has one case per rows and chunk, its own chunk 0)."""
     h = heads or model.q_heads
     cases = []
     for kernel in kernels:
         for r in rows if kernel in ("partial_attention", "merge") else [1]:
-            for c in chunks if kernel != "merge" else [0]:
+            merge = kernel == "merge"
+            for c in chunks if not merge or in_context else [0]:
                 cases.append(
                     KernelCase(
                         kernel,
                         r,
                         h,
-                        c,
+                        0 if merge else c,
                         model.qk_dim,
                         model.v_dim,
                         dtype,
-                        sparse and kernel != "merge",
+                        sparse and not merge,
                         block_size=block_size,
                         rope_dim=model.rope_dim,
+                        after=c if in_context and kernel != "partial_attention" else 0,
                     )
                 )
     return cases
@@ -352,6 +405,9 @@ def sample_rows(
             "value": seconds * 1e6,
             "unit": "us",
             "round": round_,
+            "process_run": 0,  # the sweep's launch and timing rank stamp their own
+            "timed_by": 0,
+            "after_tokens": case.after,
         }
         for i, (calls, warm, seconds) in enumerate(timings)
     ]
@@ -375,6 +431,9 @@ def ceiling_rows(ceilings: dict, run_id: str, backend: str, device: str, dtype: 
         "warmup": False,
         "unit": "us",
         "round": 0,
+        "process_run": 0,
+        "timed_by": 0,
+        "after_tokens": 0,
     }
     n = ceilings["matmul_n"]
     return [

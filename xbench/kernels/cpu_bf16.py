@@ -30,6 +30,47 @@ MIN_ROWS = (
 PANEL = 32  # NR in cpu_bf16.c
 ROW_BLOCK = 64  # RB in cpu_bf16.c
 ISA_FLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma")
+# Which CPU path bf16 attention, merge and splice take (``--cpu-attention``, inherited by
+# launched ranks through the environment): "c-bf16" this library, "torch" torch's fp32
+# products, "auto" this library where the CPU and gcc allow it.
+CPU_PATHS = ("auto", "c-bf16", "torch")
+PATH_ENV = "XBENCH_CPU_ATTENTION"
+
+
+def requested_path() -> str:
+    if os.environ.get("XBENCH_NO_BF16_KERNEL"):  # the older switch, kept
+        return "torch"
+    return os.environ.get(PATH_ENV, "auto") or "auto"
+
+
+def unavailable_because() -> str | None:
+    """Why this library cannot run here (None where it can)."""
+    if not cpu_has_bf16():
+        return "this CPU has no AVX512-BF16"
+    if shutil.which("gcc") is None:
+        return "gcc is not on PATH to build it"
+    return None
+
+
+def choose_path(path: str) -> str:
+    """Select the CPU attention path for this process and the ranks it launches.
+
+    Returns the path that will run (c-bf16 or torch); raises ValueError naming why a
+    requested c-bf16 cannot run here.
+    """
+    if path not in CPU_PATHS:
+        raise ValueError(f"unknown CPU attention path {path!r}; pick {', '.join(CPU_PATHS)}")
+    if path == "c-bf16" and unavailable_because():
+        raise ValueError(f"--cpu-attention c-bf16: {unavailable_because()}")
+    os.environ[PATH_ENV] = path
+    os.environ.pop("XBENCH_NO_BF16_KERNEL", None)
+    load.cache_clear()
+    return active_path()
+
+
+def active_path() -> str:
+    """The path bf16 work takes in this process: c-bf16 (from MIN_ROWS query rows) or torch."""
+    return "c-bf16" if load() is not None else "torch"
 
 
 def cpu_has_bf16() -> bool:
@@ -42,7 +83,7 @@ def cpu_has_bf16() -> bool:
 @lru_cache(maxsize=1)
 def load() -> ctypes.CDLL | None:
     """The compiled kernel, or None where the CPU or the compiler cannot provide it."""
-    if os.environ.get("XBENCH_NO_BF16_KERNEL") or not cpu_has_bf16() or shutil.which("gcc") is None:
+    if requested_path() == "torch" or unavailable_because():
         return None
     from xbench.native import cache_dir
 

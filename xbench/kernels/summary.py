@@ -15,6 +15,7 @@ CASE_KEYS = [
     "rows",
     "heads",
     "chunk_tokens",
+    "after_tokens",
     "sparse",
     "partials",
     "bytes_moved",

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 
 from xbench.errors import XbenchError
+from xbench.fabric.launch import thread_level_name
 from xbench.fabric.registry import infer_fabric, make_transport
 from xbench.fabric.transport import Pair
 from xbench.fabric.watchdog import EXIT_TIMEOUT, Watchdog
@@ -86,17 +87,6 @@ def parse_pairs(text: str, size: int) -> list[tuple[int, int]]:
             )
         pairs.append((a, b))
     return pairs
-
-
-def _thread_level(MPI) -> str:
-    """The MPI thread level the ranks were given (recorded: it changes small-message latency)."""
-    names = {
-        MPI.THREAD_SINGLE: "single",
-        MPI.THREAD_FUNNELED: "funneled",
-        MPI.THREAD_SERIALIZED: "serialized",
-        MPI.THREAD_MULTIPLE: "multiple",
-    }
-    return names.get(MPI.Query_thread(), "unknown")
 
 
 def _my_gpu(cfg, world) -> dict | None:
@@ -241,7 +231,7 @@ def run_probe(cfg: ProbeConfig, sink, comm=None) -> None:
                     MPI.get_vendor()[0], ".".join(map(str, MPI.get_vendor()[1]))
                 ),
                 mpi4py=__import__("mpi4py").__version__,
-                mpi_thread_level=_thread_level(MPI),
+                mpi_thread_level=thread_level_name(MPI),
                 launcher=cfg.launcher,
                 rank_gpus=rank_gpus,
                 pair_labels=_pair_labels(cfg.pairs, size, hosts, rank_gpus),

@@ -12,11 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-# Only the main thread calls MPI (the watchdog and the tcp sender threads never do), so the
-# ranks ask for MPI_THREAD_FUNNELED instead of mpi4py's default MULTIPLE: under MULTIPLE
-# MPICH takes a lock in every call, which adds to each small-message round trip and which
-# a C benchmark (MPI_Init) does not pay. MPI4PY_RC_THREAD_LEVEL still overrides it.
-THREAD_LEVEL = "funneled"
+from xbench.ranks import ask_thread_level
 
 
 def reserve_buffers(config_text: str) -> None:
@@ -43,14 +39,11 @@ def apply_preset(preset: dict) -> None:
 def main(argv: list[str]) -> int:
     text = Path(argv[0]).read_text()
     apply_preset(json.loads(text).get("preset_env") or {})
-    import mpi4py
-
-    if "MPI4PY_RC_THREAD_LEVEL" not in os.environ:
-        mpi4py.rc.thread_level = THREAD_LEVEL
+    ask_thread_level()
     from mpi4py import MPI
 
     reserve_buffers(text)
-    from xbench.fabric.events import JsonLinesSink, NullSink
+    from xbench.events import JsonLinesSink, NullSink
     from xbench.probe.runner import ProbeConfig, run_probe
 
     cfg = ProbeConfig.from_json(text)

@@ -22,6 +22,18 @@ decisions v1: written by ``xbench decide`` outside the store, columns as the gri
 decisions v2: through the store with a fixed schema; adds the closed forms ``b_star``,
     ``u_star`` and ``n_half_bytes`` of each row's chosen fabric (v1 files are not migrated:
     re-run decide, which takes microseconds).
+kernel_samples v3: adds ``process_run`` (``xbench kernel --runs N`` launches the sweep N
+    times into one run) and ``timed_by``, the rank that timed the case (``--np 2`` runs it
+    beside a peer waiting in MPI, cases alternating the rank), and ``after_tokens``, the
+    tokens an attention read just before each timed call of a merge, gather or splice
+    (``--in-context``: as a route or fetch runs them); v2 files read as 0, 0 and 0.
+validate_summary v2: adds, per phase, ``measured_<phase>_us`` and ``predicted_<phase>_us``
+    (v1 files read with them null).
+validate_samples v3: adds ``segments``, the messages a fetch sent.
+validate_samples v4: adds ``process_run`` (``xbench validate --runs N``) and the sample's
+    mean time per phase (``send_us``, ``attention_us``, ``return_us``, ``merge_us`` for
+    route; ``transfer_us``, ``move_us``, ``attention_us``, ``merge_us`` for fetch;
+    ``attention_us`` for local); v3 files read as launch 0 with no phases.
 validate_summary v1: first version, written by ``xbench validate`` through the store.
 validate_samples v2: adds ``requester``, the rank that asked (and timed) the sample (the
     ranks take turns), and ``round`` as in kernel_samples; v1 files read as 0 and 0.
@@ -98,6 +110,10 @@ KERNEL_SAMPLES_SCHEMA = pa.schema(
         pa.field("value", pa.float64(), nullable=False),
         pa.field("unit", pa.string(), nullable=False),
         pa.field("round", pa.int32(), nullable=False),  # v2: which pass over the cases
+        pa.field("process_run", pa.int32(), nullable=False),  # v3: which launch (--runs)
+        pa.field("timed_by", pa.int32(), nullable=False),  # v3: the rank that timed it (--np)
+        # v3: tokens an attention read just before each timed call (0: back to back)
+        pa.field("after_tokens", pa.int32(), nullable=False),
     ]
 )
 
@@ -124,6 +140,14 @@ VALIDATE_SAMPLES_SCHEMA = pa.schema(
         pa.field("round", pa.int32(), nullable=False),  # v2: which pass over the cases
         # v3: messages the fetch sent (1 packed, one per page when sent from the cache)
         pa.field("segments", pa.int32(), nullable=False),
+        pa.field("process_run", pa.int32(), nullable=False),  # v4: which launch (--runs)
+        # v4: the sample's mean time per phase (null where the option has no such phase)
+        pa.field("send_us", pa.float64()),
+        pa.field("attention_us", pa.float64()),
+        pa.field("return_us", pa.float64()),
+        pa.field("merge_us", pa.float64()),
+        pa.field("transfer_us", pa.float64()),
+        pa.field("move_us", pa.float64()),
     ]
 )
 
@@ -176,6 +200,12 @@ VALIDATE_SUMMARY_SCHEMA = pa.schema(
         pa.field("max_abs_error", pa.float64()),
         pa.field("predicted_with_measured_tc_us", pa.float64()),
         pa.field("composition_error", pa.float64()),
+        # v2: per phase, the measured median and the model's term (null where not a phase)
+        *(
+            pa.field(f"{kind}_{phase}_us", pa.float64())
+            for phase in ("send", "attention", "return", "merge", "transfer", "move")
+            for kind in ("measured", "predicted")
+        ),
     ]
 )
 
@@ -188,11 +218,29 @@ SCHEMAS = {
 }
 SCHEMA_VERSIONS = {
     PROBE_SAMPLES: 2,
-    KERNEL_SAMPLES: 2,
-    VALIDATE_SAMPLES: 3,
+    KERNEL_SAMPLES: 3,
+    VALIDATE_SAMPLES: 4,
     DECISIONS: 2,
-    VALIDATE_SUMMARY: 1,
+    VALIDATE_SUMMARY: 2,
 }
+
+
+def _added_phase_columns(table: pa.Table) -> pa.Table:
+    table = _added_int_columns(process_run=0)(table)
+    for name in ("send", "attention", "return", "merge", "transfer", "move"):
+        table = table.append_column(
+            pa.field(f"{name}_us", pa.float64()), pa.nulls(table.num_rows, pa.float64())
+        )
+    return table
+
+
+def _added_summary_phase_columns(table: pa.Table) -> pa.Table:
+    for phase in ("send", "attention", "return", "merge", "transfer", "move"):
+        for kind in ("measured", "predicted"):
+            table = table.append_column(
+                pa.field(f"{kind}_{phase}_us", pa.float64()), pa.nulls(table.num_rows, pa.float64())
+            )
+    return table
 
 
 # MIGRATIONS[table][v] turns a pyarrow.Table of version v into version v + 1.
@@ -212,9 +260,16 @@ def _added_int_columns(**defaults: int):
 
 MIGRATIONS: dict[str, dict[int, object]] = {
     PROBE_SAMPLES: {1: _added_int_columns(process_run=0)},  # v1: one launch
-    KERNEL_SAMPLES: {1: _added_int_columns(round=0)},  # v1: one pass
+    KERNEL_SAMPLES: {
+        1: _added_int_columns(round=0),  # v1: one pass
+        2: _added_int_columns(
+            process_run=0, timed_by=0, after_tokens=0
+        ),  # v2: one launch, back to back
+    },
+    VALIDATE_SUMMARY: {1: _added_summary_phase_columns},  # v1: no phases
     VALIDATE_SAMPLES: {
         1: _added_int_columns(requester=0, round=0),  # v1: rank 0 asked, one pass
         2: _added_int_columns(segments=1),  # v2: fetches were packed into one message
+        3: _added_phase_columns,  # v3: one launch, no phases timed
     },
 }

@@ -4,13 +4,14 @@
 profile into per-case errors and the MAPE.
 """
 
-from xbench.validate.summary import summarize_validation, validation_errors
+from xbench.validate.summary import phase_errors, summarize_validation, validation_errors
 from xbench.validate.worker import FETCH_LAYOUTS, OPTIONS, ValidateConfig
 
 __all__ = [
     "FETCH_LAYOUTS",
     "OPTIONS",
     "ValidateConfig",
+    "phase_errors",
     "summarize_validation",
     "validation_errors",
 ]

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+PHASE_COLUMNS = ("send", "attention", "return", "merge", "transfer", "move")
+
 
 def summarize_validation(samples, profile, fabric: str):
-    """Per case: measured median (95 % CI), the model's prediction, and the relative error."""
+    """Per case: measured median (with its interval), the model's prediction, the relative
+    error, and the same per phase (``measured_<phase>_us``, ``predicted_<phase>_us``)."""
+    import math
+
     import pandas as pd
 
-    from xbench.core.costmodel import Request, decide
+    from xbench.core.costmodel import Request, decide, phase_times
     from xbench.core.stats import summarize
 
     measured = samples[~samples.warmup]
@@ -30,6 +35,12 @@ def summarize_validation(samples, profile, fabric: str):
         )
         d = decide(profile, req)
         predicted = {"route": d.t_route, "fetch": d.t_fetch, "local": d.t_local}[option] * 1e6
+        model_phases = phase_times(profile.fabric(fabric), profile.device, req)[option]
+        phases = {}
+        for name in PHASE_COLUMNS:
+            timed = group[f"{name}_us"].dropna() if f"{name}_us" in group else ()
+            phases[f"measured_{name}_us"] = float(timed.median()) if len(timed) else math.nan
+            phases[f"predicted_{name}_us"] = model_phases.get(name, math.nan) * 1e6
         rows.append(
             {
                 "option": option,
@@ -45,6 +56,7 @@ def summarize_validation(samples, profile, fabric: str):
                 "error": (predicted - s.median) / s.median,
                 "correct": bool(group.correct.all()),
                 "max_abs_error": float(group.max_abs_error.max()),
+                **phases,
             }
         )
     frame = pd.DataFrame(rows)
@@ -65,7 +77,42 @@ def summarize_validation(samples, profile, fabric: str):
 
 
 def validation_errors(summary) -> dict:
-    """The figures validate reports from its summary: MAPE, worst case, MAPE per option."""
+    """The figures validate reports from its summary: MAPE, worst case, MAPE per option, and
+    the bias (mean signed error: negative when the model predicts too little) overall and
+    per option. A bias near the MAPE means one sign on every case: a condition, not noise."""
     err = summary.error.abs()
-    per = summary.groupby("option", sort=False).error.apply(lambda e: e.abs().mean())
-    return {"mape": float(err.mean()), "worst": float(err.max()), "by_option": per.to_dict()}
+    by = summary.groupby("option", sort=False).error
+    return {
+        "mape": float(err.mean()),
+        "worst": float(err.max()),
+        "bias": float(summary.error.mean()),
+        "by_option": by.apply(lambda e: e.abs().mean()).to_dict(),
+        "bias_by_option": by.mean().to_dict(),
+    }
+
+
+def phase_errors(summary):
+    """Per option and phase: measured and predicted medians summed over the cases, and the
+    mean signed error of the phase relative to the option's measured total (so phases of
+    different sizes compare: which term is off, and by how much of the whole)."""
+    import pandas as pd
+
+    rows = []
+    for option, group in summary.groupby("option", sort=False):
+        for name in PHASE_COLUMNS:
+            measured, predicted = group[f"measured_{name}_us"], group[f"predicted_{name}_us"]
+            if predicted.isna().all():
+                continue
+            share = ((predicted - measured) / group.measured_us).dropna()
+            rows.append(
+                {
+                    "option": option,
+                    "phase": name,
+                    "measured_us": float(measured.sum())
+                    if measured.notna().any()
+                    else float("nan"),
+                    "predicted_us": float(predicted.sum()),
+                    "error_of_total": float(share.mean()) if len(share) else float("nan"),
+                }
+            )
+    return pd.DataFrame(rows)

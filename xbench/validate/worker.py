@@ -31,6 +31,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 OPTIONS = ("route", "fetch", "local")
+# The phases each option's time is split into, as the model splits it (costmodel.phase_times).
+PHASES = {
+    "route": ("send", "attention", "return", "merge"),
+    "fetch": ("transfer", "move", "attention", "merge"),
+    "local": ("attention",),
+}
+PHASE_COLUMNS = ("send", "attention", "return", "merge", "transfer", "move")
+# Phase boundaries are stamped on both ranks with one clock: perf_counter is
+# CLOCK_MONOTONIC, shared by every process of a host, and validate's ranks share one.
+now = time.perf_counter
 # How a fetch leaves the holder: "pages", one message per selected page straight from its
 # cache (n_seg = pages, nothing packed: the model's T_splice); "packed", gathered into a
 # staging buffer and sent as one message (n_seg = 1, T_move = gather + splice).
@@ -55,6 +65,9 @@ class ValidateConfig:
     rounds: int = 3  # passes over all cases (interleaved: drift hits every case alike)
     min_sample_s: float = 0.02
     threads: int = 1
+    cpu_attention: str = "auto"
+    process_run: int = 0  # which launch of the ranks this is (--runs)
+    runs: int = 1
     timeout_s: float = 300.0
     fabric: str | None = None
     scale: float = 1 / math.sqrt(576)
@@ -128,6 +141,7 @@ class Peer:
             for holder, sel, _, _ in self.sets
         ]
         self.req = bytearray(1)
+        self.stamps: list[float] = []  # phase boundaries of the iterations being timed
         # A's local partials are computed once: route and fetch both need them equally.
         from xbench.kernels import mla_partial_attention
 
@@ -143,14 +157,19 @@ class Peer:
         from xbench.kernels import merge_partials, mla_partial_attention
 
         holder, sel, _, q = self.sets[i % len(self.sets)]
-        c = self.comm
+        c, stamp = self.comm, self.stamps.append
         if self.rank == self.requester:
+            stamp(now())
             c.Send(_bytes_view(q), dest=self.other, tag=1)
             c.Recv(self.ret.numpy(), source=self.other, tag=2)
+            stamp(now())
             # the received partial is merged where it lies, bf16, with no unpacking copy
             out, lse = self.local_partials[i % len(self.sets)]
-            return merge_partials([self.ret_out, out], [self.ret_lse, lse])
+            merged = merge_partials([self.ret_out, out], [self.ret_lse, lse])
+            stamp(now())
+            return merged
         c.Recv(_bytes_view(self.sq), source=self.other, tag=1)
+        stamp(now())
         # attention writes its partial straight into the message, in the wire format
         mla_partial_attention(
             self.sq,
@@ -161,6 +180,7 @@ class Peer:
             out=self.ret_out,
             lse=self.ret_lse,
         )
+        stamp(now())
         c.Send(self.ret.numpy(), dest=self.other, tag=2)
         return None
 
@@ -175,27 +195,36 @@ class Peer:
         from xbench.kernels import gather_kv, merge_partials, mla_partial_attention, splice_kv
 
         holder, sel, _, q = self.sets[i % len(self.sets)]
-        c = self.comm
+        c, stamp = self.comm, self.stamps.append
         pages = self.cfg.fetch_layout == "pages"
         if self.rank == self.requester:
+            stamp(now())
             c.Send(self.req, dest=self.other, tag=4)
             if pages:
                 MPI.Request.Waitall([c.Irecv(v, source=self.other, tag=5) for v in self.landing])
             else:
                 c.Recv(_bytes_view(self.skv), source=self.other, tag=5)
+            stamp(now())
             target = self.targets[i % len(self.sets)]
             splice_kv(target, self.skv, self.free_pages, 0)
+            stamp(now())
             out, lse = mla_partial_attention(
                 q, target, self.spliced, self.cfg.scale, v_dim=self.cfg.v_dim
             )
+            stamp(now())
             local_out, local_lse = self.local_partials[i % len(self.sets)]
-            return merge_partials([out, local_out], [lse, local_lse])
+            merged = merge_partials([out, local_out], [lse, local_lse])
+            stamp(now())
+            return merged
         c.Recv(self.req, source=self.other, tag=4)
+        stamp(now())
         if pages:
+            stamp(now())  # nothing to pack: the pages leave from where they lie
             views = self.page_views[i % len(self.sets)]
             MPI.Request.Waitall([c.Isend(v, dest=self.other, tag=5) for v in views])
         else:
             gather_kv(holder, sel, out=self.staging)
+            stamp(now())
             c.Send(_bytes_view(self.staging), dest=self.other, tag=5)
         return None
 
@@ -204,7 +233,10 @@ class Peer:
 
         holder, sel, _, q = self.sets[i % len(self.sets)]
         if self.rank == self.requester:
-            return mla_partial_attention(q, holder, sel, self.cfg.scale, v_dim=self.cfg.v_dim)
+            self.stamps.append(now())
+            result = mla_partial_attention(q, holder, sel, self.cfg.scale, v_dim=self.cfg.v_dim)
+            self.stamps.append(now())
+            return result
         return None
 
     def check(self, option: str, result) -> tuple[float, bool]:
@@ -252,6 +284,37 @@ class Peer:
         )
 
 
+def phase_means(option: str, requester: list[float], holder: list[float], n: int) -> dict:
+    """Mean seconds per phase over a sample's ``n`` iterations, from the requester's and the
+    holder's stamps (see the paths above for where each is taken)."""
+    import numpy as np
+
+    a = np.asarray(requester, float).reshape(n, -1)
+    if option == "local":
+        return {"attention": float(np.mean(a[:, 1] - a[:, 0]))}
+    b = np.asarray(holder, float).reshape(n, -1)
+    if option == "route":
+        send, attention, back, merge = (
+            b[:, 0] - a[:, 0],
+            b[:, 1] - b[:, 0],
+            a[:, 1] - b[:, 1],
+            a[:, 2] - a[:, 1],
+        )
+        return {
+            "send": float(send.mean()),
+            "attention": float(attention.mean()),
+            "return": float(back.mean()),
+            "merge": float(merge.mean()),
+        }
+    packing = b[:, 1] - b[:, 0]  # the holder's gather (nothing for a per-page fetch)
+    return {
+        "transfer": float(np.mean(a[:, 1] - a[:, 0] - packing)),
+        "move": float(np.mean(packing + a[:, 2] - a[:, 1])),
+        "attention": float(np.mean(a[:, 3] - a[:, 2])),
+        "merge": float(np.mean(a[:, 4] - a[:, 3])),
+    }
+
+
 def _sets_needed(cfg, chunk: int, rows: int) -> int:
     from xbench.host import llc_bytes
 
@@ -265,14 +328,20 @@ def run_validate(cfg: ValidateConfig, sink) -> None:
     import torch
     from mpi4py import MPI
 
+    from xbench.fabric.launch import thread_level_name
     from xbench.fabric.watchdog import Watchdog
+    from xbench.kernels import cpu_bf16
     from xbench.results.metadata import run_metadata
     from xbench.results.schema import VALIDATE_SAMPLES
     from xbench.results.store import RunStore
 
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
+    from xbench.host import steady_allocator
+
+    allocator = steady_allocator()  # the state the kernel sweep measured in (see host.py)
     torch.set_num_threads(cfg.threads)
+    cpu_bf16.choose_path(cfg.cpu_attention)
     store = None
     if rank == 0:
         if size != 2:
@@ -286,6 +355,13 @@ def run_validate(cfg: ValidateConfig, sink) -> None:
                 ranks=size,
                 hosts=comm.allgather(os.uname().nodename),
                 mpi_library=MPI.Get_library_version().splitlines()[0],
+                mpi_thread_level=thread_level_name(MPI),
+                runs=cfg.runs,
+                conditions={
+                    "cpu_attention": cpu_bf16.active_path() if cfg.dtype == "bf16" else None,
+                    "torch_threads": torch.get_num_threads(),
+                    "allocator": allocator,
+                },
                 config=json.loads(cfg.to_json()),
             ),
         )
@@ -343,11 +419,18 @@ def run_validate(cfg: ValidateConfig, sink) -> None:
             peer.requester = (round_ * per_round + s) % 2
             for option in OPTIONS:
                 run, n = getattr(peer, option), iters[option]
+                peer.stamps.clear()
                 comm.Barrier()
                 t0 = time.perf_counter()
                 for i in range(n):
                     run(i)
-                elapsed = comm.bcast((time.perf_counter() - t0) / n, root=peer.requester)
+                elapsed = (time.perf_counter() - t0) / n
+                # after the clock stops: the holder's stamps go to the requester
+                stamps = comm.gather(peer.stamps, root=peer.requester)
+                phases = None
+                if rank == peer.requester:
+                    phases = phase_means(option, stamps[rank], stamps[peer.other], n)
+                elapsed, phases = comm.bcast((elapsed, phases), root=peer.requester)
                 error, correct = checks[option]
                 rows.append(
                     {
@@ -370,6 +453,8 @@ def run_validate(cfg: ValidateConfig, sink) -> None:
                         "requester": peer.requester,
                         "round": round_,
                         "segments": peer.fetch_segments if option == "fetch" else 1,
+                        "process_run": cfg.process_run,
+                        **{f"{k}_us": phases.get(k, math.nan) * 1e6 for k in PHASE_COLUMNS},
                     }
                 )
         watchdog.disarm()
@@ -384,9 +469,12 @@ def run_validate(cfg: ValidateConfig, sink) -> None:
 
 
 def main(argv: list[str]) -> int:
+    from xbench.ranks import ask_thread_level
+
+    ask_thread_level()  # the level the probe ran at
     from mpi4py import MPI
 
-    from xbench.fabric.events import JsonLinesSink, NullSink
+    from xbench.events import JsonLinesSink, NullSink
 
     cfg = ValidateConfig.from_json(Path(argv[0]).read_text())
     run_validate(cfg, JsonLinesSink() if MPI.COMM_WORLD.Get_rank() == 0 else NullSink())

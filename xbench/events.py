@@ -43,3 +43,13 @@ class JsonLinesSink(NullSink):
 
     def finish(self):
         self._emit(event="finish")
+
+
+class CallbackSink(JsonLinesSink):
+    """The same events handed to a function in this process (work run in-process)."""
+
+    def __init__(self, on_event):
+        self.on_event = on_event
+
+    def _emit(self, **event) -> None:
+        self.on_event(event)

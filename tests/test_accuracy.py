@@ -1,0 +1,215 @@
+"""The model's accuracy across machines (issue 19): per-phase predictions and measurements,
+the conditions a profile was fitted under, and the CPU attention path switch."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import pandas as pd
+import pytest
+
+from xbench.core import conditions
+from xbench.core.costmodel import Request, phase_times, times
+from xbench.core.profile import load_profile, save_profile
+from xbench.kernels import cpu_bf16
+from xbench.resources import profile_path
+from xbench.validate.summary import phase_errors, validation_errors
+from xbench.validate.worker import PHASES, phase_means
+
+PRIORS = load_profile(profile_path("h100-priors"))
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        Request(rows=1, heads=16, chunk_tokens=256),
+        Request(rows=16, heads=128, chunk_tokens=4096, segments=64),
+        Request(rows=4, heads=16, chunk_tokens=1024, reuse=3, include_probe=True),
+        Request(rows=2, heads=16, chunk_tokens=512, blocks_local=True, fetch_cost=1e-5),
+    ],
+)
+def test_phases_add_up_to_the_options_times(request_):
+    for fabric in PRIORS.fabrics:
+        route, fetch, local = times(fabric, PRIORS.device, request_)
+        phases = phase_times(fabric, PRIORS.device, request_)
+        assert sum(phases["route"].values()) == pytest.approx(route, rel=1e-12)
+        assert sum(phases["fetch"].values()) == pytest.approx(fetch, rel=1e-12)
+        assert sum(phases["local"].values()) == pytest.approx(local, rel=1e-12)
+        assert set(PHASES["route"]) <= set(phases["route"])
+        assert set(PHASES["fetch"]) <= set(phases["fetch"])
+        # the send leg carries the query, the return leg the answer: each its own message
+        r = request_
+        assert phases["route"]["send"] == pytest.approx(
+            fabric.wire(r.rows * r.heads * r.payload_bytes)
+        )
+        assert phases["route"]["return"] == pytest.approx(
+            fabric.wire(r.rows * r.heads * r.return_bytes)
+        )
+
+
+def test_phase_means_from_both_ranks_stamps():
+    # two iterations; requester stamps (a0, a1, a2), holder stamps (b0, b1) per iteration
+    mine = [0.0, 10.0, 11.0, 20.0, 32.0, 34.0]
+    theirs = [2.0, 9.0, 23.0, 29.0]
+    got = phase_means("route", mine, theirs, 2)
+    assert got == {"send": 2.5, "attention": 6.5, "return": 2.0, "merge": 1.5}
+    assert sum(got.values()) == pytest.approx(((11 - 0) + (34 - 20)) / 2)
+    # fetch: requester (a0..a4), holder (b0 after the request, b1 after packing)
+    mine = [0.0, 10.0, 12.0, 20.0, 21.0]
+    theirs = [1.0, 4.0]
+    got = phase_means("fetch", mine, theirs, 1)
+    assert got == {"transfer": 7.0, "move": 5.0, "attention": 8.0, "merge": 1.0}
+    assert phase_means("local", [1.0, 4.0, 5.0, 9.0], [], 2) == {"attention": 3.5}
+
+
+def test_bias_and_phase_errors_name_the_term_that_is_off():
+    summary = pd.DataFrame(
+        {
+            "option": ["route", "route", "local"],
+            "error": [-0.2, -0.1, 0.05],
+            "measured_us": [100.0, 200.0, 50.0],
+            "measured_send_us": [10.0, 10.0, float("nan")],
+            "predicted_send_us": [10.0, 10.0, float("nan")],
+            "measured_attention_us": [60.0, 150.0, 50.0],
+            "predicted_attention_us": [40.0, 130.0, 52.5],
+            **{
+                f"{kind}_{p}_us": [float("nan")] * 3
+                for p in ("return", "merge", "transfer", "move")
+                for kind in ("measured", "predicted")
+            },
+        }
+    )
+    errors = validation_errors(summary)
+    assert errors["bias"] == pytest.approx(-0.25 / 3)
+    assert errors["bias_by_option"] == pytest.approx({"route": -0.15, "local": 0.05})
+    phases = phase_errors(summary).set_index(["option", "phase"])
+    assert phases.loc[("route", "send"), "error_of_total"] == 0
+    assert phases.loc[("route", "attention"), "error_of_total"] == pytest.approx(
+        (-20 / 100 - 20 / 200) / 2
+    )
+    assert phases.loc[("route", "attention"), "measured_us"] == 210
+    assert ("route", "merge") not in phases.index  # no phase predicted, no row
+
+
+def test_conditions_from_runs_and_their_differences():
+    kernel = {
+        "command": "kernel",
+        "cpu_model": "AMD EPYC",
+        "cpu_flags": "avx2 avx512f avx512_bf16",
+        "device": "cpu",
+        "conditions": {"cpu_attention": "c-bf16", "torch_threads": 1, "kernel_layout": "alone"},
+    }
+    probe = {
+        "command": "probe",
+        "cpu_model": "AMD EPYC",
+        "mpi_library": "MPICH Version: 4.3",
+        "mpi_thread_level": "single",
+    }
+    fitted = conditions.merged([probe, kernel])
+    assert fitted == {
+        "cpu_model": "AMD EPYC",
+        "cpu_flags": "avx2 avx512f avx512_bf16",
+        "cpu_attention": "c-bf16",
+        "torch_threads": 1,
+        "kernel_layout": "alone",
+        "mpi_library": "MPICH Version: 4.3",
+        "mpi_thread_level": "single",
+    }
+    here = {"cpu_model": "AMD EPYC", "cpu_attention": "torch", "mpi_library": "Open MPI v5.0.11"}
+    diffs = conditions.differences(fitted, here)
+    assert [d[0] for d in diffs] == ["cpu_attention", "mpi_library"]  # unknown fields skipped
+    line = conditions.describe("lab", diffs)
+    assert "\n" not in line and "cpu_attention c-bf16 there, torch here" in line
+    gpu_run = {**kernel, "device": "cuda", "gpus": [{"name": "NVIDIA H100", "driver": "580.1"}]}
+    assert conditions.from_run_meta(gpu_run)["gpu"] == "NVIDIA H100"
+
+
+@pytest.fixture
+def restore_cpu_path():
+    saved = {k: os.environ.get(k) for k in (cpu_bf16.PATH_ENV, "XBENCH_NO_BF16_KERNEL")}
+    yield
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    cpu_bf16.load.cache_clear()
+
+
+def test_cpu_attention_path_switch(restore_cpu_path):
+    import torch
+
+    from xbench.kernels import DensePages, mla_partial_attention
+
+    assert cpu_bf16.choose_path("torch") == "torch" and cpu_bf16.load() is None
+    assert os.environ[cpu_bf16.PATH_ENV] == "torch"  # launched ranks inherit it
+    q = torch.randn(4, 8, 576).bfloat16()
+    cache = torch.randn(2, 64, 576).bfloat16()
+    pages = DensePages(torch.arange(2), 128)
+    by_torch = mla_partial_attention(q, cache, pages, 0.04, v_dim=512)[0]
+    with pytest.raises(ValueError, match="unknown CPU attention path"):
+        cpu_bf16.choose_path("fast")
+    if cpu_bf16.unavailable_because():
+        with pytest.raises(ValueError, match="c-bf16"):
+            cpu_bf16.choose_path("c-bf16")
+        assert cpu_bf16.choose_path("auto") == "torch"
+    else:
+        assert cpu_bf16.choose_path("c-bf16") == "c-bf16" and cpu_bf16.load() is not None
+        by_c = mla_partial_attention(q, cache, pages, 0.04, v_dim=512)[0]
+        # two paths, one answer (both accumulate in fp32)
+        assert torch.allclose(by_c.float(), by_torch.float(), atol=2e-2, rtol=2e-2)
+
+
+def test_steady_allocator_sets_glibc_thresholds():
+    import platform
+
+    said = __import__("xbench.host", fromlist=["steady_allocator"]).steady_allocator()
+    if platform.libc_ver()[0] == "glibc":
+        assert said == "glibc mmap threshold 64 MiB"
+
+
+def _profile_with_conditions(tmp_path, **found):
+    prof = dataclasses.replace(
+        PRIORS, provenance={**PRIORS.provenance, "conditions": found}, name="lab"
+    )
+    return save_profile(prof, tmp_path / "lab.toml")
+
+
+def test_decide_warns_once_when_the_cpu_differs(xbench, tmp_path):
+    path = _profile_with_conditions(
+        tmp_path, cpu_model="Some Other CPU 9000", cpu_attention="torch"
+    )
+    r = xbench("decide", "--profile", path, "--payload", "1KB", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    warnings = [ln for ln in r.stderr.splitlines() if "warning" in ln]
+    assert len(warnings) == 1 and "cpu_model Some Other CPU 9000 there" in warnings[0]
+    json.loads(r.stdout)  # stdout stays parseable
+    # a GPU profile read where there is no GPU is planning, not use: no warning
+    path = _profile_with_conditions(tmp_path / "g", gpu="NVIDIA H100 80GB HBM3", driver="580")
+    r = xbench("decide", "--profile", path, "--payload", "1KB", "--format", "json")
+    import torch
+
+    if not torch.cuda.is_available():
+        assert r.returncode == 0 and "warning" not in r.stderr
+
+
+def test_merge_per_token_is_paid_by_route_and_fetch_not_local(tmp_path):
+    from xbench.core.costmodel import Coef
+
+    tax = Coef(30e-9, 25e-9, 35e-9, "s/token")
+    device = dataclasses.replace(PRIORS.device, merge_per_token=tax)
+    fabric = PRIORS.fabrics[0]
+    for chunk in (256, 4096):
+        r = Request(rows=4, heads=16, chunk_tokens=chunk)
+        before, after = times(fabric, PRIORS.device, r), times(fabric, device, r)
+        assert after[0] - before[0] == pytest.approx(chunk * 30e-9)  # route
+        assert after[1] - before[1] == pytest.approx(chunk * 30e-9)  # fetch (no reuse)
+        assert after[2] == before[2]  # local merges nothing
+        assert phase_times(fabric, device, r)["route"]["merge"] == pytest.approx(
+            device.merge(64, 2, chunk)
+        )
+    # the term survives a profile's round trip, interval and all
+    path = save_profile(dataclasses.replace(PRIORS, device=device), tmp_path / "p.toml")
+    assert load_profile(path).device.merge_per_token == pytest.approx(tax)

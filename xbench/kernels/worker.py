@@ -1,0 +1,216 @@
+"""The sweep of ``xbench kernel``: in the command's own process, or in launched ranks.
+
+In-process (``--np 1``, one launch) is the default and the only way on a GPU box without an
+MPI launcher. ``--runs N`` launches the sweep N times into one run (``process_run``), as
+pyperf repeats processes: on a shared VM a launch's placement moves every case together by
+10-30 %, which no number of samples inside one launch can average out. ``--np 2`` runs it
+in two pinned ranks in the layout ``xbench validate`` uses (each rank holds the inputs;
+the rank that is not timing waits in MPI, resident on the other core; cases alternate the
+timing rank), so a profile fitted from it describes attention as validate's paths run it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+LAYOUTS = {1: "alone", 2: "peer waiting in MPI"}
+
+
+@dataclass
+class SweepConfig:
+    out_dir: str
+    run_id: str
+    model: str
+    backend: str
+    device: str
+    launch: str
+    kernels: list
+    rows: list
+    chunks: list
+    dtype: str = "bf16"
+    sparse: bool = False
+    heads: int | None = None
+    block_size: int = 64
+    samples: int = 5
+    warmups: int = 1
+    rounds: int = 1
+    min_sample_s: float = 0.02
+    ceilings: bool = True
+    threads: int | None = None
+    cpu_attention: str = "auto"
+    in_context: bool | None = None  # merge/gather/splice after an attention; None: on CPUs
+    ranks: int = 1
+    process_run: int = 0
+    runs: int = 1
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> SweepConfig:
+        return cls(**json.loads(text))
+
+    @property
+    def timed_in_context(self) -> bool:
+        return self.in_context if self.in_context is not None else self.device == "cpu"
+
+    def total_steps(self, cases: int) -> int:
+        return cases * self.rounds + int(self.ceilings and self.process_run == 0)
+
+
+def sweep_conditions(cfg: SweepConfig, allocator: str | None) -> dict:
+    """What the sweep's times depend on beyond the host (stored in run.json, then the profile)."""
+    import torch
+
+    from xbench.kernels import cpu_bf16
+
+    on_cpu = cfg.device == "cpu"
+    return {
+        "backend": cfg.backend,
+        "device": cfg.device,
+        "cpu_attention": cpu_bf16.active_path() if on_cpu and cfg.dtype == "bf16" else None,
+        "torch_threads": torch.get_num_threads(),
+        "kernel_layout": LAYOUTS.get(cfg.ranks, f"{cfg.ranks} ranks"),
+        "kernel_context": "after attention" if cfg.timed_in_context else "back to back",
+        "allocator": allocator,
+    }
+
+
+def run_sweep(cfg: SweepConfig, sink, comm=None) -> None:
+    """Time every case ``cfg.rounds`` times; rank 0 (or the only process) writes the samples."""
+    import torch
+
+    from xbench.core.models import get_model
+    from xbench.host import steady_allocator
+    from xbench.kernels import cpu_bf16
+    from xbench.kernels.bench import (
+        ceiling_rows,
+        measure_ceilings,
+        plan_cases,
+        sample_rows,
+        time_case,
+    )
+    from xbench.results.metadata import run_metadata
+    from xbench.results.schema import KERNEL_SAMPLES
+    from xbench.results.store import RunStore
+
+    rank, size = (comm.Get_rank(), comm.Get_size()) if comm is not None else (0, 1)
+    allocator = steady_allocator() if cfg.device == "cpu" else None
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    cpu_bf16.choose_path(cfg.cpu_attention)
+    preset = get_model(cfg.model)
+    cases = plan_cases(
+        preset,
+        cfg.kernels,
+        cfg.rows,
+        cfg.chunks,
+        cfg.dtype,
+        cfg.sparse,
+        cfg.heads,
+        cfg.block_size,
+        in_context=cfg.timed_in_context,
+    )
+    store = None
+    if rank == 0:
+        extra = {}
+        if comm is not None:
+            from mpi4py import MPI
+
+            extra["mpi_library"] = MPI.Get_library_version().strip().splitlines()[0]
+        store = RunStore(
+            cfg.out_dir,
+            run_metadata(
+                cfg.run_id,
+                "kernel",
+                device=cfg.device,
+                device_name=torch.cuda.get_device_name(0)
+                if cfg.device.startswith("cuda")
+                else None,
+                backend=cfg.backend,
+                launch=cfg.launch,
+                model=preset.name,
+                torch_threads=torch.get_num_threads(),
+                ranks=size,
+                runs=cfg.runs,
+                conditions=sweep_conditions(cfg, allocator),
+                config=json.loads(cfg.to_json()),
+                **extra,
+            ),
+        )
+        sink.start(cfg.total_steps(len(cases)), cfg.out_dir, "python")
+    step = 0
+    if cfg.ceilings and cfg.process_run == 0:
+        if rank == 0:
+            sink.case_started(step, "ceilings")
+            rows = ceiling_rows(
+                measure_ceilings(cfg.device, cfg.dtype),
+                cfg.run_id,
+                cfg.backend,
+                cfg.device,
+                cfg.dtype,
+            )
+            store.append(KERNEL_SAMPLES, _stamped(rows, cfg))
+            sink.case_done(step, "ceilings", float("nan"), "")
+        step += 1
+        if comm is not None:
+            comm.Barrier()
+    for round_, (index, case) in ((r, ic) for r in range(cfg.rounds) for ic in enumerate(cases)):
+        label = case.label if cfg.rounds == 1 else f"{case.label}, round {round_ + 1}/{cfg.rounds}"
+        if rank == 0:
+            sink.case_started(step, label)
+        # Cases alternate the timing rank, so each shape is timed from both cores over the
+        # rounds; the other rank waits in the broadcast below, as validate's peer waits.
+        timer = (index + round_ + cfg.process_run) % size
+        rows = None
+        if rank == timer:
+            timings = time_case(
+                case,
+                cfg.backend,
+                cfg.device,
+                preset.softmax_scale,
+                samples=cfg.samples,
+                warmups=cfg.warmups,
+                min_sample_s=cfg.min_sample_s,
+                seed=1000 * round_ + 100_000 * cfg.process_run,
+                launch=cfg.launch,
+            )
+            rows = sample_rows(
+                case, timings, cfg.run_id, cfg.backend, cfg.device, preset.name, round_
+            )
+        if comm is not None:
+            rows = comm.bcast(rows, root=timer)
+        if rank == 0:
+            store.append(KERNEL_SAMPLES, _stamped(rows, cfg, timer))
+            values = sorted(r["value"] for r in rows if not r["warmup"])
+            sink.case_done(step, label, values[len(values) // 2] if values else float("nan"), "us")
+        step += 1
+    if rank == 0:
+        store.finish()
+        sink.finish()
+
+
+def _stamped(rows: list[dict], cfg: SweepConfig, timer: int = 0) -> list[dict]:
+    return [{**r, "process_run": cfg.process_run, "timed_by": timer} for r in rows]
+
+
+def main(argv: list[str]) -> int:
+    from xbench.ranks import ask_thread_level
+
+    ask_thread_level()  # the level the probe's and validate's ranks run at
+    from mpi4py import MPI
+
+    from xbench.events import JsonLinesSink, NullSink
+
+    cfg = SweepConfig.from_json(Path(argv[0]).read_text())
+    comm = MPI.COMM_WORLD
+    run_sweep(cfg, JsonLinesSink() if comm.Get_rank() == 0 else NullSink(), comm)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
