@@ -44,6 +44,7 @@ demo: $(STAMP)
 	$(BIN)/xbench kernel --threads 1 --heads 16 --rows 1,4,16 --chunk 128:4096 --samples 3 --out $(DEMO)/kernel
 	$(BIN)/xbench fit $(DEMO)/probe $(DEMO)/kernel --base profiles/h100-priors.toml --out $(DEMO)/profile.toml
 	$(BIN)/xbench decide --profile $(DEMO)/profile.toml --payload 1152B --return 1028B --heads 16 --rows 1,4,16 --chunk 256,1024,4096 --reuse 0,10 --out $(DEMO)/decisions.parquet
+	$(BIN)/xbench report $(DEMO)/probe $(DEMO)/kernel $(DEMO)/profile.toml --out $(DEMO)/report
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

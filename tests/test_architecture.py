@@ -28,8 +28,9 @@ LAYERS = [
     ),
     ("xbench.results",),
     ("xbench.fabric", "xbench.kernels"),
-    ("xbench.probe", "xbench.fit", "xbench.cluster"),
+    ("xbench.probe", "xbench.fit", "xbench.cluster", "xbench.compare"),
     ("xbench.validate", "xbench.capabilities"),
+    ("xbench.report",),
     ("xbench.cli",),
 ]
 # The package's own __init__ is the pure public API (the cost model): layer 0.

@@ -6,12 +6,14 @@ import sys
 
 import typer
 
+from xbench.cli.compare import check, compare
 from xbench.cli.decide import decide
 from xbench.cli.env import env
 from xbench.cli.fit import fit
 from xbench.cli.kernel import kernel
 from xbench.cli.models import models
 from xbench.cli.probe import probe
+from xbench.cli.report import report
 from xbench.cli.slurm import slurm
 from xbench.cli.validate import validate
 from xbench.version import version_line
@@ -48,6 +50,9 @@ app.command("kernel")(kernel)
 app.command("fit")(fit)
 app.command("decide")(decide)
 app.command("validate")(validate)
+app.command("compare")(compare)
+app.command("check")(check)
+app.command("report")(report)
 app.command("slurm")(slurm)
 app.command("models")(models)
 app.command("env")(env)

@@ -148,6 +148,13 @@ def probe(
             "ranks and launches; the options above are then ignored (xbench check uses this)."
         ),
     ] = None,
+    process_run: Annotated[
+        int,
+        typer.Option(
+            help="Under a site launcher: this launch's index, appending to the run already in "
+            "--out (a Slurm job runs each launch as its own srun step; xbench slurm check)."
+        ),
+    ] = 0,
     out: RunDirOption = None,
     fmt: FormatOption = OutputFormat.table,
 ) -> None:
@@ -235,6 +242,8 @@ def probe(
 
     if config_from is not None:
         cfg, np, runs = stored_config(config_from, cfg)
+    if process_run:
+        cfg = _continued(cfg, out_dir, process_run, launched)
     if launched and runs > 1:
         raise XbenchError(
             "--runs needs xbench to launch the ranks itself",
@@ -253,6 +262,25 @@ def probe(
                 "pass --hostfile with one host[:slots] per line",
             )
         _launch(cfg, np, fmt, hostfile, runs)
+
+
+def _continued(cfg, out_dir: Path, process_run: int, launched: bool):
+    """Launch ``process_run`` of the run already in ``out_dir`` (its run id, appended to)."""
+    from xbench.results.store import read_run_meta
+
+    if not launched:
+        raise XbenchError(
+            "--process-run is for launches a site launcher starts one by one",
+            "started from a shell, pass --runs N instead",
+        )
+    run_id = read_run_meta(out_dir).get("run_id")
+    if not run_id:
+        raise XbenchError(
+            f"--process-run {process_run}: no run in {out_dir} to append to",
+            "run launch 0 into --out first",
+        )
+    cfg.run_id, cfg.process_run = run_id, process_run
+    return cfg
 
 
 def stored_config(run_dir: Path, fresh):

@@ -12,7 +12,7 @@ from xbench.cli.common import FormatOption, OutputFormat, console, handles_error
 
 @handles_errors
 def slurm(
-    kind: Annotated[str, typer.Argument(help="probe, kernel or validate.")],
+    kind: Annotated[str, typer.Argument(help="probe, kernel, validate or check.")],
     xbench_args: Annotated[
         list[str] | None,
         typer.Argument(
@@ -35,6 +35,18 @@ def slurm(
     out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the script.")] = Path(
         "xbench.sbatch"
     ),
+    baseline: Annotated[
+        str | None,
+        typer.Option(help="check: the baseline run directory, as the nodes see it."),
+    ] = None,
+    sweep: Annotated[
+        str | None,
+        typer.Option(help="check: probe or kernel (read from the baseline when it is here)."),
+    ] = None,
+    launches: Annotated[
+        int | None,
+        typer.Option(help="check: launches of a probe baseline (read from it when it is here)."),
+    ] = None,
     submit: Annotated[bool, typer.Option("--submit", help="Hand the script to sbatch.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Replace --out if it exists.")] = False,
     fmt: FormatOption = OutputFormat.table,
@@ -56,8 +68,11 @@ def slurm(
         results,
         list(xbench_args or []),
     )
+    if kind == "check":
+        job.baseline, job.sweep, job.launches = _baseline(baseline, sweep, launches)
     from xbench.results.store import refuse_overwrite
 
+    job.validate()
     refuse_overwrite(out, force)
     out.write_text(render(job))
     out.chmod(0o755)
@@ -70,3 +85,31 @@ def slurm(
         print(strict_json({"script": str(out), "submitted": submitted}))
     else:
         print(f"script,submitted\n{out},{submitted or ''}")
+
+
+def _baseline(baseline: str | None, sweep: str | None, launches: int | None):
+    """(path, sweep, launches) of a check's baseline: read from its run.json where this
+    machine sees it, else as given (a login node without the shared file system)."""
+    from xbench.errors import XbenchError
+    from xbench.results.store import read_run_meta
+
+    if not baseline:
+        raise XbenchError("xbench slurm check needs --baseline", "pass the baseline run directory")
+    meta = read_run_meta(Path(baseline)) if Path(baseline).is_dir() else {}
+    if meta:
+        found = meta.get("command")
+        if found not in ("probe", "kernel"):
+            raise XbenchError(f"{baseline} is not a probe or kernel run", "pass one as --baseline")
+        if sweep and sweep != found:
+            raise XbenchError(
+                f"--sweep {sweep}: {baseline} is a {found} run", f"drop --sweep or pass {found}"
+            )
+        config = meta.get("config") or {}
+        stored = int(config.get("process_run", 0)) + 1 if found == "probe" else 1
+        return baseline, found, launches or stored
+    if sweep not in ("probe", "kernel"):
+        raise XbenchError(
+            f"{baseline} is not readable here to tell its sweep",
+            "pass --sweep probe or kernel (and --launches for a probe)",
+        )
+    return baseline, sweep, launches or 1

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from xbench.errors import XbenchError
 
-KINDS = ("probe", "kernel", "validate")
+KINDS = ("probe", "kernel", "validate", "check")
 
 
 @dataclass
@@ -32,15 +32,24 @@ class SlurmJob:
     results: str = "results/slurm-${SLURM_JOB_ID}"
     xbench_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    baseline: str | None = None  # check: the baseline run directory (shared file system)
+    sweep: str | None = None  # check: the baseline's command (probe or kernel)
+    launches: int = 1  # check: the baseline's launches, each its own srun step
 
     def validate(self) -> None:
         if self.kind not in KINDS:
             raise XbenchError(f"unknown sweep {self.kind!r}", f"pick one of {', '.join(KINDS)}")
+        if self.kind == "check" and (not self.baseline or self.sweep not in ("probe", "kernel")):
+            raise XbenchError(
+                "xbench slurm check needs the baseline run",
+                "pass --baseline DIR (a probe or kernel run on the shared file system)",
+            )
         if self.nodes < 1 or self.ntasks_per_node < 1 or self.gpus_per_node < 0:
             raise XbenchError(
                 "--nodes and --ntasks-per-node must be at least 1", "give the job's shape"
             )
-        if self.kind in ("probe", "validate") and self.nodes * self.ntasks_per_node < 2:
+        ranked = self.kind in ("probe", "validate") or self.sweep == "probe"
+        if ranked and self.nodes * self.ntasks_per_node < 2:
             raise XbenchError(
                 f"xbench {self.kind} needs at least 2 ranks",
                 "use --nodes 2, or --ntasks-per-node 2 on one node",
@@ -84,14 +93,47 @@ def render(job: SlurmJob) -> str:
     ]
     gpu_bind = " --gpus-per-task=1 --gpu-bind=closest" if job.gpus_per_node else ""
     extra = " ".join(shlex.quote(a) for a in job.xbench_args)
+    ranks = f"srun --mpi={job.srun_mpi} --nodes={job.nodes} --ntasks={tasks} --ntasks-per-node={job.ntasks_per_node}{gpu_bind}"
+    one = f"srun --nodes=1 --ntasks=1{gpu_bind}"
+    if job.kind == "check":
+        return "\n".join(lines + _check_lines(job, ranks, one, extra))
     if job.kind == "kernel":
-        command = (
-            f'srun --nodes=1 --ntasks=1{gpu_bind} xbench kernel {extra} --out "$RESULTS/kernel"'
-        )
+        command = f'{one} xbench kernel {extra} --out "$RESULTS/kernel"'
     else:
-        command = f'srun --mpi={job.srun_mpi} --nodes={job.nodes} --ntasks={tasks} --ntasks-per-node={job.ntasks_per_node}{gpu_bind} xbench {job.kind} {extra} --out "$RESULTS/{job.kind}"'
+        command = f'{ranks} xbench {job.kind} {extra} --out "$RESULTS/{job.kind}"'
     lines += [" ".join(command.split()), 'echo "results in $RESULTS"', ""]
     return "\n".join(lines)
+
+
+def _check_lines(job: SlurmJob, ranks: str, one: str, extra: str) -> list[str]:
+    """The baseline's sweep again (a probe's launches as separate srun steps into one run),
+    then xbench compare into Markdown and JUnit; the job's exit status is compare's (0 no
+    regression, 1 a case is slower, 4 not comparable)."""
+    run = f'"$RESULTS/{job.sweep}"'
+    lines = [f"BASELINE={shlex.quote(job.baseline)}"]
+    if job.sweep == "probe":
+        lines += [
+            f"for launch in $(seq 0 {job.launches - 1}); do",
+            "  "
+            + " ".join(
+                f'{ranks} xbench probe --config-from "$BASELINE" --process-run "$launch" {extra} --out {run}'.split()
+            ),
+            "done",
+        ]
+    else:
+        lines.append(
+            " ".join(f'{one} xbench kernel --config-from "$BASELINE" {extra} --out {run}'.split())
+        )
+    lines += [
+        "set +e",
+        f'xbench compare "$BASELINE" {run} --out "$RESULTS/comparison.parquet" --format junit > "$RESULTS/compare.junit.xml"',
+        "status=$?",
+        f'xbench compare "$BASELINE" {run} --format markdown > "$RESULTS/compare.md"',
+        'echo "compare exit $status; reports in $RESULTS/compare.md and $RESULTS/compare.junit.xml"',
+        'exit "$status"',
+        "",
+    ]
+    return lines
 
 
 def submit(script: Path) -> str:

@@ -5,22 +5,9 @@ from __future__ import annotations
 import pandas as pd
 
 from xbench.core.stats import summarize
+from xbench.results.schema import KERNEL_CASE_KEYS
 
-CASE_KEYS = [
-    "kernel",
-    "backend",
-    "device",
-    "model",
-    "dtype",
-    "rows",
-    "heads",
-    "chunk_tokens",
-    "after_tokens",
-    "sparse",
-    "partials",
-    "bytes_moved",
-    "flops",
-]
+CASE_KEYS = KERNEL_CASE_KEYS
 
 
 def ceilings_from(samples: pd.DataFrame) -> dict[str, float]:

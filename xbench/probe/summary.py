@@ -6,25 +6,9 @@ import pandas as pd
 
 from xbench.core.stats import summarize
 from xbench.core.units import format_size
+from xbench.results.schema import PROBE_CASE_KEYS
 
-CASE_KEYS = [
-    "pattern",
-    "transport",
-    "device",
-    "fabric",
-    "loop",
-    "rank_a",
-    "rank_b",
-    "pair_class",
-    "size_bytes",
-    "rows",
-    "return_bytes",
-    "window",
-    "blocks",
-    "block_bytes",
-    "metric",
-    "unit",
-]
+CASE_KEYS = PROBE_CASE_KEYS
 SUMMARY_COLUMNS = [
     "pattern",
     "transport",

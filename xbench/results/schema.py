@@ -29,6 +29,7 @@ kernel_samples v3: adds ``process_run`` (``xbench kernel --runs N`` launches the
     (``--in-context``: as a route or fetch runs them); v2 files read as 0, 0 and 0.
 validate_summary v2: adds, per phase, ``measured_<phase>_us`` and ``predicted_<phase>_us``
     (v1 files read with them null).
+comparison v1: first version, written by ``xbench compare --out`` and ``xbench check``.
 validate_samples v3: adds ``segments``, the messages a fetch sent.
 validate_samples v4: adds ``process_run`` (``xbench validate --runs N``) and the sample's
     mean time per phase (``send_us``, ``attention_us``, ``return_us``, ``merge_us`` for
@@ -116,6 +117,52 @@ KERNEL_SAMPLES_SCHEMA = pa.schema(
         pa.field("after_tokens", pa.int32(), nullable=False),
     ]
 )
+
+# The columns that name one case of each samples table (summaries group by them, compare
+# matches runs by them).
+PROBE_CASE_KEYS = [
+    "pattern",
+    "transport",
+    "device",
+    "fabric",
+    "loop",
+    "rank_a",
+    "rank_b",
+    "pair_class",
+    "size_bytes",
+    "rows",
+    "return_bytes",
+    "window",
+    "blocks",
+    "block_bytes",
+    "metric",
+    "unit",
+]
+KERNEL_CASE_KEYS = [
+    "kernel",
+    "backend",
+    "device",
+    "model",
+    "dtype",
+    "rows",
+    "heads",
+    "chunk_tokens",
+    "after_tokens",
+    "sparse",
+    "partials",
+    "bytes_moved",
+    "flops",
+]
+VALIDATE_CASE_KEYS = [
+    "option",
+    "transport",
+    "fabric",
+    "rows",
+    "heads",
+    "chunk_tokens",
+    "dtype",
+    "segments",
+]
 
 VALIDATE_SAMPLES = "validate_samples"
 VALIDATE_SAMPLES_SCHEMA = pa.schema(
@@ -209,12 +256,38 @@ VALIDATE_SUMMARY_SCHEMA = pa.schema(
     ]
 )
 
+COMPARISON = "comparison"
+COMPARISON_SCHEMA = pa.schema(
+    [
+        pa.field("case", pa.string(), nullable=False),  # the case's label
+        pa.field("case_key", pa.string(), nullable=False),  # every key column, joined
+        pa.field("unit", pa.string(), nullable=False),
+        pa.field("n_baseline", pa.int64(), nullable=False),  # measured samples
+        pa.field("n_candidate", pa.int64(), nullable=False),
+        pa.field("launches_baseline", pa.int64(), nullable=False),  # process launches
+        pa.field("launches_candidate", pa.int64(), nullable=False),
+        pa.field("baseline", pa.float64()),  # median (of launch medians when tested by launch)
+        pa.field("candidate", pa.float64()),
+        pa.field("ratio", pa.float64()),  # candidate / baseline
+        pa.field("ratio_low", pa.float64()),  # bootstrap interval of the ratio
+        pa.field("ratio_high", pa.float64()),
+        pa.field("ci_coverage", pa.float64()),
+        pa.field("p_value", pa.float64()),
+        pa.field("q_value", pa.float64()),  # Benjamini-Hochberg over the cases tested
+        pa.field("test", pa.string()),  # welch t on launch medians / mann-whitney on samples
+        pa.field("reason", pa.string()),
+        pa.field("verdict", pa.string(), nullable=False),
+        pa.field("change", pa.float64()),  # fraction worse (+) or better (-)
+    ]
+)
+
 SCHEMAS = {
     PROBE_SAMPLES: PROBE_SAMPLES_SCHEMA,
     KERNEL_SAMPLES: KERNEL_SAMPLES_SCHEMA,
     VALIDATE_SAMPLES: VALIDATE_SAMPLES_SCHEMA,
     DECISIONS: DECISIONS_SCHEMA,
     VALIDATE_SUMMARY: VALIDATE_SUMMARY_SCHEMA,
+    COMPARISON: COMPARISON_SCHEMA,
 }
 SCHEMA_VERSIONS = {
     PROBE_SAMPLES: 2,
@@ -222,6 +295,7 @@ SCHEMA_VERSIONS = {
     VALIDATE_SAMPLES: 4,
     DECISIONS: 2,
     VALIDATE_SUMMARY: 2,
+    COMPARISON: 1,
 }
 
 

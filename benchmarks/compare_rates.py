@@ -1,0 +1,102 @@
+"""How often ``xbench compare`` cries wolf, and how often it catches a real 10 % slowdown.
+
+    python benchmarks/compare_rates.py [--store DIR] [--launches 24] [--per-run 3] [--pairs 100]
+
+The first time, it stores one short probe (latency, 8 B to 64 KiB, 2 local ranks) of
+``--launches`` separate launches under ``--store`` (about 3 s a launch); later calls reuse it,
+so the rates are quick to recompute. A stored "run" is ``--per-run`` launches drawn from
+them:
+
+- A/A: two runs of disjoint launches, compared: any case called slower is a false alarm
+  (target: no regression in at least 99 of 100 comparisons);
+- 1.10x: a run against the same launches with every latency scaled by 1.10 (target: flagged
+  slower in at least 95 of 100 comparisons).
+
+Both go through the same library call as ``xbench compare`` (``compare_frames`` with its
+default gates), and again with the samples treated as independent, for contrast. Prints
+both rates, the per-case false-alarm rate, and the launch-to-launch spread that bounds what
+any honest test can detect with this many launches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from xbench.compare import Gates, compare_frames
+from xbench.compare.runs import case_frame, load_run
+
+BIN = Path(sys.executable).parent
+
+
+def stored(store: Path, launches: int):
+    run = store / "probe"
+    if not (run / "run.json").exists():
+        cmd = [str(BIN / "xbench"), "probe", "--np", "2", "-p", "latency", "--sizes", "8B:64KiB"]
+        cmd += ["--samples", "5", "--runs", str(launches), "--out", str(run)]
+        print(f"storing {launches} launches in {run} ...", flush=True)
+        subprocess.run(cmd, check=True, capture_output=True)
+    return case_frame(load_run(run))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--store", type=Path, default=Path("results/compare-rates"))
+    ap.add_argument("--launches", type=int, default=24)
+    ap.add_argument("--per-run", type=int, default=3)
+    ap.add_argument("--pairs", type=int, default=100)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    frame = stored(args.store, args.launches)
+    launches = np.unique(frame.launch)
+    if len(launches) < 2 * args.per_run:
+        sys.exit(
+            f"need at least {2 * args.per_run} launches in {args.store}, found {len(launches)}"
+        )
+    for label, gates in (
+        ("launch medians (xbench compare's test)", Gates()),
+        ("samples as independent (for contrast)", Gates(min_launches=10**9)),
+    ):
+        print(f"-- {label}")
+        rates(frame, launches, gates, args)
+    sd = frame.groupby(["case_key", "launch"]).value.median().pipe(np.log).groupby("case_key").std()
+    print(
+        f"launch-to-launch spread here: sd of log launch medians {sd.min():.3f}-{sd.max():.3f} "
+        f"(median {sd.median():.3f}) across cases"
+    )
+    return 0
+
+
+def rates(frame, launches, gates, args) -> None:
+    rng = np.random.default_rng(args.seed)
+    false_alarm_runs = caught = cases_flagged = cases_total = 0
+    for _ in range(args.pairs):
+        picked = rng.choice(launches, 2 * args.per_run, replace=False)
+        a = frame[frame.launch.isin(picked[: args.per_run])]
+        b = frame[frame.launch.isin(picked[args.per_run :])]
+        aa = compare_frames(a, b, gates)
+        slower = (aa.verdict == "slower").sum()
+        false_alarm_runs += bool(slower)
+        cases_flagged += int(slower)
+        cases_total += len(aa)
+        scaled = a.assign(value=a.value * 1.10)
+        caught += bool((compare_frames(a, scaled, gates).verdict == "slower").any())
+    print(
+        f"A/A: {args.pairs - false_alarm_runs}/{args.pairs} comparisons with no regression "
+        f"(target >= 99); cases called slower {cases_flagged}/{cases_total}"
+    )
+    print(f"1.10x: {caught}/{args.pairs} comparisons flagged slower (target >= 95)")
+    print(
+        f"({args.per_run} launches a run from {len(launches)} stored; threshold "
+        f"{100 * gates.threshold:g} %, FDR {gates.alpha:g})"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,256 @@
+"""xbench compare and xbench check (issue 20): verdicts, formats, comparability, exit codes."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import shutil
+import xml.etree.ElementTree as ET
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from xbench.compare import EXIT_NOT_COMPARABLE, EXIT_REGRESSION, Gates, compare_frames
+from xbench.results.schema import COMPARISON, PROBE_SAMPLES
+from xbench.results.store import read_run_meta, read_table, write_table
+
+
+def _frame(values_by_launch: dict[int, list[float]], case="latency 8B", unit="us"):
+    rows = [
+        {"case_key": case, "case": case, "launch": launch, "value": v, "unit": unit}
+        for launch, values in values_by_launch.items()
+        for v in values
+    ]
+    return pd.DataFrame(rows)
+
+
+def test_launches_are_the_unit_of_replication():
+    rng = np.random.default_rng(1)
+    # five launches whose medians drift 8 % apart, tight samples inside each
+    base = {
+        k: list(100 * (1 + 0.08 * rng.standard_normal()) * (1 + 0.002 * rng.standard_normal(20)))
+        for k in range(5)
+    }
+    other = {
+        k: list(100 * (1 + 0.08 * rng.standard_normal()) * (1 + 0.002 * rng.standard_normal(20)))
+        for k in range(5)
+    }
+    got = compare_frames(_frame(base), _frame(other)).iloc[0]
+    assert got.test == "welch t on launch medians"
+    assert got.verdict != "slower"  # launch drift is not a regression
+    # the same launches 10 % slower: caught
+    slower = {k: [v * 1.10 for v in vs] for k, vs in base.items()}
+    got = compare_frames(_frame(base), _frame(slower)).iloc[0]
+    assert got.verdict == "slower" and got.ratio == pytest.approx(1.10)
+    assert got.ratio_low <= 1.10 <= got.ratio_high and got.ci_coverage == 0.95
+    # bandwidth: higher is better, so 10 % more MB/s is faster
+    got = compare_frames(_frame(base, unit="MB/s"), _frame(slower, unit="MB/s")).iloc[0]
+    assert got.verdict == "faster"
+
+
+def test_one_launch_falls_back_to_samples_and_small_changes_are_unchanged():
+    base = _frame({0: list(np.linspace(99, 101, 30))})
+    near = _frame({0: list(np.linspace(99, 101, 30) * 1.02)})
+    got = compare_frames(base, near).iloc[0]
+    assert got.test == "mann-whitney on samples"
+    assert got.verdict == "unchanged"  # significant or not, 2 % is inside the 5 % threshold
+    far = _frame({0: [100.0, 180.0]})
+    got = compare_frames(base, far, Gates()).iloc[0]
+    assert got.verdict == "inconclusive"  # beyond the threshold, two samples prove nothing
+    # a case only one run has cannot be compared
+    extra = pd.concat([base, _frame({0: [5.0, 5.1]}, case="latency 16B")])
+    got = compare_frames(base, extra).set_index("case")
+    assert got.loc["latency 16B", "verdict"] == "not comparable"
+    assert got.loc["latency 16B", "reason"] == "only in the candidate"
+
+
+def test_many_cases_are_corrected_for_multiplicity():
+    rng = np.random.default_rng(7)
+    frames_a, frames_b = [], []
+    for k in range(40):  # forty cases, no change: uncorrected 5 % tests would flag two
+        frames_a.append(_frame({0: list(100 + rng.standard_normal(8))}, case=f"c{k}"))
+        frames_b.append(_frame({0: list(100 + rng.standard_normal(8))}, case=f"c{k}"))
+    got = compare_frames(pd.concat(frames_a), pd.concat(frames_b))
+    assert (got.q_value >= got.p_value).all()
+    assert not (got.verdict == "slower").any()
+
+
+@pytest.fixture(scope="module")
+def probe_run(tmp_path_factory):
+    from conftest import run_xbench
+
+    out = tmp_path_factory.mktemp("runs") / "base"
+    r = run_xbench(
+        "probe",
+        "-p",
+        "latency",
+        "--sizes",
+        "8B:1KiB",
+        # one launch of 8 samples: a synthetic candidate (this run scaled) is judged on the
+        # samples; launch-level tests are checked on constructed launches above
+        "--samples",
+        "8",
+        "--out",
+        out,
+    )
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def _scaled_copy(src, dst, factor: float, **meta_changes):
+    """A copy of a probe run with every value scaled (a synthetic candidate) and run.json
+    fields changed."""
+    shutil.copytree(src, dst)
+    meta = read_run_meta(dst)
+    for part in sorted((dst / PROBE_SAMPLES).glob("part-*.parquet")):
+        frame = read_table([part], PROBE_SAMPLES)
+        frame["value"] = frame["value"] * factor
+        write_table(part, PROBE_SAMPLES, frame, meta)
+    if meta_changes:
+        meta.update(meta_changes)
+        (dst / "run.json").write_text(json.dumps(meta))
+    return dst
+
+
+def test_compare_cli_verdicts_formats_and_exit_codes(xbench, probe_run, tmp_path):
+    same = xbench("compare", probe_run, probe_run, "--format", "json")
+    assert same.returncode == 0, same.stderr
+    rows = json.loads(same.stdout)
+    assert rows and {r["verdict"] for r in rows} == {"unchanged"}
+    slow = _scaled_copy(probe_run, tmp_path / "slow", 1.5)
+    r = xbench("compare", probe_run, slow, "--out", tmp_path / "cmp.parquet")
+    assert r.returncode == EXIT_REGRESSION, r.stderr
+    assert "slower" in r.stdout and "welch" not in r.stderr
+    cases = read_table([tmp_path / "cmp.parquet"], COMPARISON)
+    assert (cases.verdict == "slower").all() and (cases.ratio.round(6) == 1.5).all()
+    # csv
+    r = xbench("compare", probe_run, slow, "--format", "csv")
+    parsed = list(csv.DictReader(io.StringIO(r.stdout)))
+    assert len(parsed) == len(cases) and parsed[0]["verdict"] == "slower"
+    # markdown renders as a table: header, separator, one row per case, equal columns
+    r = xbench("compare", probe_run, slow, "--format", "markdown")
+    table = [ln for ln in r.stdout.splitlines() if ln.startswith("|")]
+    assert table[1].replace("|", "").replace("-", "").replace(":", "").strip() == ""
+    assert len(table) == 2 + len(cases)
+    assert len({ln.count("|") - ln.count("\\|") for ln in table}) == 1
+    # junit
+    r = xbench("compare", probe_run, slow, "--format", "junit")
+    assert_junit(r.stdout, failures=len(cases), tests=len(cases))
+    # faster is not a regression
+    fast = _scaled_copy(probe_run, tmp_path / "fast", 0.5)
+    r = xbench("compare", probe_run, fast, "--format", "json")
+    assert r.returncode == 0 and {x["verdict"] for x in json.loads(r.stdout)} == {"faster"}
+
+
+def assert_junit(text: str, failures: int, tests: int) -> None:
+    """The JUnit schema CI systems read (Jenkins / Ant junit-10.xsd): a testsuite with name,
+    tests, failures, errors, skipped; testcases with name and classname; a failure with a
+    message; nothing else at those levels."""
+    root = ET.fromstring(text)
+    assert root.tag == "testsuite"
+    for attr in ("name", "tests", "failures", "errors", "skipped"):
+        assert attr in root.attrib, attr
+    assert int(root.get("tests")) == tests and int(root.get("failures")) == failures
+    testcases = root.findall("testcase")
+    assert len(testcases) == tests
+    assert {c.tag for c in root} <= {"properties", "testcase", "system-out", "system-err"}
+    for case in testcases:
+        assert case.get("name") and case.get("classname")
+        for child in case:
+            assert child.tag in ("failure", "error", "skipped", "system-out", "system-err")
+            if child.tag == "failure":
+                assert child.get("message")
+    assert sum(len(c.findall("failure")) for c in testcases) == failures
+
+
+def test_runs_of_another_mpi_or_host_are_not_comparable(xbench, probe_run, tmp_path):
+    other = _scaled_copy(probe_run, tmp_path / "ompi", 1.0, mpi_library="Open MPI v5.0.11")
+    r = xbench("compare", probe_run, other)
+    assert r.returncode == EXIT_NOT_COMPARABLE
+    line = r.stderr.strip().splitlines()[-1]
+    assert "not comparable" in line and "mpi_library" in line and "--allow mpi_library" in line
+    r = xbench("compare", probe_run, other, "--allow", "mpi_library", "--format", "markdown")
+    assert r.returncode == 0, r.stderr
+    assert "allowed to differ: mpi_library" in r.stdout
+    moved = _scaled_copy(probe_run, tmp_path / "moved", 1.0, hosts=["node-7", "node-8"])
+    r = xbench("compare", probe_run, moved)
+    assert r.returncode == EXIT_NOT_COMPARABLE and "host" in r.stderr
+
+
+def test_compare_bad_input(xbench, probe_run, tmp_path):
+    for args, words in [
+        ((tmp_path / "nope", probe_run), "not a run directory"),
+        ((probe_run, probe_run, "--threshold", "abc"), "not a ratio"),
+        ((probe_run, probe_run, "--allow", "colour"), "no such metadata field"),
+        ((probe_run, probe_run, "--alpha", "2"), "--alpha"),
+    ]:
+        r = xbench("compare", *args)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert words in r.stderr.strip().splitlines()[-1]
+
+
+def test_check_reruns_the_baseline_and_writes_reports(xbench, probe_run, tmp_path):
+    baseline = tmp_path / "baseline"
+    shutil.copytree(probe_run, baseline)
+    config = tmp_path / "check.toml"
+    config.write_text('[check]\nthreshold = "20%"\nalpha = 0.01\nruns = 3\n')
+    r = xbench(
+        "check",
+        "--baseline",
+        baseline,
+        "--config",
+        config,
+        "--out",
+        tmp_path / "night",
+        "--report-dir",
+        tmp_path / "rep",
+    )
+    assert r.returncode in (0, EXIT_REGRESSION), r.stderr
+    new = read_table([tmp_path / "night"], PROBE_SAMPLES)
+    old = read_table([baseline], PROBE_SAMPLES)
+    assert set(new.size_bytes) == set(old.size_bytes) and set(new.process_run) == {0, 1, 2}
+    assert (
+        read_run_meta(tmp_path / "night")["config"]["sweep"]
+        == read_run_meta(baseline)["config"]["sweep"]
+    )
+    text = (tmp_path / "rep" / "compare.junit.xml").read_text()
+    root = ET.fromstring(text)
+    assert_junit(text, failures=int(root.get("failures")), tests=int(root.get("tests")))
+    assert (tmp_path / "rep" / "compare.md").read_text().startswith("## xbench check (probe)")
+    # promoting on purpose: the new run becomes the baseline, the old one is kept
+    old_id = read_run_meta(baseline)["run_id"]
+    r = xbench("check", "--baseline", baseline, "--out", tmp_path / "night2", "--update-baseline")
+    assert r.returncode == 0, r.stderr
+    assert read_run_meta(baseline)["run_id"] == read_run_meta(tmp_path / "night2")["run_id"]
+    assert read_run_meta(tmp_path / f"baseline.replaced-{old_id}")["run_id"] == old_id
+
+
+def test_check_refuses_what_it_cannot_rerun(xbench, tmp_path):
+    r = xbench("check", "--baseline", tmp_path)
+    assert r.returncode == 2 and "not a probe or kernel run" in r.stderr
+    bad = tmp_path / "c.toml"
+    bad.write_text("[check]\ncolour = 1\n")
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({"command": "probe", "run_id": "x"}))
+    r = xbench("check", "--baseline", run, "--config", bad)
+    assert r.returncode == 2 and "unknown [check] field colour" in r.stderr
+
+
+def test_check_a_kernel_baseline(xbench, tmp_path):
+    base = tmp_path / "kbase"
+    r = xbench(
+        "kernel",
+        *("--threads", "1", "--heads", "4", "--rows", "1,2", "--chunk", "64,128"),
+        *("--kernels", "partial_attention,merge", "--samples", "3", "--min-sample-time", "2ms"),
+        *("--no-ceilings", "--out", base),
+    )
+    assert r.returncode == 0, r.stderr
+    r = xbench("check", "--baseline", base, "--out", tmp_path / "knew")
+    assert r.returncode in (0, EXIT_REGRESSION), r.stderr
+    cases = read_table([tmp_path / "knew" / "comparison.parquet"], COMPARISON)
+    # every case of the baseline found again, merges told apart by the attention before them
+    assert (cases.verdict != "not comparable").all() and len(cases) == 4 + 4
+    assert cases.case.str.contains("after 128").any()

@@ -1,0 +1,114 @@
+"""xbench report (issue 20): every figure holds its data, the HTML page needs no network."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from html.parser import HTMLParser
+
+import matplotlib.colors
+import matplotlib.image
+import numpy as np
+
+from xbench.results.schema import PROBE_SAMPLES
+from xbench.results.store import read_run_meta, read_table, write_table
+
+
+def coloured_share(png) -> float:
+    """The share of pixels in a saturated colour: the plotted data (axes, ticks, labels and
+    grid are black, grey or white)."""
+    image = matplotlib.image.imread(png)[..., :3]
+    hsv = matplotlib.colors.rgb_to_hsv(image)
+    return float(((hsv[..., 1] > 0.3) & (hsv[..., 2] > 0.2)).mean())
+
+
+class _Sources(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.sources, self.links = [], []
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag in ("img", "script", "iframe") and "src" in attrs:
+            self.sources.append(attrs["src"])
+        if tag == "link" and "href" in attrs:
+            self.links.append(attrs["href"])
+
+
+def test_report_draws_every_kind_of_result(xbench, tmp_path):
+    quick = ["--samples", "3", "--warmups", "1"]
+    probe = tmp_path / "probe"
+    r = xbench("probe", "-p", "latency,bandwidth", "--sizes", "8B:64KiB", *quick, "--out", probe)
+    assert r.returncode == 0, r.stderr
+    kernel = tmp_path / "kernel"
+    r = xbench(
+        "kernel",
+        *("--threads", "1", "--heads", "4", "--rows", "1,4", "--chunk", "64,256"),
+        *("--kernels", "partial_attention", *quick, "--min-sample-time", "3ms", "--out", kernel),
+    )
+    assert r.returncode == 0, r.stderr
+    profile = tmp_path / "here.toml"
+    r = xbench("fit", probe, kernel, "--base", "h100-priors", "--out", profile)
+    assert r.returncode == 0, r.stderr
+    validate = tmp_path / "validate"
+    r = xbench(
+        "validate",
+        *("--profile", profile, "--rows", "1", "--chunk", "128", "--heads", "4"),
+        *("--samples", "1", "--rounds", "1", "--out", validate),
+    )
+    assert r.returncode == 0, r.stderr
+    slow = tmp_path / "slow"
+    shutil.copytree(probe, slow)
+    meta = read_run_meta(slow)
+    for part in sorted((slow / PROBE_SAMPLES).glob("part-*.parquet")):
+        frame = read_table([part], PROBE_SAMPLES)
+        write_table(part, PROBE_SAMPLES, frame.assign(value=frame.value * 1.3), meta)
+    comparison = tmp_path / "cmp.parquet"
+    r = xbench("compare", probe, slow, "--out", comparison)
+    assert r.returncode in (0, 1) and comparison.exists(), r.stderr
+    out = tmp_path / "report"
+    r = xbench("report", probe, kernel, validate, profile, comparison, "--out", out)
+    assert r.returncode == 0, r.stderr
+    pngs = sorted(out.glob("*.png"))
+    kinds = {p.name.split("-")[0] for p in pngs}
+    assert kinds == {"fabrics", "roofline", "validate", "compare", "decisions"}, kinds
+    for png in pngs:
+        image = matplotlib.image.imread(png)
+        assert image.shape[0] > 200 and image.shape[1] > 200
+        assert np.ptp(image[..., :3]) > 0.5, png  # not one flat colour
+        assert coloured_share(png) > 0.0005, png  # the data, not only axes
+    page = (out / "index.html").read_text()
+    parser = _Sources()
+    parser.feed(page)
+    assert len(parser.sources) == len(pngs) and not parser.links
+    assert all(src.startswith("data:image/png;base64,") for src in parser.sources)
+    assert "http://" not in page and "https://" not in page
+    assert "report:" in r.stdout and str(out / "index.html") in r.stdout
+
+
+def test_the_blank_check_tells_axes_from_data(tmp_path):
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.set_xscale("log")
+    ax.grid(True)
+    ax.set_title("axes only")
+    fig.savefig(tmp_path / "axes.png")
+    ax.plot([1, 10], [1, 2], "o-")  # two points and a line: the least a figure draws
+    fig.savefig(tmp_path / "data.png")
+    assert coloured_share(tmp_path / "axes.png") == 0
+    assert coloured_share(tmp_path / "data.png") > 0.0005
+
+
+def test_report_bad_input(xbench, tmp_path):
+    r = xbench("report", tmp_path / "none", "--out", tmp_path / "r")
+    assert r.returncode == 2 and "does not exist" in r.stderr
+    (tmp_path / "x.parquet").write_bytes(b"not parquet")
+    r = xbench("report", tmp_path / "x.parquet", "--out", tmp_path / "r")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "not something xbench report draws" in r.stderr
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "run.json").write_text(json.dumps({"command": "decide"}))
+    r = xbench("report", empty, "--out", tmp_path / "r")
+    assert r.returncode == 2 and "not something xbench report draws" in r.stderr

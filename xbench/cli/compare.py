@@ -1,0 +1,335 @@
+"""``xbench compare`` (two stored runs) and ``xbench check`` (a nightly job: re-run a
+baseline's sweep, compare, write Markdown and JUnit, fail only on a regression).
+
+Exit codes: 0 nothing regressed; 1 a case is slower; 2 bad input; 3 the ranks failed;
+4 the runs cannot be compared (their metadata differs on a field not ``--allow``-ed).
+"""
+
+from __future__ import annotations
+
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from xbench.cli.common import console, escape, handles_errors, strict_json, warn
+from xbench.errors import XbenchError
+
+
+class CompareFormat(str, Enum):
+    table = "table"
+    json = "json"
+    csv = "csv"
+    markdown = "markdown"
+    junit = "junit"
+
+
+ThresholdOption = Annotated[
+    str,
+    typer.Option(help="Smallest change that counts, as a ratio of medians: 5% (default), 0.1."),
+]
+AlphaOption = Annotated[
+    float,
+    typer.Option(help="False discovery rate over the cases compared (Benjamini-Hochberg)."),
+]
+AllowOption = Annotated[
+    str,
+    typer.Option(
+        help="Metadata fields allowed to differ, comma list: host, cpu_model, mpi_library, "
+        "mpi_thread_level, gpu, driver, torch, backend, cpu_attention, schema."
+    ),
+]
+COLOURS = {"slower": "red", "faster": "green", "unchanged": "", "inconclusive": "yellow"}
+
+
+def _gates(threshold: str, alpha: float, confidence: float = 0.95):
+    from xbench.compare import Gates
+
+    text = threshold.strip()
+    try:
+        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise XbenchError(f"--threshold {threshold!r} is not a ratio", "e.g. 5% or 0.05") from None
+    if not 0 < value < 10:
+        raise XbenchError(f"--threshold {threshold}: must be above 0", "e.g. 5% or 0.05")
+    if not 0 < alpha < 1:
+        raise XbenchError(f"--alpha {alpha}: must lie between 0 and 1", "e.g. 0.05")
+    return Gates(threshold=value, alpha=alpha, confidence=confidence)
+
+
+def _allowed(text: str) -> list[str]:
+    from xbench.compare.runs import COMPARED_FIELDS
+
+    names = [a.strip() for a in text.split(",") if a.strip()]
+    bad = [a for a in names if a not in COMPARED_FIELDS and a != "schema"]
+    if bad:
+        raise XbenchError(
+            f"--allow {', '.join(bad)}: no such metadata field",
+            f"pick from {', '.join([*COMPARED_FIELDS, 'schema'])}",
+        )
+    return names
+
+
+def _header(comparison, gates) -> list[str]:
+    base, cand = comparison.baseline, comparison.candidate
+    lines = [
+        f"baseline `{base.path}` ({base.meta.get('run_id')}, {base.meta.get('created_utc')}), "
+        f"candidate `{cand.path}` ({cand.meta.get('run_id')}, {cand.meta.get('created_utc')})",
+        f"slower or faster: Benjamini-Hochberg q < {gates.alpha:g} and a median ratio beyond "
+        f"{100 * gates.threshold:g}%",
+    ]
+    lines += [f"allowed to differ: {k} {b} -> {c}" for k, b, c in comparison.allowed]
+    return lines
+
+
+def emit(comparison, gates, fmt: CompareFormat, title: str) -> None:
+    from xbench.compare.formats import junit, markdown
+
+    cases = comparison.cases
+    shown = cases.drop(columns=["case_key"])
+    if fmt == CompareFormat.json:
+        sys.stdout.write(strict_json(shown.to_dict(orient="records")) + "\n")
+    elif fmt == CompareFormat.csv:
+        sys.stdout.write(shown.to_csv(index=False))
+    elif fmt == CompareFormat.markdown:
+        sys.stdout.write(markdown(cases, title, _header(comparison, gates)))
+    elif fmt == CompareFormat.junit:
+        sys.stdout.write(junit(cases, title, _properties(comparison, gates)))
+    else:
+        _table(comparison, gates, title)
+
+
+def _properties(comparison, gates) -> dict:
+    return {
+        "baseline": comparison.baseline.path,
+        "candidate": comparison.candidate.path,
+        "threshold": gates.threshold,
+        "alpha": gates.alpha,
+        **{f"allowed.{k}": f"{b} -> {c}" for k, b, c in comparison.allowed},
+    }
+
+
+def _table(comparison, gates, title: str) -> None:
+    from xbench.compare.formats import counts
+
+    cases = comparison.cases
+    coverage = cases.ci_coverage.dropna()
+    label = f"ratio ({100 * coverage.iloc[0]:.0f}% CI)" if len(coverage) else "ratio"
+    table = Table(
+        title=title, caption="\n".join(escape(line) for line in _header(comparison, gates))
+    )
+    for col in ("case", "unit", "baseline", "candidate", label, "q", "verdict"):
+        table.add_column(col, justify="left" if col in ("case", "unit", "verdict") else "right")
+    for r in cases.itertuples():
+        colour = COLOURS.get(r.verdict, "dim")
+        verdict = f"[{colour}]{r.verdict}[/{colour}]" if colour else r.verdict
+        if r.reason:
+            verdict += f" ({escape(r.reason)})"
+        ratio = (
+            "-" if r.ratio != r.ratio else f"{r.ratio:.3f} ({r.ratio_low:.3f}-{r.ratio_high:.3f})"
+        )
+        table.add_row(
+            escape(r.case),
+            r.unit,
+            "-" if r.baseline != r.baseline else f"{r.baseline:,.4g}",
+            "-" if r.candidate != r.candidate else f"{r.candidate:,.4g}",
+            ratio,
+            "-" if r.q_value != r.q_value else f"{r.q_value:.2g}",
+            verdict,
+        )
+    console.print(table)
+    console.print(", ".join(f"{n} {v}" for v, n in counts(cases).items()), highlight=False)
+    tests = set(cases.test.dropna())
+    if "mann-whitney on samples" in tests:
+        console.print(
+            "one launch or two: samples were tested as independent, so launch-to-launch drift "
+            "is not accounted for; make runs with --runs 3 or more",
+            style="dim",
+        )
+
+
+def _exit(comparison) -> None:
+    from xbench.compare import EXIT_REGRESSION
+
+    if comparison.regressed:
+        raise typer.Exit(EXIT_REGRESSION)
+
+
+@handles_errors
+def compare(
+    baseline: Annotated[Path, typer.Argument(help="Run directory to compare against.")],
+    candidate: Annotated[Path, typer.Argument(help="Run directory to judge.")],
+    threshold: ThresholdOption = "5%",
+    alpha: AlphaOption = 0.05,
+    allow: AllowOption = "",
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Also write the verdicts as Parquet here.")
+    ] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace --out if it exists.")] = False,
+    fmt: Annotated[
+        CompareFormat, typer.Option("--format", help="table, json, csv, markdown or junit.")
+    ] = CompareFormat.table,
+) -> None:
+    """Compare two stored runs case by case: slower, faster, unchanged, inconclusive."""
+    from xbench.compare import compare_runs
+
+    gates = _gates(threshold, alpha)
+    comparison = compare_runs(baseline, candidate, gates, _allowed(allow))
+    if out is not None:
+        _write(comparison, out, force)
+    emit(comparison, gates, fmt, f"xbench compare ({comparison.baseline.command})")
+    _exit(comparison)
+
+
+def _write(comparison, out: Path, force: bool) -> None:
+    from xbench.results.metadata import new_run_id, run_metadata
+    from xbench.results.schema import COMPARISON
+    from xbench.results.store import refuse_overwrite, write_table
+
+    refuse_overwrite(out, force)
+    meta = run_metadata(
+        new_run_id("compare"),
+        "compare",
+        baseline=str(comparison.baseline.path),
+        candidate=str(comparison.candidate.path),
+        baseline_run=comparison.baseline.meta.get("run_id"),
+        candidate_run=comparison.candidate.meta.get("run_id"),
+        table=comparison.baseline.command,
+    )
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    write_table(Path(out), COMPARISON, comparison.cases, meta)
+
+
+@handles_errors
+def check(
+    baseline: Annotated[Path, typer.Option(help="Baseline run directory (a probe or kernel run).")],
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            help="TOML with a [check] table: threshold, alpha, allow (list), runs (launches)."
+        ),
+    ] = None,
+    update_baseline: Annotated[
+        bool,
+        typer.Option(
+            "--update-baseline",
+            help="Promote this run to be the baseline (the old one is kept beside it).",
+        ),
+    ] = False,
+    threshold: ThresholdOption = "5%",
+    alpha: AlphaOption = 0.05,
+    allow: AllowOption = "",
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Run directory (default results/<run_id>).")
+    ] = None,
+    report_dir: Annotated[
+        Path | None,
+        typer.Option(help="Where compare.md and compare.junit.xml go (default: the new run's)."),
+    ] = None,
+) -> None:
+    """Re-run the sweep BASELINE was made with, compare, write Markdown and JUnit XML."""
+    from xbench.compare import compare_runs
+    from xbench.compare.formats import junit, markdown
+    from xbench.results.store import read_run_meta
+
+    settings = _check_settings(config)
+    gates = _gates(str(settings.get("threshold", threshold)), float(settings.get("alpha", alpha)))
+    allowed = _allowed(",".join(settings["allow"]) if "allow" in settings else allow)
+    meta = read_run_meta(baseline) if Path(baseline).is_dir() else {}
+    if meta.get("command") not in ("probe", "kernel"):
+        raise XbenchError(
+            f"{baseline} is not a probe or kernel run",
+            "make the baseline with xbench probe or xbench kernel (then xbench check --baseline it)",
+        )
+    new_dir = _rerun(Path(baseline), meta["command"], out, settings.get("runs"))
+    comparison = compare_runs(baseline, new_dir, gates, allowed)
+    reports = Path(report_dir or new_dir)
+    reports.mkdir(parents=True, exist_ok=True)
+    title = f"xbench check ({meta['command']})"
+    (reports / "compare.md").write_text(
+        markdown(comparison.cases, title, _header(comparison, gates))
+    )
+    (reports / "compare.junit.xml").write_text(
+        junit(comparison.cases, title, _properties(comparison, gates))
+    )
+    _write(comparison, reports / "comparison.parquet", force=True)
+    _table(comparison, gates, title)
+    console.print(f"reports: {reports}/compare.md, {reports}/compare.junit.xml", highlight=False)
+    if update_baseline:
+        kept = _promote(new_dir, Path(baseline))
+        warn(f"{new_dir} is now the baseline {baseline}; the previous one is in {kept}")
+        return
+    _exit(comparison)
+
+
+def _check_settings(path: Path | None) -> dict:
+    if path is None:
+        return {}
+    import tomllib
+
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise XbenchError(
+            f"cannot read --config {path} ({exc})", "pass a TOML file with a [check] table"
+        ) from None
+    settings = data.get("check", {})
+    unknown = set(settings) - {"threshold", "alpha", "allow", "runs"}
+    if unknown:
+        raise XbenchError(
+            f"{path}: unknown [check] field {', '.join(sorted(unknown))}",
+            "use threshold, alpha, allow and runs",
+        )
+    if "allow" in settings and not isinstance(settings["allow"], list):
+        raise XbenchError(f"{path}: [check] allow must be a list", 'e.g. allow = ["driver"]')
+    return settings
+
+
+def _rerun(baseline: Path, command: str, out: Path | None, runs: int | None) -> Path:
+    """The baseline's stored sweep, run again into a fresh run directory."""
+    from xbench.results.metadata import new_run_id
+    from xbench.results.store import ensure_writable_dir, refuse_existing_run
+
+    run_id = new_run_id(command)
+    out_dir = ensure_writable_dir(out or Path("results") / run_id)
+    refuse_existing_run(out_dir)
+    if command == "probe":
+        from types import SimpleNamespace
+
+        from xbench.cli.common import OutputFormat
+        from xbench.cli.probe import _launch, stored_config
+
+        fresh = SimpleNamespace(
+            out_dir=str(out_dir), run_id=run_id, tcp_interface=None, bind="core"
+        )
+        cfg, np, launches = stored_config(baseline, fresh)
+        _launch(cfg, np, OutputFormat.table, runs=runs or launches, report=False)
+    else:
+        from types import SimpleNamespace
+
+        from xbench.cli.kernel import run_configured, stored_config
+
+        cfg = stored_config(baseline, SimpleNamespace(out_dir=str(out_dir), run_id=run_id))
+        if runs:
+            cfg.runs = runs
+        run_configured(cfg)
+    return out_dir
+
+
+def _promote(new_dir: Path, baseline: Path) -> Path:
+    """Copy the new run into the baseline's place; the old baseline moves beside it."""
+    import shutil
+
+    from xbench.results.store import read_run_meta
+
+    old_id = read_run_meta(baseline).get("run_id", "previous")
+    kept = baseline.with_name(f"{baseline.name}.replaced-{old_id}")
+    staging = baseline.with_name(f".{baseline.name}.incoming")
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(new_dir, staging)
+    baseline.rename(kept)
+    staging.rename(baseline)
+    return kept

@@ -1,0 +1,40 @@
+"""``xbench report``: figures and one self-contained HTML page from stored results."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from xbench.cli.common import console, handles_errors
+from xbench.errors import XbenchError
+
+
+@handles_errors
+def report(
+    results: Annotated[
+        list[Path],
+        typer.Argument(
+            help="Probe, kernel or validate run directories, profile .toml files, comparison "
+            ".parquet files (xbench compare --out)."
+        ),
+    ],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for the PNGs and index.html.")],
+    heads: Annotated[int, typer.Option(help="Heads per device for the decision map.")] = 16,
+) -> None:
+    """Draw what the results hold: fabric curves, roofline, decision map, validate, comparison."""
+    from xbench.report import build
+    from xbench.results.store import ensure_writable_dir
+
+    if heads < 1:
+        raise XbenchError(f"--heads {heads}: at least one head", "pass --heads 1 or more")
+    for path in results:
+        if not path.exists():
+            raise XbenchError(f"{path} does not exist", "pass results written by xbench")
+    figures = build(results, ensure_writable_dir(out), heads)
+    for fig in figures:
+        console.print(f"{fig.title}: {fig.path}", highlight=False)
+    console.print(
+        f"report: {out / 'index.html'} ({len(figures)} figures, self-contained)", highlight=False
+    )

@@ -1,0 +1,160 @@
+"""Stored runs as ``xbench compare`` sees them: which table, which cases, and whether two
+runs can be compared at all (the run metadata checked as pyperf checks its metadata)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from xbench.errors import XbenchError
+from xbench.results.schema import (
+    KERNEL_CASE_KEYS,
+    KERNEL_SAMPLES,
+    PROBE_CASE_KEYS,
+    PROBE_SAMPLES,
+    VALIDATE_CASE_KEYS,
+    VALIDATE_SAMPLES,
+)
+from xbench.results.store import read_run_meta, read_table, table_files
+
+# Per command: its samples table and the columns that name one case.
+CASE_KEYS = {
+    "probe": (PROBE_SAMPLES, PROBE_CASE_KEYS),
+    "kernel": (KERNEL_SAMPLES, KERNEL_CASE_KEYS),
+    "validate": (VALIDATE_SAMPLES, VALIDATE_CASE_KEYS),
+}
+# The columns a case's label shows (the rest are usually the same across a run).
+LABEL_KEYS = {
+    "probe": ["pattern", "transport", "fabric", "size_bytes", "rank_a", "rank_b"],
+    "kernel": [
+        "kernel",
+        "backend",
+        "dtype",
+        "rows",
+        "heads",
+        "chunk_tokens",
+        "after_tokens",
+        "sparse",
+    ],
+    "validate": ["option", "fabric", "rows", "chunk_tokens", "segments"],
+}
+
+
+@dataclass
+class StoredRun:
+    path: Path
+    command: str
+    meta: dict
+    samples: pd.DataFrame  # measured samples only, with a ``launch`` column
+    schema_version: int
+
+
+def load_run(path) -> StoredRun:
+    """A run directory written by probe, kernel or validate; one line when it is not one."""
+    path = Path(path)
+    if not path.is_dir():
+        raise XbenchError(
+            f"{path} is not a run directory",
+            "pass a directory written by xbench probe, kernel or validate",
+        )
+    meta = read_run_meta(path)
+    command = meta.get("command")
+    if command not in CASE_KEYS:
+        raise XbenchError(
+            f"{path} holds no probe, kernel or validate run (run.json command {command!r})",
+            "pass a directory written by xbench probe, kernel or validate",
+        )
+    table = CASE_KEYS[command][0]
+    files = table_files([path], table)
+    if not files:
+        raise XbenchError(f"{path} has no {table} yet", "let the run finish, or pass another run")
+    import pyarrow.parquet as pq
+
+    version = int(pq.read_schema(files[0]).metadata.get(b"xbench.schema_version", b"0"))
+    samples = read_table([path], table)
+    samples = samples[~samples.warmup].copy()
+    if command == "probe":  # the timed loop's own overhead is a correction, not a figure
+        samples = samples[samples.pattern != "overhead"]
+    samples = samples[samples.value > 0]  # compared on a log scale
+    samples["launch"] = samples["process_run"] if "process_run" in samples else 0
+    return StoredRun(path, command, meta, samples, version)
+
+
+def _hosts(meta: dict) -> str | None:
+    hosts = meta.get("hosts") or ([meta["hostname"]] if meta.get("hostname") else None)
+    return ",".join(sorted(set(hosts))) if hosts else None
+
+
+def _gpus(meta: dict, key: str) -> str | None:
+    gpus = meta.get("gpus") or []
+    return ",".join(sorted({str(g.get(key)) for g in gpus})) or None
+
+
+# The metadata that must agree for two runs' figures to be compared; --allow names the ones
+# a comparison means to cross (a nightly job after a driver update allows "driver").
+COMPARED_FIELDS = {
+    "command": lambda m: m.get("command"),
+    "host": _hosts,
+    "cpu_model": lambda m: m.get("cpu_model"),
+    "mpi_library": lambda m: m.get("mpi_library"),
+    "mpi_thread_level": lambda m: m.get("mpi_thread_level"),
+    "gpu": lambda m: _gpus(m, "name"),
+    "driver": lambda m: _gpus(m, "driver"),
+    "torch": lambda m: m.get("torch"),
+    "backend": lambda m: m.get("backend"),
+    "cpu_attention": lambda m: (m.get("conditions") or {}).get("cpu_attention"),
+}
+
+
+def differences(base: StoredRun, cand: StoredRun) -> list[tuple[str, object, object]]:
+    """(field, baseline value, candidate value) for each compared field that differs."""
+    found = [
+        (name, get(base.meta), get(cand.meta))
+        for name, get in COMPARED_FIELDS.items()
+        if get(base.meta) != get(cand.meta)
+    ]
+    if base.schema_version != cand.schema_version:
+        found.append(("schema", base.schema_version, cand.schema_version))
+    return found
+
+
+def case_frame(run: StoredRun) -> pd.DataFrame:
+    """The run's samples with a ``case`` label column (keys as text, in a fixed order)."""
+    keys = CASE_KEYS[run.command][1]
+    frame = run.samples.copy()
+    frame["case_key"] = ["|".join(map(str, row)) for row in frame[keys].itertuples(index=False)]
+    frame["case"] = frame.apply(lambda r: label(run.command, r), axis=1)
+    return frame
+
+
+def label(command: str, row) -> str:
+    """A case's name for people: its distinguishing keys, shortest form."""
+    from xbench.core.units import format_size
+
+    parts = []
+    for key in LABEL_KEYS[command]:
+        value = row[key]
+        if (
+            value is None
+            or (isinstance(value, float) and value != value)
+            or key in ("rank_a", "rank_b")
+        ):
+            continue
+        if key == "size_bytes":
+            parts.append(format_size(int(value)))
+        elif key == "sparse":
+            parts.append("sparse" if value else "dense")
+        elif key == "after_tokens":
+            if value:
+                parts.append(f"after {value}")
+        elif key == "chunk_tokens" and command == "kernel" and not value:
+            continue  # a merge has no chunk of its own
+        elif key in ("rows", "heads", "chunk_tokens", "segments"):
+            parts.append(f"{key.split('_')[0]}={value}")
+        else:
+            parts.append(str(value))
+    if command == "probe":
+        parts.append(f"ranks {row['rank_a']}-{row['rank_b']}")
+    return " ".join(parts)

@@ -1,0 +1,161 @@
+"""Case-by-case verdicts between two runs: faster, slower, unchanged, inconclusive, or not
+comparable.
+
+A case is slower (or faster) only when it passes two gates:
+
+1. a significance test on the samples, corrected for the number of cases compared
+   (Benjamini-Hochberg: a nightly sweep compares tens of cases, and uncorrected tests at
+   5 % would flag one of every twenty by chance);
+2. a median ratio beyond ``threshold`` (5 % by default) in that direction.
+
+The test respects how the runs were made. Where each run holds at least ``MIN_LAUNCHES``
+process launches (``--runs``), the unit of replication is the launch: Welch's t-test on the
+log of each launch's median, because on a shared machine a launch's placement moves all of
+its samples together by 10-30 %, and a test that counted one launch's samples as
+independent would cry wolf. With fewer launches the test falls back to Mann-Whitney on the
+samples (pyperf's situation with one process), and the result says so (``test`` column).
+The ratio's interval is a percentile bootstrap over the same units.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+VERDICTS = ("slower", "faster", "unchanged", "inconclusive", "not comparable")
+MIN_LAUNCHES = 3
+
+
+@dataclass(frozen=True)
+class Gates:
+    threshold: float = 0.05  # a ratio within 1 +- threshold is unchanged
+    alpha: float = 0.05  # false discovery rate over the cases compared
+    confidence: float = 0.95  # the ratio interval's coverage
+    boot: int = 2000
+    seed: int = 0
+    min_launches: int = MIN_LAUNCHES  # launches each side needs for the launch-level test
+
+
+def higher_is_better(unit: str) -> bool:
+    """Rates (MB/s, GB/s, FLOP/s) improve upwards; times downwards."""
+    return "/s" in str(unit)
+
+
+def _units(group: pd.DataFrame, by_launch: bool) -> np.ndarray:
+    if by_launch:
+        return group.groupby("launch").value.median().to_numpy(float)
+    return group.value.to_numpy(float)
+
+
+def _p_value(base: np.ndarray, cand: np.ndarray, by_launch: bool) -> float:
+    from scipy import stats
+
+    lb, lc = np.log(base), np.log(cand)
+    if by_launch:
+        if np.ptp(lb) == 0 and np.ptp(lc) == 0:  # no spread at all: equal or certainly not
+            return 1.0 if lb[0] == lc[0] else 0.0
+        return float(stats.ttest_ind(lb, lc, equal_var=False).pvalue)
+    if len(lb) < 2 or len(lc) < 2:
+        return 1.0
+    return float(stats.mannwhitneyu(lb, lc, alternative="two-sided").pvalue)
+
+
+def _ratio_interval(base, cand, gates: Gates, rng) -> tuple[float, float]:
+    """Percentile bootstrap of median(cand) / median(base), resampling each side's units."""
+    b = rng.choice(base, (gates.boot, len(base)))
+    c = rng.choice(cand, (gates.boot, len(cand)))
+    ratios = np.median(c, axis=1) / np.median(b, axis=1)
+    tail = (1 - gates.confidence) / 2
+    return float(np.quantile(ratios, tail)), float(np.quantile(ratios, 1 - tail))
+
+
+def compare_frames(base: pd.DataFrame, cand: pd.DataFrame, gates: Gates = Gates()) -> pd.DataFrame:
+    """One row per case of either run. Both frames: measured samples with ``case_key``,
+    ``case``, ``launch``, ``value`` and ``unit``."""
+    from scipy.stats import false_discovery_control
+
+    rng = np.random.default_rng(gates.seed)
+    rows = []
+    keys = list(dict.fromkeys([*base.case_key.unique(), *cand.case_key.unique()]))
+    b_groups = dict(tuple(base.groupby("case_key", sort=False)))
+    c_groups = dict(tuple(cand.groupby("case_key", sort=False)))
+    for key in keys:
+        b, c = b_groups.get(key), c_groups.get(key)
+        first = b if b is not None else c
+        row = {
+            "case": first.case.iloc[0],
+            "case_key": key,
+            "unit": first.unit.iloc[0],
+            "n_baseline": 0 if b is None else len(b),
+            "n_candidate": 0 if c is None else len(c),
+            "launches_baseline": 0 if b is None else b.launch.nunique(),
+            "launches_candidate": 0 if c is None else c.launch.nunique(),
+        }
+        if b is None or c is None:
+            row.update(
+                verdict="not comparable",
+                reason="only in the " + ("candidate" if b is None else "baseline"),
+            )
+            rows.append(row)
+            continue
+        by_launch = min(b.launch.nunique(), c.launch.nunique()) >= gates.min_launches
+        ub, uc = _units(b, by_launch), _units(c, by_launch)
+        low, high = _ratio_interval(ub, uc, gates, rng)
+        row.update(
+            baseline=float(np.median(ub)),
+            candidate=float(np.median(uc)),
+            ratio=float(np.median(uc) / np.median(ub)),
+            ratio_low=low,
+            ratio_high=high,
+            ci_coverage=gates.confidence,
+            p_value=_p_value(ub, uc, by_launch),
+            test="welch t on launch medians" if by_launch else "mann-whitney on samples",
+            reason="",
+        )
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    for col in (
+        "baseline",
+        "candidate",
+        "ratio",
+        "ratio_low",
+        "ratio_high",
+        "p_value",
+        "ci_coverage",
+    ):
+        if col not in frame:
+            frame[col] = math.nan
+    for col in ("test", "reason", "verdict"):
+        if col not in frame:
+            frame[col] = None
+    tested = frame.p_value.notna()
+    frame["q_value"] = math.nan
+    if tested.any():
+        frame.loc[tested, "q_value"] = false_discovery_control(
+            frame.loc[tested, "p_value"].to_numpy()
+        )
+    frame.loc[tested, "verdict"] = [
+        verdict(r.ratio, r.q_value, r.unit, gates) for r in frame[tested].itertuples()
+    ]
+    frame["change"] = [
+        _change(r.ratio, r.unit) if r.ratio == r.ratio else math.nan for r in frame.itertuples()
+    ]
+    return frame
+
+
+def _change(ratio: float, unit: str) -> float:
+    """How much worse (positive) or better (negative) the candidate is, as a fraction."""
+    return (1 / ratio - 1) if higher_is_better(unit) else ratio - 1
+
+
+def verdict(ratio: float, q_value: float, unit: str, gates: Gates) -> str:
+    worse = _change(ratio, unit)
+    beyond = abs(math.log(ratio)) > math.log1p(gates.threshold)
+    if not beyond:
+        return "unchanged"
+    if q_value < gates.alpha:
+        return "slower" if worse > 0 else "faster"
+    return "inconclusive"

@@ -1,0 +1,131 @@
+"""``xbench report``: PNG figures and one self-contained HTML page from stored results.
+
+What it reads, by what each path holds: a probe run (fabric curves with the fitted segments
+and residuals), a kernel run (the roofline), a validate run (predicted against measured), a
+comparison Parquet from ``xbench compare --out`` (ratios per case), a profile TOML (the
+decision map). A probe run without a profile is fitted on the spot for its curves.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import html
+from dataclasses import dataclass
+from pathlib import Path
+
+from xbench.errors import XbenchError
+
+
+@dataclass
+class Figure:
+    name: str
+    title: str
+    path: Path
+
+
+def _kind(path: Path) -> str:
+    from xbench.results.store import read_run_meta
+
+    if path.is_dir():
+        command = read_run_meta(path).get("command")
+        if command in ("probe", "kernel", "validate"):
+            return command
+    elif path.suffix == ".toml":
+        return "profile"
+    elif path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            table = (pq.read_schema(path).metadata or {}).get(b"xbench.table", b"").decode()
+        except Exception:  # noqa: BLE001 - any unreadable file is reported below
+            table = ""
+        if table == "comparison":
+            return "comparison"
+    raise XbenchError(
+        f"{path} is not something xbench report draws",
+        "pass probe, kernel or validate run directories, a profile .toml, or a comparison .parquet",
+    )
+
+
+def build(paths, out_dir: Path, heads: int = 16) -> list[Figure]:
+    """Render every figure the inputs allow into ``out_dir`` (PNG) and return them."""
+    from xbench.core.profile import load_profile
+    from xbench.report import figures
+    from xbench.results.schema import COMPARISON, KERNEL_SAMPLES, PROBE_SAMPLES, VALIDATE_SUMMARY
+    from xbench.results.store import read_table
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    inputs = [(Path(p), _kind(Path(p))) for p in paths]
+    profiles = [load_profile(p) for p, kind in inputs if kind == "profile"]
+    made: list[Figure] = []
+
+    def save(fig, name: str, title: str) -> None:
+        if fig is None:
+            return
+        path = out_dir / f"{name}.png"
+        fig.savefig(path, dpi=110)
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+        made.append(Figure(name, title, path))
+
+    for i, (path, kind) in enumerate(inputs):
+        tag = f"{i + 1}-{path.stem}"
+        if kind == "probe":
+            samples = read_table(path, PROBE_SAMPLES)
+            fabrics = list(profiles[0].fabrics) if profiles else _fit_fabrics(samples)
+            save(figures.probe_figure(samples, fabrics), f"fabrics-{tag}", f"Fabrics ({path})")
+        elif kind == "kernel":
+            from xbench.kernels.summary import ceilings_from, summarize_kernels
+
+            samples = read_table(path, KERNEL_SAMPLES)
+            save(
+                figures.roofline_figure(summarize_kernels(samples), ceilings_from(samples)),
+                f"roofline-{tag}",
+                f"Kernels against the ceilings ({path})",
+            )
+        elif kind == "validate":
+            summary_file = path / "validate_summary.parquet"
+            if summary_file.exists():
+                summary = read_table([summary_file], VALIDATE_SUMMARY)
+                save(figures.validate_figure(summary), f"validate-{tag}", f"Validate ({path})")
+        elif kind == "comparison":
+            cases = read_table([path], COMPARISON)
+            save(figures.comparison_figure(cases), f"compare-{tag}", f"Comparison ({path})")
+    for k, prof in enumerate(profiles):
+        save(figures.decision_map(prof, heads), f"decisions-{k + 1}", f"Decision map ({prof.name})")
+    if not made:
+        raise XbenchError("nothing to draw in the given results", "pass runs that hold samples")
+    write_html(made, out_dir / "index.html")
+    return made
+
+
+def _fit_fabrics(samples):
+    from xbench.fit.profile_fit import fit_fabrics
+
+    try:
+        return fit_fabrics(samples, None, [])
+    except XbenchError:
+        return []
+
+
+def write_html(figs: list[Figure], path: Path) -> Path:
+    """One page, every figure embedded (data: URIs): it opens with no network and no files
+    beside it."""
+    stamp = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8"><title>xbench report</title>',
+        "<style>body{font-family:sans-serif;max-width:1200px;margin:2em auto}"
+        "img{max-width:100%;border:1px solid #ddd}h2{font-size:1.1em}</style></head><body>",
+        f"<h1>xbench report</h1><p>{html.escape(stamp)}</p>",
+    ]
+    for fig in figs:
+        data = base64.b64encode(fig.path.read_bytes()).decode()
+        parts.append(f"<h2>{html.escape(fig.title)}</h2>")
+        parts.append(f'<img alt="{html.escape(fig.title)}" src="data:image/png;base64,{data}">')
+    parts.append("</body></html>")
+    path.write_text("\n".join(parts))
+    return path

@@ -1,0 +1,208 @@
+"""The report's figures (matplotlib, Agg: files only, no display needed).
+
+Each function takes frames the library already produces and returns a Figure, or None when
+its input holds nothing to draw.
+"""
+
+from __future__ import annotations
+
+import math
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+COLOURS = {"route": "#1f77b4", "fetch": "#ff7f0e", "local": "#2ca02c"}
+
+
+def probe_figure(samples: pd.DataFrame, fabrics) -> plt.Figure | None:
+    """Per fabric: one-way latency against size with the fitted segments over the samples
+    and their residuals, and windowed bandwidth against size."""
+    measured = samples[~samples.warmup]
+    wire = measured[measured.pattern.isin(["offcache", "latency"])]
+    if wire.empty:
+        return None
+    fitted = {f.name: f for f in fabrics}
+    names = list(dict.fromkeys(wire.fabric))
+    fig, axes = plt.subplots(3, len(names), figsize=(5.5 * len(names), 10), squeeze=False)
+    fig.suptitle("Fabrics: latency and bandwidth against message size")
+    for col, name in enumerate(names):
+        lat_ax, res_ax, bw_ax = axes[0][col], axes[1][col], axes[2][col]
+        rows = wire[wire.fabric == name]
+        for pattern, group in rows.groupby("pattern"):
+            med = group.groupby("size_bytes").value.median()
+            lat_ax.scatter(
+                group.size_bytes, group.value, s=6, alpha=0.3, label=f"{pattern} samples"
+            )
+            lat_ax.plot(med.index, med.values, "o", ms=4, label=f"{pattern} median")
+        fab = fitted.get(name)
+        sizes = np.unique(rows.size_bytes)
+        if fab is not None and len(sizes):
+            grid = np.geomspace(max(sizes.min(), 1), sizes.max(), 200)
+            model = np.array([fab.wire(n) for n in grid]) * 1e6
+            lat_ax.plot(grid, model, "k-", lw=1.2, label="fitted segments")
+            for seg in fab.segments[1:]:
+                lat_ax.axvline(seg.min_bytes, color="grey", ls=":", lw=0.8)
+            med = rows.groupby("size_bytes").value.median()
+            predicted = np.array([fab.wire(n) for n in med.index]) * 1e6
+            res_ax.plot(
+                med.index, 100 * (predicted - med.values) / med.values, "s-", color="#d62728", ms=4
+            )
+        res_ax.axhline(0, color="k", lw=0.8)
+        bw = measured[(measured.pattern == "bandwidth") & (measured.fabric == name)]
+        if not bw.empty:
+            med = bw.groupby("size_bytes").value.median()
+            bw_ax.plot(med.index, med.values / 1e3, "o-", color="#9467bd", ms=4, label="windowed")
+            bw_ax.legend(fontsize=8)
+        for ax in (lat_ax, res_ax, bw_ax):
+            ax.set_xscale("log", base=2)
+            ax.grid(True, which="both", alpha=0.3)
+        lat_ax.set_yscale("log")
+        lat_ax.set_title(f"{name}: one-way time")
+        lat_ax.set_ylabel("us")
+        lat_ax.legend(fontsize=7)
+        res_ax.set_ylabel("fit residual, %")
+        bw_ax.set_ylabel("GB/s")
+        bw_ax.set_xlabel("message size, bytes")
+    fig.tight_layout()
+    return fig
+
+
+def roofline_figure(summary: pd.DataFrame, ceilings: dict) -> plt.Figure | None:
+    """The kernel sweep against the device's ceilings: attained FLOP/s against arithmetic
+    intensity, with the measured copy bandwidth and matmul rate as the roof."""
+    rows = summary[(summary.kernel == "partial_attention") & (summary.flops > 0)]
+    if rows.empty or not ceilings:
+        return None
+    intensity = rows.flops / rows.bytes_moved
+    fig, ax = plt.subplots(figsize=(7, 5))
+    copy, peak = ceilings.get("copy_bytes_per_s"), ceilings.get("matmul_flops_per_s")
+    x = np.geomspace(max(intensity.min() / 4, 1e-2), intensity.max() * 4, 200)
+    if copy and peak:
+        ax.plot(x, np.minimum(x * copy, peak) / 1e9, "k-", lw=1.5, label="roof (measured)")
+    for rows_n, group in rows.groupby("rows"):
+        i = group.flops / group.bytes_moved
+        ax.plot(i, group.flops / (group.median_us * 1e-6) / 1e9, "o-", ms=5, label=f"{rows_n} rows")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity, FLOP/byte")
+    ax.set_ylabel("GFLOP/s")
+    ax.set_title(
+        f"MLA partial attention against the ceilings ({rows.backend.iloc[0]} on {rows.device.iloc[0]})"
+    )
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def decision_map(profile, heads: int = 16, rows=None, chunks=None) -> plt.Figure | None:
+    """Rows x chunk coloured by the option the predicate picks, one panel per fabric; cells
+    whose decision the intervals leave uncertain are hatched."""
+    from xbench.core.grid import decide_grid
+
+    rows = rows or [1, 2, 4, 8, 16, 32, 64, 128]
+    chunks = chunks or [64 * 2**k for k in range(10)]
+    names = [f.name for f in profile.fabrics]
+    if not names:
+        return None
+    cols = min(3, len(names))
+    lines = math.ceil(len(names) / cols)
+    fig, axes = plt.subplots(lines, cols, figsize=(4.6 * cols, 3.8 * lines), squeeze=False)
+    codes = {"route": 0, "fetch": 1, "local": 2}
+    cmap = matplotlib.colors.ListedColormap([COLOURS["route"], COLOURS["fetch"], COLOURS["local"]])
+    for k, name in enumerate(names):
+        ax = axes[k // cols][k % cols]
+        grid = pd.DataFrame(
+            [(b, c, name, heads) for b in rows for c in chunks],
+            columns=["rows", "chunk_tokens", "fabric", "heads"],
+        )
+        out = decide_grid(profile, grid, threads=1)
+        choice = out.decision.astype(str).map(codes).to_numpy().reshape(len(rows), len(chunks))
+        unsure = out.uncertain.to_numpy().reshape(len(rows), len(chunks))
+        ax.imshow(choice, cmap=cmap, vmin=0, vmax=2, origin="lower", aspect="auto")
+        for i, j in zip(*np.nonzero(unsure), strict=True):
+            ax.add_patch(
+                matplotlib.patches.Rectangle(
+                    (j - 0.5, i - 0.5), 1, 1, fill=False, hatch="///", edgecolor="white", lw=0
+                )
+            )
+        ax.set_xticks(range(len(chunks)), [str(c) for c in chunks], rotation=60, fontsize=7)
+        ax.set_yticks(range(len(rows)), [str(b) for b in rows], fontsize=7)
+        ax.set_title(name)
+        ax.set_xlabel("chunk, tokens")
+        ax.set_ylabel("rows (decode tokens)")
+    for k in range(len(names), lines * cols):
+        axes[k // cols][k % cols].axis("off")
+    handles = [matplotlib.patches.Patch(color=c, label=o) for o, c in COLOURS.items()]
+    handles.append(matplotlib.patches.Patch(facecolor="grey", hatch="///", label="uncertain"))
+    fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=8)
+    fig.suptitle(f"Decision map of profile {profile.name} ({heads} heads)")
+    fig.tight_layout(rect=(0, 0.07, 1, 0.95))
+    return fig
+
+
+def validate_figure(summary: pd.DataFrame) -> plt.Figure | None:
+    """Predicted against measured per case, with the 7 % band the model aims for."""
+    if summary.empty:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 6))
+    for option, group in summary.groupby("option"):
+        ax.errorbar(
+            group.measured_us,
+            group.predicted_us,
+            xerr=[group.measured_us - group.ci_low_us, group.ci_high_us - group.measured_us],
+            fmt="o",
+            color=COLOURS.get(option),
+            label=option,
+            ms=5,
+        )
+    lo = float(min(summary.measured_us.min(), summary.predicted_us.min())) * 0.8
+    hi = float(max(summary.measured_us.max(), summary.predicted_us.max())) * 1.25
+    x = np.geomspace(lo, hi, 50)
+    ax.plot(x, x, "k-", lw=1, label="predicted = measured")
+    ax.fill_between(x, x * 0.93, x * 1.07, color="grey", alpha=0.2, label="+-7 %")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("measured, us")
+    ax.set_ylabel("predicted, us")
+    mape = 100 * summary.error.abs().mean()
+    bias = 100 * summary.error.mean()
+    ax.set_title(f"validate: MAPE {mape:.1f} %, bias {bias:+.1f} %")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def comparison_figure(cases: pd.DataFrame) -> plt.Figure | None:
+    """Each case's candidate/baseline ratio with its interval, coloured by verdict."""
+    rows = cases[cases.ratio.notna()]
+    if rows.empty:
+        return None
+    colour = {
+        "slower": "#d62728",
+        "faster": "#2ca02c",
+        "unchanged": "#7f7f7f",
+        "inconclusive": "#bcbd22",
+    }
+    fig, ax = plt.subplots(figsize=(8, max(3, 0.28 * len(rows) + 1.5)))
+    y = np.arange(len(rows))
+    for yi, r in zip(y, rows.itertuples(), strict=True):
+        c = colour.get(r.verdict, "k")
+        ax.plot([r.ratio_low, r.ratio_high], [yi, yi], "-", color=c, lw=2)
+        ax.plot(r.ratio, yi, "o", color=c, ms=5)
+    ax.axvline(1.0, color="k", lw=0.8)
+    ax.set_yticks(y, rows.case.tolist(), fontsize=7)
+    ax.set_xlabel("candidate / baseline (median, with interval)")
+    ax.set_title("Comparison: ratio per case")
+    ax.grid(True, axis="x", alpha=0.3)
+    handles = [
+        matplotlib.lines.Line2D([], [], color=c, marker="o", label=v) for v, c in colour.items()
+    ]
+    ax.legend(handles=handles, fontsize=7, loc="best")
+    fig.tight_layout()
+    return fig
