@@ -28,7 +28,7 @@ LAYERS = [
     ),
     ("xbench.results",),
     ("xbench.fabric", "xbench.kernels"),
-    ("xbench.probe", "xbench.fit", "xbench.cluster", "xbench.compare"),
+    ("xbench.probe", "xbench.fit", "xbench.cluster", "xbench.compare", "xbench.simulate"),
     ("xbench.validate", "xbench.capabilities"),
     ("xbench.report",),
     ("xbench.cli",),

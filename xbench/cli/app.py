@@ -14,6 +14,7 @@ from xbench.cli.kernel import kernel
 from xbench.cli.models import models
 from xbench.cli.probe import probe
 from xbench.cli.report import report
+from xbench.cli.simulate import simulate
 from xbench.cli.slurm import slurm
 from xbench.cli.validate import validate
 from xbench.version import version_line
@@ -53,6 +54,7 @@ app.command("validate")(validate)
 app.command("compare")(compare)
 app.command("check")(check)
 app.command("report")(report)
+app.command("simulate")(simulate)
 app.command("slurm")(slurm)
 app.command("models")(models)
 app.command("env")(env)

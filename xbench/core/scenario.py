@@ -63,7 +63,7 @@ def load_scenario(path) -> dict:
     unknown = (
         (set(req) - REQUEST_KEYS)
         | (set(grid) - GRID_KEYS)
-        | (set(data) - {"scenario", "request", "grid"})
+        | (set(data) - {"scenario", "request", "grid", "workload"})
     )
     if unknown:
         raise ScenarioError(
@@ -126,4 +126,86 @@ def load_scenario(path) -> dict:
         "model": head.get("model"),
         "request": request,
         "axes": axes,
+    }
+
+
+# [workload]: what ``xbench simulate`` replays (``decide`` ignores it).
+WORKLOAD_KEYS = {
+    "instances": int,
+    "chunks": int,
+    "chunk_tokens": int,
+    "rows": int,
+    "rate": str,
+    "zipf": float,
+    "cache_chunks": int,
+    "max_batch_rows": int,
+    "fabric": (str, list),
+    "requests": int,
+}
+
+
+def load_workload(path) -> dict:
+    """The scenario's [workload] as Workload fields plus ``fabrics`` and ``requests``; the
+    request shape (heads, bytes) comes from its [scenario] model and [request]."""
+    path = Path(path)
+    scenario = load_scenario(path)
+    table = tomllib.loads(path.read_text()).get("workload")
+    if not table:
+        raise ScenarioError(
+            f"scenario {path} has no [workload] to simulate",
+            "add a [workload] table (instances, chunks, chunk_tokens, rate, zipf, cache_chunks, fabric)",
+        )
+    for key, value in table.items():
+        kind = WORKLOAD_KEYS.get(key)
+        if kind is None:
+            raise ScenarioError(
+                f"scenario {path}: unknown [workload] field {key!r}",
+                f"use {', '.join(sorted(WORKLOAD_KEYS))}",
+            )
+        ok = isinstance(value, kind) and not isinstance(value, bool)
+        if kind is float:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not ok:
+            raise ScenarioError(
+                f"scenario {path}: [workload] {key} = {value!r} has the wrong type",
+                f"give {key} as {'a number' if kind in (int, float) else 'text or a list'}",
+            )
+        if kind in (int, float) and value < (0 if key in ("zipf", "cache_chunks") else 1):
+            raise ScenarioError(
+                f"scenario {path}: [workload] {key} = {value} is out of range",
+                f"give {key} {'>= 0' if key in ('zipf', 'cache_chunks') else '>= 1'}",
+            )
+    rate_text = str(table.get("rate", "1000/s")).strip()
+    try:
+        rate = float(rate_text.removesuffix("/s"))
+        if rate <= 0:
+            raise ValueError(rate_text)
+    except ValueError:
+        raise ScenarioError(
+            f"scenario {path}: [workload] rate = {rate_text!r} is not a rate",
+            'write e.g. rate = "2000/s"',
+        ) from None
+    fabric = table.get("fabric", "nvlink")
+    req = scenario["request"]
+    fields = {
+        "instances": table.get("instances", 8),
+        "chunks": table.get("chunks", 256),
+        "chunk_tokens": table.get("chunk_tokens", 2048),
+        "rows": table.get("rows", 1),
+        "heads": req["heads"],
+        "payload_bytes": req["payload_bytes"],
+        "return_bytes": req["return_bytes"],
+        "kv_bytes_per_token": req["kv_bytes_per_token"],
+        "segments": req["segments"],
+        "rate_per_s": rate,
+        "zipf": float(table.get("zipf", 1.0)),
+        "cache_chunks": table.get("cache_chunks", 16),
+        "max_batch_rows": table.get("max_batch_rows", 1024),
+    }
+    return {
+        "name": scenario["name"],
+        "description": scenario["description"],
+        "fields": fields,
+        "fabrics": fabric if isinstance(fabric, list) else [fabric],
+        "requests": table.get("requests", 20000),
     }

@@ -29,6 +29,7 @@ kernel_samples v3: adds ``process_run`` (``xbench kernel --runs N`` launches the
     (``--in-context``: as a route or fetch runs them); v2 files read as 0, 0 and 0.
 validate_summary v2: adds, per phase, ``measured_<phase>_us`` and ``predicted_<phase>_us``
     (v1 files read with them null).
+simulation v1: first version, written by ``xbench simulate --out``.
 comparison v1: first version, written by ``xbench compare --out`` and ``xbench check``.
 validate_samples v3: adds ``segments``, the messages a fetch sent.
 validate_samples v4: adds ``process_run`` (``xbench validate --runs N``) and the sample's
@@ -281,6 +282,32 @@ COMPARISON_SCHEMA = pa.schema(
     ]
 )
 
+SIMULATION = "simulation"
+SIMULATION_SCHEMA = pa.schema(
+    [
+        pa.field("fabric", pa.string(), nullable=False),
+        pa.field("policy", pa.string(), nullable=False),  # route, fetch, local, predicate
+        pa.field("requests", pa.int64(), nullable=False),
+        pa.field("p50_us", pa.float64(), nullable=False),
+        pa.field("p90_us", pa.float64(), nullable=False),
+        pa.field("p99_us", pa.float64(), nullable=False),
+        pa.field("mean_us", pa.float64(), nullable=False),
+        pa.field("throughput_per_s", pa.float64(), nullable=False),
+        pa.field("bytes_moved", pa.float64(), nullable=False),
+        pa.field("link_util_mean", pa.float64(), nullable=False),  # egress busy / makespan
+        pa.field("link_util_max", pa.float64(), nullable=False),
+        pa.field("compute_util_mean", pa.float64(), nullable=False),
+        pa.field("compute_util_max", pa.float64(), nullable=False),
+        pa.field("share_present", pa.float64(), nullable=False),  # chunk home or cached
+        pa.field("share_route", pa.float64(), nullable=False),
+        pa.field("share_fetch", pa.float64(), nullable=False),
+        pa.field("share_local", pa.float64(), nullable=False),
+        pa.field("batches", pa.int64(), nullable=False),  # batched attention calls at holders
+        pa.field("mean_batch_rows", pa.float64()),
+        pa.field("gain_vs_best_static", pa.float64()),  # predicate mean / best of route, fetch - 1
+    ]
+)
+
 SCHEMAS = {
     PROBE_SAMPLES: PROBE_SAMPLES_SCHEMA,
     KERNEL_SAMPLES: KERNEL_SAMPLES_SCHEMA,
@@ -288,6 +315,7 @@ SCHEMAS = {
     DECISIONS: DECISIONS_SCHEMA,
     VALIDATE_SUMMARY: VALIDATE_SUMMARY_SCHEMA,
     COMPARISON: COMPARISON_SCHEMA,
+    SIMULATION: SIMULATION_SCHEMA,
 }
 SCHEMA_VERSIONS = {
     PROBE_SAMPLES: 2,
@@ -296,6 +324,7 @@ SCHEMA_VERSIONS = {
     DECISIONS: 2,
     VALIDATE_SUMMARY: 2,
     COMPARISON: 1,
+    SIMULATION: 1,
 }
 
 

@@ -1,0 +1,161 @@
+"""xbench simulate (issue 21): the engine's paths, queueing, batching and cache against hand
+computations; the scenario files; the command."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from xbench.core.profile import load_profile
+from xbench.core.scenario import ScenarioError, load_workload
+from xbench.resources import profile_path
+from xbench.results.schema import SIMULATION
+from xbench.results.store import read_table
+from xbench.simulate import PATHS, Workload, simulate
+from xbench.simulate.engine import Trace, _Costs
+
+PRIORS = load_profile(profile_path("h100-priors"))
+SCENARIOS = sorted((Path(__file__).resolve().parents[1] / "scenarios").glob("*.toml"))
+W = Workload(instances=2, chunks=2, chunk_tokens=2048, rate_per_s=1000, cache_chunks=4, fabric="ib")
+
+
+def _trace(*rows):
+    """(arrival s, requester, chunk) rows; chunk k lives on instance k % 2."""
+    a, r, k = zip(*rows, strict=True)
+    return Trace(np.array(a, float), np.array(r), np.array(k))
+
+
+def test_one_request_costs_the_models_phases():
+    c = _Costs(PRIORS, W)
+    remote = _trace((0.0, 0, 1))
+    route = simulate(PRIORS, W, remote, "route")
+    want = c.send_occ + c.send_fly + c.attend + c.back_occ + c.back_fly + c.merge
+    assert route.latency[0] == pytest.approx(want) and PATHS[route.path[0]] == "route"
+    assert want == pytest.approx(c.per_use()["route"])
+    # the same phases as the cost model adds them
+    from xbench.core.costmodel import Request, times
+
+    r = Request(rows=1, heads=16, chunk_tokens=2048, fabric="ib")
+    assert want == pytest.approx(times(PRIORS.fabric("ib"), PRIORS.device, r)[0])
+    fetch = simulate(PRIORS, W, remote, "fetch")
+    assert fetch.latency[0] == pytest.approx(c.kv_occ + c.kv_fly + c.move + c.attend + c.merge)
+    home = simulate(PRIORS, W, _trace((0.0, 1, 1)), "route")
+    assert home.latency[0] == pytest.approx(c.attend) and PATHS[home.path[0]] == "present"
+
+
+def test_a_busy_holder_queues_and_batches_one_chunk():
+    c = _Costs(PRIORS, W)
+    same_time = _trace(*[(0.0, 0, 1)] * 8)  # eight queries for chunk 1 at once
+    res = simulate(PRIORS, W, same_time, "route")
+    # the first runs alone (the server was idle), the other seven queued and ran as one call
+    assert res.batches == 2 and res.batched_rows == 8
+    assert res.compute_busy[1] == pytest.approx(c.attend + c.batched_attend(7))
+    assert res.compute_busy[1] < 8 * c.attend
+    two_chunks = _trace((0.0, 0, 1), (0.0, 0, 3))  # different chunks, same holder: FIFO
+    res = simulate(PRIORS, W, two_chunks, "route")
+    assert res.batches == 2 and res.latency[1] > res.latency[0]
+
+
+def test_a_fetched_chunk_serves_later_uses_and_waits_for_arriving_ones():
+    c = _Costs(PRIORS, W)
+    fetch_done = c.kv_occ + c.kv_fly + c.move + c.attend + c.merge
+    trace = _trace((0.0, 0, 1), (1e-6, 0, 1), (fetch_done + 1e-3, 0, 1))
+    res = simulate(PRIORS, W, trace, "fetch")
+    paths = [PATHS[p] for p in res.path]
+    assert paths == ["fetch", "present", "present"]
+    # arrived meanwhile: waits for the fetch, then attends in place
+    assert res.latency[1] == pytest.approx(fetch_done - 1e-6 + c.attend, rel=1e-9)
+    # arrived after: the chunk is in the cache
+    assert res.latency[2] == pytest.approx(c.attend)
+    assert res.bytes_moved == pytest.approx(c.s_kv)
+
+
+def test_every_shipped_scenario_with_a_workload_loads():
+    loaded = {s.stem: load_workload(s) for s in SCENARIOS if "[workload]" in s.read_text()}
+    assert {"agentic-codebase", "decode-route-vs-fetch", "moska-shared-chunk"} <= set(loaded)
+    assert set(loaded["decode-route-vs-fetch"]["fabrics"]) == {
+        "nvlink",
+        "ibgda",
+        "ib",
+        "roce",
+        "tcp",
+    }
+
+
+@pytest.mark.parametrize(
+    "table, words",
+    [
+        ("instances = 0", "instances = 0 is out of range"),
+        ("colour = 3", "unknown [workload] field 'colour'"),
+        ('rate = "fast"', "is not a rate"),
+        ('zipf = "high"', "zipf = 'high' has the wrong type"),
+    ],
+)
+def test_workload_errors_name_the_file_and_field(tmp_path, table, words):
+    path = tmp_path / "bad.toml"
+    path.write_text(f'[scenario]\nname = "bad"\nmodel = "deepseek-v3.2"\n[workload]\n{table}\n')
+    import re
+
+    with pytest.raises(ScenarioError, match=re.escape(words)) as err:
+        load_workload(path)
+    assert str(path) in str(err.value)
+
+
+def test_simulate_cli_every_scenario_writes_parquet(xbench, tmp_path):
+    for scenario in SCENARIOS:
+        if "[workload]" not in scenario.read_text():
+            continue
+        out = tmp_path / f"{scenario.stem}.parquet"
+        r = xbench("simulate", scenario, "--requests", "400", "--out", out, "--format", "json")
+        assert r.returncode == 0, r.stderr
+        rows = json.loads(r.stdout)
+        fabrics = load_workload(scenario)["fabrics"]
+        assert len(rows) == 4 * len(fabrics)
+        frame = read_table([out], SIMULATION)
+        assert set(frame.policy) == {"route", "fetch", "local", "predicate"}
+        shares = frame[[f"share_{p}" for p in PATHS]].sum(axis=1)
+        assert np.allclose(shares, 1.0)
+        assert (frame.p50_us <= frame.p99_us).all() and (frame.mean_us > 0).all()
+    r = xbench("simulate", SCENARIOS[0], "--requests", "200")
+    assert r.returncode == 0 and "vs best" in r.stdout
+
+
+def test_simulate_cli_bad_input(xbench, tmp_path):
+    agentic = [s for s in SCENARIOS if s.stem == "agentic-codebase"][0]
+    for args, words in [
+        ((agentic, "--policy", "random"), "unknown policy"),
+        ((agentic, "--fabric", "warp"), "has no fabric warp"),
+        ((agentic, "--requests", "0"), "nothing to replay"),
+        ((tmp_path / "none.toml",), "does not exist"),
+    ]:
+        r = xbench("simulate", *args)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert words in r.stderr.strip().splitlines()[-1]
+    plain = [s for s in SCENARIOS if s.stem == "span-query-fanout"][0]
+    r = xbench("simulate", plain)
+    assert r.returncode == 2 and "no [workload]" in r.stderr
+
+
+def test_speed_benchmark_runs(tmp_path):
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(root / "benchmarks" / "simulate_speed.py"),
+            "--requests",
+            "3000",
+            "--repeats",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "3,000 requests" in r.stdout and "best" in r.stdout

@@ -1,0 +1,143 @@
+"""``xbench simulate``: a scenario's workload through the fitted model, policy by policy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from xbench.cli.common import FormatOption, OutputFormat, console, emit_frame, handles_errors
+from xbench.cli.render import num, result_table
+from xbench.errors import XbenchError
+
+
+@handles_errors
+def simulate(
+    scenario: Annotated[Path, typer.Argument(help="Scenario file with a [workload] table.")],
+    profile: Annotated[
+        str | None, typer.Option(help="Fitted profile (default: the shipped h100-priors).")
+    ] = None,
+    policy: Annotated[str, typer.Option(help="route, fetch, local, predicate, or all.")] = "all",
+    requests: Annotated[
+        int | None, typer.Option(help="Requests to replay (default: the scenario's).")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the arrivals and popularity draws.")] = 0,
+    fabric: Annotated[
+        str | None,
+        typer.Option(
+            help="Fabric(s) to simulate instead of the scenario's, comma list (e.g. shm)."
+        ),
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Also write the table as Parquet here.")
+    ] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace --out if it exists.")] = False,
+    fmt: FormatOption = OutputFormat.table,
+) -> None:
+    """Replay a workload: queueing at holders, batching, a requester cache, shared links."""
+    from xbench.cli.progress import make_progress
+    from xbench.core.profile import load_profile
+    from xbench.core.scenario import load_workload
+    from xbench.resources import DEFAULT_PROFILE, profile_path
+    from xbench.results.metadata import new_run_id, run_metadata
+    from xbench.results.schema import SIMULATION
+    from xbench.results.store import refuse_overwrite, write_table
+    from xbench.simulate import POLICIES, batching_gain, run
+
+    prof = load_profile(profile_path(profile or DEFAULT_PROFILE))
+    spec = load_workload(scenario)
+    if fabric:
+        spec["fabrics"] = [f.strip() for f in fabric.split(",") if f.strip()]
+    policies = list(POLICIES) if policy == "all" else [p.strip() for p in policy.split(",")]
+    bad = [p for p in policies if p not in POLICIES]
+    if bad or not policies:
+        raise XbenchError(
+            f"unknown policy {', '.join(bad) or policy!r}",
+            "pick route, fetch, local, predicate or all",
+        )
+    names = {f.name for f in prof.fabrics}
+    missing = [f for f in spec["fabrics"] if f not in names]
+    if missing:
+        raise XbenchError(
+            f"profile {prof.name} has no fabric {', '.join(missing)} that {scenario} simulates",
+            f"use a profile with it, or change [workload] fabric (the profile has {', '.join(sorted(names))})",
+        )
+    n = requests if requests is not None else spec["requests"]
+    if n < 1:
+        raise XbenchError(f"--requests {n}: nothing to replay", "pass --requests 1 or more")
+    if out is not None:
+        refuse_overwrite(out, force)
+    with make_progress() as progress:
+        task = progress.add_task("simulate", total=len(spec["fabrics"]) * len(policies))
+        frame = run(
+            prof,
+            spec,
+            policies,
+            n,
+            seed,
+            on_step=lambda label: progress.update(
+                task, advance=1, description=f"simulate {label}", refresh=True
+            ),
+        )
+    gains = batching_gain(prof, spec, n, seed) if spec["name"] == "moska-shared-chunk" else []
+    if out is not None:
+        meta = run_metadata(
+            new_run_id("simulate"), "simulate", scenario=spec["name"], profile=prof.name, seed=seed
+        )
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        write_table(Path(out), SIMULATION, frame, meta)
+    emit_frame(frame, fmt, lambda f: _table(f, spec, prof.name, n, gains, out))
+
+
+def _table(frame, spec, profile: str, n: int, gains, out) -> None:
+    table = result_table(
+        f"xbench simulate: {spec['name']} ({n:,} requests, profile {profile})",
+        (f"{out}  |  " if out else "")
+        + "latency in us;  link, gpu: the busiest instance's egress and compute;  shares: present "
+        "(home, cached or arriving) / route / fetch / local;  vs best: the predicate's mean "
+        "latency against the better of always-route and always-fetch on the same trace",
+    )
+    for col in (
+        "fabric",
+        "policy",
+        "p50 us",
+        "p99 us",
+        "mean us",
+        "req/s",
+        "link max",
+        "gpu max",
+        "shares",
+        "vs best",
+    ):
+        table.add_column(
+            col, justify="left" if col in ("fabric", "policy", "shares") else "right", no_wrap=True
+        )
+    for r in frame.itertuples():
+        shares = "/".join(
+            f"{100 * getattr(r, f'share_{p}'):.0f}" for p in ("present", "route", "fetch", "local")
+        )
+        gain = (
+            "-"
+            if r.gain_vs_best_static != r.gain_vs_best_static
+            else f"{100 * r.gain_vs_best_static:+.1f}%"
+        )
+        table.add_row(
+            r.fabric,
+            r.policy,
+            num(r.p50_us),
+            num(r.p99_us),
+            num(r.mean_us),
+            f"{100 * r.link_util_max:.0f}%",
+            f"{100 * r.compute_util_max:.0f}%",
+            shares,
+            gain,
+        )
+    console.print(table)
+    for g in gains:
+        console.print(
+            f"batching at the holder ({g['fabric']}): {g['mean_batch_rows']:.1f} rows per call on "
+            f"average; throughput x{g['throughput_gain']:.2f}, mean latency x{g['mean_latency_ratio']:.2f} "
+            "against serving the same queries one by one",
+            highlight=False,
+        )
