@@ -98,18 +98,7 @@ def _table(frame, spec, profile: str, n: int, gains, out) -> None:
         "(home, cached or arriving) / route / fetch / local;  vs best: the predicate's mean "
         "latency against the better of always-route and always-fetch on the same trace",
     )
-    for col in (
-        "fabric",
-        "policy",
-        "p50 us",
-        "p99 us",
-        "mean us",
-        "req/s",
-        "link max",
-        "gpu max",
-        "shares",
-        "vs best",
-    ):
+    for col in ("fabric", "policy", "p50", "p99", "mean", "link", "gpu", "shares %", "vs best"):
         table.add_column(
             col, justify="left" if col in ("fabric", "policy", "shares") else "right", no_wrap=True
         )
