@@ -280,7 +280,7 @@ def simulate(profile, w: Workload, trace: Trace, policy: str) -> Result:
                 choice = _predicate(
                     costs,
                     per_use,
-                    seen.get((me, k), 0),
+                    seen.get((me, k), 0) if w.cache_chunks else 0,  # nothing kept: no reuse
                     wait(c_free_at, c_backlog, me, now),
                     wait(c_free_at, c_backlog, holder, now),
                     wait(l_free_at, l_backlog, me, now),
