@@ -140,6 +140,35 @@ def _predicate(costs, per_use, reuse, wait_me, wait_holder, link_me, link_holder
     return min((route, "route"), (fetch, "fetch"), (local, "local"))[1]
 
 
+class _Servers:
+    """One FIFO server per instance (its compute, or its egress link): the jobs queued, the
+    work they hold, whether it runs, when it frees, and its busy time."""
+
+    def __init__(self, n: int):
+        self.queue = [deque() for _ in range(n)]
+        self.busy = [False] * n
+        self.free_at = [0.0] * n
+        self.backlog = [0.0] * n
+        self.time = np.zeros(n)
+
+    def add(self, i: int, job, work: float) -> bool:
+        """Queue ``job``; True when the server is idle and should start it now."""
+        self.queue[i].append(job)
+        self.backlog[i] += work
+        return not self.busy[i]
+
+    def run(self, i: int, now: float, work: float) -> float:
+        """Start ``work`` now (its job already taken off the queue); returns when it ends."""
+        self.busy[i] = True
+        self.free_at[i] = now + work
+        self.time[i] += work
+        return now + work
+
+    def wait(self, i: int, now: float) -> float:
+        """What a job queued now would wait: the running job's rest and the queued work."""
+        return max(self.free_at[i] - now, 0.0) + self.backlog[i]
+
+
 @dataclass
 class Result:
     latency: np.ndarray  # s per request
@@ -166,17 +195,8 @@ def simulate(profile, w: Workload, trace: Trace, policy: str) -> Result:
     served: dict[tuple[int, int], int] = {}
     pending: dict[tuple[int, int], list] = {}  # fetches in flight: the uses waiting for them
     # resources: compute and link per instance; each a FIFO with a running flag and backlog
-    c_queue = [deque() for _ in range(inst)]
-    c_busy = [False] * inst
-    c_free_at = [0.0] * inst
-    c_backlog = [0.0] * inst
-    c_time = np.zeros(inst)
+    compute, link = _Servers(inst), _Servers(inst)
     c_attq = [{} for _ in range(inst)]  # routed attentions queued per chunk
-    l_queue = [deque() for _ in range(inst)]
-    l_busy = [False] * inst
-    l_free_at = [0.0] * inst
-    l_backlog = [0.0] * inst
-    l_time = np.zeros(inst)
     events: list = []
     seq = 0
     moved = 0.0
@@ -188,16 +208,16 @@ def simulate(profile, w: Workload, trace: Trace, policy: str) -> Result:
 
     def start_compute(i: int, now: float) -> None:
         nonlocal seq, batches, batched_rows
-        job = c_queue[i].popleft()
+        job = compute.queue[i].popleft()
         kind, req, dur = job
-        c_backlog[i] -= dur
+        compute.backlog[i] -= dur
         if kind == "attend":  # take every queued routed attention of the same chunk
             k = chunks[req]
             c_attq[i][k] -= 1
             members, rows = [req], w.rows
             keep = deque()
-            while c_queue[i]:
-                other = c_queue[i].popleft()
+            while compute.queue[i]:
+                other = compute.queue[i].popleft()
                 if (
                     other[0] == "attend"
                     and chunks[other[1]] == k
@@ -205,46 +225,32 @@ def simulate(profile, w: Workload, trace: Trace, policy: str) -> Result:
                 ):
                     members.append(other[1])
                     rows += w.rows
-                    c_backlog[i] -= other[2]
+                    compute.backlog[i] -= other[2]
                     c_attq[i][k] -= 1
                 else:
                     keep.append(other)
-            c_queue[i] = keep
+            compute.queue[i] = keep
             dur = costs.batched_attend(rows)
             batches += 1
             batched_rows += rows
             job = ("attend", members, dur)
-        c_busy[i] = True
-        c_free_at[i] = now + dur
-        c_time[i] += dur
         seq += 1
-        push(events, (now + dur, seq, C_DONE, i, job))
+        push(events, (compute.run(i, now, dur), seq, C_DONE, i, job))
 
     def to_compute(i: int, job, now: float) -> None:
-        c_queue[i].append(job)
-        c_backlog[i] += job[2]
-        if not c_busy[i]:
+        if compute.add(i, job, job[2]):
             start_compute(i, now)
 
     def start_link(i: int, now: float) -> None:
         nonlocal seq
-        job = l_queue[i].popleft()
-        occ = job[1]
-        l_backlog[i] -= occ
-        l_busy[i] = True
-        l_free_at[i] = now + occ
-        l_time[i] += occ
+        job = link.queue[i].popleft()
+        link.backlog[i] -= job[1]
         seq += 1
-        push(events, (now + occ, seq, L_DONE, i, job))
+        push(events, (link.run(i, now, job[1]), seq, L_DONE, i, job))
 
     def to_link(i: int, job, now: float) -> None:
-        l_queue[i].append(job)
-        l_backlog[i] += job[1]
-        if not l_busy[i]:
+        if link.add(i, job, job[1]):
             start_link(i, now)
-
-    def wait(free_at, backlog, i, now):
-        return max(free_at[i] - now, 0.0) + backlog[i]
 
     # Arrivals are already in time order: they are merged with the heap of the events they
     # cause instead of being pushed onto it (a million fewer heap operations per million).
@@ -281,10 +287,10 @@ def simulate(profile, w: Workload, trace: Trace, policy: str) -> Result:
                     costs,
                     per_use,
                     seen.get((me, k), 0) if w.cache_chunks else 0,  # nothing kept: no reuse
-                    wait(c_free_at, c_backlog, me, now),
-                    wait(c_free_at, c_backlog, holder, now),
-                    wait(l_free_at, l_backlog, me, now),
-                    wait(l_free_at, l_backlog, holder, now),
+                    compute.wait(me, now),
+                    compute.wait(holder, now),
+                    link.wait(me, now),
+                    link.wait(holder, now),
                 )
             seen[(me, k)] = seen.get((me, k), 0) + 1
             if choice == "route":
@@ -302,8 +308,8 @@ def simulate(profile, w: Workload, trace: Trace, policy: str) -> Result:
                 to_compute(me, ("done", r, costs.recompute + costs.attend), now)
         elif kind == L_DONE:
             i = a
-            l_busy[i] = False
-            if l_queue[i]:
+            link.busy[i] = False
+            if link.queue[i]:
                 start_link(i, now)
             step, _, r, dest = job
             seq += 1
@@ -331,8 +337,8 @@ def simulate(profile, w: Workload, trace: Trace, policy: str) -> Result:
                 to_compute(a, ("fetched", r, costs.attend + costs.merge), now)
         else:  # C_DONE
             i = a
-            c_busy[i] = False
-            if c_queue[i]:
+            compute.busy[i] = False
+            if compute.queue[i]:
                 start_compute(i, now)
             step, req, _ = job
             if step == "attend":
@@ -353,4 +359,4 @@ def simulate(profile, w: Workload, trace: Trace, policy: str) -> Result:
             latency[req] = now - arrival[req]
             last = max(last, now)
     makespan = last - float(arrival[0]) if n else 0.0
-    return Result(latency, path, makespan, c_time, l_time, moved, batches, batched_rows)
+    return Result(latency, path, makespan, compute.time, link.time, moved, batches, batched_rows)
