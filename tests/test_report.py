@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 from html.parser import HTMLParser
+from pathlib import Path
 
 import matplotlib.colors
 import matplotlib.image
@@ -66,12 +67,16 @@ def test_report_draws_every_kind_of_result(xbench, tmp_path):
     comparison = tmp_path / "cmp.parquet"
     r = xbench("compare", probe, slow, "--out", comparison)
     assert r.returncode in (0, 1) and comparison.exists(), r.stderr
+    simulation = tmp_path / "sim.parquet"
+    scenario = Path(__file__).resolve().parents[1] / "scenarios" / "agentic-codebase.toml"
+    r = xbench("simulate", scenario, "--requests", "300", "--out", simulation)
+    assert r.returncode == 0, r.stderr
     out = tmp_path / "report"
-    r = xbench("report", probe, kernel, validate, profile, comparison, "--out", out)
+    r = xbench("report", probe, kernel, validate, profile, comparison, simulation, "--out", out)
     assert r.returncode == 0, r.stderr
     pngs = sorted(out.glob("*.png"))
     kinds = {p.name.split("-")[0] for p in pngs}
-    assert kinds == {"fabrics", "roofline", "validate", "compare", "decisions"}, kinds
+    assert kinds == {"fabrics", "roofline", "validate", "compare", "decisions", "simulate"}, kinds
     for png in pngs:
         image = matplotlib.image.imread(png)
         assert image.shape[0] > 200 and image.shape[1] > 200

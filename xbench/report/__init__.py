@@ -40,11 +40,12 @@ def _kind(path: Path) -> str:
             table = (pq.read_schema(path).metadata or {}).get(b"xbench.table", b"").decode()
         except Exception:  # noqa: BLE001 - any unreadable file is reported below
             table = ""
-        if table == "comparison":
-            return "comparison"
+        if table in ("comparison", "simulation"):
+            return table
     raise XbenchError(
         f"{path} is not something xbench report draws",
-        "pass probe, kernel or validate run directories, a profile .toml, or a comparison .parquet",
+        "pass probe, kernel or validate run directories, a profile .toml, or a comparison or "
+        "simulation .parquet",
     )
 
 
@@ -52,7 +53,13 @@ def build(paths, out_dir: Path, heads: int = 16) -> list[Figure]:
     """Render every figure the inputs allow into ``out_dir`` (PNG) and return them."""
     from xbench.core.profile import load_profile
     from xbench.report import figures
-    from xbench.results.schema import COMPARISON, KERNEL_SAMPLES, PROBE_SAMPLES, VALIDATE_SUMMARY
+    from xbench.results.schema import (
+        COMPARISON,
+        KERNEL_SAMPLES,
+        PROBE_SAMPLES,
+        SIMULATION,
+        VALIDATE_SUMMARY,
+    )
     from xbench.results.store import read_table
 
     out_dir = Path(out_dir)
@@ -94,6 +101,9 @@ def build(paths, out_dir: Path, heads: int = 16) -> list[Figure]:
         elif kind == "comparison":
             cases = read_table([path], COMPARISON)
             save(figures.comparison_figure(cases), f"compare-{tag}", f"Comparison ({path})")
+        elif kind == "simulation":
+            frame = read_table([path], SIMULATION)
+            save(figures.simulation_figure(frame), f"simulate-{tag}", f"Simulation ({path})")
     for k, prof in enumerate(profiles):
         save(figures.decision_map(prof, heads), f"decisions-{k + 1}", f"Decision map ({prof.name})")
     if not made:

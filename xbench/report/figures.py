@@ -206,3 +206,34 @@ def comparison_figure(cases: pd.DataFrame) -> plt.Figure | None:
     ax.legend(handles=handles, fontsize=7, loc="best")
     fig.tight_layout()
     return fig
+
+
+def simulation_figure(frame: pd.DataFrame) -> plt.Figure | None:
+    """Per fabric: each policy's p50 and p99 latency (log scale), and the path shares."""
+    if frame.empty:
+        return None
+    fabrics = list(dict.fromkeys(frame.fabric))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 0.5 * len(frame) + 2.5))
+    labels = [f"{r.fabric} {r.policy}" for r in frame.itertuples()]
+    y = np.arange(len(frame))
+    lat, share = axes
+    lat.barh(y - 0.2, frame.p50_us, height=0.4, color="#1f77b4", label="p50")
+    lat.barh(y + 0.2, frame.p99_us, height=0.4, color="#d62728", label="p99")
+    lat.set_xscale("log")
+    lat.set_yticks(y, labels, fontsize=8)
+    lat.set_xlabel("latency, us")
+    lat.legend(fontsize=8)
+    lat.grid(True, axis="x", alpha=0.3)
+    left = np.zeros(len(frame))
+    colours = {"present": "#7f7f7f", **COLOURS}
+    for path, colour in colours.items():
+        values = frame[f"share_{path}"].to_numpy()
+        share.barh(y, values, left=left, color=colour, label=path)
+        left += values
+    share.set_yticks(y, [""] * len(frame))
+    share.set_xlim(0, 1)
+    share.set_xlabel("share of requests")
+    share.legend(fontsize=8, loc="lower right")
+    fig.suptitle(f"Simulated policies ({', '.join(fabrics)})")
+    fig.tight_layout()
+    return fig
