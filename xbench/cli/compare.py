@@ -290,6 +290,8 @@ def _check_settings(path: Path | None) -> dict:
 
 def _rerun(baseline: Path, command: str, out: Path | None, runs: int | None) -> Path:
     """The baseline's stored sweep, run again into a fresh run directory."""
+    from types import SimpleNamespace
+
     from xbench.results.metadata import new_run_id
     from xbench.results.store import ensure_writable_dir, refuse_existing_run
 
@@ -297,19 +299,15 @@ def _rerun(baseline: Path, command: str, out: Path | None, runs: int | None) -> 
     out_dir = ensure_writable_dir(out or Path("results") / run_id)
     refuse_existing_run(out_dir)
     if command == "probe":
-        from types import SimpleNamespace
-
         from xbench.cli.common import OutputFormat
-        from xbench.cli.probe import _launch, stored_config
+        from xbench.cli.probe import launch, stored_config
 
         fresh = SimpleNamespace(
             out_dir=str(out_dir), run_id=run_id, tcp_interface=None, bind="core"
         )
         cfg, np, launches = stored_config(baseline, fresh)
-        _launch(cfg, np, OutputFormat.table, runs=runs or launches, report=False)
+        launch(cfg, np, OutputFormat.table, runs=runs or launches, report=False)
     else:
-        from types import SimpleNamespace
-
         from xbench.cli.kernel import run_configured, stored_config
 
         cfg = stored_config(baseline, SimpleNamespace(out_dir=str(out_dir), run_id=run_id))

@@ -261,7 +261,7 @@ def probe(
                 f"hosts file {hostfile} does not exist",
                 "pass --hostfile with one host[:slots] per line",
             )
-        _launch(cfg, np, fmt, hostfile, runs)
+        launch(cfg, np, fmt, hostfile, runs)
 
 
 def _continued(cfg, out_dir: Path, process_run: int, launched: bool):
@@ -331,7 +331,7 @@ def _run_as_rank(cfg, launcher: str, fmt: OutputFormat) -> None:
         _report(Path(cfg.out_dir), fmt)
 
 
-def _launch(
+def launch(
     cfg,
     np: int,
     fmt: OutputFormat,
