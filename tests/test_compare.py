@@ -254,3 +254,26 @@ def test_check_a_kernel_baseline(xbench, tmp_path):
     # every case of the baseline found again, merges told apart by the attention before them
     assert (cases.verdict != "not comparable").all() and len(cases) == 4 + 4
     assert cases.case.str.contains("after 128").any()
+
+
+def test_launches_started_one_by_one_append_to_one_run(xbench, tmp_path):
+    """What the nightly sbatch does: each launch its own launcher step, all in one run."""
+    from conftest import BIN
+
+    mpiexec = [str(BIN / "mpiexec"), "-n", "2"]
+    run = tmp_path / "night"
+    quick = ("-p", "latency", "--sizes", "8B:64B", "--samples", "2", "--warmups", "1")
+    r = xbench("probe", *quick, "--out", run, launcher=mpiexec)
+    assert r.returncode == 0, r.stderr
+    first = read_run_meta(run)["run_id"]
+    for launch in (1, 2):
+        r = xbench(
+            "probe", "--config-from", run, "--process-run", launch, "--out", run, launcher=mpiexec
+        )
+        assert r.returncode == 0, r.stderr
+    samples = read_table([run], PROBE_SAMPLES)
+    assert set(samples.process_run) == {0, 1, 2} and set(samples.run_id) == {first}
+    assert read_run_meta(run)["run_id"] == first
+    # started from a shell, launches are --runs N
+    r = xbench("probe", *quick, "--process-run", "1", "--out", tmp_path / "x")
+    assert r.returncode == 2 and "--process-run is for launches" in r.stderr

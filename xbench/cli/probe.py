@@ -241,7 +241,9 @@ def probe(
     )
 
     if config_from is not None:
-        cfg, np, runs = stored_config(config_from, cfg)
+        cfg, np, stored_runs = stored_config(config_from, cfg)
+        # under a site launcher each step is one launch (--process-run says which)
+        runs = 1 if launched else stored_runs
     if process_run:
         cfg = _continued(cfg, out_dir, process_run, launched)
     if launched and runs > 1:
