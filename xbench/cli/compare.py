@@ -15,7 +15,14 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from xbench.cli.common import console, escape, handles_errors, strict_json, warn
+from xbench.cli.common import (
+    RunDirOption,
+    console,
+    escape,
+    handles_errors,
+    strict_json,
+    warn,
+)
 from xbench.errors import XbenchError
 
 
@@ -222,9 +229,7 @@ def check(
     threshold: ThresholdOption = "5%",
     alpha: AlphaOption = 0.05,
     allow: AllowOption = "",
-    out: Annotated[
-        Path | None, typer.Option("--out", "-o", help="Run directory (default results/<run_id>).")
-    ] = None,
+    out: RunDirOption = None,
     report_dir: Annotated[
         Path | None,
         typer.Option(help="Where compare.md and compare.junit.xml go (default: the new run's)."),

@@ -96,6 +96,9 @@ class _Costs:
         self.send_occ, self.send_fly = self._link(self.s_q, 1)
         self.back_occ, self.back_fly = self._link(self.s_o, 1)
         self.kv_occ, self.kv_fly = self._link(self.s_kv, w.segments)
+        # what the predicate reads on every request, computed once
+        self.arrivals_per_instance = w.rate_per_s / w.instances
+        self.fetch_once = self.kv_occ + self.kv_fly + self.move
         self._batched: dict[int, float] = {}
 
     def _link(self, nbytes: float, messages: int) -> tuple[float, float]:
@@ -129,8 +132,7 @@ def _predicate(costs, per_use, reuse, wait_me, wait_holder, link_me, link_holder
     arrives there while that server's backlog drains waits that much longer (arrivals per
     instance times the backlog, times the work added).
     """
-    lam = costs.w.rate_per_s / costs.w.instances
-    one_time = costs.kv_occ + costs.kv_fly + costs.move
+    lam, one_time = costs.arrivals_per_instance, costs.fetch_once
     route = per_use["route"] + link_me + wait_holder + wait_me
     route += lam * (wait_holder + costs.attend) * costs.attend
     fetch = (link_holder + one_time) / (1 + reuse) + costs.attend + costs.merge + wait_me
