@@ -8,7 +8,8 @@ from typing import Annotated
 import typer
 
 from xbench.cli.common import FormatOption, OutputFormat, console, emit_frame, handles_errors
-from xbench.cli.render import num, result_table
+from xbench.cli.render import result_table
+from xbench.core.units import format_duration
 from xbench.errors import XbenchError
 
 
@@ -94,7 +95,7 @@ def _table(frame, spec, profile: str, n: int, gains, out) -> None:
     table = result_table(
         f"xbench simulate: {spec['name']} ({n:,} requests, profile {profile})",
         (f"{out}  |  " if out else "")
-        + "latency in us;  link, gpu: the busiest instance's egress and compute;  shares: present "
+        + "link, gpu: the busiest instance's egress and compute;  shares: present "
         "(home, cached or arriving) / route / fetch / local;  vs best: the predicate's mean "
         "latency against the better of always-route and always-fetch on the same trace",
     )
@@ -114,9 +115,9 @@ def _table(frame, spec, profile: str, n: int, gains, out) -> None:
         table.add_row(
             r.fabric,
             r.policy,
-            num(r.p50_us),
-            num(r.p99_us),
-            num(r.mean_us),
+            format_duration(r.p50_us * 1e-6),
+            format_duration(r.p99_us * 1e-6),
+            format_duration(r.mean_us * 1e-6),
             f"{100 * r.link_util_max:.0f}%",
             f"{100 * r.compute_util_max:.0f}%",
             shares,
