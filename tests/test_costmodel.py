@@ -352,3 +352,20 @@ def test_dominated_fabrics_are_not_ranked():
     ranked = [f.name for f in profile.candidates]
     # roce and tcp are slower than ib at every size (alpha, o, beta): never the best fabric
     assert ranked == ["nvlink", "ib", "ibgda"]
+
+
+def test_recompute_grows_with_the_square_of_the_chunk_and_local_reads_it():
+    """T_recompute(c) = c p1 + c^2 p2 (attention's quadratic term, where the profile has
+    it), the one formula decide's local option and the prefill simulation read."""
+    from xbench.core.costmodel import Request, times
+
+    prof = load_profile(PRIORS)
+    d = prof.device
+    p1, p2 = d.recompute_per_token.value, d.recompute_per_token2.value
+    for c in (1024, 16384):
+        assert d.recompute(c) == pytest.approx(c * p1 + c * c * p2)
+        r = Request(rows=1, heads=16, chunk_tokens=c, fabric="ib")
+        assert times(prof.fabric("ib"), d, r)[2] == pytest.approx(d.recompute(c) + d.compute(16, c))
+    # per token, a long prefill costs more than a short one
+    assert d.recompute(16384) / 16384 > d.recompute(1024) / 1024
+    assert prof.device.prior_by_option[2]  # the quadratic prior marks local as resting on priors

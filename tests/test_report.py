@@ -71,12 +71,26 @@ def test_report_draws_every_kind_of_result(xbench, tmp_path):
     scenario = Path(__file__).resolve().parents[1] / "scenarios" / "agentic-codebase.toml"
     r = xbench("simulate", scenario, "--requests", "300", "--out", simulation)
     assert r.returncode == 0, r.stderr
+    prefill = tmp_path / "prefill.parquet"
+    scenario = scenario.with_name("prefill-as-a-service.toml")
+    r = xbench("simulate", scenario, "--requests", "500", "--out", prefill)
+    assert r.returncode == 0, r.stderr
     out = tmp_path / "report"
-    r = xbench("report", probe, kernel, validate, profile, comparison, simulation, "--out", out)
+    r = xbench(
+        "report", probe, kernel, validate, profile, comparison, simulation, prefill, "--out", out
+    )
     assert r.returncode == 0, r.stderr
     pngs = sorted(out.glob("*.png"))
     kinds = {p.name.split("-")[0] for p in pngs}
-    assert kinds == {"fabrics", "roofline", "validate", "compare", "decisions", "simulate"}, kinds
+    assert kinds == {
+        "fabrics",
+        "roofline",
+        "validate",
+        "compare",
+        "decisions",
+        "simulate",
+        "prefill",
+    }, kinds
     for png in pngs:
         image = matplotlib.image.imread(png)
         assert image.shape[0] > 200 and image.shape[1] > 200

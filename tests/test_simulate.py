@@ -13,10 +13,11 @@ import pytest
 from xbench.core.profile import load_profile
 from xbench.core.scenario import ScenarioError, load_workload
 from xbench.resources import profile_path
-from xbench.results.schema import SIMULATION
+from xbench.results.schema import PREFILL_SIMULATION, SIMULATION
 from xbench.results.store import read_table
 from xbench.simulate import PATHS, Workload, make_trace, simulate
 from xbench.simulate.engine import Trace, _Costs
+from xbench.simulate.prefill import PrefillCosts, PrefillTrace, PrefillWorkload, simulate_prefill
 
 PRIORS = load_profile(profile_path("h100-priors"))
 SCENARIOS = sorted((Path(__file__).resolve().parents[1] / "scenarios").glob("*.toml"))
@@ -158,6 +159,10 @@ def test_every_shipped_scenario_with_a_workload_loads():
         ("colour = 3", "unknown [workload] field 'colour'"),
         ('rate = "fast"', "is not a rate"),
         ('zipf = "high"', "zipf = 'high' has the wrong type"),
+        ('kind = "train"', "kind = 'train' is not a workload"),
+        ('kind = "prefill"\nlocal_speed = 0', "local_speed = 0 is out of range"),
+        ('kind = "prefill"\nmin_length = 9000\nmax_length = 100', "min_length 9000 > max_length"),
+        ('kind = "prefill"\nchunks = 4', "unknown [workload] field 'chunks'"),
     ],
 )
 def test_workload_errors_name_the_file_and_field(tmp_path, table, words):
@@ -172,7 +177,7 @@ def test_workload_errors_name_the_file_and_field(tmp_path, table, words):
 
 def test_simulate_cli_every_scenario_writes_parquet(xbench, tmp_path):
     for scenario in SCENARIOS:
-        if "[workload]" not in scenario.read_text():
+        if "[workload]" not in scenario.read_text() or load_workload(scenario)["kind"] != "decode":
             continue
         out = tmp_path / f"{scenario.stem}.parquet"
         r = xbench("simulate", scenario, "--requests", "400", "--out", out, "--format", "json")
@@ -225,3 +230,76 @@ def test_speed_benchmark_runs(tmp_path):
     )
     assert r.returncode == 0, r.stderr
     assert "3,000 requests" in r.stdout and "best" in r.stdout
+
+
+# --- prefill-as-a-service: prefill here, or there and ship the KV ---------------------------
+
+PW = PrefillWorkload(
+    local_instances=1, remote_instances=2, local_speed=0.25, layers=4, kv_bytes_per_token=1152
+)
+
+
+def _prefill_trace(*rows):
+    a, lengths = zip(*rows, strict=True)
+    return PrefillTrace(np.array(a, float), np.array(lengths, float))
+
+
+def test_prefill_costs_are_the_models_recompute_over_the_instance():
+    c = PrefillCosts(PRIORS, PW)
+    d = PRIORS.device
+    tokens = 8192
+    per_layer = tokens * d.recompute_per_token.value + tokens**2 * d.recompute_per_token2.value
+    assert d.recompute(tokens) == pytest.approx(per_layer)
+    assert c.prefill(tokens) == pytest.approx(4 * per_layer / 8)
+    assert c.local(tokens) == pytest.approx(c.prefill(tokens) / 0.25)
+    kv = tokens * 1152 * 4
+    assert c.transfer(tokens) == pytest.approx(PRIORS.fabric("tcp").wire(kv, 4))
+    assert c.kv_rate(tokens) == pytest.approx(kv / c.prefill(tokens))
+    # the quadratic term: a long prefill produces its KV more slowly than a short one
+    assert c.kv_rate(131072) < c.kv_rate(32768) < c.kv_rate(4096)
+    one = _prefill_trace((0.0, tokens))
+    assert simulate_prefill(PRIORS, PW, one, "local").latency[0] == pytest.approx(c.local(tokens))
+    assert simulate_prefill(PRIORS, PW, one, "offload").latency[0] == pytest.approx(
+        c.offload(tokens)
+    )
+
+
+def test_prefill_queues_at_instances_and_the_link():
+    c = PrefillCosts(PRIORS, PW)
+    both = _prefill_trace((0.0, 4096), (0.0, 4096))
+    local = simulate_prefill(PRIORS, PW, both, "local")  # one local instance: FIFO
+    assert local.latency[1] == pytest.approx(2 * c.local(4096))
+    # KV heavy enough that the link binds: two remote instances prefill at once, and the
+    # second transfer waits for the first on the shared link
+    heavy = PrefillWorkload(**{**PW.__dict__, "kv_bytes_per_token": 2e6})
+    h = PrefillCosts(PRIORS, heavy)
+    x = h.transfer(4096)
+    assert x > h.prefill(4096)
+    res = simulate_prefill(PRIORS, heavy, both, "offload")
+    assert res.latency[0] == pytest.approx(h.offload(4096))
+    assert res.latency[1] == pytest.approx(res.latency[0] + x)
+    assert res.link_busy == pytest.approx(2 * x)
+    split = simulate_prefill(
+        PRIORS, PW, _prefill_trace((0.0, 1000), (0.0, 9000)), "threshold", threshold=4096
+    )
+    assert split.offloaded.tolist() == [False, True]
+
+
+def test_prefill_scenario_finds_a_threshold(xbench, tmp_path):
+    scenario = [s for s in SCENARIOS if s.stem == "prefill-as-a-service"][0]
+    spec = load_workload(scenario)
+    assert spec["kind"] == "prefill" and spec["fields"]["layers"] == 61
+    out = tmp_path / "prefill.parquet"
+    r = xbench("simulate", scenario, "--requests", "1500", "--out", out)
+    assert r.returncode == 0, r.stderr
+    assert "offload threshold (tcp):" in r.stdout and "Gb/s" in r.stdout
+    frame = read_table([out], PREFILL_SIMULATION)
+    grid = frame[frame.policy == "threshold"]
+    assert len(grid) > 10 and grid.best.sum() == 1
+    best = grid[grid.best].iloc[0]
+    assert best.mean_ms == grid.mean_ms.min()
+    # offloading more means more bytes on the link
+    ordered = grid.sort_values("threshold_tokens")
+    assert (np.diff(ordered.bytes_moved) <= 0).all()
+    assert 0 < best.share_offloaded < 1 and 0 < best.link_util < 1
+    assert set(frame.policy) == {"local", "offload", "predicate", "threshold"}

@@ -111,6 +111,7 @@ _DEVICE_TERMS = (
     ("splice_t0", 1e-6, "us"),
     ("splice_per_token", 1e-9, "ns/token"),
     ("recompute_per_token", 1e-6, "us/token"),
+    ("recompute_per_token2", 1e-12, "ps/token^2"),
 )
 
 

@@ -42,20 +42,27 @@ def simulate(
     from xbench.core.scenario import load_workload
     from xbench.resources import DEFAULT_PROFILE, profile_path
     from xbench.results.metadata import new_run_id, run_metadata
-    from xbench.results.schema import SIMULATION
+    from xbench.results.schema import PREFILL_SIMULATION, SIMULATION
     from xbench.results.store import refuse_overwrite, write_table
     from xbench.simulate import POLICIES, batching_gain, run
+    from xbench.simulate.prefill import PREFILL_POLICIES, run_prefill
 
     prof = load_profile(profile_path(profile or DEFAULT_PROFILE))
     spec = load_workload(scenario)
     if fabric:
         spec["fabrics"] = [f.strip() for f in fabric.split(",") if f.strip()]
-    policies = list(POLICIES) if policy == "all" else [p.strip() for p in policy.split(",")]
-    bad = [p for p in policies if p not in POLICIES]
+    known = PREFILL_POLICIES if spec["kind"] == "prefill" else POLICIES
+    policies = list(known) if policy == "all" else [p.strip() for p in policy.split(",")]
+    bad = [p for p in policies if p not in known]
     if bad or not policies:
         raise XbenchError(
-            f"unknown policy {', '.join(bad) or policy!r}",
-            "pick route, fetch, local, predicate or all",
+            f"unknown policy {', '.join(bad) or policy!r} for a {spec['kind']} workload",
+            f"pick {', '.join(known)} or all",
+        )
+    if spec["kind"] == "prefill" and prof.device.recompute_per_token is None:
+        raise XbenchError(
+            f"profile {prof.name} has no prefill cost (recompute_per_token) to simulate {scenario}",
+            "use the shipped h100-priors, or fit with --base h100-priors to keep its prefill terms",
         )
     names = {f.name for f in prof.fabrics}
     missing = [f for f in spec["fabrics"] if f not in names]
@@ -69,26 +76,30 @@ def simulate(
         raise XbenchError(f"--requests {n}: nothing to replay", "pass --requests 1 or more")
     if out is not None:
         refuse_overwrite(out, force)
+    prefill = spec["kind"] == "prefill"
+    steps = len(spec["fabrics"]) * (4 if prefill else len(policies))
     with make_progress() as progress:
-        task = progress.add_task("simulate", total=len(spec["fabrics"]) * len(policies))
-        frame = run(
-            prof,
-            spec,
-            policies,
-            n,
-            seed,
-            on_step=lambda label: progress.update(
-                task, advance=1, description=f"simulate {label}", refresh=True
-            ),
-        )
+        task = progress.add_task("simulate", total=steps)
+
+        def step(label: str) -> None:
+            progress.update(task, advance=1, description=f"simulate {label}", refresh=True)
+
+        if prefill:
+            frame, facts = run_prefill(prof, spec, n, seed, on_step=step)
+            frame = frame[frame.policy.isin(policies)].reset_index(drop=True)
+        else:
+            frame = run(prof, spec, policies, n, seed, on_step=step)
     gains = batching_gain(prof, spec, n, seed) if spec["name"] == "moska-shared-chunk" else []
     if out is not None:
         meta = run_metadata(
             new_run_id("simulate"), "simulate", scenario=spec["name"], profile=prof.name, seed=seed
         )
         Path(out).parent.mkdir(parents=True, exist_ok=True)
-        write_table(Path(out), SIMULATION, frame, meta)
-    emit_frame(frame, fmt, lambda f: _table(f, spec, prof.name, n, gains, out))
+        write_table(Path(out), PREFILL_SIMULATION if prefill else SIMULATION, frame, meta)
+    if prefill:
+        emit_frame(frame, fmt, lambda f: _prefill_table(f, spec, prof.name, n, facts, out))
+    else:
+        emit_frame(frame, fmt, lambda f: _table(f, spec, prof.name, n, gains, out))
 
 
 def _table(frame, spec, profile: str, n: int, gains, out) -> None:
@@ -129,5 +140,76 @@ def _table(frame, spec, profile: str, n: int, gains, out) -> None:
             f"batching at the holder ({g['fabric']}): {g['mean_batch_rows']:.1f} rows per call on "
             f"average; throughput x{g['throughput_gain']:.2f}, mean latency x{g['mean_latency_ratio']:.2f} "
             "against serving the same queries one by one",
+            highlight=False,
+        )
+
+
+def _tokens(n: float) -> str:
+    """4K for 4096 (a power-of-two length), 16.5K for 16503, 128 below a thousand."""
+    if n >= 1024 and n % 1024 == 0:
+        return f"{n / 1024:.0f}K"
+    return f"{n / 1000:.1f}K" if n >= 1000 else f"{n:.0f}"
+
+
+def _prefill_table(frame, spec, profile: str, n: int, facts, out) -> None:
+    table = result_table(
+        f"xbench simulate: {spec['name']} ({n:,} requests, profile {profile})",
+        (f"{out}  |  " if out else "")
+        + "latency: arrival to the KV being here (prefill, and the transfer when offloaded); "
+        "threshold: offload above t tokens, t from a grid search over the trace's lengths "
+        "(least mean latency; every t is in the Parquet);  off: share of requests offloaded;  "
+        "link: busy share;  here, there: the mean instance's busy share in each cluster",
+    )
+    for col in (
+        "fabric",
+        "policy",
+        "t",
+        "p50",
+        "p99",
+        "mean",
+        "off",
+        "link",
+        "here",
+        "there",
+    ):
+        table.add_column(
+            col, justify="left" if col in ("fabric", "policy") else "right", no_wrap=True
+        )
+    shown = frame[(frame.policy != "threshold") | frame.best]
+    for r in shown.itertuples():
+        table.add_row(
+            r.fabric,
+            r.policy,
+            _tokens(r.threshold_tokens) if r.policy == "threshold" else "-",
+            format_duration(r.p50_ms * 1e-3),
+            format_duration(r.p99_ms * 1e-3),
+            format_duration(r.mean_ms * 1e-3),
+            f"{100 * r.share_offloaded:.0f}%",
+            f"{100 * r.link_util:.0f}%",
+            f"{100 * r.local_util:.0f}%",
+            f"{100 * r.remote_util:.0f}%",
+        )
+    console.print(table)
+    for fact in facts:
+        best = frame[(frame.fabric == fact["fabric"]) & frame.best]
+        if len(best):
+            b = best.iloc[0]
+            console.print(
+                f"offload threshold ({fact['fabric']}): {_tokens(b.threshold_tokens)} tokens, "
+                f"{100 * b.share_offloaded:.0f}% of requests offloaded; the link "
+                f"{100 * b.link_util:.0f}% busy ({b.link_gbps:.1f} of "
+                f"{fact['link_gbps']:.0f} Gb/s)",
+                highlight=False,
+            )
+        idle = fact["idle_threshold"]
+        console.print(
+            f"on idle resources offloading wins from {_tokens(idle)} tokens"
+            if idle < float("inf")
+            else "on idle resources offloading never wins",
+            highlight=False,
+        )
+        rates = ", ".join(f"{g:.1f} at {_tokens(t)}" for t, g in fact["kv_gbps"].items())
+        console.print(
+            f"KV one remote instance produces while it prefills, Gb/s: {rates} tokens",
             highlight=False,
         )

@@ -164,7 +164,10 @@ class Device:
     T_splice(c) = splice_t0 + c * splice_per_token, when measured: the move of a fetch that
         sends each block as its own message straight from the holder's cache (n_seg > 1),
         which packs nothing; without it such a fetch is charged the whole T_move;
-    T_recompute(c) = c * recompute_per_token (prefilling the chunk locally), when known.
+    T_recompute(c) = c * recompute_per_token + c^2 * recompute_per_token2 (prefilling the
+        chunk locally), when known; the second term, where known, is attention's: each of
+        the c tokens attends to those before it, so the work grows with c^2 and a long
+        prefill costs more per token than a short one.
 
     T_c, T_move and T_splice may change slope where the chunk outgrows a cache (a CPU's
     L2/L3, a GPU's L2): ``compute_segments``, ``move_segments`` and ``splice_segments`` hold
@@ -187,6 +190,7 @@ class Device:
     splice_per_token: Coef | None = None
     splice_segments: tuple = ()
     merge_per_token: Coef | None = None
+    recompute_per_token2: Coef | None = None
     _ends: tuple = field(init=False, repr=False, compare=False)
     _prior: bool = field(init=False, repr=False, compare=False)
     _rho: tuple = field(init=False, repr=False, compare=False)
@@ -223,7 +227,7 @@ class Device:
             for c in shared_coefs + [c for piece in self.compute_segments for c in piece[1:]]
         )
         move = any(c.prior for c in self._move_coefs())
-        recompute = bool(self.recompute_per_token and self.recompute_per_token.prior)
+        recompute = any(c.prior for c in self._recompute_coefs())
         object.__setattr__(self, "_prior_by_option", (shared, shared or move, shared or recompute))
 
     @property
@@ -261,11 +265,15 @@ class Device:
             *([self.merge_per_token] if self.merge_per_token else []),
         ]
         coefs += [c for piece in self.compute_segments for c in piece[1:]] + self._move_coefs()
-        return coefs + ([self.recompute_per_token] if self.recompute_per_token else [])
+        return coefs + self._recompute_coefs()
+
+    def _recompute_coefs(self) -> list[Coef]:
+        return [c for c in (self.recompute_per_token, self.recompute_per_token2) if c]
 
     def _terms(self, end: str) -> tuple:
         """(compute breaks, compute pieces, m0, m1, move breaks, move pieces, recompute,
-        splice breaks, splice pieces, has a splice term, merge per token) at one end."""
+        splice breaks, splice pieces, has a splice term, merge per token, recompute per
+        token^2) at one end."""
         compute = [
             (0.0, self.compute_t0, self.compute_per_token, self.compute_per_row_token),
             *self.compute_segments,
@@ -286,6 +294,7 @@ class Device:
             *(move_end if splice is move else at_end(splice)),
             splice is not move,
             getattr(self.merge_per_token, end) if self.merge_per_token else 0.0,
+            getattr(self.recompute_per_token2, end) if self.recompute_per_token2 else 0.0,
         )
 
     def compute(self, rows: float, chunk: float) -> float:
@@ -300,6 +309,11 @@ class Device:
             + rows * partials * self.merge_per_row_partial.value
             + chunk * per_token
         )
+
+    def recompute(self, tokens: float) -> float:
+        """T_recompute: prefilling ``tokens`` (inf when the profile has no recompute cost)."""
+        rec, rec2 = self._ends[0][6], self._ends[0][11]
+        return recompute_time(tokens, rec, rec2)
 
     def move(self, chunk: float, segments: int = 1) -> float:
         """T_move of a packed fetch (``segments`` 1), or of one message per block (T_splice)."""
@@ -455,6 +469,13 @@ class ScalarOps(NamedTuple):
 SCALAR = ScalarOps()
 
 
+def recompute_time(tokens, per_token: float, per_token2: float):
+    """T_recompute(c) = c * p1 + c^2 * p2 (inf without p1: the profile knows no cost)."""
+    if per_token == INF:
+        return INF
+    return tokens * (per_token + tokens * per_token2)
+
+
 def device_side(ops, terms: tuple, rows, chunk, reuse, segments, fetch_cost, blocks_local):
     """The fabric-free part of the times, shared by every fabric that competes.
 
@@ -463,7 +484,7 @@ def device_side(ops, terms: tuple, rows, chunk, reuse, segments, fetch_cost, blo
     t_move): t_cm = T_c + T_m (paid by route and fetch alike); fetch_base = T_move + (1 + r)
     t_cm, since one fetch serves this use and r later local uses; per_use = 1 / (1 + r).
     """
-    cb, cp, m0, m1, mb, mp, rec, sb, sp, has_splice, m2 = terms
+    cb, cp, m0, m1, mb, mp, rec, sb, sp, has_splice, m2, rec2 = terms
     # (a term of one piece needs no lookup: the common case, and the hot path's)
     c0, c1, c2 = ops.piece(cb, cp, chunk) if cb else cp[0]
     t_c = c0 + chunk * (c1 + rows * c2)
@@ -476,7 +497,7 @@ def device_side(ops, terms: tuple, rows, chunk, reuse, segments, fetch_cost, blo
         s0, s1 = ops.piece(sb, sp, chunk) if sb else sp[0]
         t_move = ops.where(segments != 1, s0 + chunk * s1, t_move)
     t_move = ops.where(fetch_cost == fetch_cost, fetch_cost, t_move)  # NaN: not given
-    local = chunk * rec + t_c if rec != INF else INF
+    local = recompute_time(chunk, rec, rec2) + t_c
     local = ops.where(blocks_local, t_c, local)
     return t_cm, t_move + (1.0 + reuse) * t_cm, 1.0 / (1.0 + reuse), local, t_move
 

@@ -48,12 +48,20 @@ DEVICE_TERMS = {
     "move_t0": None,
     "move_per_token": "token",
     "recompute_per_token": "token",
+    "recompute_per_token2": "token^2",
     "splice_t0": None,
     "splice_per_token": "token",
 }
 # splice_*: T_move of a fetch sent block by block from the holder's cache (no gather)
 # merge_per_token: what a merge pays for following an attention over the chunk (0 if absent)
-OPTIONAL_TERMS = {"recompute_per_token", "splice_t0", "splice_per_token", "merge_per_token"}
+# recompute_per_token2: attention's quadratic term of a prefill (0 if absent)
+OPTIONAL_TERMS = {
+    "recompute_per_token",
+    "recompute_per_token2",
+    "splice_t0",
+    "splice_per_token",
+    "merge_per_token",
+}
 
 
 class ProfileError(XbenchError):

@@ -129,39 +129,48 @@ def load_scenario(path) -> dict:
     }
 
 
-# [workload]: what ``xbench simulate`` replays (``decide`` ignores it).
+# [workload]: what ``xbench simulate`` replays (``decide`` ignores it). ``kind`` picks the
+# workload: "decode" (the default: decode queries over chunks held across instances) or
+# "prefill" (uncached prefills here or in a remote cluster, the KV shipped over the link).
+# Each key: its type and its least value.
 WORKLOAD_KEYS = {
-    "instances": int,
-    "chunks": int,
-    "chunk_tokens": int,
-    "rows": int,
-    "rate": str,
-    "zipf": float,
-    "cache_chunks": int,
-    "max_batch_rows": int,
-    "fabric": (str, list),
-    "requests": int,
+    "kind": (str, None),
+    "instances": (int, 1),
+    "chunks": (int, 1),
+    "chunk_tokens": (int, 1),
+    "rows": (int, 1),
+    "rate": (str, None),
+    "zipf": (float, 0),
+    "cache_chunks": (int, 0),
+    "max_batch_rows": (int, 1),
+    "fabric": ((str, list), None),
+    "requests": (int, 1),
 }
+PREFILL_KEYS = {
+    "kind": (str, None),
+    "local_instances": (int, 1),
+    "remote_instances": (int, 1),
+    "local_speed": (float, 1e-9),
+    "gpus_per_instance": (int, 1),
+    "length_median": (int, 1),
+    "length_sigma": (float, 0),
+    "min_length": (int, 1),
+    "max_length": (int, 1),
+    "rate": (str, None),
+    "fabric": ((str, list), None),
+    "requests": (int, 1),
+}
+WORKLOAD_KINDS = {"decode": WORKLOAD_KEYS, "prefill": PREFILL_KEYS}
 
 
-def load_workload(path) -> dict:
-    """The scenario's [workload] as Workload fields plus ``fabrics`` and ``requests``; the
-    request shape (heads, bytes) comes from its [scenario] model and [request]."""
-    path = Path(path)
-    scenario = load_scenario(path)
-    table = tomllib.loads(path.read_text()).get("workload")
-    if not table:
-        raise ScenarioError(
-            f"scenario {path} has no [workload] to simulate",
-            "add a [workload] table (instances, chunks, chunk_tokens, rate, zipf, cache_chunks, fabric)",
-        )
+def _check_table(path, table: dict, keys: dict) -> None:
     for key, value in table.items():
-        kind = WORKLOAD_KEYS.get(key)
-        if kind is None:
+        if key not in keys:
             raise ScenarioError(
                 f"scenario {path}: unknown [workload] field {key!r}",
-                f"use {', '.join(sorted(WORKLOAD_KEYS))}",
+                f"use {', '.join(sorted(keys))}",
             )
+        kind, least = keys[key]
         ok = isinstance(value, kind) and not isinstance(value, bool)
         if kind is float:
             ok = isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -170,12 +179,15 @@ def load_workload(path) -> dict:
                 f"scenario {path}: [workload] {key} = {value!r} has the wrong type",
                 f"give {key} as {'a number' if kind in (int, float) else 'text or a list'}",
             )
-        if kind in (int, float) and value < (0 if key in ("zipf", "cache_chunks") else 1):
+        if least is not None and value < least:
             raise ScenarioError(
                 f"scenario {path}: [workload] {key} = {value} is out of range",
-                f"give {key} {'>= 0' if key in ('zipf', 'cache_chunks') else '>= 1'}",
+                f"give {key} {'> 0' if least == 1e-9 else f'>= {least}'}",
             )
-    rate_text = str(table.get("rate", "1000/s")).strip()
+
+
+def _rate(path, table: dict, default: str) -> float:
+    rate_text = str(table.get("rate", default)).strip()
     try:
         rate = float(rate_text.removesuffix("/s"))
         if rate <= 0:
@@ -185,26 +197,75 @@ def load_workload(path) -> dict:
             f"scenario {path}: [workload] rate = {rate_text!r} is not a rate",
             'write e.g. rate = "2000/s"',
         ) from None
-    fabric = table.get("fabric", "nvlink")
+    return rate
+
+
+def load_workload(path) -> dict:
+    """The scenario's [workload]: ``kind``, the workload's fields (``Workload`` or
+    ``PrefillWorkload``), ``fabrics`` and ``requests``; the request shape (heads, bytes,
+    layers) comes from its [scenario] model and [request]."""
+    path = Path(path)
+    scenario = load_scenario(path)
+    table = tomllib.loads(path.read_text()).get("workload")
+    if not table:
+        raise ScenarioError(
+            f"scenario {path} has no [workload] to simulate",
+            "add a [workload] table (instances, chunks, chunk_tokens, rate, zipf, cache_chunks, fabric)",
+        )
+    kind = table.get("kind", "decode")
+    if kind not in WORKLOAD_KINDS:
+        raise ScenarioError(
+            f"scenario {path}: [workload] kind = {kind!r} is not a workload",
+            f"use {' or '.join(repr(k) for k in WORKLOAD_KINDS)}",
+        )
+    _check_table(path, table, WORKLOAD_KINDS[kind])
+    fabric = table.get("fabric", "nvlink" if kind == "decode" else "tcp")
     req = scenario["request"]
-    fields = {
-        "instances": table.get("instances", 8),
-        "chunks": table.get("chunks", 256),
-        "chunk_tokens": table.get("chunk_tokens", 2048),
-        "rows": table.get("rows", 1),
-        "heads": req["heads"],
-        "payload_bytes": req["payload_bytes"],
-        "return_bytes": req["return_bytes"],
-        "kv_bytes_per_token": req["kv_bytes_per_token"],
-        "segments": req["segments"],
-        "rate_per_s": rate,
-        "zipf": float(table.get("zipf", 1.0)),
-        "cache_chunks": table.get("cache_chunks", 16),
-        "max_batch_rows": table.get("max_batch_rows", 1024),
-    }
+    if kind == "prefill":
+        if not scenario["model"]:
+            raise ScenarioError(
+                f"scenario {path}: a prefill workload needs the model (its layers and KV)",
+                'add [scenario] model = "deepseek-v3.2" (xbench models lists them)',
+            )
+        lengths = (table.get("min_length", 128), table.get("max_length", 131072))
+        if lengths[0] > lengths[1]:
+            raise ScenarioError(
+                f"scenario {path}: [workload] min_length {lengths[0]} > max_length {lengths[1]}",
+                "give min_length <= max_length",
+            )
+        fields = {
+            "local_instances": table.get("local_instances", 8),
+            "remote_instances": table.get("remote_instances", 4),
+            "local_speed": float(table.get("local_speed", 1.0)),
+            "gpus_per_instance": table.get("gpus_per_instance", 8),
+            "layers": get_model(scenario["model"]).layers,
+            "kv_bytes_per_token": req["kv_bytes_per_token"],
+            "length_median": table.get("length_median", 8192),
+            "length_sigma": float(table.get("length_sigma", 1.0)),
+            "min_length": lengths[0],
+            "max_length": lengths[1],
+            "rate_per_s": _rate(path, table, "2/s"),
+        }
+    else:
+        fields = {
+            "instances": table.get("instances", 8),
+            "chunks": table.get("chunks", 256),
+            "chunk_tokens": table.get("chunk_tokens", 2048),
+            "rows": table.get("rows", 1),
+            "heads": req["heads"],
+            "payload_bytes": req["payload_bytes"],
+            "return_bytes": req["return_bytes"],
+            "kv_bytes_per_token": req["kv_bytes_per_token"],
+            "segments": req["segments"],
+            "rate_per_s": _rate(path, table, "1000/s"),
+            "zipf": float(table.get("zipf", 1.0)),
+            "cache_chunks": table.get("cache_chunks", 16),
+            "max_batch_rows": table.get("max_batch_rows", 1024),
+        }
     return {
         "name": scenario["name"],
         "description": scenario["description"],
+        "kind": kind,
         "fields": fields,
         "fabrics": fabric if isinstance(fabric, list) else [fabric],
         "requests": table.get("requests", 20000),

@@ -127,7 +127,9 @@ def format_size(n: int) -> str:
 
 
 def format_duration(seconds: float) -> str:
-    """Human duration with three significant figures."""
+    """Human duration with three significant figures (whole seconds from 1000 s)."""
+    if abs(seconds) >= 1000:
+        return f"{seconds:.0f}s"
     for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
         if abs(seconds) >= scale:
             return f"{seconds / scale:.3g}{unit}"

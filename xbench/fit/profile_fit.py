@@ -255,7 +255,12 @@ def fit_device(samples: pd.DataFrame, base: Device | None, name: str) -> tuple[D
         terms["move_segments"] = base.move_segments
     if "splice_t0" not in terms and base is not None and base.splice_t0 is not None:
         terms["splice_segments"] = base.splice_segments
-    for term in missing + ["recompute_per_token", "splice_t0", "splice_per_token"]:
+    for term in missing + [
+        "recompute_per_token",
+        "recompute_per_token2",
+        "splice_t0",
+        "splice_per_token",
+    ]:
         if term not in terms:
             terms[term] = getattr(base, term) if base is not None else None
             if terms[term] is not None:

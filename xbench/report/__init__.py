@@ -40,12 +40,12 @@ def _kind(path: Path) -> str:
             table = (pq.read_schema(path).metadata or {}).get(b"xbench.table", b"").decode()
         except Exception:  # noqa: BLE001 - any unreadable file is reported below
             table = ""
-        if table in ("comparison", "simulation"):
+        if table in ("comparison", "simulation", "prefill_simulation"):
             return table
     raise XbenchError(
         f"{path} is not something xbench report draws",
         "pass probe, kernel or validate run directories, a profile .toml, or a comparison or "
-        "simulation .parquet",
+        "simulation .parquet (xbench simulate --out)",
     )
 
 
@@ -56,6 +56,7 @@ def build(paths, out_dir: Path, heads: int = 16) -> list[Figure]:
     from xbench.results.schema import (
         COMPARISON,
         KERNEL_SAMPLES,
+        PREFILL_SIMULATION,
         PROBE_SAMPLES,
         SIMULATION,
         VALIDATE_SUMMARY,
@@ -104,6 +105,9 @@ def build(paths, out_dir: Path, heads: int = 16) -> list[Figure]:
         elif kind == "simulation":
             frame = read_table([path], SIMULATION)
             save(figures.simulation_figure(frame), f"simulate-{tag}", f"Simulation ({path})")
+        elif kind == "prefill_simulation":
+            frame = read_table([path], PREFILL_SIMULATION)
+            save(figures.prefill_figure(frame), f"prefill-{tag}", f"Prefill offload ({path})")
     for k, prof in enumerate(profiles):
         save(figures.decision_map(prof, heads), f"decisions-{k + 1}", f"Decision map ({prof.name})")
     if not made:

@@ -237,3 +237,51 @@ def simulation_figure(frame: pd.DataFrame) -> plt.Figure | None:
     fig.suptitle(f"Simulated policies ({', '.join(fabrics)})")
     fig.tight_layout()
     return fig
+
+
+PREFILL_COLOURS = {"local": "#2ca02c", "offload": "#8c564b", "predicate": "#9467bd"}
+
+
+def prefill_figure(frame: pd.DataFrame) -> plt.Figure | None:
+    """Per fabric: mean and p99 latency against the offload threshold (the grid search),
+    the always-local, always-offload and predicate policies as lines; and what the link
+    and the share of offloaded requests do as the threshold moves."""
+    grid = frame[frame.policy == "threshold"].sort_values("threshold_tokens")
+    if grid.empty:
+        return None
+    fabrics = list(dict.fromkeys(grid.fabric))
+    fig, axes = plt.subplots(len(fabrics), 2, figsize=(11, 3.6 * len(fabrics)), squeeze=False)
+    for (lat, use), fabric in zip(axes, fabrics, strict=True):
+        g = grid[grid.fabric == fabric]
+        lat.plot(g.threshold_tokens, g.mean_ms / 1e3, "o-", ms=3, label="threshold: mean")
+        lat.plot(g.threshold_tokens, g.p99_ms / 1e3, "s--", ms=3, label="threshold: p99")
+        for row in frame[(frame.fabric == fabric) & (frame.policy != "threshold")].itertuples():
+            lat.axhline(
+                row.mean_ms / 1e3,
+                color=PREFILL_COLOURS[row.policy],
+                lw=1,
+                label=f"{row.policy}: mean",
+            )
+        best = g[g.best]
+        if len(best):
+            lat.axvline(best.threshold_tokens.iloc[0], color="k", ls=":", lw=1, label="best t")
+            use.axvline(best.threshold_tokens.iloc[0], color="k", ls=":", lw=1)
+        lat.set_xscale("log")
+        lat.set_yscale("log")
+        lat.set_xlabel("offload above t uncached tokens")
+        lat.set_ylabel("latency, s")
+        lat.set_title(f"{fabric}: latency against the threshold")
+        lat.legend(fontsize=7)
+        lat.grid(True, alpha=0.3)
+        use.plot(g.threshold_tokens, g.link_util, "o-", ms=3, label="link busy")
+        use.plot(g.threshold_tokens, g.share_offloaded, "s-", ms=3, label="requests offloaded")
+        use.plot(g.threshold_tokens, g.remote_util, "^-", ms=3, label="remote cluster busy")
+        use.plot(g.threshold_tokens, g.local_util, "v-", ms=3, label="local cluster busy")
+        use.set_xscale("log")
+        use.set_ylim(0, 1.05)
+        use.set_xlabel("offload above t uncached tokens")
+        use.set_title(f"{fabric}: what the threshold loads")
+        use.legend(fontsize=7)
+        use.grid(True, alpha=0.3)
+    fig.tight_layout()
+    return fig

@@ -308,6 +308,28 @@ SIMULATION_SCHEMA = pa.schema(
     ]
 )
 
+PREFILL_SIMULATION = "prefill_simulation"
+PREFILL_SIMULATION_SCHEMA = pa.schema(
+    [
+        pa.field("fabric", pa.string(), nullable=False),
+        pa.field("policy", pa.string(), nullable=False),  # local, offload, threshold, predicate
+        pa.field("threshold_tokens", pa.float64()),  # threshold: offload above this length
+        pa.field("best", pa.bool_(), nullable=False),  # the threshold the grid search keeps
+        pa.field("requests", pa.int64(), nullable=False),
+        pa.field("p50_ms", pa.float64(), nullable=False),  # arrival to the KV being here
+        pa.field("p90_ms", pa.float64(), nullable=False),
+        pa.field("p99_ms", pa.float64(), nullable=False),
+        pa.field("mean_ms", pa.float64(), nullable=False),
+        pa.field("throughput_per_s", pa.float64(), nullable=False),
+        pa.field("share_offloaded", pa.float64(), nullable=False),
+        pa.field("bytes_moved", pa.float64(), nullable=False),
+        pa.field("link_util", pa.float64(), nullable=False),  # link busy / makespan
+        pa.field("link_gbps", pa.float64(), nullable=False),  # bits moved / makespan
+        pa.field("local_util", pa.float64(), nullable=False),  # mean over instances
+        pa.field("remote_util", pa.float64(), nullable=False),
+    ]
+)
+
 SCHEMAS = {
     PROBE_SAMPLES: PROBE_SAMPLES_SCHEMA,
     KERNEL_SAMPLES: KERNEL_SAMPLES_SCHEMA,
@@ -316,6 +338,7 @@ SCHEMAS = {
     VALIDATE_SUMMARY: VALIDATE_SUMMARY_SCHEMA,
     COMPARISON: COMPARISON_SCHEMA,
     SIMULATION: SIMULATION_SCHEMA,
+    PREFILL_SIMULATION: PREFILL_SIMULATION_SCHEMA,
 }
 SCHEMA_VERSIONS = {
     PROBE_SAMPLES: 2,
@@ -325,6 +348,7 @@ SCHEMA_VERSIONS = {
     VALIDATE_SUMMARY: 2,
     COMPARISON: 1,
     SIMULATION: 1,
+    PREFILL_SIMULATION: 1,
 }
 
 

@@ -1,0 +1,274 @@
+"""Prefill-as-a-Service: prefill the uncached tokens here, or there and ship the KV.
+
+Two clusters joined by one link (the scenario's fabric: 100 Gbps Ethernet for the study's
+setting). A request arrives with ``L`` uncached tokens. Local: one of this cluster's
+instances prefills them (FIFO, the instance that frees first); its GPUs are slower for
+prefill (``local_speed`` of the profile's device: an H20 against an H200). Offload: a
+compute-dense remote instance prefills them and streams the KV here layer by layer over
+the shared link (FIFO in the order their first layers become ready), so the KV arrives
+``max(prefill / layers + transfer, prefill + transfer / layers)`` after the prefill starts,
+later behind what the link already carries.
+
+Prefill time, per layer on one GPU as every device term is: ``T_recompute(L) = L p1 + L^2
+p2`` (the cost model's; p2 is attention's quadratic term), times the model's layers, over
+the instance's GPUs and its speed. Its KV is ``L x kv_bytes_per_token x layers``. Since
+the KV grows linearly and the prefill faster, a long request produces its KV at a lower
+rate: the reason to offload long requests and keep short ones (whose KV would crowd the
+link) here, the study's routing threshold.
+
+Policies: ``local`` and ``offload`` always, ``threshold`` (offload above ``t`` tokens), and
+``predicate``: per request, the cost model's completion time of each option with the
+backlogs it would wait behind (this cluster's freest instance; the remote one's, and the
+link's).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+PREFILL_POLICIES = ("local", "offload", "threshold", "predicate")
+
+
+@dataclass(frozen=True)
+class PrefillWorkload:
+    local_instances: int = 8
+    remote_instances: int = 4
+    local_speed: float = 0.15
+    gpus_per_instance: int = 8
+    layers: int = 61
+    kv_bytes_per_token: float = 1152  # per layer
+    length_median: float = 8192
+    length_sigma: float = 1.0
+    min_length: int = 128
+    max_length: int = 131072
+    rate_per_s: float = 2.0
+    fabric: str = "tcp"
+
+
+@dataclass
+class PrefillTrace:
+    arrival: np.ndarray  # s
+    length: np.ndarray  # uncached tokens
+
+    def __len__(self) -> int:
+        return len(self.arrival)
+
+
+def make_prefill_trace(w: PrefillWorkload, requests: int, seed: int = 0) -> PrefillTrace:
+    """Poisson arrivals; uncached lengths lognormal about ``length_median``, clipped."""
+    rng = np.random.default_rng(seed)
+    arrival = np.cumsum(rng.exponential(1.0 / w.rate_per_s, requests))
+    length = np.exp(rng.normal(math.log(w.length_median), w.length_sigma, requests))
+    length = np.clip(np.rint(length), w.min_length, w.max_length)
+    return PrefillTrace(arrival, length)
+
+
+class PrefillCosts:
+    """The model's times for one prefill workload, read once from the profile."""
+
+    def __init__(self, profile, w: PrefillWorkload):
+        d = profile.device
+        if d.recompute_per_token is None:
+            raise ValueError(f"profile {profile.name} has no recompute_per_token")
+        self.w, self.fabric, self.device = w, profile.fabric(w.fabric), d
+        self.kv_per_token = w.kv_bytes_per_token * w.layers
+
+    def prefill(self, tokens: float, speed: float = 1.0) -> float:
+        """One instance's prefill of ``tokens`` at ``speed`` of the profile's device."""
+        w = self.w
+        return w.layers * self.device.recompute(tokens) / (w.gpus_per_instance * speed)
+
+    def local(self, tokens: float) -> float:
+        return self.prefill(tokens, self.w.local_speed)
+
+    def transfer(self, tokens: float) -> float:
+        """The KV of ``tokens`` over the link, one message per layer."""
+        return self.fabric.wire(tokens * self.kv_per_token, self.w.layers)
+
+    def offload(self, tokens: float) -> float:
+        """On idle resources: remote prefill streamed over the link, layer by layer: the
+        link starts with the first layer's KV and ends after the last layer's, whichever
+        of the prefill and the transfer is the longer."""
+        x, p, layers = self.transfer(tokens), self.prefill(tokens), self.w.layers
+        return max(p / layers + x, p + x / layers)
+
+    def kv_rate(self, tokens: float) -> float:
+        """Bytes per second one remote instance produces prefilling ``tokens``."""
+        return tokens * self.kv_per_token / self.prefill(tokens)
+
+    def idle_threshold(self) -> float:
+        """The shortest length from which offloading beats prefilling here on idle
+        resources (and stays ahead up to ``max_length``); 0 when it wins at every length,
+        inf when never."""
+        grid = np.unique(np.geomspace(1, self.w.max_length, 512).round())
+        wins = np.array([self.offload(t) < self.local(t) for t in grid])
+        if wins.all():
+            return 0.0
+        if not wins[-1]:
+            return math.inf
+        last_loss = np.flatnonzero(~wins)[-1]
+        lo, hi = grid[last_loss], grid[last_loss + 1]
+        while hi - lo > 1:  # bisect between the last loss and the first win after it
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if self.offload(mid) < self.local(mid) else (mid, hi)
+        return float(hi)
+
+
+@dataclass
+class PrefillResult:
+    latency: np.ndarray  # s from arrival to the KV being here
+    offloaded: np.ndarray  # bool
+    makespan: float
+    local_busy: np.ndarray
+    remote_busy: np.ndarray
+    link_busy: float
+    bytes_moved: float
+
+
+def simulate_prefill(
+    profile, w: PrefillWorkload, trace: PrefillTrace, policy: str, threshold: float = math.inf
+) -> PrefillResult:
+    if policy not in PREFILL_POLICIES:
+        raise ValueError(f"unknown policy {policy!r}")
+    costs = PrefillCosts(profile, w)
+    n = len(trace)
+    latency = np.zeros(n)
+    offloaded = np.zeros(n, dtype=bool)
+    local_free = [0.0] * w.local_instances  # when each instance frees (FIFO, work known)
+    remote_free = [0.0] * w.remote_instances
+    local_busy = np.zeros(w.local_instances)
+    remote_busy = np.zeros(w.remote_instances)
+    # the link: transfers queue in the order their first layer is ready; one is committed
+    # once no later arrival can be ready before it (its first layer is no later than now)
+    ready: list = []  # (first layer ready, seq, request, transfer time, prefill end)
+    link_free = 0.0
+    link_busy = moved = 0.0
+    pending_work = 0.0  # transfer time of the queued, uncommitted transfers
+    last = 0.0
+
+    def commit(until: float) -> None:
+        nonlocal link_free, link_busy, pending_work, last
+        while ready and ready[0][0] <= until:
+            start_ready, _, r, x, prefill_end = heapq.heappop(ready)
+            pending_work -= x
+            start = max(link_free, start_ready)
+            # streamed: it cannot finish before its last layer is prefilled and sent
+            end = max(start + x, prefill_end + x / w.layers)
+            link_free = end
+            link_busy += x
+            latency[r] = end - trace.arrival[r]
+            last = max(last, end)
+
+    for r, (now, tokens) in enumerate(
+        zip(trace.arrival.tolist(), trace.length.tolist(), strict=True)
+    ):
+        commit(now)
+        i = min(range(w.local_instances), key=local_free.__getitem__)
+        j = min(range(w.remote_instances), key=remote_free.__getitem__)
+        remote_prefill = costs.prefill(tokens)
+        if policy == "local":
+            ship = False
+        elif policy == "offload":
+            ship = True
+        elif policy == "threshold":
+            ship = tokens > threshold
+        else:
+            local_done = max(local_free[i], now) + costs.local(tokens)
+            start = max(remote_free[j], now)
+            x = costs.transfer(tokens)
+            link_start = max(link_free, start + remote_prefill / w.layers) + pending_work
+            ship_done = max(link_start + x, start + remote_prefill + x / w.layers)
+            ship = ship_done < local_done
+        if ship:
+            start = max(remote_free[j], now)
+            remote_free[j] = start + remote_prefill
+            remote_busy[j] += remote_prefill
+            x = costs.transfer(tokens)
+            first_layer = start + remote_prefill / w.layers
+            heapq.heappush(ready, (first_layer, r, r, x, start + remote_prefill))
+            pending_work += x
+            moved += tokens * costs.kv_per_token
+            offloaded[r] = True
+        else:
+            work = costs.local(tokens)
+            end = max(local_free[i], now) + work
+            local_free[i] = end
+            local_busy[i] += work
+            latency[r] = end - now
+            last = max(last, end)
+    commit(math.inf)
+    makespan = last - float(trace.arrival[0]) if n else 0.0
+    return PrefillResult(latency, offloaded, makespan, local_busy, remote_busy, link_busy, moved)
+
+
+def summarize_prefill(result: PrefillResult, policy: str, fabric: str, threshold=None) -> dict:
+    lat = result.latency * 1e3
+    span = result.makespan or float("nan")
+    return {
+        "fabric": fabric,
+        "policy": policy,
+        "threshold_tokens": float("nan") if threshold is None else float(threshold),
+        "best": False,
+        "requests": len(lat),
+        "p50_ms": float(np.percentile(lat, 50)),
+        "p90_ms": float(np.percentile(lat, 90)),
+        "p99_ms": float(np.percentile(lat, 99)),
+        "mean_ms": float(lat.mean()),
+        "throughput_per_s": len(lat) / span,
+        "share_offloaded": float(result.offloaded.mean()),
+        "bytes_moved": float(result.bytes_moved),
+        "link_util": result.link_busy / span,
+        "link_gbps": 8 * result.bytes_moved / span / 1e9,
+        "local_util": float(result.local_busy.mean() / span),
+        "remote_util": float(result.remote_busy.mean() / span),
+    }
+
+
+def threshold_grid(trace: PrefillTrace, points: int = 33) -> np.ndarray:
+    """The thresholds a grid search tries: the trace's length quantiles (every share of
+    offloaded requests from none to all, in steps), as the study grid-searches its t."""
+    return np.unique(np.quantile(trace.length, np.linspace(0, 1, points)))
+
+
+def run_prefill(profile, spec: dict, requests: int, seed: int, on_step=None):
+    """Per fabric: local, offload and predicate, and the threshold policy at every point
+    of :func:`threshold_grid`, one trace per fabric; the threshold with the least mean
+    latency is marked ``best`` (the study's routing threshold, found as it found its own).
+    Returns (frame, facts) with facts per fabric: the idle-resource crossover and the KV
+    production rate of one remote instance at a few lengths."""
+    import pandas as pd
+
+    rows, facts = [], []
+    for fabric in spec["fabrics"]:
+        w = PrefillWorkload(**spec["fields"], fabric=fabric)
+        trace = make_prefill_trace(w, requests, seed)
+        costs = PrefillCosts(profile, w)
+        for policy in ("local", "offload", "predicate"):
+            rows.append(
+                summarize_prefill(simulate_prefill(profile, w, trace, policy), policy, fabric)
+            )
+            if on_step:
+                on_step(f"{fabric} {policy}")
+        grid = [
+            summarize_prefill(
+                simulate_prefill(profile, w, trace, "threshold", t), "threshold", fabric, t
+            )
+            for t in threshold_grid(trace)
+        ]
+        min(grid, key=lambda row: row["mean_ms"])["best"] = True
+        rows.extend(grid)
+        if on_step:
+            on_step(f"{fabric} thresholds")
+        facts.append(
+            {
+                "fabric": fabric,
+                "idle_threshold": costs.idle_threshold(),
+                "kv_gbps": {t: 8 * costs.kv_rate(t) / 1e9 for t in (4096, 32768, 131072)},
+                "link_gbps": 8 * 1e9 / costs.fabric.wire(1e9) / 1e9,  # what 1 GB moves at
+            }
+        )
+    return pd.DataFrame(rows), facts
