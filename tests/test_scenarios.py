@@ -20,7 +20,7 @@ def test_span_query_reuse_flips_route_to_fetch(xbench, tmp_path):
     r = xbench(
         "decide",
         "--scenario",
-        "scenarios/span-query-fanout.toml",
+        "scenarios/span-fanout.toml",
         "--out",
         tmp_path / "d.parquet",
         "--format",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -205,7 +206,8 @@ def test_simulate_cli_bad_input(xbench, tmp_path):
         r = xbench("simulate", *args)
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
         assert words in r.stderr.strip().splitlines()[-1]
-    plain = [s for s in SCENARIOS if s.stem == "span-query-fanout"][0]
+    plain = tmp_path / "plain.toml"
+    plain.write_text('[scenario]\nname = "plain"\nmodel = "deepseek-v3.2"\n[grid]\nrows = [1]\n')
     r = xbench("simulate", plain)
     assert r.returncode == 2 and "no [workload]" in r.stderr
 
@@ -303,3 +305,64 @@ def test_prefill_scenario_finds_a_threshold(xbench, tmp_path):
     assert (np.diff(ordered.bytes_moved) <= 0).all()
     assert 0 < best.share_offloaded < 1 and 0 < best.link_util < 1
     assert set(frame.policy) == {"local", "offload", "predicate", "threshold"}
+
+
+# --- span fan-out: a prefix, then commuting chunks whose reuse the expressions give -------
+
+
+def test_span_expressions_parse_and_bad_ones_are_named(tmp_path):
+    from xbench.core.scenario import parse_span
+
+    assert parse_span("system + {repo/a, repo/b}") == ("system", ("repo/a", "repo/b"))
+    assert parse_span("{x}") == (None, ("x",))
+    for bad in ("system + repo/a", "{a, a}", "{}", "a + b + {c}"):
+        with pytest.raises(ValueError):
+            parse_span(bad)
+    head = '[scenario]\nname = "s"\nmodel = "deepseek-v3.2"\n[workload]\n'
+    for table, words in [
+        ('spans = [{ expr = "{a, a}" }]', "spans[0] expr = '{a, a}' is not a span expression"),
+        ('spans = [{ expr = "{a}", weight = 0 }]', "spans[0] weight = 0 is not a positive"),
+        ('spans = [{ expr = "{a}" }]\nzipf = 1.0', "gives spans and zipf"),
+        ("spans = []", "spans must be a non-empty list"),
+    ]:
+        path = tmp_path / "s.toml"
+        path.write_text(head + table + "\n")
+        with pytest.raises(ScenarioError, match=re.escape(words)):
+            load_workload(path)
+
+
+def test_a_span_request_fans_out_and_ends_with_its_slowest_use():
+    from xbench.simulate import request_latency
+
+    spans = (("sys", ("a", "b"), 1.0), (None, ("b",), 1.0))
+    w = Workload(instances=2, chunks=4, rate_per_s=100.0, fabric="ib", spans=spans)
+    trace = make_trace(w, 400, seed=3)
+    starts = np.flatnonzero(np.r_[True, np.diff(trace.request) != 0])
+    assert len(starts) == 400 and np.all(np.diff(trace.request) >= 0)
+    sizes = np.diff(np.r_[starts, len(trace)])
+    assert set(sizes) == {1, 3}  # "{b}" is one use; "sys + {a, b}" three
+    first = trace.chunk[starts]
+    prefix = sizes == 3
+    # the prefix is each requester's own copy (held where it is asked), the others at k % 2
+    assert (trace.holder[starts][prefix] == trace.requester[starts][prefix]).all()
+    assert set(first[prefix]) <= {2, 3} and (first[~prefix] == 1).all()
+    assert (trace.holder[trace.chunk < 2] == trace.chunk[trace.chunk < 2] % 2).all()
+    assert w.uses_per_s == pytest.approx(100.0 * 2) and w.shared_chunks == 2
+    res = simulate(PRIORS, w, trace, "route")
+    per_request = request_latency(res, trace)
+    assert len(per_request) == 400
+    assert per_request == pytest.approx(np.maximum.reduceat(res.latency, starts))
+    assert (per_request >= res.latency[starts]).all()
+
+
+def test_span_reuse_flips_route_to_fetch_past_the_threshold():
+    from xbench.simulate import span_reuse
+
+    scenario = [s for s in SCENARIOS if s.stem == "span-fanout"][0]
+    spec = load_workload(scenario)
+    spec["fabrics"] = ["roce"]
+    reuse = span_reuse(PRIORS, spec, 8000, 0).sort_values("uses_per_requester")
+    u_star = reuse.u_star.iloc[0]
+    rare, common = reuse.iloc[0], reuse.iloc[-1]
+    assert rare.uses_per_requester < u_star < common.uses_per_requester
+    assert common.routed < 0.05 and rare.routed > 0.5

@@ -44,7 +44,7 @@ def simulate(
     from xbench.results.metadata import new_run_id, run_metadata
     from xbench.results.schema import PREFILL_SIMULATION, SIMULATION
     from xbench.results.store import refuse_overwrite, write_table
-    from xbench.simulate import POLICIES, batching_gain, run
+    from xbench.simulate import POLICIES, batching_gain, run, span_reuse
     from xbench.simulate.prefill import PREFILL_POLICIES, run_prefill
 
     prof = load_profile(profile_path(profile or DEFAULT_PROFILE))
@@ -90,6 +90,7 @@ def simulate(
         else:
             frame = run(prof, spec, policies, n, seed, on_step=step)
     gains = batching_gain(prof, spec, n, seed) if spec["name"] == "moska-shared-chunk" else []
+    reuse = span_reuse(prof, spec, n, seed) if spec["fields"].get("spans") else None
     if out is not None:
         meta = run_metadata(
             new_run_id("simulate"), "simulate", scenario=spec["name"], profile=prof.name, seed=seed
@@ -99,10 +100,10 @@ def simulate(
     if prefill:
         emit_frame(frame, fmt, lambda f: _prefill_table(f, spec, prof.name, n, facts, out))
     else:
-        emit_frame(frame, fmt, lambda f: _table(f, spec, prof.name, n, gains, out))
+        emit_frame(frame, fmt, lambda f: _table(f, spec, prof.name, n, gains, out, reuse))
 
 
-def _table(frame, spec, profile: str, n: int, gains, out) -> None:
+def _table(frame, spec, profile: str, n: int, gains, out, reuse=None) -> None:
     table = result_table(
         f"xbench simulate: {spec['name']} ({n:,} requests, profile {profile})",
         (f"{out}  |  " if out else "")
@@ -142,6 +143,33 @@ def _table(frame, spec, profile: str, n: int, gains, out) -> None:
             "against serving the same queries one by one",
             highlight=False,
         )
+    if reuse is not None and len(reuse):
+        _reuse_table(reuse)
+
+
+def _reuse_table(reuse) -> None:
+    """Span workloads: each commuting chunk's reuse against u*, and what the predicate did."""
+    table = result_table(
+        "span reuse: uses of each chunk per requester that does not hold it, and the share "
+        "of them the predicate routed, per fabric",
+        "u*: the model's reuse past which a fetch pays, per use on idle resources; a "
+        "fetched chunk is attended here behind its request's other uses, so past u* the "
+        "predicate still routes where the fabric is fast",
+    )
+    fabrics = list(dict.fromkeys(reuse.fabric))
+    table.add_column("chunk", no_wrap=True)
+    table.add_column("uses", justify="right")
+    for f in fabrics:
+        u_star = reuse[reuse.fabric == f].u_star.iloc[0]
+        table.add_column(f"{f} (u* {u_star:,.0f})", justify="right", no_wrap=True)
+    for name, rows in reuse.groupby("chunk", sort=False):
+        routed = dict(zip(rows.fabric, rows.routed, strict=True))
+        table.add_row(
+            name,
+            f"{rows.uses_per_requester.iloc[0]:,.0f}",
+            *(f"{100 * routed[f]:.0f}%" for f in fabrics),
+        )
+    console.print(table)
 
 
 def _tokens(n: float) -> str:

@@ -4,7 +4,7 @@ A scenario fixes the request shape (``[request]``) and the axes to sweep (``[gri
 says where the question comes from (``[scenario]``). Example: ``scenarios/*.toml``.
 
     [scenario]
-    name = "span-query-fanout"
+    name = "span-fanout"
     description = "..."
     model = "deepseek-v3.2"          # optional: heads, payload, return and KV bytes
     [request]                         # optional overrides; sizes with units, times with units
@@ -21,6 +21,7 @@ says where the question comes from (``[scenario]``). Example: ``scenarios/*.toml
 from __future__ import annotations
 
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -145,6 +146,7 @@ WORKLOAD_KEYS = {
     "max_batch_rows": (int, 1),
     "fabric": ((str, list), None),
     "requests": (int, 1),
+    "spans": (list, None),
 }
 PREFILL_KEYS = {
     "kind": (str, None),
@@ -161,6 +163,59 @@ PREFILL_KEYS = {
     "requests": (int, 1),
 }
 WORKLOAD_KINDS = {"decode": WORKLOAD_KEYS, "prefill": PREFILL_KEYS}
+
+
+# Span expressions (span queries, arXiv 2511.02749): "PREFIX + {A, B, C}" or "{A, B}". The
+# prefix is positional (its KV depends on where it sits: each requester computes its own);
+# the chunks in braces commute (position-independent: the KV of one serves every request
+# that names it, wherever it sits), so their reuse counts come from the expressions.
+_NAME = r"[A-Za-z0-9_./:-]+"
+_SPAN = re.compile(rf"^\s*(?:({_NAME})\s*\+\s*)?\{{\s*({_NAME}(?:\s*,\s*{_NAME})*)\s*,?\s*\}}\s*$")
+
+
+def parse_span(expr: str) -> tuple[str | None, tuple[str, ...]]:
+    """(prefix or None, the commuting chunks) of one span expression; ValueError if bad."""
+    m = _SPAN.match(expr)
+    if not m:
+        raise ValueError(expr)
+    chunks = tuple(name.strip() for name in m.group(2).split(","))
+    if len(set(chunks)) != len(chunks):
+        raise ValueError(expr)
+    return m.group(1), chunks
+
+
+def _spans(path, raw) -> tuple:
+    """[workload] spans: a list of { expr = "...", weight = N } as (prefix, chunks, weight)."""
+    fix = 'write spans = [{ expr = "system + {a, b}", weight = 4 }, ...]'
+    if not isinstance(raw, list) or not raw:
+        raise ScenarioError(f"scenario {path}: [workload] spans must be a non-empty list", fix)
+    out = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict) or set(item) - {"expr", "weight"} or "expr" not in item:
+            raise ScenarioError(
+                f"scenario {path}: [workload] spans[{i}] is not {{ expr, weight }}", fix
+            )
+        weight = item.get("weight", 1)
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight <= 0:
+            raise ScenarioError(
+                f"scenario {path}: [workload] spans[{i}] weight = {weight!r} is not a positive number",
+                "give weight as a number > 0 (how often this expression is asked, relatively)",
+            )
+        try:
+            prefix, chunks = parse_span(str(item["expr"]))
+        except ValueError:
+            raise ScenarioError(
+                f"scenario {path}: [workload] spans[{i}] expr = {item['expr']!r} is not a span expression",
+                'write "PREFIX + {chunk, chunk, ...}" or "{chunk, ...}", each chunk named once',
+            ) from None
+        out.append((prefix, chunks, float(weight)))
+    return tuple(out)
+
+
+def span_chunks(spans) -> list[str]:
+    """The commuting chunks the expressions name, in order of first appearance (chunk k
+    lives at instance k % instances)."""
+    return list(dict.fromkeys(c for _, chunks, _ in spans for c in chunks))
 
 
 def _check_table(path, table: dict, keys: dict) -> None:
@@ -247,9 +302,21 @@ def load_workload(path) -> dict:
             "rate_per_s": _rate(path, table, "2/s"),
         }
     else:
+        spans = _spans(path, table["spans"]) if "spans" in table else ()
+        if spans and {"chunks", "zipf"} & set(table):
+            raise ScenarioError(
+                f"scenario {path}: [workload] gives spans and {' and '.join(sorted({'chunks', 'zipf'} & set(table)))}",
+                "with spans, the chunks and how often each is used come from the expressions: drop chunks and zipf",
+            )
+        instances = table.get("instances", 8)
+        prefixes = {prefix for prefix, _, _ in spans if prefix}
         fields = {
-            "instances": table.get("instances", 8),
-            "chunks": table.get("chunks", 256),
+            "instances": instances,
+            "chunks": (
+                len(span_chunks(spans)) + len(prefixes) * instances
+                if spans
+                else table.get("chunks", 256)
+            ),
             "chunk_tokens": table.get("chunk_tokens", 2048),
             "rows": table.get("rows", 1),
             "heads": req["heads"],
@@ -261,6 +328,7 @@ def load_workload(path) -> dict:
             "zipf": float(table.get("zipf", 1.0)),
             "cache_chunks": table.get("cache_chunks", 16),
             "max_batch_rows": table.get("max_batch_rows", 1024),
+            "spans": spans,
         }
     return {
         "name": scenario["name"],

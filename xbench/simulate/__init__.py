@@ -9,18 +9,27 @@ import pandas as pd
 from xbench.simulate.engine import PATHS, POLICIES, Workload, make_trace, simulate
 
 
+def request_latency(result, trace) -> np.ndarray:
+    """Seconds per request: a request that fans out to several chunks (a span request)
+    ends with its slowest use; otherwise a request is one use."""
+    if trace.request is None:
+        return result.latency
+    starts = np.flatnonzero(np.r_[True, np.diff(trace.request) != 0])
+    return np.maximum.reduceat(result.latency, starts)
+
+
 def summarize(result, policy: str, fabric: str, trace) -> dict:
-    lat = result.latency * 1e6
+    lat = request_latency(result, trace) * 1e6
     span = result.makespan or float("nan")
     return {
         "fabric": fabric,
         "policy": policy,
-        "requests": len(trace),
+        "requests": len(lat),
         "p50_us": float(np.percentile(lat, 50)),
         "p90_us": float(np.percentile(lat, 90)),
         "p99_us": float(np.percentile(lat, 99)),
         "mean_us": float(lat.mean()),
-        "throughput_per_s": len(trace) / span,
+        "throughput_per_s": len(lat) / span,
         "bytes_moved": float(result.bytes_moved),
         "link_util_mean": float(result.link_busy.mean() / span),
         "link_util_max": float(result.link_busy.max() / span),
@@ -79,4 +88,53 @@ def batching_gain(profile, spec: dict, requests: int, seed: int) -> list[dict]:
     return out
 
 
-__all__ = ["PATHS", "POLICIES", "Workload", "batching_gain", "make_trace", "run", "simulate"]
+def span_reuse(profile, spec: dict, requests: int, seed: int) -> pd.DataFrame:
+    """Per fabric and commuting chunk of a span workload: how often a requester that does
+    not hold the chunk uses it over the trace (the reuse the expressions give it), the
+    model's u* for the workload's shape on that fabric (a fetch pays from about u* uses on
+    idle resources), and the share of those uses the predicate routed: decisions flip from
+    route to fetch past the reuse threshold."""
+    from xbench.core.costmodel import Request, thresholds
+    from xbench.core.scenario import span_chunks
+
+    rows = []
+    for fabric in spec["fabrics"]:
+        w = Workload(**spec["fields"], fabric=fabric)
+        trace = make_trace(w, requests, seed)
+        result = simulate(profile, w, trace, "predicate")
+        shape = Request(
+            rows=w.rows,
+            heads=w.heads,
+            chunk_tokens=w.chunk_tokens,
+            payload_bytes=w.payload_bytes,
+            return_bytes=w.return_bytes,
+            kv_bytes_per_token=w.kv_bytes_per_token,
+            segments=w.segments,
+            fabric=fabric,
+        )
+        u_star = thresholds(profile.fabric(fabric), profile.device, shape)[1]
+        remote = trace.holder != trace.requester
+        for k, name in enumerate(span_chunks(w.spans)):
+            uses = remote & (trace.chunk == k)
+            rows.append(
+                {
+                    "fabric": fabric,
+                    "chunk": name,
+                    "uses_per_requester": uses.sum() / (w.instances - 1),
+                    "u_star": u_star,
+                    "routed": float((result.path[uses] == 1).mean()) if uses.any() else 0.0,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+__all__ = [
+    "PATHS",
+    "POLICIES",
+    "Workload",
+    "batching_gain",
+    "make_trace",
+    "run",
+    "simulate",
+    "span_reuse",
+]

@@ -36,6 +36,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from xbench.core.scenario import span_chunks
+
 POLICIES = ("route", "fetch", "local", "predicate")
 # The weight of the predicate's prior on a chunk's rate of use, in uses: a fetch is a bet of
 # milliseconds paid up front, so one or two early uses should not read as a high rate. Four
@@ -62,20 +64,55 @@ class Workload:
     cache_chunks: int = 16
     max_batch_rows: int = 1024
     fabric: str = "nvlink"
+    # span requests, as (prefix or None, commuting chunks, weight) (core.scenario): each
+    # request is one expression's uses; without them, a request is one use of one chunk
+    spans: tuple = ()
+
+    def _per_request(self, prefixes: bool) -> float:
+        """Uses per request, on average over the expressions (1 without spans)."""
+        if not self.spans:
+            return 1.0
+        weights = np.array([weight for _, _, weight in self.spans])
+        fanout = np.array([len(c) + (prefixes and bool(p)) for p, c, _ in self.spans])
+        return float(weights @ fanout / weights.sum())
+
+    @property
+    def uses_per_s(self) -> float:
+        """Uses of chunks per second over all instances (requests times their fan-out)."""
+        return self.rate_per_s * self._per_request(prefixes=True)
+
+    @property
+    def shared_chunks(self) -> int:
+        """The chunks any requester may use (a span workload's prefixes are each its own)."""
+        return len(span_chunks(self.spans)) if self.spans else self.chunks
+
+    @property
+    def shared_uses_per_s(self) -> float:
+        """Uses of the shared chunks per second over all instances."""
+        return self.rate_per_s * self._per_request(prefixes=False)
 
 
 @dataclass
 class Trace:
+    """One row per use of a chunk. ``holder``: where each use's chunk lives (default chunk
+    % instances); ``request``: which request each use belongs to, where a request fans out
+    to several chunks (its latency is its slowest use's)."""
+
     arrival: np.ndarray  # s
     requester: np.ndarray
     chunk: np.ndarray
+    holder: np.ndarray | None = None
+    request: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.arrival)
 
 
 def make_trace(w: Workload, requests: int, seed: int = 0) -> Trace:
-    """Poisson arrivals at ``rate_per_s``; requesters uniform; chunks by Zipf popularity."""
+    """Poisson arrivals at ``rate_per_s``; requesters uniform; chunks by Zipf popularity,
+    or, for span workloads, by the expressions' weights (:func:`make_span_trace`)."""
+    if w.spans:
+        return make_span_trace(w, requests, seed)
     rng = np.random.default_rng(seed)
     arrival = np.cumsum(rng.exponential(1.0 / w.rate_per_s, requests))
     weights = 1.0 / np.arange(1, w.chunks + 1) ** w.zipf
@@ -83,6 +120,41 @@ def make_trace(w: Workload, requests: int, seed: int = 0) -> Trace:
     chunk = order[rng.choice(w.chunks, requests, p=weights / weights.sum())]
     requester = rng.integers(0, w.instances, requests)
     return Trace(arrival, requester, chunk)
+
+
+def make_span_trace(w: Workload, requests: int, seed: int = 0) -> Trace:
+    """``requests`` span requests (Poisson at ``rate_per_s``), each from a uniform requester
+    for one expression drawn by weight, expanded into its uses: the prefix at the requester
+    (positional: its own copy), then every commuting chunk at its holder, all at once."""
+    rng = np.random.default_rng(seed)
+    names = span_chunks(w.spans)
+    index = {name: k for k, name in enumerate(names)}
+    prefixes = sorted({p for p, _, _ in w.spans if p})
+    weights = np.array([weight for _, _, weight in w.spans])
+    exprs = rng.choice(len(w.spans), requests, p=weights / weights.sum())
+    requester = rng.integers(0, w.instances, requests)
+    arrival = np.cumsum(rng.exponential(1.0 / w.rate_per_s, requests))
+    uses = []  # per expression: the chunk ids of its uses, and whether one is the prefix
+    for prefix, chunks, _ in w.spans:
+        ids = [index[c] for c in chunks]
+        uses.append((prefixes.index(prefix) if prefix else -1, ids))
+    a, r, k, h, g = [], [], [], [], []
+    for i in range(requests):
+        p, ids = uses[exprs[i]]
+        me = int(requester[i])
+        if p >= 0:  # its own copy of the prefix: a chunk of this requester's
+            a.append(arrival[i])
+            r.append(me)
+            g.append(i)
+            k.append(len(names) + p * w.instances + me)
+            h.append(me)
+        for c in ids:
+            a.append(arrival[i])
+            r.append(me)
+            g.append(i)
+            k.append(c)
+            h.append(c % w.instances)
+    return Trace(np.array(a), np.array(r), np.array(k), np.array(h), np.array(g))
 
 
 class _Costs:
@@ -105,8 +177,12 @@ class _Costs:
         self.back_occ, self.back_fly = self._link(self.s_o, 1)
         self.kv_occ, self.kv_fly = self._link(self.s_kv, w.segments)
         # what the predicate reads on every request, computed once
-        self.arrivals_per_instance = w.rate_per_s / w.instances
+        self.arrivals_per_instance = w.uses_per_s / w.instances
         self.fetch_once = self.kv_occ + self.kv_fly + self.move
+        # a use attended here waits for the uses of its request queued here before it (a
+        # span request's prefix, its other cached chunks), where a routed one runs beside
+        # them at its holder: half its siblings, on average, if they are all here
+        self.attend_here = self.attend * (1 + (w.uses_per_s / w.rate_per_s - 1) / 2)
         self._batched: dict[int, float] = {}
         self._joins: dict[int, float] = {}
 
@@ -146,9 +222,9 @@ class _Reuse:
     has seen so far (no oracle: counts, clocks and the workload's declared rate and length).
 
     - rate of r's uses of k: a Gamma-Poisson posterior mean, ``(a + earlier uses) / (a beta
-      + t)``, whose prior is the requester's arrival rate spread evenly over the chunks
-      (``a = PRIOR_USES`` pseudo-uses, one per ``beta = chunks / arrivals per instance``
-      seconds), so a first use does not read as an infinite rate;
+      + t)``, whose prior is the requester's uses spread evenly over the shared chunks
+      (``a = PRIOR_USES`` pseudo-uses, one per ``beta = shared chunks / their uses per
+      instance`` seconds), so a first use does not read as an infinite rate;
     - joiners: the uses that arrive while the fetch is on its way, ``rate * T_fetch``; they
       wait for it (half of T_fetch on average) and then attend in place;
     - after: the uses its stay serves. An LRU cache keeps a chunk while it is used again
@@ -163,12 +239,13 @@ class _Reuse:
     """
 
     def __init__(self, w: Workload, start: float, end: float):
-        self.beta = w.chunks * w.instances / w.rate_per_s
+        self.beta = w.shared_chunks * w.instances / w.shared_uses_per_s
         self.start, self.end = start, end
         self.uses: dict[tuple[int, int], int] = {}
         self.keeps = w.cache_chunks > 0
         self.places = w.cache_chunks
-        self.remote = w.chunks - math.ceil(w.chunks / w.instances)  # the fewest any has
+        shared = w.shared_chunks
+        self.remote = shared - math.ceil(shared / w.instances)  # the fewest any requester has
         self.evicted_age = [0.0] * w.instances  # sum of idle ages at eviction
         self.evictions = [0] * w.instances
         # per requester, the use counts of the remote chunks it has used, sorted
@@ -227,7 +304,8 @@ def _predicate(
     there while that server's backlog drains waits that much longer (arrivals per instance
     times the backlog, times the work added). A routed query adds ``holder_adds`` to the
     holder: the growth of the batched call it joins there (far less than T_c when queries
-    of this chunk are already queued).
+    of this chunk are already queued). A later use of a fetched chunk attends here behind
+    its request's other uses (``attend_here``), which routing would have run in parallel.
     """
     lam = costs.arrivals_per_instance
     later = joiners + after
@@ -235,7 +313,8 @@ def _predicate(
     route = per_use["route"] + link_me + wait_holder + wait_me
     route += lam * (wait_holder + holder_adds) * holder_adds + route_later
     first = link_holder + costs.fetch_once
-    fetch = first * (1 + joiners / 2) + costs.merge + wait_me + (1 + later) * costs.attend
+    fetch = first * (1 + joiners / 2) + costs.merge + wait_me + costs.attend
+    fetch += later * costs.attend_here
     fetch += lam * (wait_me + costs.attend) * costs.attend
     local_work = costs.recompute + costs.attend
     local = local_work + wait_me + lam * (wait_me + local_work) * local_work + route_later
@@ -293,7 +372,7 @@ def simulate(profile, w: Workload, trace: Trace, policy: str) -> Result:
     caches = [OrderedDict() for _ in range(inst)]  # chunk -> when it was last used
     # the workload's declared length: as long as its requests take at its rate
     start = float(trace.arrival[0]) if n else 0.0
-    reuse = _Reuse(w, start, start + n / w.rate_per_s)
+    reuse = _Reuse(w, start, start + n / w.uses_per_s)
     pending: dict[tuple[int, int], list] = {}  # fetches in flight: the uses waiting for them
     # resources: compute and link per instance; each a FIFO with a running flag and backlog
     compute, link = _Servers(inst), _Servers(inst)
@@ -366,6 +445,7 @@ def simulate(profile, w: Workload, trace: Trace, policy: str) -> Result:
     # cause instead of being pushed onto it (a million fewer heap operations per million).
     times_list = arrival.tolist()
     requesters, chunks = requester.tolist(), chunk.tolist()
+    holders = (trace.holder if trace.holder is not None else chunk % inst).tolist()
     fly = {"send": costs.send_fly, "back": costs.back_fly, "kv": costs.kv_fly}
     nxt = 0
     last = 0.0
@@ -378,7 +458,7 @@ def simulate(profile, w: Workload, trace: Trace, policy: str) -> Result:
         if kind == ARRIVE:
             r = a
             me, k = requesters[r], chunks[r]
-            holder = k % inst
+            holder = holders[r]
             cache = caches[me]
             reuse.used(me, k, holder != me)
             if holder == me or k in cache:
