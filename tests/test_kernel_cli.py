@@ -133,3 +133,49 @@ def test_kernel_bad_input(xbench):
         r = xbench("kernel", *args)
         assert r.returncode != 0 and "Traceback" not in r.stderr
         assert words in r.stderr, r.stderr
+
+
+def test_prefill_sweep_fits_the_quadratic_recompute_term(xbench, tmp_path):
+    """xbench kernel --kernels prefill times causal attention over each length at the
+    model's prefill shapes; fit turns it into T_recompute = c p1 + c^2 p2 (per layer, the
+    model's every head) and the prefill scenario runs on the fitted profile."""
+    from xbench.core.profile import load_profile
+
+    out = tmp_path / "prefill"
+    r = xbench(
+        "kernel",
+        "--kernels",
+        "prefill",
+        "--heads",
+        "2",
+        "--chunk",
+        "64,128,256,512",
+        "--samples",
+        "2",
+        "--min-sample-time",
+        "2ms",
+        "--out",
+        out,
+        "--format",
+        "json",
+    )
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert {row["kernel"] for row in rows} == {"prefill"} and len(rows) == 4
+    assert all(
+        row["flops"] == 2 * row["chunk_tokens"] * (row["chunk_tokens"] + 1) * 320 for row in rows
+    )
+    profile = tmp_path / "fitted.toml"
+    r = xbench("fit", out, "--base", "profiles/h100-priors.toml", "--out", profile)
+    assert r.returncode == 0, r.stderr
+    fitted = load_profile(profile)
+    d = fitted.device
+    assert d.recompute_per_token2 is not None and not d.recompute_per_token2.prior
+    assert d.recompute_per_token2.value > 0
+    # the layer's matmuls at the matmul rate this run measured (deepseek-v3.2: 37e9 active)
+    assert not d.recompute_per_token.prior and d.recompute_per_token.value > 1e-6
+    assert "of 2 heads, scaled to 128" in fitted.provenance["device_notes"]["recompute"]
+    scenario = "scenarios/prefill-as-a-service.toml"
+    r = xbench("simulate", scenario, "--profile", profile, "--requests", "200")
+    assert r.returncode == 0, r.stderr
+    assert "offload threshold (tcp):" in r.stdout

@@ -42,7 +42,11 @@ def kernel(
         ),
     ] = "auto",
     kernels: Annotated[
-        str, typer.Option(help="Comma list of partial_attention, merge, gather, splice.")
+        str,
+        typer.Option(
+            help="Comma list of partial_attention, merge, gather, splice, prefill (causal "
+            "attention over each --chunk length at the model's prefill shapes; fits T_recompute)."
+        ),
     ] = "partial_attention,merge,gather,splice",
     rows: Annotated[
         str, typer.Option(help="Query rows (decode tokens) routed together, e.g. 1,8,64.")
@@ -257,7 +261,13 @@ def _launch(cfg, out_dir: Path) -> None:
             )
 
 
-SHORT = {"partial_attention": "attention", "merge": "merge", "gather": "gather", "splice": "splice"}
+SHORT = {
+    "partial_attention": "attention",
+    "merge": "merge",
+    "gather": "gather",
+    "splice": "splice",
+    "prefill": "prefill",
+}
 
 
 def _bound(r) -> str:

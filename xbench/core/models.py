@@ -30,6 +30,13 @@ class ModelPreset:
     kv_formats: dict[str, int] = field(default_factory=dict)  # format -> bytes per token per layer
     softmax_scale: float = 0.0
     notes: str = ""
+    # Prefill attends unabsorbed: per head a query and key of prefill_qk_dim (128 no-RoPE +
+    # 64 RoPE in DeepSeek-V3's MLA) and a value of prefill_v_dim.
+    prefill_qk_dim: int = 192
+    prefill_v_dim: int = 128
+    # parameters active per token (MoE): the FLOPs of a layer's matmuls are about
+    # 2 * active_params / layers per token; None where not published
+    active_params: float | None = None
 
     def query_bytes_per_row(self, dtype: str = "bf16") -> int:
         """S_q per query row (one head of one decode token)."""
@@ -83,6 +90,7 @@ PRESETS: dict[str, ModelPreset] = {
             {"bf16": 1152},
             _V3_SCALE,
             "also DeepSeek-R1",
+            active_params=37e9,
         ),
         ModelPreset(
             "deepseek-v3.2",
@@ -95,6 +103,7 @@ PRESETS: dict[str, ModelPreset] = {
             dict(_MLA_FORMATS),
             _V3_SCALE,
             "DSA indexer 64 heads x 128",
+            active_params=37e9,
         ),
         ModelPreset(
             "glm-5",
@@ -109,7 +118,17 @@ PRESETS: dict[str, ModelPreset] = {
             "also GLM-5.1; DSA indexer 32 heads x 128",
         ),
         ModelPreset(
-            "kimi-k2", 64, 576, 512, 64, 61, None, {"bf16": 1152}, 1 / 192**0.5, "dense MLA"
+            "kimi-k2",
+            64,
+            576,
+            512,
+            64,
+            61,
+            None,
+            {"bf16": 1152},
+            1 / 192**0.5,
+            "dense MLA",
+            active_params=32e9,
         ),
         ModelPreset(
             "deepseek-v4-flash",

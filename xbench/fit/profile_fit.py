@@ -155,6 +155,39 @@ def _fit_per_token(terms: dict, kind: str, chunk: np.ndarray, seconds: np.ndarra
     return len(pieces)
 
 
+def _fit_prefill(terms: dict, notes: dict, prefill: pd.DataFrame, samples: pd.DataFrame) -> None:
+    """T_recompute's terms from a prefill sweep (xbench kernel --kernels prefill): its
+    attention over L tokens is a0 + a1 L + a2 L^2, and T_recompute is per layer on one
+    device for the model's every head, so a2 (times heads / heads swept) is
+    recompute_per_token2. recompute_per_token adds to a1 the layer's matmuls: 2 x active
+    parameters / layers FLOP per token at the matmul rate this run measured, where the
+    model publishes its active parameters (otherwise the linear term is left to the base)."""
+    from xbench.core.models import get_model
+    from xbench.kernels.summary import ceilings_from
+
+    model = get_model(str(prefill["model"].iloc[0]))
+    per_head = model.q_heads / prefill.heads.to_numpy(float)
+    length = prefill.chunk_tokens.to_numpy(float)
+    seconds = prefill.value.to_numpy(float) * 1e-6 * per_head
+    _, a1, a2 = fit_linear(np.column_stack([np.ones_like(length), length, length**2]), seconds)
+    terms["recompute_per_token2"] = _coef(a2, "s/token^2")
+    rate = ceilings_from(samples).get("matmul_flops_per_s")
+    swept = (
+        f"{len(prefill)} samples of {int(prefill.heads.iloc[0])} heads, scaled to {model.q_heads}"
+    )
+    if model.active_params and rate:
+        matmuls = 2 * model.active_params / model.layers / rate
+        terms["recompute_per_token"] = _coef(tuple(x + matmuls for x in a1), "s/token")
+        notes["recompute"] = (
+            f"{swept}; per token adds {matmuls * 1e6:.1f} us of matmuls "
+            f"(2 x {model.active_params:.3g} / {model.layers} FLOP at {rate / 1e12:.2f} TFLOP/s)"
+        )
+    else:
+        notes["recompute"] = (
+            f"{swept}; the linear term from the base ({model.name} has no active_params or no matmul ceiling)"
+        )
+
+
 def fit_device(samples: pd.DataFrame, base: Device | None, name: str) -> tuple[Device, dict]:
     """Device terms from kernel samples; the rest from ``base``. Returns (device, notes)."""
     measured = (
@@ -232,6 +265,9 @@ def fit_device(samples: pd.DataFrame, base: Device | None, name: str) -> tuple[D
         # T_splice: the move of a fetch sent block by block from the holder's cache
         c, t = splice.chunk_tokens.to_numpy(float), splice.value.to_numpy(float) * 1e-6
         notes["splice"] = f"{len(splice)} samples, {_fit_per_token(terms, 'splice', c, t)} piece(s)"
+    prefill = measured[measured.kernel == "prefill"] if not measured.empty else measured
+    if len(prefill) and prefill.chunk_tokens.nunique() >= 3:
+        _fit_prefill(terms, notes, prefill, samples)
     needed = [
         "compute_t0",
         "compute_per_token",

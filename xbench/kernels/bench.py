@@ -31,7 +31,7 @@ from xbench.kernels import cpu_bf16
 from xbench.kernels.api import gather_kv, get_backend
 from xbench.kernels.selection import DensePages, random_topk
 
-KERNELS = ("partial_attention", "merge", "gather", "splice")
+KERNELS = ("partial_attention", "merge", "gather", "splice", "prefill")
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
@@ -71,6 +71,8 @@ class KernelCase:
             )
         if self.kernel == "merge":
             return (self.partials + 1) * rh * (self.v_dim * 4 + LSE_BYTES)
+        if self.kernel == "prefill":  # q, k, v read, the output written
+            return self.chunk * self.heads * (2 * self.dim + 2 * self.v_dim) * self.elem
         return 2 * self.chunk * self.dim * self.elem  # gather, splice: read + write each token
 
     @property
@@ -82,6 +84,8 @@ class KernelCase:
             return 2 * self.partials * rh * self.v_dim
         if self.kernel == "splice":
             return 6 * self.chunk * self.rope_dim // 2
+        if self.kernel == "prefill":  # causal: token i attends to i + 1 tokens
+            return self.heads * self.chunk * (self.chunk + 1) * (self.dim + self.v_dim)
         return 0
 
     @property
@@ -158,6 +162,13 @@ def make_inputs(case: KernelCase, device: str, seed: int):
         if device == "cpu":  # separate partials, as route and fetch merge them (no stacking)
             return {"outs": list(outs.unbind(0)), "lses": list(lses.unbind(0))}
         return {"outs": outs.to(device), "lses": lses.to(device)}
+    if case.kernel == "prefill":  # one sequence of ``chunk`` tokens attending causally
+        shape = (1, case.heads, case.chunk)
+        return {
+            "q": torch.randn(*shape, case.dim, generator=gen).to(dt).to(device),
+            "k": torch.randn(*shape, case.dim, generator=gen).to(dt).to(device),
+            "v": torch.randn(*shape, case.v_dim, generator=gen).to(dt).to(device),
+        }
     if case.kernel == "splice":  # packed tokens into a paged cache's free pages
         return {
             "packed": torch.randn(case.chunk, case.dim, generator=gen).to(dt).to(device),
@@ -227,6 +238,13 @@ def case_runner(case: KernelCase, backend_name: str, scale: float):
     if case.kernel == "splice":
         return lambda x: backend.splice_kv(
             x["target"], x["packed"], x["pages"], 1024, case.rope_dim, None
+        )
+    if case.kernel == "prefill":
+        # attention's part of a prefill, as torch runs it on this device (flash kernels on
+        # GPUs, its fused CPU kernel here): the term that grows with the square of the length
+        scale = 1 / math.sqrt(case.dim)
+        return lambda x: torch.nn.functional.scaled_dot_product_attention(
+            x["q"], x["k"], x["v"], is_causal=True, scale=scale
         )
     raise ValueError(case.kernel)
 
@@ -354,6 +372,23 @@ def plan_cases(
     h = heads or model.q_heads
     cases = []
     for kernel in kernels:
+        if kernel == "prefill":  # one sequence per length, the model's prefill head shapes
+            cases += [
+                KernelCase(
+                    "prefill",
+                    1,
+                    h,
+                    c,
+                    model.prefill_qk_dim,
+                    model.prefill_v_dim,
+                    dtype,
+                    False,
+                    block_size=block_size,
+                    rope_dim=model.rope_dim,
+                )
+                for c in chunks
+            ]
+            continue
         for r in rows if kernel in ("partial_attention", "merge") else [1]:
             merge = kernel == "merge"
             for c in chunks if not merge or in_context else [0]:
