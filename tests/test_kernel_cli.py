@@ -179,3 +179,8 @@ def test_prefill_sweep_fits_the_quadratic_recompute_term(xbench, tmp_path):
     r = xbench("simulate", scenario, "--profile", profile, "--requests", "200")
     assert r.returncode == 0, r.stderr
     assert "offload threshold (tcp):" in r.stdout
+    # fitted on CPU kernels: a decode simulation runs gather and splice on the compute
+    agentic = "scenarios/agentic-codebase.toml"
+    r = xbench("simulate", agentic, "--profile", profile, "--requests", "200", "--fabric", "ib")
+    assert r.returncode == 0, r.stderr
+    assert "T_move runs on the compute" in " ".join(r.stdout.split())

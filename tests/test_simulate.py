@@ -76,6 +76,40 @@ def test_a_fetched_chunk_serves_later_uses_and_waits_for_arriving_ones():
     assert res.bytes_moved == pytest.approx(c.s_kv)
 
 
+def test_on_cpus_the_move_is_work_on_both_computes():
+    """move_on_compute: the holder gathers on its compute before the chunk leaves, the
+    requester splices on its compute before attending; same total, other occupancy."""
+    from dataclasses import replace
+
+    from xbench.core.costmodel import Coef, Profile
+
+    # a measured splice (500 us + 1 ns/token): the gather is the rest of T_move
+    device = replace(
+        PRIORS.device,
+        splice_t0=Coef(5e-4, 5e-4, 5e-4, "s"),
+        splice_per_token=Coef(1e-9, 1e-9, 1e-9, "s/token"),
+    )
+    measured = Profile("splice", PRIORS.fabrics, device)
+    cpu = replace(W, move_on_compute=True)
+    c = _Costs(measured, cpu)
+    assert c.splice == pytest.approx(5e-4 + 2048e-9) and c.gather > 1e-3
+    assert c.gather + c.splice == pytest.approx(c.move)
+    one = simulate(measured, cpu, _trace((0.0, 0, 1)), "fetch")
+    assert one.latency[0] == pytest.approx(
+        c.gather + c.kv_occ + c.kv_fly + c.splice + c.attend + c.merge
+    )
+    assert one.compute_busy[1] == pytest.approx(c.gather)
+    assert one.compute_busy[0] == pytest.approx(c.splice + c.attend + c.merge)
+    # the holder's own work queues behind the gather: instance 1 fetches chunk 0, then
+    # instance 0 attends chunk 0 at home
+    busy = _trace((0.0, 1, 0), (0.0, 0, 0))
+    res = simulate(measured, cpu, busy, "fetch")
+    assert res.compute_busy[0] == pytest.approx(c.gather + c.attend)
+    assert res.latency[1] == pytest.approx(c.gather + c.attend)
+    delay = simulate(measured, W, _trace((0.0, 0, 1)), "fetch")
+    assert delay.compute_busy[1] == 0 and delay.latency[0] == pytest.approx(one.latency[0])
+
+
 def test_uses_of_a_present_chunk_batch_like_routed_ones():
     c = _Costs(PRIORS, W)
     home = _trace(*[(0.0, 1, 1)] * 6)  # six uses of chunk 1 at its holder, at once

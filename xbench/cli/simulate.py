@@ -30,6 +30,13 @@ def simulate(
             help="Fabric(s) to simulate instead of the scenario's, comma list (e.g. shm)."
         ),
     ] = None,
+    rate: Annotated[
+        str | None,
+        typer.Option(
+            help="Arrival rate instead of the scenario's, e.g. 50/s (a CPU-fitted profile "
+            "carries far less than the H100 rates the scenarios are written for)."
+        ),
+    ] = None,
     out: Annotated[
         Path | None, typer.Option("--out", "-o", help="Also write the table as Parquet here.")
     ] = None,
@@ -51,6 +58,14 @@ def simulate(
     spec = load_workload(scenario)
     if fabric:
         spec["fabrics"] = [f.strip() for f in fabric.split(",") if f.strip()]
+    if rate is not None:
+        try:
+            per_s = float(rate.strip().removesuffix("/s"))
+        except ValueError:
+            per_s = -1.0
+        if not per_s > 0 or per_s == float("inf"):
+            raise XbenchError(f"--rate {rate!r} is not a rate", "write e.g. --rate 50/s")
+        spec["fields"]["rate_per_s"] = per_s
     known = PREFILL_POLICIES if spec["kind"] == "prefill" else POLICIES
     policies = list(known) if policy == "all" else [p.strip() for p in policy.split(",")]
     bad = [p for p in policies if p not in known]
@@ -77,6 +92,11 @@ def simulate(
     if out is not None:
         refuse_overwrite(out, force)
     prefill = spec["kind"] == "prefill"
+    conditions = prof.provenance.get("conditions", {})
+    if not prefill:  # fitted on CPU kernels: the ranks gather and splice on their own cores
+        spec["fields"]["move_on_compute"] = bool(
+            conditions.get("cpu_attention") and not conditions.get("gpu")
+        )
     steps = len(spec["fabrics"]) * (4 if prefill else len(policies))
     with make_progress() as progress:
         task = progress.add_task("simulate", total=steps)
@@ -107,6 +127,12 @@ def _table(frame, spec, profile: str, n: int, gains, out, reuse=None) -> None:
     table = result_table(
         f"xbench simulate: {spec['name']} ({n:,} requests, profile {profile})",
         (f"{out}  |  " if out else "")
+        + (
+            "T_move runs on the compute (gather at the holder, splice here: a CPU-fitted "
+            "profile);  "
+            if spec["fields"].get("move_on_compute")
+            else ""
+        )
         + "link, gpu: the busiest instance's egress and compute;  shares: present "
         "(home, cached or arriving) / route / fetch / local;  vs best: the predicate's mean "
         "latency against the better of always-route and always-fetch on the same trace",

@@ -15,7 +15,9 @@ Paths (the cost model's phases, each on the resource it occupies):
   on the holder's link, merge at the requester;
 - fetch: the chunk on the holder's link (``segments`` messages), then T_move as a delay
   (the gather and splice stack, not a load on the compute), then attention + merge at the
-  requester; the chunk enters its cache, and uses that arrive meanwhile wait for it;
+  requester; the chunk enters its cache, and uses that arrive meanwhile wait for it. With
+  ``move_on_compute`` (a profile fitted on CPUs) the holder's compute gathers the chunk
+  before it leaves and the requester's splices it before attending;
 - local: recompute the chunk and attend at the requester (when the profile knows
   ``recompute_per_token``).
 
@@ -67,6 +69,10 @@ class Workload:
     # span requests, as (prefix or None, commuting chunks, weight) (core.scenario): each
     # request is one expression's uses; without them, a request is one use of one chunk
     spans: tuple = ()
+    # T_move (gather at the holder, splice at the requester) as work on their compute
+    # servers, as on a CPU where the ranks gather and splice themselves; otherwise a delay
+    # on the fetch's path (the GPU priors' 3 ms software stack, beside the kernels)
+    move_on_compute: bool = False
 
     def _per_request(self, prefixes: bool) -> float:
         """Uses per request, on average over the expressions (1 without spans)."""
@@ -171,6 +177,11 @@ class _Costs:
         self.attend = d.compute(rh, w.chunk_tokens)
         self.merge = d.merge(rh, 2, w.chunk_tokens)
         self.move = d.move(w.chunk_tokens, w.segments)
+        # where the move runs on the compute (move_on_compute): the splice at the requester
+        # (T_splice where measured, else all of T_move) and the gather, the rest, at the holder
+        splice = d.move(w.chunk_tokens, 2) if d.splice_t0 is not None else self.move
+        self.splice = min(splice, self.move)
+        self.gather = self.move - self.splice
         rec = d.recompute_per_token
         self.recompute = w.chunk_tokens * rec.value if rec is not None else math.inf
         self.send_occ, self.send_fly = self._link(self.s_q, 1)
@@ -306,6 +317,8 @@ def _predicate(
     holder: the growth of the batched call it joins there (far less than T_c when queries
     of this chunk are already queued). A later use of a fetched chunk attends here behind
     its request's other uses (``attend_here``), which routing would have run in parallel.
+    Where the move runs on the compute (``move_on_compute``), a fetch's gather waits behind
+    the holder's backlog and adds to it, and its splice adds to the requester's.
     """
     lam = costs.arrivals_per_instance
     later = joiners + after
@@ -313,9 +326,16 @@ def _predicate(
     route = per_use["route"] + link_me + wait_holder + wait_me
     route += lam * (wait_holder + holder_adds) * holder_adds + route_later
     first = link_holder + costs.fetch_once
-    fetch = first * (1 + joiners / 2) + costs.merge + wait_me + costs.attend
+    here = costs.attend
+    if costs.w.move_on_compute:  # the gather queues at the holder's compute, and loads it
+        first += wait_holder
+        fetch = lam * (wait_holder + costs.gather) * costs.gather
+        here += costs.splice
+    else:
+        fetch = 0.0
+    fetch += first * (1 + joiners / 2) + costs.merge + wait_me + costs.attend
     fetch += later * costs.attend_here
-    fetch += lam * (wait_me + costs.attend) * costs.attend
+    fetch += lam * (wait_me + here) * here
     local_work = costs.recompute + costs.attend
     local = local_work + wait_me + lam * (wait_me + local_work) * local_work + route_later
     return min((route, "route"), (fetch, "fetch"), (local, "local"))[1]
@@ -493,7 +513,10 @@ def simulate(profile, w: Workload, trace: Trace, policy: str) -> Result:
                 path[r] = 2
                 moved += costs.s_kv
                 pending[(me, k)] = []
-                to_link(holder, ("kv", costs.kv_occ, r, me), now)
+                if w.move_on_compute:  # the holder gathers the chunk first, on its compute
+                    to_compute(holder, ("gather", r, costs.gather), now)
+                else:
+                    to_link(holder, ("kv", costs.kv_occ, r, me), now)
             else:
                 path[r] = 3
                 to_compute(me, ("done", r, costs.recompute + costs.attend), now)
@@ -513,6 +536,8 @@ def simulate(profile, w: Workload, trace: Trace, policy: str) -> Result:
                 to_attend(a, r, now)
             elif step == "back":
                 to_compute(a, ("done", r, costs.merge), now)
+            elif step == "kv" and w.move_on_compute:  # splice, attend, merge on the compute
+                to_compute(a, ("fetched", r, costs.splice + costs.attend + costs.merge), now)
             elif step == "kv":  # the chunk arrived: T_move (gather + splice) is a delay on this
                 # path, not a load on the requester's compute: the study's 3 ms is its software
                 # stack; a splice kernel is microseconds and runs beside attention
@@ -526,6 +551,9 @@ def simulate(profile, w: Workload, trace: Trace, policy: str) -> Result:
             if compute.queue[i]:
                 start_compute(i, now)
             step, req, _ = job
+            if step == "gather":  # packed: it leaves on the holder's link
+                to_link(i, ("kv", costs.kv_occ, req, requesters[req]), now)
+                continue
             if step == "attend":
                 for r in req:
                     if requesters[r] == i:  # attended where it was asked: done
