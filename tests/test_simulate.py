@@ -227,6 +227,28 @@ def test_simulate_cli_every_scenario_writes_parquet(xbench, tmp_path):
         assert (frame.p50_us <= frame.p99_us).all() and (frame.mean_us > 0).all()
     r = xbench("simulate", SCENARIOS[0], "--requests", "200")
     assert r.returncode == 0 and "vs best" in r.stdout
+    # --rate replaces the scenario's: a tenth of the rate, about a tenth of the throughput
+    agentic = [s for s in SCENARIOS if s.stem == "agentic-codebase"][0]
+    fast, slow = (
+        json.loads(
+            xbench(
+                "simulate",
+                agentic,
+                "--requests",
+                "2000",
+                "--policy",
+                "route",
+                "--fabric",
+                "ib",
+                "--rate",
+                rate,
+                "--format",
+                "json",
+            ).stdout
+        )[0]["throughput_per_s"]
+        for rate in ("20000/s", "2000/s")
+    )
+    assert 8 < fast / slow < 12
 
 
 def test_simulate_cli_bad_input(xbench, tmp_path):
@@ -235,6 +257,8 @@ def test_simulate_cli_bad_input(xbench, tmp_path):
         ((agentic, "--policy", "random"), "unknown policy"),
         ((agentic, "--fabric", "warp"), "has no fabric warp"),
         ((agentic, "--requests", "0"), "nothing to replay"),
+        ((agentic, "--rate", "fast"), "--rate 'fast' is not a rate"),
+        ((agentic, "--rate", "0/s"), "--rate '0/s' is not a rate"),
         ((tmp_path / "none.toml",), "does not exist"),
     ]:
         r = xbench("simulate", *args)
@@ -400,3 +424,50 @@ def test_span_reuse_flips_route_to_fetch_past_the_threshold():
     rare, common = reuse.iloc[0], reuse.iloc[-1]
     assert rare.uses_per_requester < u_star < common.uses_per_requester
     assert common.routed < 0.05 and rare.routed > 0.5
+
+
+# --- simulate --validate: the same trace replayed for real between two ranks ------------
+
+
+def test_validate_replays_the_trace_between_two_ranks(xbench, tmp_path):
+    scenario = tmp_path / "small.toml"
+    scenario.write_text(
+        '[scenario]\nname = "small"\nmodel = "deepseek-v3.2"\n[request]\nheads = 4\n'
+        "[workload]\ninstances = 8\nchunks = 64\nchunk_tokens = 256\nzipf = 1.0\n"
+        'cache_chunks = 4\nfabric = "ib"\n'
+    )
+    out = tmp_path / "validation.parquet"
+    r = xbench(
+        "simulate",
+        scenario,
+        "--validate",
+        "--fabric",
+        "ib",
+        "--requests",
+        "120",
+        "--rate",
+        "200/s",
+        "--out",
+        out,
+        "--format",
+        "json",
+    )
+    assert r.returncode == 0, r.stderr
+    assert "not fitted on CPU kernels" in r.stderr  # the priors: a warning, not a refusal
+    from xbench.results.schema import SIMULATION_VALIDATION
+
+    frame = read_table([out], SIMULATION_VALIDATION)
+    assert list(frame.policy) == ["route", "fetch", "predicate"]
+    assert (frame.requests == 120).all() and (frame.rate_per_s == 200).all()
+    for stat in ("p50_us", "p99_us", "mean_us", "throughput_per_s"):
+        real, sim = frame[f"measured_{stat}"], frame[f"simulated_{stat}"]
+        assert (real > 0).all() and (sim > 0).all()
+        assert np.allclose(frame[f"error_{stat}"], sim / real - 1)
+    # a stable replay keeps up with its arrivals: throughput near the offered rate
+    assert ((frame.measured_throughput_per_s > 100) & (frame.measured_throughput_per_s < 400)).all()
+    assert (frame.routed_instead[frame.policy != "predicate"] == 0).all()
+    r = xbench("simulate", SCENARIOS[0], "--validate", "--profile", "h100-priors")
+    assert r.returncode == 2 and "no local fabric (shm)" in r.stderr
+    span = [s for s in SCENARIOS if s.stem == "span-fanout"][0]
+    r = xbench("simulate", span, "--validate", "--fabric", "ib")
+    assert r.returncode == 2 and "one chunk per request" in r.stderr

@@ -7,7 +7,14 @@ from typing import Annotated
 
 import typer
 
-from xbench.cli.common import FormatOption, OutputFormat, console, emit_frame, handles_errors
+from xbench.cli.common import (
+    FormatOption,
+    OutputFormat,
+    console,
+    emit_frame,
+    handles_errors,
+    warn,
+)
 from xbench.cli.render import result_table
 from xbench.core.units import format_duration
 from xbench.errors import XbenchError
@@ -37,6 +44,15 @@ def simulate(
             "carries far less than the H100 rates the scenarios are written for)."
         ),
     ] = None,
+    validate: Annotated[
+        bool,
+        typer.Option(
+            "--validate",
+            help="Replay a short trace for real between two local ranks (route, fetch, and "
+            "the predicate's simulated decisions) and print simulated against measured; "
+            "needs a profile fitted here.",
+        ),
+    ] = False,
     out: Annotated[
         Path | None, typer.Option("--out", "-o", help="Also write the table as Parquet here.")
     ] = None,
@@ -79,6 +95,9 @@ def simulate(
             f"profile {prof.name} has no prefill cost (recompute_per_token) to simulate {scenario}",
             "use the shipped h100-priors, or fit with --base h100-priors to keep its prefill terms",
         )
+    if validate:
+        _validate(prof, spec, scenario, policies, requests, seed, fabric, rate, out, force, fmt)
+        return
     names = {f.name for f in prof.fabrics}
     missing = [f for f in spec["fabrics"] if f not in names]
     if missing:
@@ -267,3 +286,85 @@ def _prefill_table(frame, spec, profile: str, n: int, facts, out) -> None:
             f"KV one remote instance produces while it prefills, Gb/s: {rates} tokens",
             highlight=False,
         )
+
+
+def _validate(prof, spec, scenario, policies, requests, seed, fabric, rate, out, force, fmt):
+    """simulate --validate: the simulation of a two-instance trace against its replay."""
+    from xbench.cli.progress import EventProgress, make_progress
+    from xbench.fabric.launch import run_ranks
+    from xbench.results.metadata import new_run_id, run_metadata
+    from xbench.results.schema import SIMULATION_VALIDATION
+    from xbench.results.store import refuse_overwrite, write_table
+    from xbench.simulate.validation import REPLAYED, replay_workload, validate_by_replay
+
+    if spec["kind"] != "decode" or spec["fields"].get("spans"):
+        raise XbenchError(
+            f"--validate replays decode workloads of one chunk per request; {scenario} is not one",
+            "use agentic-codebase, decode-route-vs-fetch or moska-shared-chunk",
+        )
+    names = [f.name for f in prof.fabrics]
+    fab = fabric.split(",")[0].strip() if fabric else ("shm" if "shm" in names else None)
+    if fab is None:
+        raise XbenchError(
+            f"profile {prof.name} has no local fabric (shm) to replay over",
+            "fit a profile on this machine (make demo writes results/demo/profile.toml)",
+        )
+    if not prof.provenance.get("conditions", {}).get("cpu_attention"):
+        warn(
+            f"profile {prof.name} was not fitted on CPU kernels: the replay runs CPU kernels, "
+            "so simulated and measured describe different machines"
+        )
+    replayed = [p for p in policies if p in REPLAYED]
+    if len(replayed) < len(policies):
+        warn("the local policy is not replayed (recomputing a chunk is not timed here)")
+    if not replayed:
+        raise XbenchError("no policy to replay", "pass --policy route, fetch or predicate")
+    if out is not None:
+        refuse_overwrite(out, force)
+    w = replay_workload(spec, fab, spec["fields"]["rate_per_s"] if rate else None, prof)
+    n = requests if requests is not None else 2000
+    run_id = new_run_id("simulate-validate")
+    out_dir = Path("results") / run_id
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with make_progress() as progress:
+
+        def launch(config_path, label):
+            stall = 120 + 20 * n * w.chunk_tokens / 2048 / 1000
+            run_ranks(
+                2,
+                "xbench.simulate.replay",
+                config_path,
+                EventProgress(progress, f"replay {label}"),
+                stall,
+            )
+
+        frame = validate_by_replay(prof, w, replayed, n, seed, out_dir, launch)
+    meta = run_metadata(run_id, "simulate", scenario=spec["name"], profile=prof.name, seed=seed)
+    write_table(out_dir / "simulation_validation.parquet", SIMULATION_VALIDATION, frame, meta)
+    if out is not None:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        write_table(Path(out), SIMULATION_VALIDATION, frame, meta)
+    emit_frame(frame, fmt, lambda f: _validation_table(f, spec, w, n, out_dir))
+
+
+def _validation_table(frame, spec, w, n: int, out_dir) -> None:
+    table = result_table(
+        f"xbench simulate --validate: {spec['name']} on 2 instances ({n:,} requests, "
+        f"{w.chunks} chunks, {w.rate_per_s:,.0f}/s)",
+        f"{out_dir}  |  sim: the simulation of the trace; real: the same trace replayed "
+        "between two local ranks; err: sim / real - 1",
+    )
+    for col in ("policy", "p50 sim", "real", "err", "p99 sim", "real ", "err ", "req/s err"):
+        table.add_column(col, justify="left" if col == "policy" else "right", no_wrap=True)
+    for r in frame.itertuples():
+        table.add_row(
+            r.policy,
+            format_duration(r.simulated_p50_us * 1e-6),
+            format_duration(r.measured_p50_us * 1e-6),
+            f"{100 * r.error_p50_us:+.0f}%",
+            format_duration(r.simulated_p99_us * 1e-6),
+            format_duration(r.measured_p99_us * 1e-6),
+            f"{100 * r.error_p99_us:+.0f}%",
+            f"{100 * r.error_throughput_per_s:+.0f}%",
+        )
+    console.print(table)

@@ -330,6 +330,23 @@ PREFILL_SIMULATION_SCHEMA = pa.schema(
     ]
 )
 
+SIMULATION_VALIDATION = "simulation_validation"
+SIMULATION_VALIDATION_SCHEMA = pa.schema(
+    [
+        pa.field("policy", pa.string(), nullable=False),
+        pa.field("requests", pa.int64(), nullable=False),
+        pa.field("rate_per_s", pa.float64(), nullable=False),
+        *[
+            pa.field(f"{kind}_{stat}", pa.float64())
+            for stat in ("p50_us", "p99_us", "mean_us", "throughput_per_s")
+            for kind in ("simulated", "measured", "error")  # error: simulated / measured - 1
+        ],
+        pa.field(
+            "routed_instead", pa.int64(), nullable=False
+        ),  # replayed decisions it could not follow
+    ]
+)
+
 SCHEMAS = {
     PROBE_SAMPLES: PROBE_SAMPLES_SCHEMA,
     KERNEL_SAMPLES: KERNEL_SAMPLES_SCHEMA,
@@ -339,6 +356,7 @@ SCHEMAS = {
     COMPARISON: COMPARISON_SCHEMA,
     SIMULATION: SIMULATION_SCHEMA,
     PREFILL_SIMULATION: PREFILL_SIMULATION_SCHEMA,
+    SIMULATION_VALIDATION: SIMULATION_VALIDATION_SCHEMA,
 }
 SCHEMA_VERSIONS = {
     PROBE_SAMPLES: 2,
@@ -349,6 +367,7 @@ SCHEMA_VERSIONS = {
     COMPARISON: 1,
     SIMULATION: 1,
     PREFILL_SIMULATION: 1,
+    SIMULATION_VALIDATION: 1,
 }
 
 
