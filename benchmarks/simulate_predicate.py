@@ -21,26 +21,7 @@ import numpy as np
 
 from xbench.core.profile import load_profile
 from xbench.resources import profile_path
-from xbench.simulate import Workload, make_trace, simulate, summarize
-
-FABRICS = ("nvlink", "ibgda", "ib", "roce", "tcp")
-
-
-def workloads(seed: int, count: int, max_rate: float, fabrics, cpu_move: bool):
-    rng = np.random.default_rng(seed)
-    for i in range(count):
-        w = Workload(
-            instances=int(rng.integers(2, 9)),
-            chunks=int(rng.choice([4, 16, 64, 256])),
-            chunk_tokens=int(rng.choice([512, 2048, 8192])),
-            rows=int(rng.choice([1, 4])),
-            rate_per_s=float(10 ** rng.uniform(2, np.log10(max_rate))),
-            zipf=float(rng.uniform(0, 1.5)),
-            cache_chunks=int(rng.choice([0, 2, 16, 64])),
-            fabric=str(rng.choice(fabrics)),
-            move_on_compute=cpu_move,
-        )
-        yield w, make_trace(w, int(rng.choice([500, 2000, 5000])), i)
+from xbench.simulate import FABRICS, random_workloads, simulate, summarize
 
 
 def main() -> int:
@@ -59,7 +40,13 @@ def main() -> int:
     fabrics = [args.fabric] if args.fabric else list(FABRICS)
     groups: dict[str, list[float]] = {"stable": [], "busy": []}
     for seed in range(first, end):
-        for w, trace in workloads(seed, args.per_seed, args.max_rate, fabrics, args.cpu_move):
+        for w, trace in random_workloads(
+            seed,
+            args.per_seed,
+            max_rate=args.max_rate,
+            fabrics=fabrics,
+            move_on_compute=args.cpu_move,
+        ):
             rows = {
                 p: summarize(simulate(profile, w, trace, p), p, w.fabric, trace)
                 for p in ("route", "fetch", "predicate")

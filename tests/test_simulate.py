@@ -16,7 +16,7 @@ from xbench.core.scenario import ScenarioError, load_workload
 from xbench.resources import profile_path
 from xbench.results.schema import PREFILL_SIMULATION, SIMULATION
 from xbench.results.store import read_table
-from xbench.simulate import PATHS, Workload, make_trace, simulate
+from xbench.simulate import PATHS, Workload, make_trace, random_workloads, simulate
 from xbench.simulate.engine import Trace, _Costs
 from xbench.simulate.prefill import PrefillCosts, PrefillTrace, PrefillWorkload, simulate_prefill
 
@@ -144,28 +144,12 @@ def test_reuse_estimate_reads_counts_clocks_and_the_cache():
     assert none.expect(0, 1, 0.0, 0.01)[1] == 0.0  # no cache: nothing after
 
 
-def _random_workloads(seed: int, count: int):
-    rng = np.random.default_rng(seed)
-    for i in range(count):
-        w = Workload(
-            instances=int(rng.integers(2, 9)),
-            chunks=int(rng.choice([4, 16, 64, 256])),
-            chunk_tokens=int(rng.choice([512, 2048, 8192])),
-            rows=int(rng.choice([1, 4])),
-            rate_per_s=float(10 ** rng.uniform(2, 5)),
-            zipf=float(rng.uniform(0, 1.5)),
-            cache_chunks=int(rng.choice([0, 2, 16, 64])),
-            fabric=str(rng.choice(["nvlink", "ibgda", "ib", "roce", "tcp"])),
-        )
-        yield w, make_trace(w, int(rng.choice([500, 2000])), seed + i)
-
-
 def test_predicate_is_not_worse_than_the_better_static_policy():
     """Property over random workloads (seeds not used to choose PRIOR_USES): the predicate's
     mean latency is within its learning cost (3 %: a chunk's first uses carry no evidence of
     its reuse) of the better of always-route and always-fetch, and it wins somewhere."""
     gains = []
-    for w, trace in _random_workloads(2026, 40):
+    for w, trace in random_workloads(2026, 40, lengths=(500, 2000)):
         mean = {
             p: simulate(PRIORS, w, trace, p).latency.mean() for p in ("route", "fetch", "predicate")
         }

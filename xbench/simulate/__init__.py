@@ -88,6 +88,38 @@ def batching_gain(profile, spec: dict, requests: int, seed: int) -> list[dict]:
     return out
 
 
+FABRICS = ("nvlink", "ibgda", "ib", "roce", "tcp")
+
+
+def random_workloads(
+    seed: int,
+    count: int,
+    *,
+    max_rate: float = 1e5,
+    fabrics=FABRICS,
+    lengths=(500, 2000, 5000),
+    move_on_compute: bool = False,
+):
+    """``count`` random decode workloads and a trace of each, from ``seed``: instances 2-8,
+    chunks 4-256, 512-8,192 tokens, rows 1 or 4, a Poisson rate from 10^2 to ``max_rate``
+    per second, Zipf 0-1.5, a cache of 0-64 chunks, one of ``fabrics``, one of ``lengths``
+    requests (the draws the predicate's property test and benchmark use)."""
+    rng = np.random.default_rng(seed)
+    for i in range(count):
+        w = Workload(
+            instances=int(rng.integers(2, 9)),
+            chunks=int(rng.choice([4, 16, 64, 256])),
+            chunk_tokens=int(rng.choice([512, 2048, 8192])),
+            rows=int(rng.choice([1, 4])),
+            rate_per_s=float(10 ** rng.uniform(2, np.log10(max_rate))),
+            zipf=float(rng.uniform(0, 1.5)),
+            cache_chunks=int(rng.choice([0, 2, 16, 64])),
+            fabric=str(rng.choice(list(fabrics))),
+            move_on_compute=move_on_compute,
+        )
+        yield w, make_trace(w, int(rng.choice(list(lengths))), seed + i)
+
+
 def span_reuse(profile, spec: dict, requests: int, seed: int) -> pd.DataFrame:
     """Per fabric and commuting chunk of a span workload: how often a requester that does
     not hold the chunk uses it over the trace (the reuse the expressions give it), the
@@ -134,6 +166,7 @@ __all__ = [
     "Workload",
     "batching_gain",
     "make_trace",
+    "random_workloads",
     "run",
     "simulate",
     "span_reuse",
