@@ -74,7 +74,7 @@ class Workload:
     # on the fetch's path (the GPU priors' 3 ms software stack, beside the kernels)
     move_on_compute: bool = False
 
-    def _per_request(self, prefixes: bool) -> float:
+    def uses_per_request(self, prefixes: bool = True) -> float:
         """Uses per request, on average over the expressions (1 without spans)."""
         if not self.spans:
             return 1.0
@@ -85,7 +85,7 @@ class Workload:
     @property
     def uses_per_s(self) -> float:
         """Uses of chunks per second over all instances (requests times their fan-out)."""
-        return self.rate_per_s * self._per_request(prefixes=True)
+        return self.rate_per_s * self.uses_per_request()
 
     @property
     def shared_chunks(self) -> int:
@@ -95,7 +95,7 @@ class Workload:
     @property
     def shared_uses_per_s(self) -> float:
         """Uses of the shared chunks per second over all instances."""
-        return self.rate_per_s * self._per_request(prefixes=False)
+        return self.rate_per_s * self.uses_per_request(prefixes=False)
 
 
 @dataclass
@@ -193,7 +193,7 @@ class _Costs:
         # a use attended here waits for the uses of its request queued here before it (a
         # span request's prefix, its other cached chunks), where a routed one runs beside
         # them at its holder: half its siblings, on average, if they are all here
-        self.attend_here = self.attend * (1 + (w.uses_per_s / w.rate_per_s - 1) / 2)
+        self.attend_here = self.attend * (1 + (w.uses_per_request() - 1) / 2)
         self._batched: dict[int, float] = {}
         self._joins: dict[int, float] = {}
 
@@ -253,7 +253,6 @@ class _Reuse:
         self.beta = w.shared_chunks * w.instances / w.shared_uses_per_s
         self.start, self.end = start, end
         self.uses: dict[tuple[int, int], int] = {}
-        self.keeps = w.cache_chunks > 0
         self.places = w.cache_chunks
         shared = w.shared_chunks
         self.remote = shared - math.ceil(shared / w.instances)  # the fewest any requester has
@@ -283,7 +282,7 @@ class _Reuse:
         rate = (PRIOR_USES + earlier) / (PRIOR_USES * self.beta + now - self.start)
         left = max(self.end - now, 0.0)
         joiners = rate * min(fetch_time, left)
-        if not self.keeps:
+        if not self.places:
             return joiners, 0.0
         in_time = rate * max(left - fetch_time, 0.0)
         evictions = self.evictions[me]
