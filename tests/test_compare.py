@@ -254,9 +254,11 @@ def test_check_a_kernel_baseline(xbench, tmp_path):
     r = xbench("check", "--baseline", base, "--out", tmp_path / "knew")
     assert r.returncode in (0, EXIT_REGRESSION), r.stderr
     cases = read_table([tmp_path / "knew" / "comparison.parquet"], COMPARISON)
-    # every case of the baseline found again, merges told apart by the attention before them
-    assert (cases.verdict != "not comparable").all() and len(cases) == 4 + 4
+    # every case of the baseline found again, merges told apart by the attention before
+    # them, attention after idle (1 row, 2 chunks, 3 idle times) by its idle time
+    assert (cases.verdict != "not comparable").all() and len(cases) == 4 + 4 + 6
     assert cases.case.str.contains("after 128").any()
+    assert cases.case.str.contains("after 16000 us idle").sum() == 2
 
 
 def test_launches_started_one_by_one_append_to_one_run(xbench, tmp_path):

@@ -77,6 +77,19 @@ def test_fabric_fit_recovers_alpha_beta_and_overhead():
     )  # one message: the measured one-way time
 
 
+def _attention(rows: int, chunk: int, seconds: float, **more) -> dict:
+    """One partial_attention sample of 16 heads (value in us)."""
+    return dict(
+        kernel="partial_attention",
+        rows=rows,
+        heads=16,
+        chunk_tokens=chunk,
+        partials=1,
+        value=seconds * 1e6,
+        **more,
+    )
+
+
 def test_device_fit_recovers_compute_merge_and_move():
     rng = np.random.default_rng(3)
     t0, a, k = 20e-6, 2e-9, 3e-11
@@ -84,16 +97,7 @@ def test_device_fit_recovers_compute_merge_and_move():
     for r in (1, 4, 16, 64):
         for ch in (128, 512, 2048, 8192):
             for v in noisy(t0 + ch * (a + 16 * r * k), rng, 5):
-                rows.append(
-                    dict(
-                        kernel="partial_attention",
-                        rows=r,
-                        heads=16,
-                        chunk_tokens=ch,
-                        partials=1,
-                        value=v * 1e6,
-                    )
-                )
+                rows.append(_attention(r, ch, v))
         for v in noisy(5e-6 + 16 * r * 2 * 1e-9, rng, 5):
             rows.append(
                 dict(kernel="merge", rows=r, heads=16, chunk_tokens=0, partials=2, value=v * 1e6)
@@ -117,6 +121,45 @@ def test_device_fit_recovers_compute_merge_and_move():
     for ch in (128, 512, 2048, 8192):  # T_splice: the splice alone, whatever pieces it took
         assert device.move(ch, segments=4) == pytest.approx(4e-6 + ch * 2e-9, rel=0.05)
     assert device.recompute_per_token is None and not device.prior
+
+
+def test_idle_terms_are_fitted_from_idle_cases_and_kept_out_of_t_c(tmp_path):
+    """Attention timed after idle times (kernel --idle) fits idle_extra and idle_tau, each
+    case against the same shape back to back; T_c is fitted from back-to-back calls only;
+    both terms survive a profile file, and half of them is refused."""
+    import dataclasses
+
+    from xbench.core.profile import ProfileError, save_profile
+
+    rng = np.random.default_rng(5)
+    t0, a, k, extra, tau = 20e-6, 2e-9, 3e-11, 5e-4, 3e-3
+    rows = []
+    for passes in range(3):
+        for r in (1, 4, 16):
+            for ch in (512, 2048, 8192):
+                t_c = t0 + ch * (a + 16 * r * k)
+                gaps = (0, 1000, 4000, 16000) if r == 1 else (0,)
+                for gap in gaps:
+                    t = t_c + extra * -np.expm1(-gap * 1e-6 / tau)
+                    for v in noisy(t, rng, 5):
+                        rows.append(_attention(r, ch, v, idle_us=gap, round=passes))
+    frame = pd.DataFrame(rows).assign(warmup=False, sparse=False, dtype="bf16", model="m")
+    base = load_profile("profiles/h100-priors.toml")
+    device, notes = fit_device(frame, base.device, "synthetic")
+    assert device.idle_extra.value == pytest.approx(extra, rel=0.15)
+    assert device.idle_tau.value == pytest.approx(tau, rel=0.35)
+    for c in (device.idle_extra, device.idle_tau):
+        assert c.low <= c.value <= c.high and not c.prior
+    assert device.compute_per_row_token.value == pytest.approx(k, rel=0.05)
+    assert device.compute_t0.value < 1e-4  # the idle extra is not in T_c
+    assert "idle" in notes
+    path = save_profile(dataclasses.replace(base, device=device), tmp_path / "idle.toml")
+    back = load_profile(path).device
+    assert back.after_idle(4e-3) == pytest.approx(device.after_idle(4e-3))
+    (tmp_path / "half.toml").write_text(path.read_text().replace("idle_tau", "idle_taus"))
+    with pytest.raises(ProfileError, match="one of idle_extra and idle_tau"):
+        load_profile(tmp_path / "half.toml")
+    assert fit_device(frame[frame.idle_us == 0], base.device, "x")[0].idle_extra is None
 
 
 def test_splice_terms_survive_a_profile_file_and_half_of_one_is_refused(tmp_path):

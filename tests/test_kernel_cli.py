@@ -64,6 +64,12 @@ def test_kernel_sweep_writes_samples_and_rates(xbench, tmp_path):
     assert matmul["dtype"] == matmul_dtype("cpu", "bf16")
     assert round((matmul["flops"] / 2) ** (1 / 3)) in (256, 512, 1024, 2048)  # n grows to 50 ms
     assert samples.warmup.any() and (~samples.warmup).any()
+    # on a CPU the attention at the fewest rows is also timed after 1, 4 and 16 ms idle
+    idle = samples[samples.idle_us > 0]
+    assert set(idle.idle_us) == {1000, 4000, 16000}
+    assert set(idle.kernel) == {"partial_attention"} and set(idle.rows) == {1}
+    assert set(idle.chunk_tokens) == {64, 256}
+    assert (samples[samples.kernel != "partial_attention"].idle_us == 0).all()
 
 
 def test_cpu_ceiling_is_the_dtype_the_kernels_multiply_in(monkeypatch):
@@ -98,6 +104,8 @@ def test_kernel_sparse_fp32(xbench, tmp_path):
         "--no-ceilings",
         "--min-sample-time",
         "1ms",
+        "--idle",
+        "none",
         "--out",
         tmp_path / "s",
         "--format",
@@ -124,6 +132,8 @@ def test_kernel_bad_input(xbench):
         (["--np", "3"], "--np 3"),
         (["--runs", "0"], "--runs 0"),
         (["--cpu-attention", "fast"], "unknown CPU attention path"),
+        (["--idle", "2s"], "outside 1us-1s"),
+        (["--idle", "soon"], "bad duration"),
     ]
     if cpu_bf16.unavailable_because():
         cases.append((["--cpu-attention", "c-bf16"], "--cpu-attention c-bf16"))

@@ -119,6 +119,33 @@ def test_uses_of_a_present_chunk_batch_like_routed_ones():
     assert res.latency[-1] == pytest.approx(c.attend + c.batched_attend(5))
 
 
+def test_a_call_after_idle_pays_the_measured_extra():
+    """A device with idle terms: a call that starts after g idle adds E (1 - exp(-g/tau));
+    a call queued behind another (no idle) adds nothing; the first call of the trace starts
+    on a device idle since before it."""
+    from dataclasses import replace
+
+    from xbench.core.costmodel import Coef, Profile
+
+    extra, tau = 5e-4, 3e-3
+    device = replace(
+        PRIORS.device, idle_extra=Coef(extra, extra, extra, "s"), idle_tau=Coef(tau, tau, tau, "s")
+    )
+    cold = Profile("cold", PRIORS.fabrics, device)
+    c = _Costs(PRIORS, W)
+    assert device.after_idle(0.0) == 0.0 and PRIORS.device.after_idle(1.0) == 0.0
+    assert device.after_idle(tau) == pytest.approx(extra * (1 - math.exp(-1)))
+    gap = 2e-3  # chunk 1 at its holder: uses 2 ms after the first one ended
+    trace = _trace((0.0, 1, 1), (c.attend + gap, 1, 1), (c.attend + gap, 1, 3))
+    res = simulate(cold, W, trace, "route")
+    assert res.latency[0] == pytest.approx(c.attend + extra)  # idle since long before
+    second = c.attend + device.after_idle(gap - extra)  # the first ran E longer
+    assert res.latency[1] == pytest.approx(second)
+    assert res.latency[2] == pytest.approx(second + c.attend)  # queued: no idle extra
+    warm = simulate(PRIORS, W, trace, "route")
+    assert warm.latency[0] == pytest.approx(c.attend)
+
+
 def test_reuse_estimate_reads_counts_clocks_and_the_cache():
     from xbench.simulate.engine import PRIOR_USES, _Reuse
 

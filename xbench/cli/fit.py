@@ -112,6 +112,8 @@ _DEVICE_TERMS = (
     ("splice_per_token", 1e-9, "ns/token"),
     ("recompute_per_token", 1e-6, "us/token"),
     ("recompute_per_token2", 1e-12, "ps/token^2"),
+    ("idle_extra", 1e-6, "us"),
+    ("idle_tau", 1e-3, "ms"),
 )
 
 

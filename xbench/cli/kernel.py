@@ -20,7 +20,7 @@ from xbench.cli.common import (
     note_run_dir,
 )
 from xbench.cli.render import num, result_table
-from xbench.core.units import parse_duration, parse_int_list
+from xbench.core.units import format_duration, parse_duration, parse_int_list
 from xbench.errors import XbenchError
 
 
@@ -104,6 +104,15 @@ def kernel(
             "a route or fetch runs them (default on CPUs), or back to back (default on GPUs).",
         ),
     ] = None,
+    idle: Annotated[
+        str,
+        typer.Option(
+            help="Also time the attention at the fewest rows after the device idled this "
+            "long before each call, e.g. 1ms,4ms,16ms (fits the cost a call pays after "
+            "idle, which the simulator charges); auto: those three on CPUs, none on GPUs; "
+            "none.",
+        ),
+    ] = "auto",
     np: Annotated[
         int,
         typer.Option(
@@ -171,6 +180,7 @@ def kernel(
     if launch == "graph" and not dev.startswith("cuda"):
         raise XbenchError("--launch graph needs a CUDA device", "use --launch eager on CPU")
     launch = ("graph" if dev.startswith("cuda") else "eager") if launch == "auto" else launch
+    idle_us = _idle_list(idle, dev)
     run_id = new_run_id("kernel")
     out_dir = ensure_writable_dir(out or Path("results") / run_id)
     refuse_existing_run(out_dir)
@@ -198,12 +208,35 @@ def kernel(
         in_context=in_context,
         ranks=np,
         runs=runs,
+        idle_us=idle_us,
     )
     if config_from is not None:
         cfg = stored_config(config_from, cfg)
     run_configured(cfg)
     summary = summarize_kernels(read_table(out_dir, KERNEL_SAMPLES))
     emit_frame(summary, fmt, lambda f: _table(f, out_dir))
+
+
+DEFAULT_IDLE_CPU = "1ms,4ms,16ms"
+
+
+def _idle_list(text: str, device: str) -> list[int]:
+    """--idle as whole microseconds: auto is three gaps on CPUs (a server's idle times at
+    moderate load span these) and none on GPUs, where it has not been measured."""
+    text = text.strip()
+    if text == "auto":
+        text = DEFAULT_IDLE_CPU if device == "cpu" else "none"
+    if text in ("none", "0", ""):
+        return []
+    gaps = []
+    for item in text.split(","):
+        seconds = parse_duration(item.strip())
+        if not 1e-6 <= seconds <= 1.0:
+            raise XbenchError(
+                f"--idle {item.strip()} is outside 1us-1s", "pass idle times like 1ms,4ms,16ms"
+            )
+        gaps.append(round(seconds * 1e6))
+    return sorted(set(gaps))
 
 
 def stored_config(run_dir: Path, fresh):
@@ -283,6 +316,8 @@ def _bound(r) -> str:
 
 
 def _chunk(r) -> str:
+    if getattr(r, "idle_us", 0):
+        return f"{r.chunk_tokens} idle {format_duration(r.idle_us * 1e-6)}"
     if not r.after_tokens:
         return str(r.chunk_tokens)
     return f"after {r.after_tokens}" if not r.chunk_tokens else f"{r.chunk_tokens} after"
@@ -298,7 +333,8 @@ def _table(summary, out_dir) -> None:
         title,
         f"{out_dir}  |  %bound = max(bytes / copy bandwidth, FLOPs / matmul rate) / time, "
         "both ceilings measured in this run, and the one that sets it  |  after: timed right "
-        "after an attention over the chunk, as in a route or a fetch",
+        "after an attention over the chunk, as in a route or a fetch  |  idle T: each call "
+        "after the device idled T",
     )
     for col in (
         "kernel",

@@ -36,6 +36,7 @@ LABEL_KEYS = {
         "heads",
         "chunk_tokens",
         "after_tokens",
+        "idle_us",
         "sparse",
     ],
     "validate": ["option", "fabric", "rows", "chunk_tokens", "segments"],
@@ -149,6 +150,9 @@ def label(command: str, row) -> str:
         elif key == "after_tokens":
             if value:
                 parts.append(f"after {value}")
+        elif key == "idle_us":
+            if value:
+                parts.append(f"after {value} us idle")
         elif key == "chunk_tokens" and command == "kernel" and not value:
             continue  # a merge has no chunk of its own
         elif key in ("rows", "heads", "chunk_tokens", "segments"):

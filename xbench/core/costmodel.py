@@ -169,6 +169,12 @@ class Device:
         the c tokens attends to those before it, so the work grows with c^2 and a long
         prefill costs more per token than a short one.
 
+    A call that starts after the device idled g pays idle_extra * (1 - exp(-g / idle_tau))
+    more than back to back (caches, TLBs and clocks gone cold; on a CPU VM about half a
+    millisecond after a few ms idle, whatever the call's shape), when measured (``xbench
+    kernel --idle``). The decision model compares paths at the same load and leaves it out;
+    the simulator, which knows each instance's idle time, charges it (:meth:`after_idle`).
+
     T_c, T_move and T_splice may change slope where the chunk outgrows a cache (a CPU's
     L2/L3, a GPU's L2): ``compute_segments``, ``move_segments`` and ``splice_segments`` hold
     further pieces, each from a chunk size on, as ``(min_tokens, t0, per_token[,
@@ -191,6 +197,8 @@ class Device:
     splice_segments: tuple = ()
     merge_per_token: Coef | None = None
     recompute_per_token2: Coef | None = None
+    idle_extra: Coef | None = None
+    idle_tau: Coef | None = None
     _ends: tuple = field(init=False, repr=False, compare=False)
     _prior: bool = field(init=False, repr=False, compare=False)
     _rho: tuple = field(init=False, repr=False, compare=False)
@@ -207,6 +215,8 @@ class Device:
             object.__setattr__(self, name, pieces)
         if (self.splice_t0 is None) != (self.splice_per_token is None):
             raise ValueError("splice_t0 and splice_per_token come together")
+        if (self.idle_extra is None) != (self.idle_tau is None):
+            raise ValueError("idle_extra and idle_tau come together")
         object.__setattr__(
             self, "_ends", tuple(self._terms(end) for end in ("value", "low", "high"))
         )
@@ -314,6 +324,13 @@ class Device:
         """T_recompute: prefilling ``tokens`` (inf when the profile has no recompute cost)."""
         rec, rec2 = self._ends[0][6], self._ends[0][11]
         return recompute_time(tokens, rec, rec2)
+
+    def after_idle(self, idle: float) -> float:
+        """What a call adds for starting after ``idle`` seconds of the device idle (0
+        without the terms)."""
+        if self.idle_extra is None or idle <= 0:
+            return 0.0
+        return self.idle_extra.value * -math.expm1(-idle / self.idle_tau.value)
 
     def move(self, chunk: float, segments: int = 1) -> float:
         """T_move of a packed fetch (``segments`` 1), or of one message per block (T_splice)."""

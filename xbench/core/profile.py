@@ -51,16 +51,21 @@ DEVICE_TERMS = {
     "recompute_per_token2": "token^2",
     "splice_t0": None,
     "splice_per_token": "token",
+    "idle_extra": None,
+    "idle_tau": None,
 }
 # splice_*: T_move of a fetch sent block by block from the holder's cache (no gather)
 # merge_per_token: what a merge pays for following an attention over the chunk (0 if absent)
 # recompute_per_token2: attention's quadratic term of a prefill (0 if absent)
+# idle_extra, idle_tau: a call after g idle adds idle_extra (1 - exp(-g / idle_tau))
 OPTIONAL_TERMS = {
     "recompute_per_token",
     "recompute_per_token2",
     "splice_t0",
     "splice_per_token",
     "merge_per_token",
+    "idle_extra",
+    "idle_tau",
 }
 
 
@@ -257,6 +262,11 @@ def parse_profile(data: dict, path: str = "<profile>") -> Profile:
         raise ProfileError(
             f"profile {path}: [device] has part of the splice term",
             "give splice_t0 and splice_per_token together (or neither, with no splice_segment)",
+        )
+    if (terms["idle_extra"] is None) != (terms["idle_tau"] is None):
+        raise ProfileError(
+            f"profile {path}: [device] has one of idle_extra and idle_tau",
+            "give both (xbench kernel --idle, then fit) or neither",
         )
     provenance = dict(data.get("provenance", {}))
     provenance.setdefault("name", head.get("name", Path(path).stem))

@@ -14,8 +14,9 @@ Fabric (per fabric label, pair class and transport):
 Device (from ``xbench kernel`` samples, dense selections preferred):
 T_c = t0 + c*(a + R*k); T_m = m0 + R*p*m1 (+ c*m2 where the merges were timed after
 attentions over several chunks, ``--in-context``); T_move = gather + splice = g0 + c*g1; T_splice
-(a fetch sent block by block from the holder's cache, nothing packed) = s0 + c*s1.
-Terms without samples come from ``base`` (a priors profile) and stay marked as priors.
+(a fetch sent block by block from the holder's cache, nothing packed) = s0 + c*s1. Where the
+sweep also timed attention after idle times (``--idle``), what a call pays for starting after
+g of idle, idle_extra * (1 - exp(-g / idle_tau)). Terms without samples come from ``base`` (a priors profile) and stay marked as priors.
 """
 
 from __future__ import annotations
@@ -188,6 +189,63 @@ def _fit_prefill(terms: dict, notes: dict, prefill: pd.DataFrame, samples: pd.Da
         )
 
 
+IDLE_GROUP = ["rows", "heads", "chunk_tokens", "process_run", "round", "timed_by"]
+
+
+def _idle_extras(attn: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(idle seconds, extra seconds) per idle case and pass: its median less the median of
+    the same shape timed back to back in the same launch and round (drift cancels)."""
+    keys = [k for k in IDLE_GROUP if k in attn.columns]
+    warm = attn[attn.idle_us == 0].groupby(keys).value.median()
+    idle = attn[attn.idle_us > 0].groupby([*keys, "idle_us"]).value.median()
+    gaps, extras = [], []
+    for key, t in idle.items():
+        base = warm.get(key[:-1])
+        if base is not None:
+            gaps.append(key[-1] * 1e-6)
+            extras.append((t - base) * 1e-6)
+    return np.array(gaps), np.array(extras)
+
+
+def _fit_idle(terms: dict, notes: dict, gaps: np.ndarray, extras: np.ndarray) -> None:
+    """idle_extra and idle_tau of extra = E (1 - exp(-g / tau)), least squares in seconds
+    (extras are differences and may be negative, so not the relative fit), with bootstrap
+    intervals over the (case, pass) points."""
+    from scipy.optimize import curve_fit
+
+    def model(g, e, tau):
+        return e * -np.expm1(-g / tau)
+
+    bounds = ([0.0, 1e-5], [1.0, 1.0])
+
+    def solve(g, x):
+        p0 = (max(float(np.median(x[g == g.max()])), 1e-6), float(np.median(g)))
+        return curve_fit(model, g, x, p0=p0, bounds=bounds)[0]
+
+    try:
+        e, tau = solve(gaps, extras)
+    except (RuntimeError, ValueError):
+        notes["idle"] = f"{len(gaps)} points, no fit converged"
+        return
+    rng = np.random.default_rng(0)
+    draws = []
+    for _ in range(200):
+        idx = rng.integers(0, len(gaps), len(gaps))
+        if len(np.unique(gaps[idx])) < 2:
+            continue
+        try:
+            draws.append(solve(gaps[idx], extras[idx]))
+        except (RuntimeError, ValueError):
+            continue
+    draws = np.array(draws) if draws else np.array([[e, tau]])
+    terms["idle_extra"] = Coef(float(e), *percentile_ci(draws[:, 0], float(e)), "s")
+    terms["idle_tau"] = Coef(float(tau), *percentile_ci(draws[:, 1], float(tau)), "s")
+    notes["idle"] = (
+        f"{len(gaps)} idle cases x passes at {len(np.unique(gaps))} idle times, "
+        f"each against the same shape back to back in its pass"
+    )
+
+
 def fit_device(samples: pd.DataFrame, base: Device | None, name: str) -> tuple[Device, dict]:
     """Device terms from kernel samples; the rest from ``base``. Returns (device, notes)."""
     measured = (
@@ -212,6 +270,12 @@ def fit_device(samples: pd.DataFrame, base: Device | None, name: str) -> tuple[D
             else None
         )
 
+    idle = measured.idle_us > 0 if "idle_us" in measured.columns else None
+    if idle is not None and (idle & (measured.kernel == "partial_attention")).any():
+        gaps, extras = _idle_extras(measured[measured.kernel == "partial_attention"])
+        if len(np.unique(gaps)) >= 2:
+            _fit_idle(terms, notes, gaps, extras)
+        measured = measured[~idle]  # the other terms are back-to-back times
     attn = take("partial_attention")
     if attn is not None:
         r = (attn.rows * attn.heads).to_numpy(float)
@@ -296,6 +360,8 @@ def fit_device(samples: pd.DataFrame, base: Device | None, name: str) -> tuple[D
         "recompute_per_token2",
         "splice_t0",
         "splice_per_token",
+        "idle_extra",
+        "idle_tau",
     ]:
         if term not in terms:
             terms[term] = getattr(base, term) if base is not None else None

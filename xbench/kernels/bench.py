@@ -53,6 +53,11 @@ class KernelCase:
     # attention over the chunk, and on a CPU they run up to 6x slower there than back to
     # back (measured: a 16-row merge 25 us alone, 151 us after attending 4096 tokens).
     after: int = 0
+    # Microseconds the device idles (the timing thread asleep) before each timed call; 0:
+    # calls back to back. On this VM's CPUs an attention that follows a few milliseconds
+    # of idle costs 0.3-0.9 ms more than back to back, whatever its shape (caches, TLBs and
+    # clocks gone cold): a server at moderate load runs most of its calls so.
+    idle_us: int = 0
 
     @property
     def elem(self) -> int:
@@ -92,7 +97,8 @@ class KernelCase:
     def label(self) -> str:
         kind = "sparse" if self.sparse else "dense"
         after = f" after {self.after}" if self.after else ""
-        return f"{self.kernel} rows={self.rows} chunk={self.chunk}{after} {kind} {self.dtype}"
+        idle = f" after {self.idle_us} us idle" if self.idle_us else ""
+        return f"{self.kernel} rows={self.rows} chunk={self.chunk}{after}{idle} {kind} {self.dtype}"
 
     def context(self) -> KernelCase:
         """The attention that runs before each timed call (``after`` tokens)."""
@@ -270,6 +276,8 @@ def time_case(
         return _time_after_attention(
             case, backend, device, scale, sets, run, samples, warmups, min_sample_s, seed
         )
+    if case.idle_us:
+        return _time_after_idle(case, clock, sets, run, samples, warmups, min_sample_s)
 
     def call(i):
         run(sets[i % len(sets)])
@@ -301,14 +309,35 @@ def _time_after_attention(case, backend, device, scale, sets, run, samples, warm
         run(sets[i % len(sets)])
         return time.perf_counter() - t0
 
+    return _samples_of_timed_calls(timed, samples, warmups, min_s)
+
+
+def _samples_of_timed_calls(timed, samples: int, warmups: int, min_s: float):
+    """Samples of calls each timed alone by ``timed(i)`` (which also runs what precedes
+    the call, untimed): as many calls per sample as the whole cycle takes to fill
+    ``min_s``; the first call is also the first warm-up."""
     t0 = time.perf_counter()
-    first = timed(0)  # also the first warm-up
+    first = timed(0)
     cycle = time.perf_counter() - t0
     results = [(1, True, first)]
     calls = max(1, min(10_000, math.ceil(min_s / max(cycle, 1e-9))))
     for s in range(warmups + samples):
         results.append((calls, s < warmups, sum(timed(i) for i in range(calls)) / calls))
     return results
+
+
+def _time_after_idle(case, clock, sets, run, samples, warmups, min_s):
+    """Each call after ``case.idle_us`` of the timing thread asleep; only the call is timed
+    (on CUDA: events around it, the device drained before the sleep)."""
+    idle = case.idle_us * 1e-6
+
+    def timed(i: int) -> float:
+        if clock.cuda:
+            torch.cuda.synchronize()
+        time.sleep(idle)
+        return clock.time(lambda _: run(sets[i % len(sets)]), 1)
+
+    return _samples_of_timed_calls(timed, samples, warmups, min_s)
 
 
 def matmul_dtype(device: str, dtype: str) -> str:
@@ -366,9 +395,12 @@ def plan_cases(
     heads: int | None,
     block_size: int,
     in_context: bool = False,
+    idle_us=(),
 ) -> list[KernelCase]:
     """The cases of a sweep. ``in_context``: merge, gather and splice each follow an attention
-    over the chunk (a merge then has one case per rows and chunk, its own chunk 0)."""
+    over the chunk (a merge then has one case per rows and chunk, its own chunk 0).
+    ``idle_us``: the attention at the fewest rows and every chunk is also timed after each
+    of these idle times (its back-to-back case is the sweep's own)."""
     h = heads or model.q_heads
     cases = []
     for kernel in kernels:
@@ -407,6 +439,24 @@ def plan_cases(
                         after=c if in_context and kernel != "partial_attention" else 0,
                     )
                 )
+        if kernel == "partial_attention":
+            cases += [
+                KernelCase(
+                    kernel,
+                    min(rows),
+                    h,
+                    c,
+                    model.qk_dim,
+                    model.v_dim,
+                    dtype,
+                    sparse,
+                    block_size=block_size,
+                    rope_dim=model.rope_dim,
+                    idle_us=gap,
+                )
+                for gap in idle_us
+                for c in chunks
+            ]
     return cases
 
 
@@ -443,6 +493,7 @@ def sample_rows(
             "process_run": 0,  # the sweep's launch and timing rank stamp their own
             "timed_by": 0,
             "after_tokens": case.after,
+            "idle_us": case.idle_us,
         }
         for i, (calls, warm, seconds) in enumerate(timings)
     ]
@@ -469,6 +520,7 @@ def ceiling_rows(ceilings: dict, run_id: str, backend: str, device: str, dtype: 
         "process_run": 0,
         "timed_by": 0,
         "after_tokens": 0,
+        "idle_us": 0,
     }
     n = ceilings["matmul_n"]
     return [

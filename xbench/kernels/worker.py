@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 LAYOUTS = {1: "alone", 2: "peer waiting in MPI"}
@@ -46,6 +46,8 @@ class SweepConfig:
     ranks: int = 1
     process_run: int = 0
     runs: int = 1
+    # attention also timed after these idle times (us); a stored config without it had none
+    idle_us: list = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -114,6 +116,7 @@ def run_sweep(cfg: SweepConfig, sink, comm=None) -> None:
         cfg.heads,
         cfg.block_size,
         in_context=cfg.timed_in_context,
+        idle_us=cfg.idle_us,
     )
     store = None
     if rank == 0:

@@ -37,6 +37,9 @@ validate_samples v4: adds ``process_run`` (``xbench validate --runs N``) and the
     route; ``transfer_us``, ``move_us``, ``attention_us``, ``merge_us`` for fetch;
     ``attention_us`` for local); v3 files read as launch 0 with no phases.
 validate_summary v1: first version, written by ``xbench validate`` through the store.
+kernel_samples v4: adds ``idle_us``, the microseconds the device idled before each timed
+    call (``xbench kernel --idle``: an attention as a server at moderate load starts it,
+    caches and clocks gone cold); v3 files read as 0 (back to back).
 validate_samples v2: adds ``requester``, the rank that asked (and timed) the sample (the
     ranks take turns), and ``round`` as in kernel_samples; v1 files read as 0 and 0.
 """
@@ -116,6 +119,8 @@ KERNEL_SAMPLES_SCHEMA = pa.schema(
         pa.field("timed_by", pa.int32(), nullable=False),  # v3: the rank that timed it (--np)
         # v3: tokens an attention read just before each timed call (0: back to back)
         pa.field("after_tokens", pa.int32(), nullable=False),
+        # v4: microseconds idle before each timed call (0: back to back)
+        pa.field("idle_us", pa.int32(), nullable=False),
     ]
 )
 
@@ -149,6 +154,7 @@ KERNEL_CASE_KEYS = [
     "heads",
     "chunk_tokens",
     "after_tokens",
+    "idle_us",
     "sparse",
     "partials",
     "bytes_moved",
@@ -360,7 +366,7 @@ SCHEMAS = {
 }
 SCHEMA_VERSIONS = {
     PROBE_SAMPLES: 2,
-    KERNEL_SAMPLES: 3,
+    KERNEL_SAMPLES: 4,
     VALIDATE_SAMPLES: 4,
     DECISIONS: 2,
     VALIDATE_SUMMARY: 2,
@@ -411,6 +417,7 @@ MIGRATIONS: dict[str, dict[int, object]] = {
         2: _added_int_columns(
             process_run=0, timed_by=0, after_tokens=0
         ),  # v2: one launch, back to back
+        3: _added_int_columns(idle_us=0),  # v3: no call after idle
     },
     VALIDATE_SUMMARY: {1: _added_summary_phase_columns},  # v1: no phases
     VALIDATE_SAMPLES: {

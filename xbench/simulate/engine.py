@@ -347,7 +347,7 @@ class _Servers:
     def __init__(self, n: int):
         self.queue = [deque() for _ in range(n)]
         self.busy = [False] * n
-        self.free_at = [0.0] * n
+        self.free_at = [-math.inf] * n  # idle since long before the trace
         self.backlog = [0.0] * n
         self.time = np.zeros(n)
 
@@ -404,6 +404,11 @@ def simulate(profile, w: Workload, trace: Trace, policy: str) -> Result:
     per_use = costs.per_use()
     push, pop = heapq.heappush, heapq.heappop
     ARRIVE, C_DONE, L_DONE, READY_C = 0, 1, 2, 3
+    # jobs that attend (a batched call, a fetched chunk's, a local prefill's): they pay what
+    # the device measured for starting after idle, where the profile has it
+    ATTENDS = ("attend", "fetched", "local")
+    device = costs.device
+    cold = device.idle_extra is not None
 
     def start_compute(i: int, now: float) -> None:
         nonlocal seq, batches, batched_rows
@@ -433,6 +438,8 @@ def simulate(profile, w: Workload, trace: Trace, policy: str) -> Result:
             batches += 1
             batched_rows += rows
             job = ("attend", members, dur)
+        if cold and kind in ATTENDS:  # the first call after idle pays for the cold core
+            dur += device.after_idle(now - compute.free_at[i])
         seq += 1
         push(events, (compute.run(i, now, dur), seq, C_DONE, i, job))
 
@@ -518,7 +525,7 @@ def simulate(profile, w: Workload, trace: Trace, policy: str) -> Result:
                     to_link(holder, ("kv", costs.kv_occ, r, me), now)
             else:
                 path[r] = 3
-                to_compute(me, ("done", r, costs.recompute + costs.attend), now)
+                to_compute(me, ("local", r, costs.recompute + costs.attend), now)
         elif kind == L_DONE:
             i = a
             link.busy[i] = False

@@ -111,6 +111,7 @@ class Instance:
         )
         self.latency: dict[int, float] = {}
         self.routed_instead = 0
+        self.jobs: list = []
 
     # ---- messages ----
     def send(self, payload, dest: int, tag: int) -> None:
@@ -180,6 +181,7 @@ class Instance:
         torch, cfg = self.torch, self.cfg
         job = self.queue.popleft()
         kind, r = job[0], job[1]
+        start, calls = now(), 1
         if kind == "attend":
             k = job[2]
             members = [job]
@@ -195,6 +197,7 @@ class Instance:
                 else:
                     rest.append(other)
             self.queue = rest
+            calls = len(members)
             q = torch.cat([m[3] if m[3] is not None else self.query(m[1]) for m in members])
             # the chunk: home, cached, or the pages a fetch brought for the uses that waited
             # for it (without a cache it has left the cache already)
@@ -241,6 +244,8 @@ class Instance:
             self.done(r, now())
             for waiting in self.pending.pop(k, []):
                 self.queue.append(("attend", waiting, k, None, pages))
+        # each job's kind, start, end and the queries it served: what the compute cost here
+        self.jobs.append((kind, start, now(), calls))
 
     def done(self, r: int, t: float) -> None:
         self.latency[r] = t - self.cfg.arrival[r]
@@ -296,6 +301,7 @@ def run_replay(cfg: ReplayConfig, sink) -> None:
         if said_done and peer_done and not me.sends and not me.queue:
             break
     latencies = comm.gather(me.latency, root=0)
+    jobs = comm.gather(me.jobs, root=0)
     instead = comm.reduce(me.routed_instead, root=0)
     if rank == 0:
         merged = {r: v for part in latencies for r, v in part.items()}
@@ -304,6 +310,7 @@ def run_replay(cfg: ReplayConfig, sink) -> None:
                 {
                     "latency": [merged[r] for r in range(len(cfg.arrival))],
                     "routed_instead": instead,
+                    "jobs": jobs,
                     "cpu_attention": cpu_bf16.active_path(),
                 }
             )
