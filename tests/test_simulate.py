@@ -110,6 +110,31 @@ def test_on_cpus_the_move_is_work_on_both_computes():
     assert delay.compute_busy[1] == 0 and delay.latency[0] == pytest.approx(one.latency[0])
 
 
+def test_a_rank_on_one_core_takes_arrivals_and_messages_in_between_its_jobs():
+    """move_on_compute (CPU ranks: one core computes and messages): an arrival at a busy
+    rank is taken in when its job ends; taking an arrival or a message in costs the core
+    message_cost; spread draws each attending call's factor."""
+    from dataclasses import replace
+
+    cpu = replace(W, move_on_compute=True)
+    c = _Costs(PRIORS, cpu)
+    route = c.send_occ + c.send_fly + c.attend + c.back_occ + c.back_fly + c.merge
+    # instance 1 attends its own chunk 1 from t = 0; its route of chunk 0 waits for that
+    busy = _trace((0.0, 1, 1), (1e-6, 1, 0))
+    res = simulate(PRIORS, cpu, busy, "route")
+    assert res.latency[1] == pytest.approx(c.attend - 1e-6 + route)
+    gpu = simulate(PRIORS, W, busy, "route")  # elsewhere the query leaves at once
+    assert gpu.latency[1] == pytest.approx(route)
+    m = 50e-6
+    one = simulate(PRIORS, cpu, _trace((0.0, 0, 1)), "route", message_cost=m)
+    # taken in: the arrival (core 0 idle: at once, the query leaves meanwhile), the query
+    # at the holder (then its attention), the answer (then the merge)
+    assert one.latency[0] == pytest.approx(route + 2 * m)
+    assert one.compute_busy.tolist() == pytest.approx([2 * m + c.merge, m + c.attend])
+    twice = simulate(PRIORS, cpu, _trace((0.0, 1, 1)), "route", spread=np.array([2.0]))
+    assert twice.latency[0] == pytest.approx(2 * c.attend)
+
+
 def test_uses_of_a_present_chunk_batch_like_routed_ones():
     c = _Costs(PRIORS, W)
     home = _trace(*[(0.0, 1, 1)] * 6)  # six uses of chunk 1 at its holder, at once
@@ -144,6 +169,59 @@ def test_a_call_after_idle_pays_the_measured_extra():
     assert res.latency[2] == pytest.approx(second + c.attend)  # queued: no idle extra
     warm = simulate(PRIORS, W, trace, "route")
     assert warm.latency[0] == pytest.approx(c.attend)
+
+
+def test_calibration_scales_the_costs_to_what_the_replay_measured():
+    """Jobs a replay ran, made from a device with known factors: attention 1.3x back to
+    back, 300 us more after idle (tau 3 ms), merges 2x, gathers 1.5x, splices 1.2x; the
+    calibration finds each, and the calibrated profile's times are the measured ones."""
+    from dataclasses import replace
+
+    from xbench.core.costmodel import Coef, Profile
+    from xbench.simulate.calibration import calibrate
+
+    tau = 3e-3
+    device = replace(
+        PRIORS.device,
+        idle_extra=Coef(1e-3, 1e-3, 1e-3, "s"),
+        idle_tau=Coef(tau, tau, tau, "s"),
+        splice_t0=Coef(5e-4, 5e-4, 5e-4, "s"),
+        splice_per_token=Coef(1e-9, 1e-9, 1e-9, "s/token"),
+    )
+    profile = Profile("p", PRIORS.fabrics, device)
+    w = replace(W, move_on_compute=True)
+    c = _Costs(profile, w)
+    extra = 3e-4
+    jobs, t = [], 0.0
+    for i in range(40):  # alternately back to back and after 1-8 ms idle
+        idle = 0.0 if i % 2 else 1e-3 * (1 + i % 8)
+        calls = 1 + i % 3
+        t += idle
+        since = idle if jobs else math.inf  # the first job follows the replay's start
+        spent = 1.3 * c.batched_attend(calls * w.rows) + (extra * -math.expm1(-since / tau))
+        jobs.append(("attend", t, t + spent, calls))
+        t += spent
+        for kind, spent in (("merge", 2 * c.merge), ("gather", 1.5 * c.gather)):
+            jobs.append((kind, t + 1e-3, t + 1e-3 + spent, 1))
+            t += 1e-3 + spent
+        spent = 1.2 * c.splice + 1.3 * c.attend + 2 * c.merge  # right after the gather
+        jobs.append(("fetched", t, t + spent, 1))
+        t += spent
+    jobs.append(("messages", t, t + 3e-5, 3))  # taking 3 items in, not compute
+    calibration = calibrate(profile, w, [jobs])
+    calibrated, factors = calibration.profile, calibration.factors
+    assert np.allclose(calibration.spread, 1.0) and factors["attention_spread"] < 1e-9
+    assert factors["attention"] == pytest.approx(1.3)
+    assert factors["idle_extra_us"] == pytest.approx(300, rel=1e-6)
+    assert factors["merge"] == pytest.approx(2.0) and factors["gather"] == pytest.approx(1.5)
+    assert factors["splice"] == pytest.approx(1.2)
+    assert calibration.message_cost == pytest.approx(1e-5)  # 30 us for 3 items
+    k = _Costs(calibrated, w)
+    assert k.attend == pytest.approx(1.3 * c.attend) and k.merge == pytest.approx(2 * c.merge)
+    assert k.gather == pytest.approx(1.5 * c.gather) and k.splice == pytest.approx(1.2 * c.splice)
+    assert calibrated.device.after_idle(tau) == pytest.approx(extra * (1 - math.exp(-1)))
+    with pytest.raises(ValueError, match="no attention back to back"):
+        calibrate(profile, w, [[("merge", 0.0, 1e-4, 1)]])
 
 
 def test_reuse_estimate_reads_counts_clocks_and_the_cache():
@@ -468,7 +546,16 @@ def test_validate_replays_the_trace_between_two_ranks(xbench, tmp_path):
     from xbench.results.schema import SIMULATION_VALIDATION
 
     frame = read_table([out], SIMULATION_VALIDATION)
-    assert list(frame.policy) == ["route", "fetch", "predicate"]
+    # each policy simulated with the profile's costs, the calibration replay's, and the
+    # costs its own replay measured
+    assert list(frame.policy) == [p for p in ("route", "fetch", "predicate") for _ in range(3)]
+    assert list(frame.costs) == ["profile", "calibrated", "replayed"] * 3
+    import pyarrow.parquet as pq
+
+    run = json.loads(pq.read_schema(out).metadata[b"xbench.run"])
+    assert run["calibration"]["requests"] == 200  # the calibration trace: another, of 200
+    assert run["calibration"]["attention"] > 0 and run["calibration"]["attention_calls"] > 0
+    assert set(run["calibration"]["replayed_attention"]) == {"route", "fetch", "predicate"}
     assert (frame.requests == 120).all() and (frame.rate_per_s == 200).all()
     for stat in ("p50_us", "p99_us", "mean_us", "throughput_per_s"):
         real, sim = frame[f"measured_{stat}"], frame[f"simulated_{stat}"]

@@ -208,3 +208,19 @@ def test_missing_results_path(tmp_path):
     with pytest.raises(XbenchError, match="does not exist"):
         read_table(tmp_path / "nope", schema.PROBE_SAMPLES)
     assert isinstance(read_table(tmp_path, schema.PROBE_SAMPLES), pd.DataFrame)
+
+
+def test_simulation_validation_v1_files_read_as_the_profiles_costs(tmp_path):
+    row = {"policy": "route", "costs": "calibrated", "requests": 10, "rate_per_s": 5.0}
+    row.update(
+        {
+            f"{kind}_{stat}": 1.0
+            for stat in ("p50_us", "p99_us", "mean_us", "throughput_per_s")
+            for kind in ("simulated", "measured", "error")
+        },
+        routed_instead=0,
+    )
+    table = schema.SIMULATION_VALIDATION
+    path = write_table(tmp_path / "v.parquet", table, [row], {"run_id": "v"})
+    old = _as_version(path, 1, tmp_path / "v1.parquet", ("costs",))
+    assert read_table([old, path], table).costs.tolist() == ["profile", "calibrated"]

@@ -15,7 +15,7 @@ from xbench.cli.common import (
     handles_errors,
     warn,
 )
-from xbench.cli.render import result_table
+from xbench.cli.render import num, result_table
 from xbench.core.units import format_duration
 from xbench.errors import XbenchError
 
@@ -338,27 +338,41 @@ def _validate(prof, spec, scenario, policies, requests, seed, fabric, rate, out,
                 stall,
             )
 
-        frame = validate_by_replay(prof, w, replayed, n, seed, out_dir, launch)
-    meta = run_metadata(run_id, "simulate", scenario=spec["name"], profile=prof.name, seed=seed)
+        frame, calibration = validate_by_replay(
+            prof, w, replayed, n, seed, out_dir, launch, warn=warn
+        )
+    meta = run_metadata(
+        run_id,
+        "simulate",
+        scenario=spec["name"],
+        profile=prof.name,
+        seed=seed,
+        calibration=calibration,
+    )
     write_table(out_dir / "simulation_validation.parquet", SIMULATION_VALIDATION, frame, meta)
     if out is not None:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         write_table(Path(out), SIMULATION_VALIDATION, frame, meta)
-    emit_frame(frame, fmt, lambda f: _validation_table(f, spec, w, n, out_dir))
+    emit_frame(frame, fmt, lambda f: _validation_table(f, spec, w, n, out_dir, calibration))
 
 
-def _validation_table(frame, spec, w, n: int, out_dir) -> None:
+COSTS_LABELS = {"calibrated": "calibrated", "replayed": "own costs"}
+
+
+def _validation_table(frame, spec, w, n: int, out_dir, calibration: dict) -> None:
     table = result_table(
         f"xbench simulate --validate: {spec['name']} on 2 instances ({n:,} requests, "
         f"{w.chunks} chunks, {w.rate_per_s:,.0f}/s)",
-        f"{out_dir}  |  sim: the simulation of the trace; real: the same trace replayed "
+        f"{out_dir}  |  sim: the simulation of the trace, with the profile's costs, "
+        "those a replay of another trace measured (calibrated), or those this replay "
+        "measured (own costs: the simulator's own error); real: the trace replayed "
         "between two local ranks; err: sim / real - 1",
     )
     for col in ("policy", "p50 sim", "real", "err", "p99 sim", "real ", "err ", "req/s err"):
         table.add_column(col, justify="left" if col == "policy" else "right", no_wrap=True)
     for r in frame.itertuples():
         table.add_row(
-            r.policy,
+            r.policy if r.costs == "profile" else f"  {COSTS_LABELS[r.costs]}",
             format_duration(r.simulated_p50_us * 1e-6),
             format_duration(r.measured_p50_us * 1e-6),
             f"{100 * r.error_p50_us:+.0f}%",
@@ -368,3 +382,26 @@ def _validation_table(frame, spec, w, n: int, out_dir) -> None:
             f"{100 * r.error_throughput_per_s:+.0f}%",
         )
     console.print(table)
+    if calibration:
+        c = calibration
+        idle = (
+            f", after idle {num(c['idle_extra_us'])} us more (profile "
+            f"{num(c['profile_idle_extra_us'])} us)"
+            if c.get("idle_extra_us") is not None
+            else ""
+        )
+        console.print(
+            f"calibrated: the costs a replay of another trace ({c['requests']:,} requests, "
+            f"route and fetch) measured against the profile's: attention x{c['attention']:.2f} "
+            f"back to back ({c['attention_calls']:,} calls){idle}, merge x{c['merge']:.2f}, "
+            f"gather x{c['gather']:.2f}, splice x{c['splice']:.2f}; calls spread "
+            f"{100 * c['attention_spread']:.0f}% (robust sd), and each arrival or message "
+            f"taken in cost {num(c['message_us'])} us of the rank's core"
+        )
+    own = calibration.get("replayed_attention") if calibration else None
+    if own:
+        each = ", ".join(f"x{v:.2f} ({k})" for k, v in own.items())
+        console.print(
+            f"own costs: the validated replays' attention ran {each} the profile's; "
+            "where that differs from the calibration's, the machine's speed moved between them"
+        )

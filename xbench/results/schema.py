@@ -30,6 +30,8 @@ kernel_samples v3: adds ``process_run`` (``xbench kernel --runs N`` launches the
 validate_summary v2: adds, per phase, ``measured_<phase>_us`` and ``predicted_<phase>_us``
     (v1 files read with them null).
 simulation v1: first version, written by ``xbench simulate --out``.
+simulation_validation v2: adds ``costs``: each policy simulated with the profile's costs
+    and with those a calibration replay measured (v1 files read as the profile's).
 comparison v1: first version, written by ``xbench compare --out`` and ``xbench check``.
 validate_samples v3: adds ``segments``, the messages a fetch sent.
 validate_samples v4: adds ``process_run`` (``xbench validate --runs N``) and the sample's
@@ -340,6 +342,8 @@ SIMULATION_VALIDATION = "simulation_validation"
 SIMULATION_VALIDATION_SCHEMA = pa.schema(
     [
         pa.field("policy", pa.string(), nullable=False),
+        # v2: the costs simulated: the profile's, or those a calibration replay measured
+        pa.field("costs", pa.string(), nullable=False),
         pa.field("requests", pa.int64(), nullable=False),
         pa.field("rate_per_s", pa.float64(), nullable=False),
         *[
@@ -373,7 +377,7 @@ SCHEMA_VERSIONS = {
     COMPARISON: 1,
     SIMULATION: 1,
     PREFILL_SIMULATION: 1,
-    SIMULATION_VALIDATION: 1,
+    SIMULATION_VALIDATION: 2,
 }
 
 
@@ -393,6 +397,12 @@ def _added_summary_phase_columns(table: pa.Table) -> pa.Table:
                 pa.field(f"{kind}_{phase}_us", pa.float64()), pa.nulls(table.num_rows, pa.float64())
             )
     return table
+
+
+def _added_costs_column(table: pa.Table) -> pa.Table:
+    return table.add_column(
+        1, pa.field("costs", pa.string(), nullable=False), pa.array(["profile"] * table.num_rows)
+    )
 
 
 # MIGRATIONS[table][v] turns a pyarrow.Table of version v into version v + 1.
@@ -420,6 +430,7 @@ MIGRATIONS: dict[str, dict[int, object]] = {
         3: _added_int_columns(idle_us=0),  # v3: no call after idle
     },
     VALIDATE_SUMMARY: {1: _added_summary_phase_columns},  # v1: no phases
+    SIMULATION_VALIDATION: {1: _added_costs_column},  # v1: the profile's costs only
     VALIDATE_SAMPLES: {
         1: _added_int_columns(requester=0, round=0),  # v1: rank 0 asked, one pass
         2: _added_int_columns(segments=1),  # v2: fetches were packed into one message

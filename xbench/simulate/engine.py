@@ -381,7 +381,22 @@ class Result:
     batched_rows: int
 
 
-def simulate(profile, w: Workload, trace: Trace, policy: str) -> Result:
+def simulate(
+    profile,
+    w: Workload,
+    trace: Trace,
+    policy: str,
+    decisions=None,
+    spread=None,
+    seed: int = 0,
+    message_cost: float = 0.0,
+) -> Result:
+    """``decisions`` (predicate only): per use, the path another run chose (PATHS names);
+    the predicate then follows them instead of deciding, and a use decided present that is
+    not here is routed (as the replay does). ``spread``: factors measured calls ran at
+    about their modelled time; each attending call draws one (seeded), else calls take
+    exactly the model's time. ``message_cost`` (where the move runs on the compute: one
+    core per instance): seconds of that core each arrival and message taken in costs."""
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}")
     costs = _Costs(profile, w)
@@ -403,15 +418,34 @@ def simulate(profile, w: Workload, trace: Trace, policy: str) -> Result:
     arrival, requester, chunk = trace.arrival, trace.requester, trace.chunk
     per_use = costs.per_use()
     push, pop = heapq.heappush, heapq.heappop
-    ARRIVE, C_DONE, L_DONE, READY_C = 0, 1, 2, 3
+    ARRIVE, C_DONE, L_DONE, READY_C, TAKEN = 0, 1, 2, 3, 4
     # jobs that attend (a batched call, a fetched chunk's, a local prefill's): they pay what
     # the device measured for starting after idle, where the profile has it
     ATTENDS = ("attend", "fetched", "local")
     device = costs.device
     cold = device.idle_extra is not None
+    between_jobs = w.move_on_compute  # one core per instance: it computes and it messages
+    varies = spread is not None and len(spread) > 0
+    # one core per instance: taking an arrival or a message in costs it message_cost,
+    # charged to the next job it starts (the rank's loop takes them in between jobs)
+    handling = between_jobs and message_cost > 0
+    overhead = [0.0] * inst
+    attended = [-math.inf] * inst  # when each core's last job (not messages) ended
+
+    def take_in(i: int, now: float) -> None:
+        """An arrival or a message taken in at core i: between its jobs when it computes
+        (charged to the next job), else at once (the core busy meanwhile)."""
+        if compute.busy[i]:
+            overhead[i] += message_cost
+        else:
+            to_compute(i, ("messages", -1, message_cost), now)
+
+    rng = np.random.default_rng(seed)
+    draws = [1.0] * 4096  # factors drawn in blocks, used one per attending call
+    drawn = len(draws)
 
     def start_compute(i: int, now: float) -> None:
-        nonlocal seq, batches, batched_rows
+        nonlocal seq, batches, batched_rows, drawn
         job = compute.queue[i].popleft()
         kind, req, dur = job
         compute.backlog[i] -= dur
@@ -438,10 +472,22 @@ def simulate(profile, w: Workload, trace: Trace, policy: str) -> Result:
             batches += 1
             batched_rows += rows
             job = ("attend", members, dur)
+        if overhead[i]:  # what taking messages in cost this core since its last job
+            dur += overhead[i]
+            overhead[i] = 0.0
+        if varies and kind in ATTENDS:
+            if drawn == len(draws):
+                draws[:] = rng.choice(spread, len(draws)).tolist()
+                drawn = 0
+            dur *= draws[drawn]
+            drawn += 1
         if cold and kind in ATTENDS:  # the first call after idle pays for the cold core
-            dur += device.after_idle(now - compute.free_at[i])
+            dur += device.after_idle(now - attended[i])
         seq += 1
-        push(events, (compute.run(i, now, dur), seq, C_DONE, i, job))
+        end = compute.run(i, now, dur)
+        if kind != "messages":
+            attended[i] = end
+        push(events, (end, seq, C_DONE, i, job))
 
     def to_compute(i: int, job, now: float) -> None:
         if compute.add(i, job, job[2]):
@@ -455,6 +501,25 @@ def simulate(profile, w: Workload, trace: Trace, policy: str) -> Result:
         queued = c_attq[i].get(k, 0)
         c_attq[i][k] = queued + 1
         to_compute(i, ("attend", r, costs.joins_batch(queued)), now)
+
+    def send(me: int, r: int, holder: int, now: float) -> None:
+        """Route: the query leaves on the requester's link."""
+        nonlocal moved
+        moved += costs.s_q + costs.s_o
+        to_link(me, ("send", costs.send_occ, r, holder), now)
+
+    def ask(me: int, r: int, holder: int, now: float) -> None:
+        """Fetch: the holder gathers the chunk on its compute (where the move runs there)
+        and sends it; the uses arriving meanwhile wait for it."""
+        nonlocal moved
+        moved += costs.s_kv
+        pending[(me, chunks[r])] = []
+        if w.move_on_compute:
+            if handling:  # the request taken in at the holder
+                take_in(holder, now)
+            to_compute(holder, ("gather", r, costs.gather), now)
+        else:
+            to_link(holder, ("kv", costs.kv_occ, r, me), now)
 
     def start_link(i: int, now: float) -> None:
         nonlocal seq
@@ -481,9 +546,17 @@ def simulate(profile, w: Workload, trace: Trace, policy: str) -> Result:
             nxt += 1
         else:
             now, _, kind, a, job = pop(events)
-        if kind == ARRIVE:
+        if kind == ARRIVE or kind == TAKEN:
             r = a
             me, k = requesters[r], chunks[r]
+            if kind == ARRIVE and between_jobs and compute.busy[me]:
+                # a rank that computes on its one core takes arrivals in between its jobs:
+                # this one (its decision, its query or fetch request) when the job ends
+                seq += 1
+                push(events, (compute.free_at[me], seq, TAKEN, r, None))
+                continue
+            if handling:
+                take_in(me, now)
             holder = holders[r]
             cache = caches[me]
             reuse.used(me, k, holder != me)
@@ -499,7 +572,9 @@ def simulate(profile, w: Workload, trace: Trace, policy: str) -> Result:
                 pending[(me, k)].append(r)
                 continue
             choice = policy
-            if policy == "predicate":
+            if decisions is not None and policy == "predicate":
+                choice = decisions[r] if decisions[r] in ("route", "fetch", "local") else "route"
+            elif policy == "predicate":
                 link_holder = link.wait(holder, now)
                 choice = _predicate(
                     costs,
@@ -513,16 +588,10 @@ def simulate(profile, w: Workload, trace: Trace, policy: str) -> Result:
                 )
             if choice == "route":
                 path[r] = 1
-                moved += costs.s_q + costs.s_o
-                to_link(me, ("send", costs.send_occ, r, holder), now)
+                send(me, r, holder, now)
             elif choice == "fetch":
                 path[r] = 2
-                moved += costs.s_kv
-                pending[(me, k)] = []
-                if w.move_on_compute:  # the holder gathers the chunk first, on its compute
-                    to_compute(holder, ("gather", r, costs.gather), now)
-                else:
-                    to_link(holder, ("kv", costs.kv_occ, r, me), now)
+                ask(me, r, holder, now)
             else:
                 path[r] = 3
                 to_compute(me, ("local", r, costs.recompute + costs.attend), now)
@@ -536,6 +605,8 @@ def simulate(profile, w: Workload, trace: Trace, policy: str) -> Result:
             push(events, (now + fly[step], seq, READY_C, dest, (step, r)))
         elif kind == READY_C:
             step, r = job
+            if handling and step != "moved":  # a message taken in on the rank's core
+                take_in(a, now)
             if step == "send":
                 # what this attention adds to the holder's backlog: the growth of the
                 # batched call it will join (batches of one chunk cost far less than apart)
@@ -557,6 +628,8 @@ def simulate(profile, w: Workload, trace: Trace, policy: str) -> Result:
             if compute.queue[i]:
                 start_compute(i, now)
             step, req, _ = job
+            if step == "messages":  # taken in on an idle core: nothing follows from it here
+                continue
             if step == "gather":  # packed: it leaves on the holder's link
                 to_link(i, ("kv", costs.kv_occ, req, requesters[req]), now)
                 continue

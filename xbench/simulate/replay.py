@@ -21,6 +21,7 @@ differs) is routed and counted.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import sys
 import time
@@ -51,6 +52,7 @@ class ReplayConfig:
     local_tokens: int = 256
     threads: int = 1
     cpu_attention: str = "auto"
+    label: str = ""  # the result's file name, replay-<label>.json (default: the policy)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -275,6 +277,11 @@ def run_replay(cfg: ReplayConfig, sink) -> None:
         sink.start(1, cfg.out_dir, "python")
         sink.case_started(0, f"replay {cfg.policy}")
     status = MPI.Status()
+    # no collector pauses on the clock (a serving loop freezes its heap too): everything
+    # made so far is frozen, and the loop's garbage is reference-counted away as it goes
+    gc.collect()
+    gc.freeze()
+    gc.disable()
     comm.Barrier()
     t0 = time.perf_counter()
 
@@ -284,14 +291,19 @@ def run_replay(cfg: ReplayConfig, sink) -> None:
     nxt, peer_done, said_done = 0, False, False
     while True:
         t = now()
+        handled = 0
         while nxt < len(mine) and cfg.arrival[mine[nxt]] <= t:
             me.arrive(mine[nxt], decisions[mine[nxt]])
             nxt += 1
+            handled += 1
         while comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status):
             buf = np.empty(status.Get_count(MPI.BYTE), dtype=np.uint8)
             comm.Recv(buf, source=status.Get_source(), tag=status.Get_tag())
             peer_done |= me.receive(status, buf)
+            handled += 1
         me.reap()
+        if handled:  # taking arrivals and messages in costs this core time too
+            me.jobs.append(("messages", t, now(), handled))
         if me.queue:
             me.step(now)
             continue
@@ -305,7 +317,7 @@ def run_replay(cfg: ReplayConfig, sink) -> None:
     instead = comm.reduce(me.routed_instead, root=0)
     if rank == 0:
         merged = {r: v for part in latencies for r, v in part.items()}
-        Path(cfg.out_dir, f"replay-{cfg.policy}.json").write_text(
+        Path(cfg.out_dir, f"replay-{cfg.label or cfg.policy}.json").write_text(
             json.dumps(
                 {
                     "latency": [merged[r] for r in range(len(cfg.arrival))],

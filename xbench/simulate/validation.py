@@ -3,8 +3,14 @@
 A decode scenario's workload, scaled to two instances (two local ranks, each on its own
 core), is simulated with the profile and replayed between the ranks (``replay``), policy by
 policy, on one trace; the result is each policy's p50, p99, mean and throughput, simulated
-and measured, with their errors. The profile must have been fitted here (CPU kernels, the
-local fabric): the simulation then runs T_move on the compute, as the ranks do.
+and measured, with their errors. Each policy is simulated twice: with the profile's costs,
+with the costs a calibration replay of another trace measured (``calibration``), and with
+the costs the validated replay itself measured: the last is no prediction but the
+simulator's own error (its queueing, batching, cache and links given the true costs),
+which tells it from the error of the costs it was given and from the machine's drift
+between replays a minute apart (10-30 % on a shared VM). The profile must
+have been fitted here (CPU kernels, the local fabric): the simulation then runs T_move on
+the compute, as the ranks do.
 """
 
 from __future__ import annotations
@@ -19,6 +25,9 @@ import pandas as pd
 from xbench.simulate.engine import PATHS, Workload, make_trace, simulate
 
 REPLAYED = ("route", "fetch", "predicate")  # local recomputes: nothing real to run here
+# the calibration replays both paths, so every kind of compute job runs in it
+CALIBRATION_POLICIES = ("route", "fetch")
+CALIBRATION_LEAST = 200  # requests in the calibration trace, at least (else half the trace's)
 MAX_CHUNKS = 32  # two instances hold at most this many chunks (KV in memory on each rank)
 
 
@@ -45,18 +54,32 @@ def _stats(latency: np.ndarray, arrival: np.ndarray) -> dict:
     }
 
 
+def _simulate(calibration, w: Workload, trace, policy: str, decisions, seed: int):
+    """The trace simulated with a calibration's costs, its calls varying as measured."""
+    return simulate(
+        calibration.profile,
+        w,
+        trace,
+        policy,
+        decisions,
+        spread=calibration.spread,
+        seed=seed,
+        message_cost=calibration.message_cost,
+    )
+
+
 def validate_by_replay(
-    profile, w: Workload, policies, requests: int, seed: int, out_dir: Path, launch
-) -> pd.DataFrame:
+    profile, w: Workload, policies, requests: int, seed: int, out_dir: Path, launch, warn=None
+) -> tuple[pd.DataFrame, dict]:
     """Per policy: the simulated and the replayed p50, p99, mean and throughput of one
-    trace. ``launch(config_path, label)`` runs ``xbench.simulate.replay`` on two ranks."""
+    trace, simulated with the profile's costs (``costs`` profile), those a calibration
+    replay of another trace measured (calibrated) and those the replay itself measured
+    (replayed); and the calibration's factors.
+    ``launch(config_path, label)`` runs ``xbench.simulate.replay`` on two ranks."""
+    from xbench.simulate.calibration import calibrate
     from xbench.simulate.replay import ReplayConfig
 
-    trace = make_trace(w, requests, seed)
-    rows = []
-    for policy in policies:
-        result = simulate(profile, w, trace, policy)
-        decisions = [PATHS[p] for p in result.path] if policy == "predicate" else []
+    def replay(label: str, policy: str, trace, decisions=()) -> dict:
         cfg = ReplayConfig(
             out_dir=str(out_dir),
             run_id=out_dir.name,
@@ -64,25 +87,63 @@ def validate_by_replay(
             arrival=(trace.arrival - trace.arrival[0]).tolist(),
             requester=trace.requester.tolist(),
             chunk=trace.chunk.tolist(),
-            decisions=decisions,
+            decisions=list(decisions),
             chunk_tokens=w.chunk_tokens,
             rows=w.rows,
             heads=w.heads,
             cache_chunks=w.cache_chunks,
             max_batch_rows=w.max_batch_rows,
+            label=label,
         )
-        config_path = out_dir / f"replay-{policy}.config.json"
+        config_path = out_dir / f"replay-{label}.config.json"
         config_path.write_text(cfg.to_json())
-        launch(config_path, policy)
-        measured = json.loads((out_dir / f"replay-{policy}.json").read_text())
-        arrival = np.asarray(cfg.arrival)
-        sim = _stats(result.latency, arrival)
+        launch(config_path, label)
+        return json.loads((out_dir / f"replay-{label}.json").read_text())
+
+    # another trace (seed + 1): nothing validated below is fitted to
+    calibration_trace = make_trace(w, max(CALIBRATION_LEAST, requests // 2), seed + 1)
+    jobs = [
+        rank_jobs
+        for policy in CALIBRATION_POLICIES
+        for rank_jobs in replay(f"calibrate-{policy}", policy, calibration_trace)["jobs"]
+    ]
+    try:
+        calibrated = calibrate(profile, w, jobs)
+        factors = {**calibrated.factors, "requests": len(calibration_trace)}
+    except ValueError as exc:
+        calibrated, factors = None, {}
+        if warn is not None:
+            warn(f"no calibration ({exc}): only the profile's costs are simulated")
+    trace = make_trace(w, requests, seed)
+    arrival = trace.arrival - trace.arrival[0]
+    rows = []
+    for policy in policies:
+        result = simulate(profile, w, trace, policy)
+        decisions = [PATHS[p] for p in result.path] if policy == "predicate" else None
+        measured = replay(policy, policy, trace, decisions or ())
         real = _stats(np.asarray(measured["latency"]), arrival)
-        row = {"policy": policy, "requests": len(trace), "rate_per_s": w.rate_per_s}
-        for key in sim:
-            row[f"simulated_{key}"] = sim[key]
-            row[f"measured_{key}"] = real[key]
-            row[f"error_{key}"] = sim[key] / real[key] - 1
-        row["routed_instead"] = measured["routed_instead"]
-        rows.append(row)
-    return pd.DataFrame(rows)
+        sims = [("profile", result)]
+        if calibrated is not None:
+            sims.append(("calibrated", _simulate(calibrated, w, trace, policy, decisions, seed)))
+        try:  # the simulator's own error: the costs this very replay measured
+            own = calibrate(profile, w, measured["jobs"])
+        except ValueError:
+            own = None
+        if own is not None:
+            sims.append(("replayed", _simulate(own, w, trace, policy, decisions, seed)))
+            factors.setdefault("replayed_attention", {})[policy] = own.factors["attention"]
+        for costs, sim_result in sims:
+            sim = _stats(sim_result.latency, arrival)
+            row = {
+                "policy": policy,
+                "costs": costs,
+                "requests": len(trace),
+                "rate_per_s": w.rate_per_s,
+            }
+            for key in sim:
+                row[f"simulated_{key}"] = sim[key]
+                row[f"measured_{key}"] = real[key]
+                row[f"error_{key}"] = sim[key] / real[key] - 1
+            row["routed_instead"] = measured["routed_instead"]
+            rows.append(row)
+    return pd.DataFrame(rows), factors
