@@ -364,7 +364,8 @@ def _validation_table(frame, spec, w, n: int, out_dir, calibration: dict) -> Non
         f"xbench simulate --validate: {spec['name']} on 2 instances ({n:,} requests, "
         f"{w.chunks} chunks, {w.rate_per_s:,.0f}/s)",
         f"{out_dir}  |  sim: the simulation of the trace, with the profile's costs, "
-        "those a replay of another trace measured (calibrated), or those this replay "
+        "those a replay of the policy on another trace measured just before (calibrated), "
+        "or those this replay "
         "measured (own costs: the simulator's own error); real: the trace replayed "
         "between two local ranks; err: sim / real - 1",
     )
@@ -382,26 +383,45 @@ def _validation_table(frame, spec, w, n: int, out_dir, calibration: dict) -> Non
             f"{100 * r.error_throughput_per_s:+.0f}%",
         )
     console.print(table)
-    if calibration:
-        c = calibration
-        idle = (
-            f", after idle {num(c['idle_extra_us'])} us more (profile "
-            f"{num(c['profile_idle_extra_us'])} us)"
-            if c.get("idle_extra_us") is not None
-            else ""
-        )
-        console.print(
-            f"calibrated: the costs a replay of another trace ({c['requests']:,} requests, "
-            f"route and fetch) measured against the profile's: attention x{c['attention']:.2f} "
-            f"back to back ({c['attention_calls']:,} calls){idle}, merge x{c['merge']:.2f}, "
-            f"gather x{c['gather']:.2f}, splice x{c['splice']:.2f}; calls spread "
-            f"{100 * c['attention_spread']:.0f}% (robust sd), and each arrival or message "
-            f"taken in cost {num(c['message_us'])} us of the rank's core"
-        )
-    own = calibration.get("replayed_attention") if calibration else None
-    if own:
-        each = ", ".join(f"x{v:.2f} ({k})" for k, v in own.items())
-        console.print(
-            f"own costs: the validated replays' attention ran {each} the profile's; "
-            "where that differs from the calibration's, the machine's speed moved between them"
-        )
+    by_policy = calibration.get("by_policy", {})
+    if not any(v for both in by_policy.values() for v in both.values()):
+        return
+    costs = result_table(
+        "measured costs against the profile's",
+        f"calibrated: a replay of the same policy on another trace ({calibration['requests']:,} "
+        "requests) just before; own: the validated replay's; attention: back-to-back calls "
+        "(their spread: robust sd); after idle: what a call adds after a long idle (the "
+        f"profile's {_us(next(iter(by_policy.values()))['replayed'], 'profile_idle_extra_us')})"
+        "; per item: core time to take an arrival or message in",
+    )
+    for col in (
+        "policy",
+        "costs",
+        "attention",
+        "spread",
+        "after idle",
+        "merge",
+        "gather",
+        "per item",
+    ):
+        costs.add_column(col, justify="left" if col in ("policy", "costs") else "right")
+    for policy, both in by_policy.items():
+        for kind, c in both.items():
+            if c is None:
+                continue
+            costs.add_row(
+                policy,
+                "calibrated" if kind == "calibrated" else "own",
+                f"x{c['attention']:.2f}",
+                f"{100 * c['attention_spread']:.0f}%",
+                _us(c, "idle_extra_us"),
+                f"x{c['merge']:.2f}",
+                f"x{c['gather']:.2f}",
+                _us(c, "message_us"),
+            )
+    console.print(costs)
+
+
+def _us(factors: dict | None, key: str) -> str:
+    value = (factors or {}).get(key)
+    return "-" if value is None else f"{num(value)} us"

@@ -13,8 +13,8 @@ what they measured.
   scaled by the median of measured / modelled over those calls, batched or not;
 - attention after idle: the extra over the scaled T_c, fitted as E (1 - exp(-g / tau)) with
   the profile's tau (a one-parameter least squares);
-- merge, gather, and the splice of a fetched chunk (its job less the scaled attention,
-  merge and idle extra): each scaled by its median ratio;
+- merge and gather: each scaled by its median ratio, the splice (a copy on the same core)
+  by the gather's;
 - the spread of attention calls about their scaled time (back to back, the same shape ran
   from 0.7x to 2.5x its median in a replay here): the simulation draws each call's factor
   from the measured ones, as a deterministic server understates the queues a varying one
@@ -108,17 +108,10 @@ def calibrate(profile, w, jobs_by_rank: list) -> Calibration:
     gathers = [t / gather for kind, t, _, _ in jobs if kind == "gather"] if gather > 0 else []
     f_gather = float(np.median(gathers)) if gathers else 1.0
 
-    def cold_extra(idle: float) -> float:
-        if extra is None or idle <= 0:
-            return 0.0
-        return extra * -math.expm1(-idle / tau)
-
-    spliced = [
-        (t - f_attend * attend(1) - f_merge * merge - cold_extra(idle)) / splice
-        for kind, t, idle, _ in jobs
-        if kind == "fetched"
-    ]
-    f_splice = max(float(np.median(spliced)), 0.0) if spliced and splice > 0 else 1.0
+    # The splice, a copy on the same core as the gather, scales by the gather's ratio: a
+    # fetched job's residual (less its attention, merge and idle extra) was tried and is
+    # noise, as its attention alone varies by more than the splice costs (it gave 0-2.7x).
+    f_splice = f_gather
     # the move's pieces scaled so the gather (move - splice) scales by f_gather at this chunk
     move = d.move(chunk)
     f_move = (f_gather * gather + f_splice * splice) / move if move > 0 else 1.0

@@ -25,8 +25,6 @@ import pandas as pd
 from xbench.simulate.engine import PATHS, Workload, make_trace, simulate
 
 REPLAYED = ("route", "fetch", "predicate")  # local recomputes: nothing real to run here
-# the calibration replays both paths, so every kind of compute job runs in it
-CALIBRATION_POLICIES = ("route", "fetch")
 CALIBRATION_LEAST = 200  # requests in the calibration trace, at least (else half the trace's)
 MAX_CHUNKS = 32  # two instances hold at most this many chunks (KV in memory on each rank)
 
@@ -72,9 +70,9 @@ def validate_by_replay(
     profile, w: Workload, policies, requests: int, seed: int, out_dir: Path, launch, warn=None
 ) -> tuple[pd.DataFrame, dict]:
     """Per policy: the simulated and the replayed p50, p99, mean and throughput of one
-    trace, simulated with the profile's costs (``costs`` profile), those a calibration
-    replay of another trace measured (calibrated) and those the replay itself measured
-    (replayed); and the calibration's factors.
+    trace, simulated with the profile's costs (``costs`` profile), those a replay of the
+    same policy on another trace measured just before (calibrated) and those the replay
+    itself measured (replayed); and both calibrations' factors per policy.
     ``launch(config_path, label)`` runs ``xbench.simulate.replay`` on two ranks."""
     from xbench.simulate.calibration import calibrate
     from xbench.simulate.replay import ReplayConfig
@@ -100,38 +98,43 @@ def validate_by_replay(
         launch(config_path, label)
         return json.loads((out_dir / f"replay-{label}.json").read_text())
 
-    # another trace (seed + 1): nothing validated below is fitted to
+    def decided(trace, policy: str):
+        """The predicate's paths as the profile's simulation chose them (replayed by both)."""
+        if policy != "predicate":
+            return None
+        return [PATHS[p] for p in simulate(profile, w, trace, policy).path]
+
+    def calibrated_by(measured: dict, label: str):
+        try:
+            return calibrate(profile, w, measured["jobs"])
+        except ValueError as exc:
+            if warn is not None:
+                warn(f"no {label} costs ({exc}): that row is not simulated")
+            return None
+
+    # another trace (seed + 1), so nothing validated is fitted to, replayed right before
+    # each policy's own (these VMs drift 10-30 % within a minute)
     calibration_trace = make_trace(w, max(CALIBRATION_LEAST, requests // 2), seed + 1)
-    jobs = [
-        rank_jobs
-        for policy in CALIBRATION_POLICIES
-        for rank_jobs in replay(f"calibrate-{policy}", policy, calibration_trace)["jobs"]
-    ]
-    try:
-        calibrated = calibrate(profile, w, jobs)
-        factors = {**calibrated.factors, "requests": len(calibration_trace)}
-    except ValueError as exc:
-        calibrated, factors = None, {}
-        if warn is not None:
-            warn(f"no calibration ({exc}): only the profile's costs are simulated")
     trace = make_trace(w, requests, seed)
     arrival = trace.arrival - trace.arrival[0]
     rows = []
+    factors: dict = {"requests": len(calibration_trace), "by_policy": {}}
     for policy in policies:
-        result = simulate(profile, w, trace, policy)
-        decisions = [PATHS[p] for p in result.path] if policy == "predicate" else None
+        label = f"calibrate-{policy}"
+        before = replay(label, policy, calibration_trace, decided(calibration_trace, policy) or ())
+        calibrated = calibrated_by(before, "calibrated")
+        decisions = decided(trace, policy)
         measured = replay(policy, policy, trace, decisions or ())
+        own = calibrated_by(measured, "own")
         real = _stats(np.asarray(measured["latency"]), arrival)
-        sims = [("profile", result)]
-        if calibrated is not None:
-            sims.append(("calibrated", _simulate(calibrated, w, trace, policy, decisions, seed)))
-        try:  # the simulator's own error: the costs this very replay measured
-            own = calibrate(profile, w, measured["jobs"])
-        except ValueError:
-            own = None
-        if own is not None:
-            sims.append(("replayed", _simulate(own, w, trace, policy, decisions, seed)))
-            factors.setdefault("replayed_attention", {})[policy] = own.factors["attention"]
+        sims = [("profile", simulate(profile, w, trace, policy, decisions))]
+        for costs, calibration in (("calibrated", calibrated), ("replayed", own)):
+            if calibration is not None:
+                sims.append((costs, _simulate(calibration, w, trace, policy, decisions, seed)))
+        factors["by_policy"][policy] = {
+            "calibrated": calibrated.factors if calibrated is not None else None,
+            "replayed": own.factors if own is not None else None,
+        }
         for costs, sim_result in sims:
             sim = _stats(sim_result.latency, arrival)
             row = {
