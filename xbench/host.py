@@ -14,9 +14,11 @@ feed ``xbench.fabric.topology.label_pair`` from captured machines)::
 
 from __future__ import annotations
 
+import gc
 import os
 import platform
 import socket
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -129,6 +131,20 @@ def host_conditions(gpu: bool) -> dict:
 # phases otherwise ran 2x the kernel sweep's, and its totals 10-20 % slower).
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 STEADY_MMAP_THRESHOLD = 64 * 2**20
+
+
+@contextmanager
+def collector_paused():
+    """Python's cyclic collector off while timing, as timeit does: its pauses (measured:
+    100-190 ms in the simulate replay's ranks, at the same points of each run) land on
+    whichever call runs into them. Cycles made meanwhile wait for the next collection."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def steady_allocator() -> str | None:

@@ -12,7 +12,7 @@ that produced it. (Flushing the whole cache before each call was
 tried: it also evicts the code and the allocator's state, and made a 64 KB merge 7x slower
 than the same merge inside a routed query.) On CUDA
 the samples are timed with CUDA events around the calls, never host clocks around
-asynchronous work.
+asynchronous work. Python's cyclic collector is off while a case is timed (as in timeit).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import torch
 
 from xbench.core.models import LSE_BYTES, ModelPreset
 from xbench.errors import XbenchError
-from xbench.host import llc_bytes
+from xbench.host import collector_paused, llc_bytes
 from xbench.kernels import cpu_bf16
 from xbench.kernels.api import gather_kv, get_backend
 from xbench.kernels.selection import DensePages, random_topk
@@ -268,7 +268,14 @@ def time_case(
     launch: str = "eager",
     runner=None,
 ):
-    """[(calls, warm-up?, seconds per call)] for one case."""
+    """[(calls, warm-up?, seconds per call)] for one case (no collector pauses in it)."""
+    with collector_paused():
+        return _time_case(
+            case, backend, device, scale, samples, warmups, min_sample_s, seed, launch, runner
+        )
+
+
+def _time_case(case, backend, device, scale, samples, warmups, min_sample_s, seed, launch, runner):
     sets = input_sets(case, device, seed)
     run = runner or case_runner(case, backend, scale)  # a runner: a reference timed alike
     clock = Clock(device)

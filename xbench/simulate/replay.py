@@ -258,7 +258,7 @@ def run_replay(cfg: ReplayConfig, sink) -> None:
     import torch
     from mpi4py import MPI
 
-    from xbench.host import steady_allocator
+    from xbench.host import collector_paused, steady_allocator
     from xbench.kernels import cpu_bf16
 
     comm = MPI.COMM_WORLD
@@ -277,41 +277,41 @@ def run_replay(cfg: ReplayConfig, sink) -> None:
         sink.start(1, cfg.out_dir, "python")
         sink.case_started(0, f"replay {cfg.policy}")
     status = MPI.Status()
-    # no collector pauses on the clock (a serving loop freezes its heap too): everything
-    # made so far is frozen, and the loop's garbage is reference-counted away as it goes
+    # no collector pauses on the clock (a serving loop freezes its heap too): what was
+    # made so far is frozen, and the loop runs with the collector off
     gc.collect()
     gc.freeze()
-    gc.disable()
     comm.Barrier()
     t0 = time.perf_counter()
 
     def now() -> float:
         return time.perf_counter() - t0
 
-    nxt, peer_done, said_done = 0, False, False
-    while True:
-        t = now()
-        handled = 0
-        while nxt < len(mine) and cfg.arrival[mine[nxt]] <= t:
-            me.arrive(mine[nxt], decisions[mine[nxt]])
-            nxt += 1
-            handled += 1
-        while comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status):
-            buf = np.empty(status.Get_count(MPI.BYTE), dtype=np.uint8)
-            comm.Recv(buf, source=status.Get_source(), tag=status.Get_tag())
-            peer_done |= me.receive(status, buf)
-            handled += 1
-        me.reap()
-        if handled:  # taking arrivals and messages in costs this core time too
-            me.jobs.append(("messages", t, now(), handled))
-        if me.queue:
-            me.step(now)
-            continue
-        if not said_done and len(me.latency) == len(mine):
-            me.send(np.zeros(1, dtype=np.int64), me.peer, DONE)
-            said_done = True
-        if said_done and peer_done and not me.sends and not me.queue:
-            break
+    with collector_paused():
+        nxt, peer_done, said_done = 0, False, False
+        while True:
+            t = now()
+            handled = 0
+            while nxt < len(mine) and cfg.arrival[mine[nxt]] <= t:
+                me.arrive(mine[nxt], decisions[mine[nxt]])
+                nxt += 1
+                handled += 1
+            while comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status):
+                buf = np.empty(status.Get_count(MPI.BYTE), dtype=np.uint8)
+                comm.Recv(buf, source=status.Get_source(), tag=status.Get_tag())
+                peer_done |= me.receive(status, buf)
+                handled += 1
+            me.reap()
+            if handled:  # taking arrivals and messages in costs this core time too
+                me.jobs.append(("messages", t, now(), handled))
+            if me.queue:
+                me.step(now)
+                continue
+            if not said_done and len(me.latency) == len(mine):
+                me.send(np.zeros(1, dtype=np.int64), me.peer, DONE)
+                said_done = True
+            if said_done and peer_done and not me.sends and not me.queue:
+                break
     latencies = comm.gather(me.latency, root=0)
     jobs = comm.gather(me.jobs, root=0)
     instead = comm.reduce(me.routed_instead, root=0)

@@ -330,6 +330,7 @@ def run_validate(cfg: ValidateConfig, sink) -> None:
 
     from xbench.fabric.launch import thread_level_name
     from xbench.fabric.watchdog import Watchdog
+    from xbench.host import collector_paused
     from xbench.kernels import cpu_bf16
     from xbench.results.metadata import run_metadata
     from xbench.results.schema import VALIDATE_SAMPLES
@@ -421,10 +422,11 @@ def run_validate(cfg: ValidateConfig, sink) -> None:
                 run, n = getattr(peer, option), iters[option]
                 peer.stamps.clear()
                 comm.Barrier()
-                t0 = time.perf_counter()
-                for i in range(n):
-                    run(i)
-                elapsed = (time.perf_counter() - t0) / n
+                with collector_paused():
+                    t0 = time.perf_counter()
+                    for i in range(n):
+                        run(i)
+                    elapsed = (time.perf_counter() - t0) / n
                 # after the clock stops: the holder's stamps go to the requester
                 stamps = comm.gather(peer.stamps, root=peer.requester)
                 phases = None
