@@ -113,7 +113,7 @@ def test_on_cpus_the_move_is_work_on_both_computes():
 def test_a_rank_on_one_core_takes_arrivals_and_messages_in_between_its_jobs():
     """move_on_compute (CPU ranks: one core computes and messages): an arrival at a busy
     rank is taken in when its job ends; taking an arrival or a message in costs the core
-    message_cost; spread draws each attending call's factor."""
+    message_cost; spread gives each attending call its factor, in order per instance."""
     from dataclasses import replace
 
     cpu = replace(W, move_on_compute=True)
@@ -131,8 +131,11 @@ def test_a_rank_on_one_core_takes_arrivals_and_messages_in_between_its_jobs():
     # at the holder (then its attention), the answer (then the merge)
     assert one.latency[0] == pytest.approx(route + 2 * m)
     assert one.compute_busy.tolist() == pytest.approx([2 * m + c.merge, m + c.attend])
-    twice = simulate(PRIORS, cpu, _trace((0.0, 1, 1)), "route", spread=np.array([2.0]))
-    assert twice.latency[0] == pytest.approx(2 * c.attend)
+    # each instance takes its measured factors in order, cycling: 2x, then 3x, then 2x
+    spread = [np.array([1.0]), np.array([2.0, 3.0])]
+    home = _trace((0.0, 1, 1), (1.0, 1, 1), (2.0, 1, 1))
+    varied = simulate(PRIORS, cpu, home, "route", spread=spread)
+    assert varied.latency.tolist() == pytest.approx([2 * c.attend, 3 * c.attend, 2 * c.attend])
 
 
 def test_uses_of_a_present_chunk_batch_like_routed_ones():
@@ -210,7 +213,8 @@ def test_calibration_scales_the_costs_to_what_the_replay_measured():
     jobs.append(("messages", t, t + 3e-5, 3))  # taking 3 items in, not compute
     calibration = calibrate(profile, w, [jobs])
     calibrated, factors = calibration.profile, calibration.factors
-    assert np.allclose(calibration.spread, 1.0) and factors["attention_spread"] < 1e-9
+    assert len(calibration.spread) == 1 and np.allclose(calibration.spread[0], 1.0)
+    assert factors["attention_spread"] < 1e-9
     assert factors["attention"] == pytest.approx(1.3)
     assert factors["idle_extra_us"] == pytest.approx(300, rel=1e-6)
     assert factors["merge"] == pytest.approx(2.0) and factors["gather"] == pytest.approx(1.5)

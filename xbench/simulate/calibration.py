@@ -16,9 +16,10 @@ what they measured.
 - merge and gather: each scaled by its median ratio, the splice (a copy on the same core)
   by the gather's;
 - the spread of attention calls about their scaled time (back to back, the same shape ran
-  from 0.7x to 2.5x its median in a replay here): the simulation draws each call's factor
-  from the measured ones, as a deterministic server understates the queues a varying one
-  builds (the mean wait grows with 1 + cv^2);
+  from 0.7x to 2.5x its median in a replay here, slow calls in runs): each rank's factors
+  in the order they ran, which the simulation's instance takes call by call, as a
+  deterministic server, or one drawing factors independently, understates the queues a
+  varying one builds (its p99 was 2-49 % low with independent draws, 0-24 % in order);
 - taking arrivals and messages in (the rank's loop between its jobs, 10-40 us each in a
   Python replay): their mean cost per item, which the simulation charges the core.
 """
@@ -66,9 +67,9 @@ def job_costs(jobs_by_rank: list) -> list[tuple[str, float, float, int]]:
 class Calibration:
     profile: object  # the profile, its compute terms scaled to what the replay measured
     factors: dict  # each term's factor (and the idle extra), as printed and stored
-    # back-to-back attention calls' measured / modelled time over their median: drawn from
-    # for each simulated call, so calls vary as the replay's did (queues grow with it)
-    spread: np.ndarray
+    # per rank, its back-to-back attention calls' measured / modelled time over their
+    # median, in the order they ran: the simulated calls vary as the replay's did
+    spread: list
     message_cost: float = 0.0  # s of a rank's core per arrival or message it took in
 
 
@@ -83,9 +84,17 @@ def calibrate(profile, w, jobs_by_rank: list) -> Calibration:
     def attend(calls: int) -> float:
         return d.compute(calls * rh, chunk)
 
-    warm = np.array(
-        [t / attend(q) for kind, t, idle, q in jobs if kind == "attend" and idle < WARM_IDLE]
-    )
+    by_rank = [
+        np.array(
+            [
+                t / attend(q)
+                for kind, t, idle, q in job_costs([rank_jobs])
+                if kind == "attend" and idle < WARM_IDLE
+            ]
+        )
+        for rank_jobs in jobs_by_rank
+    ]
+    warm = np.concatenate(by_rank) if by_rank else np.array([])
     if not len(warm):
         raise ValueError("the calibration replay ran no attention back to back")
     f_attend = float(np.median(warm))
@@ -149,5 +158,8 @@ def calibrate(profile, w, jobs_by_rank: list) -> Calibration:
     message_cost = sum(t for t, _ in handled) / max(sum(n for _, n in handled), 1)
     factors["message_us"] = message_cost * 1e6
     return Calibration(
-        dataclasses.replace(profile, device=device), factors, warm / f_attend, message_cost
+        dataclasses.replace(profile, device=device),
+        factors,
+        [ratios / f_attend for ratios in by_rank if len(ratios)],
+        message_cost,
     )

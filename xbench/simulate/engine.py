@@ -388,14 +388,15 @@ def simulate(
     policy: str,
     decisions=None,
     spread=None,
-    seed: int = 0,
     message_cost: float = 0.0,
 ) -> Result:
     """``decisions`` (predicate only): per use, the path another run chose (PATHS names);
     the predicate then follows them instead of deciding, and a use decided present that is
-    not here is routed (as the replay does). ``spread``: factors measured calls ran at
-    about their modelled time; each attending call draws one (seeded), else calls take
-    exactly the model's time. ``message_cost`` (where the move runs on the compute: one
+    not here is routed (as the replay does). ``spread``: per instance, the factors
+    measured calls ran at about their modelled time, in the order they ran; each attending
+    call there takes the next (cycling), so slow stretches come in runs as they did (a
+    deterministic server, or one drawing factors independently, understates the queues
+    they build). Without it calls take exactly the model's time. ``message_cost`` (where the move runs on the compute: one
     core per instance): seconds of that core each arrival and message taken in costs."""
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}")
@@ -425,7 +426,7 @@ def simulate(
     device = costs.device
     cold = device.idle_extra is not None
     between_jobs = w.move_on_compute  # one core per instance: it computes and it messages
-    varies = spread is not None and len(spread) > 0
+    varied = [0] * inst  # attending calls each instance has drawn a factor for
     # one core per instance: taking an arrival or a message in costs it message_cost,
     # charged to the next job it starts (the rank's loop takes them in between jobs)
     handling = between_jobs and message_cost > 0
@@ -440,12 +441,8 @@ def simulate(
         else:
             to_compute(i, ("messages", -1, message_cost), now)
 
-    rng = np.random.default_rng(seed)
-    draws = [1.0] * 4096  # factors drawn in blocks, used one per attending call
-    drawn = len(draws)
-
     def start_compute(i: int, now: float) -> None:
-        nonlocal seq, batches, batched_rows, drawn
+        nonlocal seq, batches, batched_rows
         job = compute.queue[i].popleft()
         kind, req, dur = job
         compute.backlog[i] -= dur
@@ -475,12 +472,10 @@ def simulate(
         if overhead[i]:  # what taking messages in cost this core since its last job
             dur += overhead[i]
             overhead[i] = 0.0
-        if varies and kind in ATTENDS:
-            if drawn == len(draws):
-                draws[:] = rng.choice(spread, len(draws)).tolist()
-                drawn = 0
-            dur *= draws[drawn]
-            drawn += 1
+        if spread and kind in ATTENDS:  # this instance's next measured factor, in order
+            factors = spread[i % len(spread)]
+            dur *= factors[varied[i] % len(factors)]
+            varied[i] += 1
         if cold and kind in ATTENDS:  # the first call after idle pays for the cold core
             dur += device.after_idle(now - attended[i])
         seq += 1

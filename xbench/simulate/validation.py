@@ -52,7 +52,7 @@ def _stats(latency: np.ndarray, arrival: np.ndarray) -> dict:
     }
 
 
-def _simulate(calibration, w: Workload, trace, policy: str, decisions, seed: int):
+def _simulate(calibration, w: Workload, trace, policy: str, decisions):
     """The trace simulated with a calibration's costs, its calls varying as measured."""
     return simulate(
         calibration.profile,
@@ -61,7 +61,6 @@ def _simulate(calibration, w: Workload, trace, policy: str, decisions, seed: int
         policy,
         decisions,
         spread=calibration.spread,
-        seed=seed,
         message_cost=calibration.message_cost,
     )
 
@@ -130,7 +129,7 @@ def validate_by_replay(
         sims = [("profile", simulate(profile, w, trace, policy, decisions))]
         for costs, calibration in (("calibrated", calibrated), ("replayed", own)):
             if calibration is not None:
-                sims.append((costs, _simulate(calibration, w, trace, policy, decisions, seed)))
+                sims.append((costs, _simulate(calibration, w, trace, policy, decisions)))
         factors["by_policy"][policy] = {
             "calibrated": calibrated.factors if calibrated is not None else None,
             "replayed": own.factors if own is not None else None,
