@@ -550,6 +550,10 @@ def test_validate_replays_the_trace_between_two_ranks(xbench, tmp_path):
     from xbench.results.schema import SIMULATION_VALIDATION
 
     frame = read_table([out], SIMULATION_VALIDATION)
+    (replays,) = tmp_path.glob("simulate-validate-*")  # the replays' files beside --out
+    assert {"replay-route.json", "replay-calibrate-fetch.json"} <= {
+        p.name for p in replays.iterdir()
+    }
     # each policy simulated with the profile's costs, the calibration replay's, and the
     # costs its own replay measured
     assert list(frame.policy) == [p for p in ("route", "fetch", "predicate") for _ in range(3)]

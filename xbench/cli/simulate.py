@@ -54,7 +54,13 @@ def simulate(
         ),
     ] = False,
     out: Annotated[
-        Path | None, typer.Option("--out", "-o", help="Also write the table as Parquet here.")
+        Path | None,
+        typer.Option(
+            "--out",
+            "-o",
+            help="Also write the table as Parquet here (--validate: its replays' files go "
+            "beside it, else under results/).",
+        ),
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace --out if it exists.")] = False,
     fmt: FormatOption = OutputFormat.table,
@@ -324,7 +330,8 @@ def _validate(prof, spec, scenario, policies, requests, seed, fabric, rate, out,
     w = replay_workload(spec, fab, spec["fields"]["rate_per_s"] if rate else None, prof)
     n = requests if requests is not None else 2000
     run_id = new_run_id("simulate-validate")
-    out_dir = Path("results") / run_id
+    # the replays' files (configs, latencies, compute jobs): beside --out, else in results/
+    out_dir = (Path(out).parent if out is not None else Path("results")) / run_id
     out_dir.mkdir(parents=True, exist_ok=True)
     with make_progress() as progress:
 
