@@ -228,6 +228,24 @@ def test_calibration_scales_the_costs_to_what_the_replay_measured():
         calibrate(profile, w, [[("merge", 0.0, 1e-4, 1)]])
 
 
+def test_the_predicate_prices_a_call_on_an_idle_core():
+    """With idle terms, a routed call on an idle holder pays its idle extra, a fetched one
+    the requester's when the chunk lands: a large extra on the holder turns route to fetch,
+    the same on the requester turns it back."""
+    from dataclasses import replace
+
+    from xbench.core.costmodel import Coef, Profile
+    from xbench.simulate.engine import _predicate
+
+    second = Coef(1.0, 1.0, 1.0, "s")
+    device = replace(PRIORS.device, idle_extra=second, idle_tau=Coef(1e-3, 1e-3, 1e-3, "s"))
+    c = _Costs(Profile("cold", PRIORS.fabrics, device), W)
+    args = (c, c.per_use(), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, c.attend)
+    assert _predicate(*args) == "route"  # one use, no reuse: a fetch does not pay
+    assert _predicate(*args, idle_holder=math.inf, idle_me=0.0) == "fetch"
+    assert _predicate(*args, idle_holder=math.inf, idle_me=math.inf) == "route"
+
+
 def test_reuse_estimate_reads_counts_clocks_and_the_cache():
     from xbench.simulate.engine import PRIOR_USES, _Reuse
 

@@ -301,7 +301,17 @@ class _Reuse:
 
 
 def _predicate(
-    costs, per_use, joiners, after, wait_me, wait_holder, link_me, link_holder, holder_adds
+    costs,
+    per_use,
+    joiners,
+    after,
+    wait_me,
+    wait_holder,
+    link_me,
+    link_holder,
+    holder_adds,
+    idle_holder=0.0,
+    idle_me=0.0,
 ) -> str:
     """The cost model's choice for one use, with the backlogs each option would wait on.
 
@@ -318,11 +328,15 @@ def _predicate(
     its request's other uses (``attend_here``), which routing would have run in parallel.
     Where the move runs on the compute (``move_on_compute``), a fetch's gather waits behind
     the holder's backlog and adds to it, and its splice adds to the requester's.
+    ``idle_holder`` and ``idle_me``: how long each core has idled (0 when it has work),
+    for the extra a call pays after idle (the device's ``after_idle``; 0 without it): a
+    routed call pays the holder's now, a fetched one the requester's when the chunk lands.
     """
     lam = costs.arrivals_per_instance
     later = joiners + after
     route_later = later * per_use["route"]
-    route = per_use["route"] + link_me + wait_holder + wait_me
+    after_idle = costs.device.after_idle
+    route = per_use["route"] + link_me + wait_holder + wait_me + after_idle(idle_holder)
     route += lam * (wait_holder + holder_adds) * holder_adds + route_later
     first = link_holder + costs.fetch_once
     here = costs.attend
@@ -333,10 +347,12 @@ def _predicate(
     else:
         fetch = 0.0
     fetch += first * (1 + joiners / 2) + costs.merge + wait_me + costs.attend
+    fetch += after_idle(idle_me + first) if idle_me else 0.0
     fetch += later * costs.attend_here
     fetch += lam * (wait_me + here) * here
     local_work = costs.recompute + costs.attend
     local = local_work + wait_me + lam * (wait_me + local_work) * local_work + route_later
+    local += after_idle(idle_me)
     return min((route, "route"), (fetch, "fetch"), (local, "local"))[1]
 
 
@@ -432,6 +448,10 @@ def simulate(
     handling = between_jobs and message_cost > 0
     overhead = [0.0] * inst
     attended = [-math.inf] * inst  # when each core's last job (not messages) ended
+
+    def idled(i: int, now: float) -> float:
+        """How long core i has idled since its last attending job (0 while it has work)."""
+        return 0.0 if compute.busy[i] else now - attended[i]
 
     def take_in(i: int, now: float) -> None:
         """An arrival or a message taken in at core i: between its jobs when it computes
@@ -580,6 +600,7 @@ def simulate(
                     link.wait(me, now),
                     link_holder,
                     costs.joins_batch(c_attq[holder].get(k, 0)),
+                    *((idled(holder, now), idled(me, now)) if cold else ()),
                 )
             if choice == "route":
                 path[r] = 1
