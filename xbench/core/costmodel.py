@@ -173,7 +173,8 @@ class Device:
     more than back to back (caches, TLBs and clocks gone cold; on a CPU VM about half a
     millisecond after a few ms idle, whatever the call's shape), when measured (``xbench
     kernel --idle``). The decision model compares paths at the same load and leaves it out;
-    the simulator, which knows each instance's idle time, charges it (:meth:`after_idle`).
+    the simulator, which knows each instance's idle time, charges it and its predicate
+    prices it (:meth:`after_idle`).
 
     T_c, T_move and T_splice may change slope where the chunk outgrows a cache (a CPU's
     L2/L3, a GPU's L2): ``compute_segments``, ``move_segments`` and ``splice_segments`` hold
