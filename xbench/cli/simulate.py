@@ -360,13 +360,20 @@ def _validate(prof, spec, scenario, policies, requests, seed, fabric, rate, out,
     if out is not None:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         write_table(Path(out), SIMULATION_VALIDATION, frame, meta)
-    emit_frame(frame, fmt, lambda f: _validation_table(f, spec, w, n, out_dir, calibration))
+    idle = prof.device.idle_extra
+    emit_frame(
+        frame,
+        fmt,
+        lambda f: _validation_table(f, spec, w, n, out_dir, calibration, idle),
+    )
 
 
 COSTS_LABELS = {"calibrated": "calibrated", "replayed": "own costs"}
 
 
-def _validation_table(frame, spec, w, n: int, out_dir, calibration: dict) -> None:
+def _validation_table(frame, spec, w, n: int, out_dir, calibration: dict, idle) -> None:
+    """The simulated against the measured, then the measured costs against the profile's
+    (``idle``: its idle extra, a Coef or None)."""
     table = result_table(
         f"xbench simulate --validate: {spec['name']} on 2 instances ({n:,} requests, "
         f"{w.chunks} chunks, {w.rate_per_s:,.0f}/s)",
@@ -398,7 +405,7 @@ def _validation_table(frame, spec, w, n: int, out_dir, calibration: dict) -> Non
         f"calibrated: a replay of the same policy on another trace ({calibration['requests']:,} "
         "requests) just before; own: the validated replay's; attention: back-to-back calls "
         "(their spread: robust sd); after idle: what a call adds after a long idle (the "
-        f"profile's {_us(next(iter(by_policy.values()))['replayed'], 'profile_idle_extra_us')})"
+        f"profile's {'-' if idle is None else f'{num(idle.value * 1e6)} us'})"
         "; per item: core time to take an arrival or message in",
     )
     for col in (

@@ -79,20 +79,17 @@ def calibrate(profile, w, jobs_by_rank: list) -> Calibration:
     d = profile.device
     rh = w.rows * w.heads
     chunk = w.chunk_tokens
-    jobs = job_costs(jobs_by_rank)
+    per_rank = [job_costs([rank_jobs]) for rank_jobs in jobs_by_rank]
+    jobs = [job for rank in per_rank for job in rank]
 
     def attend(calls: int) -> float:
         return d.compute(calls * rh, chunk)
 
     by_rank = [
         np.array(
-            [
-                t / attend(q)
-                for kind, t, idle, q in job_costs([rank_jobs])
-                if kind == "attend" and idle < WARM_IDLE
-            ]
+            [t / attend(q) for kind, t, idle, q in rank if kind == "attend" and idle < WARM_IDLE]
         )
-        for rank_jobs in jobs_by_rank
+        for rank in per_rank
     ]
     warm = np.concatenate(by_rank) if by_rank else np.array([])
     if not len(warm):
@@ -142,7 +139,6 @@ def calibrate(profile, w, jobs_by_rank: list) -> Calibration:
         "attention": f_attend,
         "attention_calls": len(warm),
         "idle_extra_us": None if extra is None else extra * 1e6,
-        "profile_idle_extra_us": None if d.idle_extra is None else d.idle_extra.value * 1e6,
         "merge": f_merge,
         "gather": f_gather,
         "splice": f_splice,

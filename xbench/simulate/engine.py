@@ -363,7 +363,7 @@ class _Servers:
     def __init__(self, n: int):
         self.queue = [deque() for _ in range(n)]
         self.busy = [False] * n
-        self.free_at = [-math.inf] * n  # idle since long before the trace
+        self.free_at = [0.0] * n
         self.backlog = [0.0] * n
         self.time = np.zeros(n)
 
@@ -412,8 +412,9 @@ def simulate(
     measured calls ran at about their modelled time, in the order they ran; each attending
     call there takes the next (cycling), so slow stretches come in runs as they did (a
     deterministic server, or one drawing factors independently, understates the queues
-    they build). Without it calls take exactly the model's time. ``message_cost`` (where the move runs on the compute: one
-    core per instance): seconds of that core each arrival and message taken in costs."""
+    they build). Without it calls take exactly the model's time. ``message_cost`` (where
+    the move runs on the compute: one core per instance): seconds of that core each
+    arrival and message taken in costs."""
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}")
     costs = _Costs(profile, w)
@@ -447,11 +448,12 @@ def simulate(
     # charged to the next job it starts (the rank's loop takes them in between jobs)
     handling = between_jobs and message_cost > 0
     overhead = [0.0] * inst
-    attended = [-math.inf] * inst  # when each core's last job (not messages) ended
+    # when each core's last job (not taking messages in) ended: idle since before the trace
+    computed_until = [-math.inf] * inst
 
     def idled(i: int, now: float) -> float:
-        """How long core i has idled since its last attending job (0 while it has work)."""
-        return 0.0 if compute.busy[i] else now - attended[i]
+        """How long core i has idled since its last job (0 while it has work)."""
+        return 0.0 if compute.busy[i] else now - computed_until[i]
 
     def take_in(i: int, now: float) -> None:
         """An arrival or a message taken in at core i: between its jobs when it computes
@@ -497,11 +499,11 @@ def simulate(
             dur *= factors[varied[i] % len(factors)]
             varied[i] += 1
         if cold and kind in ATTENDS:  # the first call after idle pays for the cold core
-            dur += device.after_idle(now - attended[i])
+            dur += device.after_idle(now - computed_until[i])
         seq += 1
         end = compute.run(i, now, dur)
         if kind != "messages":
-            attended[i] = end
+            computed_until[i] = end
         push(events, (end, seq, C_DONE, i, job))
 
     def to_compute(i: int, job, now: float) -> None:

@@ -97,11 +97,11 @@ def validate_by_replay(
         launch(config_path, label)
         return json.loads((out_dir / f"replay-{label}.json").read_text())
 
-    def decided(trace, policy: str):
-        """The predicate's paths as the profile's simulation chose them (replayed by both)."""
-        if policy != "predicate":
-            return None
-        return [PATHS[p] for p in simulate(profile, w, trace, policy).path]
+    def simulated(trace, policy: str):
+        """The profile's simulation, and the predicate's paths as it chose them (which the
+        replay and the other simulations follow; None for a static policy)."""
+        result = simulate(profile, w, trace, policy)
+        return result, [PATHS[p] for p in result.path] if policy == "predicate" else None
 
     def calibrated_by(measured: dict, label: str):
         try:
@@ -120,13 +120,14 @@ def validate_by_replay(
     factors: dict = {"requests": len(calibration_trace), "by_policy": {}}
     for policy in policies:
         label = f"calibrate-{policy}"
-        before = replay(label, policy, calibration_trace, decided(calibration_trace, policy) or ())
+        _, calibration_decisions = simulated(calibration_trace, policy)
+        before = replay(label, policy, calibration_trace, calibration_decisions or ())
         calibrated = calibrated_by(before, "calibrated")
-        decisions = decided(trace, policy)
+        result, decisions = simulated(trace, policy)
         measured = replay(policy, policy, trace, decisions or ())
         own = calibrated_by(measured, "own")
         real = _stats(np.asarray(measured["latency"]), arrival)
-        sims = [("profile", simulate(profile, w, trace, policy, decisions))]
+        sims = [("profile", result)]
         for costs, calibration in (("calibrated", calibrated), ("replayed", own)):
             if calibration is not None:
                 sims.append((costs, _simulate(calibration, w, trace, policy, decisions)))
