@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import shutil
 import xml.etree.ElementTree as ET
 
@@ -75,6 +76,52 @@ def test_many_cases_are_corrected_for_multiplicity():
     got = compare_frames(pd.concat(frames_a), pd.concat(frames_b))
     assert (got.q_value >= got.p_value).all()
     assert not (got.verdict == "slower").any()
+
+
+def test_detectable_change_and_launches_needed_have_the_power_they_claim():
+    """The sizes they report are the ones Welch's test on launch medians catches 80 % of
+    the time (checked by drawing launch medians with that spread)."""
+    from scipy import stats
+
+    from xbench.compare.verdicts import POWER, detectable_change, launches_for
+
+    gates = Gates()
+    rng = np.random.default_rng(3)
+    sd = 0.062  # log launch-median spread, a quiet sitting of this VM (docs/measurements.md)
+    need = launches_for(0.10, sd, gates)
+    assert need == launches_for(0.10, sd, gates) and 3 <= need <= 12
+
+    def power(n: int, change: float) -> float:
+        base = rng.normal(0, sd, (4000, n))
+        cand = rng.normal(math.log1p(change), sd, (4000, n))
+        return float((stats.ttest_ind(base, cand, axis=1, equal_var=False).pvalue < 0.05).mean())
+
+    assert power(need, 0.10) >= POWER - 0.03  # enough launches
+    assert power(need - 1, 0.10) < POWER + 0.03  # and not many more than needed
+    assert launches_for(0.05, sd, gates) > need  # a smaller change needs more
+    assert launches_for(0.10, 0.0, gates) == 2 and launches_for(0.01, 1.0, gates, most=50) is None
+    # from the samples: at its own detectable size, the test catches about POWER of draws
+    base, cand = np.exp(rng.normal(0, sd, 5)), np.exp(rng.normal(0, sd, 5))
+    change = detectable_change(base, cand, gates)
+    pooled = math.sqrt((np.log(base).var(ddof=1) + np.log(cand).var(ddof=1)) / 2)
+    assert 0.03 < change < 0.5 and launches_for(change, pooled, gates) in (4, 5, 6)
+    same = np.full(4, 100.0)
+    assert detectable_change(same, same, gates) == 0.0
+
+
+def test_each_case_says_what_it_could_catch():
+    from xbench.compare.verdicts import sensitivity
+
+    rng = np.random.default_rng(5)
+    launches = {k: list(100 * np.exp(0.05 * rng.standard_normal()) + np.zeros(4)) for k in range(4)}
+    base = _frame(launches)
+    got = compare_frames(base, _frame(launches)).iloc[0]
+    assert got.launch_sd > 0 and 0 < got.detectable < 1
+    line = sensitivity(compare_frames(base, _frame(launches)), Gates())
+    assert "4 launches a side" in line and "would catch 5 %" in line
+    # tested on samples (one launch): no claim, no line
+    one = compare_frames(_frame({0: [1.0, 1.1, 1.2]}), _frame({0: [1.0, 1.1, 1.2]}))
+    assert one.detectable.isna().all() and sensitivity(one, Gates()) is None
 
 
 @pytest.fixture(scope="module")

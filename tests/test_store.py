@@ -224,3 +224,14 @@ def test_simulation_validation_v1_files_read_as_the_profiles_costs(tmp_path):
     path = write_table(tmp_path / "v.parquet", table, [row], {"run_id": "v"})
     old = _as_version(path, 1, tmp_path / "v1.parquet", ("costs",))
     assert read_table([old, path], table).costs.tolist() == ["profile", "calibrated"]
+
+
+def test_comparison_v1_files_read_without_a_detectable_change(tmp_path):
+    row = {"case": "latency 8B", "case_key": "k", "unit": "us", "verdict": "unchanged"}
+    row.update(n_baseline=3, n_candidate=3, launches_baseline=3, launches_candidate=3)
+    row.update(launch_sd=0.05, detectable=0.12)
+    table = schema.COMPARISON
+    path = write_table(tmp_path / "c.parquet", table, [row], {"run_id": "c"})
+    old = _as_version(path, 1, tmp_path / "c1.parquet", ("launch_sd", "detectable"))
+    frame = read_table([old, path], table)
+    assert frame.detectable.isna().tolist() == [True, False] and frame.launch_sd.iloc[1] == 0.05

@@ -89,7 +89,10 @@ def _header(comparison, gates) -> list[str]:
         f"{100 * gates.threshold:g}%",
     ]
     lines += [f"allowed to differ: {k} {b} -> {c}" for k, b, c in comparison.allowed]
-    return lines
+    from xbench.compare.verdicts import sensitivity
+
+    caught = sensitivity(comparison.cases, gates)
+    return lines + ([caught] if caught else [])
 
 
 def emit(comparison, gates, fmt: CompareFormat, title: str) -> None:
@@ -128,7 +131,7 @@ def _table(comparison, gates, title: str) -> None:
     table = Table(
         title=title, caption="\n".join(escape(line) for line in _header(comparison, gates))
     )
-    for col in ("case", "unit", "baseline", "candidate", label, "q", "verdict"):
+    for col in ("case", "unit", "baseline", "candidate", label, "q", "detects", "verdict"):
         table.add_column(col, justify="left" if col in ("case", "unit", "verdict") else "right")
     for r in cases.itertuples():
         colour = COLOURS.get(r.verdict, "dim")
@@ -145,6 +148,7 @@ def _table(comparison, gates, title: str) -> None:
             "-" if r.candidate != r.candidate else f"{r.candidate:,.4g}",
             ratio,
             "-" if r.q_value != r.q_value else f"{r.q_value:.2g}",
+            "-" if r.detectable != r.detectable else f"{100 * r.detectable:.0f}%",
             verdict,
         )
     console.print(table)

@@ -29,6 +29,10 @@ def _ratio(r) -> str:
     return f"{r.ratio:.3f} ({_num(r.ratio_low)}-{_num(r.ratio_high)})"
 
 
+def _percent(x: float) -> str:
+    return "-" if x is None or x != x else f"{100 * x:.0f}%"
+
+
 def counts(frame) -> dict[str, int]:
     return {v: int((frame.verdict == v).sum()) for v in SYMBOL if (frame.verdict == v).any()}
 
@@ -48,8 +52,8 @@ def markdown(frame, title: str, header_lines: list[str]) -> str:
     lines += [f"- {line}" for line in header_lines]
     lines += ["- " + ", ".join(f"{n} {v}" for v, n in counts(frame).items()), ""]
     lines += [
-        f"| case | unit | baseline | candidate | ratio ({label}) | q | verdict |",
-        "|---|---|---:|---:|---:|---:|---|",
+        f"| case | unit | baseline | candidate | ratio ({label}) | q | detects | verdict |",
+        "|---|---|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows.itertuples():
         verdict = f"**{r.verdict}**" if r.verdict == "slower" else r.verdict
@@ -66,6 +70,7 @@ def markdown(frame, title: str, header_lines: list[str]) -> str:
                     _num(getattr(r, "candidate", math.nan)),
                     _ratio(r),
                     _num(r.q_value),
+                    _percent(getattr(r, "detectable", math.nan)),
                     verdict,
                 )
             )

@@ -15,6 +15,12 @@ its samples together by 10-30 %, and a test that counted one launch's samples as
 independent would cry wolf. With fewer launches the test falls back to Mann-Whitney on the
 samples (pyperf's situation with one process), and the result says so (``test`` column).
 The ratio's interval is a percentile bootstrap over the same units.
+
+Each case tested by launch also says how small a change its test could have caught
+(``detectable``: 80 % power at the FDR level, as if it were the only case compared) from
+its launch-to-launch spread (``launch_sd``): a case called unchanged with a detectable change
+of 20 % says little about a 10 % regression, and :func:`launches_for` gives the launches a
+side that would detect a change of the threshold at that spread.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import pandas as pd
 
 VERDICTS = ("slower", "faster", "unchanged", "inconclusive", "not comparable")
 MIN_LAUNCHES = 3
+POWER = 0.8  # the chance of catching a change of the detectable size (the usual design figure)
 
 
 @dataclass(frozen=True)
@@ -61,6 +68,44 @@ def _p_value(base: np.ndarray, cand: np.ndarray, by_launch: bool) -> float:
     if len(lb) < 2 or len(lc) < 2:
         return 1.0
     return float(stats.mannwhitneyu(lb, lc, alternative="two-sided").pvalue)
+
+
+def _spread(base: np.ndarray, cand: np.ndarray) -> float:
+    """Pooled sd of the log launch medians, each side about its own mean."""
+    lb, lc = np.log(base), np.log(cand)
+    dof = len(lb) + len(lc) - 2
+    return float(math.sqrt((((lb - lb.mean()) ** 2).sum() + ((lc - lc.mean()) ** 2).sum()) / dof))
+
+
+def detectable_change(base: np.ndarray, cand: np.ndarray, gates: Gates) -> float:
+    """The smallest ratio change (0.12 for 12 %) Welch's test on these launch medians would
+    catch with probability ``POWER`` at level ``gates.alpha``, for a case tested alone
+    (the FDR correction over many cases raises it unless many change together)."""
+    from scipy import stats
+
+    lb, lc = np.log(base), np.log(cand)
+    vb, vc = lb.var(ddof=1) / len(lb), lc.var(ddof=1) / len(lc)
+    se = math.sqrt(vb + vc)
+    if se == 0:
+        return 0.0
+    dof = (vb + vc) ** 2 / (vb**2 / (len(lb) - 1) + vc**2 / (len(lc) - 1))
+    reach = stats.t.ppf(1 - gates.alpha / 2, dof) + stats.t.ppf(POWER, dof)
+    return float(math.expm1(reach * se))
+
+
+def launches_for(change: float, sd: float, gates: Gates, most: int = 1000) -> int | None:
+    """Launches a side for Welch's test to catch a ``change`` (0.05 for 5 %) with
+    probability ``POWER`` at level ``gates.alpha``, when launch medians spread ``sd`` (log);
+    None if more than ``most``."""
+    from scipy import stats
+
+    shift = math.log1p(change)
+    for n in range(2, most + 1):
+        dof = 2 * n - 2
+        reach = stats.t.ppf(1 - gates.alpha / 2, dof) + stats.t.ppf(POWER, dof)
+        if reach * sd * math.sqrt(2 / n) <= shift:
+            return n
+    return None
 
 
 def _ratio_interval(base, cand, gates: Gates, rng) -> tuple[float, float]:
@@ -112,6 +157,8 @@ def compare_frames(base: pd.DataFrame, cand: pd.DataFrame, gates: Gates = Gates(
             ratio_high=high,
             ci_coverage=gates.confidence,
             p_value=_p_value(ub, uc, by_launch),
+            launch_sd=_spread(ub, uc) if by_launch else math.nan,
+            detectable=detectable_change(ub, uc, gates) if by_launch else math.nan,
             test="welch t on launch medians" if by_launch else "mann-whitney on samples",
             reason="",
         )
@@ -125,6 +172,8 @@ def compare_frames(base: pd.DataFrame, cand: pd.DataFrame, gates: Gates = Gates(
         "ratio_high",
         "p_value",
         "ci_coverage",
+        "launch_sd",
+        "detectable",
     ):
         if col not in frame:
             frame[col] = math.nan
@@ -144,6 +193,25 @@ def compare_frames(base: pd.DataFrame, cand: pd.DataFrame, gates: Gates = Gates(
         _change(r.ratio, r.unit) if r.ratio == r.ratio else math.nan for r in frame.itertuples()
     ]
     return frame
+
+
+def sensitivity(frame: pd.DataFrame, gates: Gates) -> str | None:
+    """One line on what the comparison could have caught, from its cases tested by launch:
+    the detectable change over them, and the launches a side that would catch a change of
+    the threshold at their median spread. None when no case was tested by launch."""
+    tested = frame.dropna(subset=["detectable"]) if "detectable" in frame else frame[:0]
+    if tested.empty:
+        return None
+    low, mid, high = np.percentile(100 * tested.detectable, [0, 50, 100])
+    launches = min(tested.launches_baseline.min(), tested.launches_candidate.min())
+    need = launches_for(gates.threshold, float(tested.launch_sd.median()), gates)
+    more = f"about {need}" if need else "over 1000"
+    return (
+        f"smallest change a case could catch ({100 * POWER:.0f} % power, each alone): "
+        f"{mid:.0f} % at the median ({low:.0f}-{high:.0f} %) with {launches} launches a side; "
+        f"at this launch-to-launch spread, {more} launches a side would catch "
+        f"{100 * gates.threshold:g} %"
+    )
 
 
 def _change(ratio: float, unit: str) -> float:

@@ -287,6 +287,8 @@ COMPARISON_SCHEMA = pa.schema(
         pa.field("reason", pa.string()),
         pa.field("verdict", pa.string(), nullable=False),
         pa.field("change", pa.float64()),  # fraction worse (+) or better (-)
+        pa.field("launch_sd", pa.float64()),  # pooled sd of log launch medians (by launch)
+        pa.field("detectable", pa.float64()),  # smallest change caught, 80 % power, alone
     ]
 )
 
@@ -374,7 +376,7 @@ SCHEMA_VERSIONS = {
     VALIDATE_SAMPLES: 4,
     DECISIONS: 2,
     VALIDATE_SUMMARY: 2,
-    COMPARISON: 1,
+    COMPARISON: 2,
     SIMULATION: 1,
     PREFILL_SIMULATION: 1,
     SIMULATION_VALIDATION: 2,
@@ -396,6 +398,14 @@ def _added_summary_phase_columns(table: pa.Table) -> pa.Table:
             table = table.append_column(
                 pa.field(f"{kind}_{phase}_us", pa.float64()), pa.nulls(table.num_rows, pa.float64())
             )
+    return table
+
+
+def _added_sensitivity_columns(table: pa.Table) -> pa.Table:
+    for name in ("launch_sd", "detectable"):
+        table = table.append_column(
+            pa.field(name, pa.float64()), pa.nulls(table.num_rows, pa.float64())
+        )
     return table
 
 
@@ -431,6 +441,7 @@ MIGRATIONS: dict[str, dict[int, object]] = {
     },
     VALIDATE_SUMMARY: {1: _added_summary_phase_columns},  # v1: no phases
     SIMULATION_VALIDATION: {1: _added_costs_column},  # v1: the profile's costs only
+    COMPARISON: {1: _added_sensitivity_columns},  # v1: no detectable change
     VALIDATE_SAMPLES: {
         1: _added_int_columns(requester=0, round=0),  # v1: rank 0 asked, one pass
         2: _added_int_columns(segments=1),  # v2: fetches were packed into one message
