@@ -246,6 +246,34 @@ def test_the_predicate_prices_a_call_on_an_idle_core():
     assert _predicate(*args, idle_holder=math.inf, idle_me=math.inf) == "route"
 
 
+def test_later_routes_pay_the_steady_queues_of_two_cores_and_a_fetched_chunk_one():
+    """A chunk used again: its later routes wait at the holder and again for the merge here,
+    its later uses in place wait here only; a queued holder turns a reused chunk's route
+    into a fetch, the same queue here does not."""
+    from xbench.simulate.engine import _predicate
+
+    c = _Costs(PRIORS, W)
+    args = (c, c.per_use(), 0.0, 3.0, 0.0, 0.0, 0.0, 0.0, c.attend)
+    assert _predicate(*args) == "route"  # three later uses do not pay back the priors' 3 ms move
+    assert _predicate(*args, queue_holder=0.01) == "fetch"
+    assert _predicate(*args, queue_me=0.01) == "route"
+
+
+def test_steady_wait_is_pollaczek_khinchine():
+    from xbench.simulate.engine import BUSY_CAP, _Servers
+
+    servers = _Servers(1)
+    for k in range(100):  # 100 jobs of 1 ms over 0.2 s: M/D/1 at half busy waits S / 2
+        servers.run(0, k * 2e-3, 1e-3)
+    assert servers.steady_wait(0, 0.2, 0, 0.0) == pytest.approx(0.5e-3)
+    # a prior of jobs counted beside them: 100 more of 1 ms over 0.2 s more, the same load
+    assert servers.steady_wait(0, 0.4, 100, 1e-3) == pytest.approx(0.5e-3)
+    # saturated: the busy fraction stops at the cap instead of exploding
+    assert servers.steady_wait(0, 0.1, 0, 0.0) == pytest.approx(
+        100 * 1e-6 / (2 * 0.1 * (1 - BUSY_CAP))
+    )
+
+
 def test_reuse_estimate_reads_counts_clocks_and_the_cache():
     from xbench.simulate.engine import PRIOR_USES, _Reuse
 

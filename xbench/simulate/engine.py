@@ -47,6 +47,11 @@ POLICIES = ("route", "fetch", "local", "predicate")
 # workloads (worst +6.3 %) to 3 (worst +3.3 %), and on 369 others not used to choose it
 # from 7 (worst +6.6 %) to 1 (+1.6 %) (docs/measurements.md, session 13).
 PRIOR_USES = 4
+# The busy fraction above which the predicate's steady-state wait stops growing: past it
+# the M/G/1 estimate explodes (1 / (1 - busy)), and a core read as saturated over its
+# first few jobs turned every later route of its chunks into a fetch (busy CPU workloads,
+# worst +63 % at 0.95 against +37 % at 0.8; docs/measurements.md, session 15).
+BUSY_CAP = 0.8
 PATHS = ("present", "route", "fetch", "local")
 
 
@@ -312,14 +317,20 @@ def _predicate(
     holder_adds,
     idle_holder=0.0,
     idle_me=0.0,
+    queue_me=0.0,
+    queue_holder=0.0,
 ) -> str:
     """The cost model's choice for one use, with the backlogs each option would wait on.
 
     Options are weighed over the ``1 + joiners + after`` uses a fetch would serve. Fetch:
     this use pays the transfer and the move (behind the holder's link backlog), the joiners
     wait for the rest of it, and every use attends here. Route or local: this use pays its
-    option with today's backlogs, and the later uses are routed as the model prices a use on
-    idle resources (today's backlogs drain; they are not charged to every later use). Each
+    option with today's backlogs, and the later uses are routed as the model prices a use at
+    the resources' steady-state waits, not today's backlogs (they drain): ``queue_holder``
+    for its attention at the holder and ``queue_me`` for its merge back here, where a later
+    use of a fetched chunk waits only ``queue_me`` (a route queues on two cores, a use in
+    place on one; counting neither left the predicate 34-74 % worse than the better static
+    policy on some CPU workloads, whose long attentions made the merge wait). Each
     option also pays for the work it adds to a busy server now: every request that arrives
     there while that server's backlog drains waits that much longer (arrivals per instance
     times the backlog, times the work added). A routed query adds ``holder_adds`` to the
@@ -334,7 +345,7 @@ def _predicate(
     """
     lam = costs.arrivals_per_instance
     later = joiners + after
-    route_later = later * per_use["route"]
+    route_later = later * (per_use["route"] + queue_holder + queue_me)
     after_idle = costs.device.after_idle
     route = per_use["route"] + link_me + wait_holder + wait_me + after_idle(idle_holder)
     route += lam * (wait_holder + holder_adds) * holder_adds + route_later
@@ -348,7 +359,7 @@ def _predicate(
         fetch = 0.0
     fetch += first * (1 + joiners / 2) + costs.merge + wait_me + costs.attend
     fetch += after_idle(idle_me + first) if idle_me else 0.0
-    fetch += later * costs.attend_here
+    fetch += later * (costs.attend_here + queue_me)
     fetch += lam * (wait_me + here) * here
     local_work = costs.recompute + costs.attend
     local = local_work + wait_me + lam * (wait_me + local_work) * local_work + route_later
@@ -365,7 +376,8 @@ class _Servers:
         self.busy = [False] * n
         self.free_at = [0.0] * n
         self.backlog = [0.0] * n
-        self.time = np.zeros(n)
+        self.time = [0.0] * n  # busy time (a list: numpy scalars are slow in this loop)
+        self.square = [0.0] * n  # the sum of its jobs' squared times
 
     def add(self, i: int, job, work: float) -> bool:
         """Queue ``job``; True when the server is idle and should start it now."""
@@ -378,11 +390,21 @@ class _Servers:
         self.busy[i] = True
         self.free_at[i] = now + work
         self.time[i] += work
+        self.square[i] += work * work
         return now + work
 
     def wait(self, i: int, now: float) -> float:
         """What a job queued now would wait: the running job's rest and the queued work."""
         return max(self.free_at[i] - now, 0.0) + self.backlog[i]
+
+    def steady_wait(self, i: int, span: float, prior_jobs: float, prior_work: float) -> float:
+        """The mean wait of a job arriving at a random time (Pollaczek-Khinchine, M/G/1:
+        rate x E[S^2] / (2 (1 - busy)), busy capped at ``BUSY_CAP``) from the jobs started
+        over ``span`` s, with ``prior_jobs`` of ``prior_work`` s each counted beside them
+        (their span included) so a server's first jobs do not read as its load."""
+        busy = min((self.time[i] + prior_jobs * prior_work) / span, BUSY_CAP)
+        square = self.square[i] + prior_jobs * prior_work * prior_work
+        return square / (2 * span * (1 - busy))
 
 
 @dataclass
@@ -450,6 +472,12 @@ def simulate(
     overhead = [0.0] * inst
     # when each core's last job (not taking messages in) ended: idle since before the trace
     computed_until = [-math.inf] * inst
+
+    # the steady-state waits' prior: PRIOR_USES attentions at the workload's rate per instance
+    prior_span = PRIOR_USES / costs.arrivals_per_instance
+
+    def queue(i: int, now: float) -> float:
+        return compute.steady_wait(i, now - start + prior_span, PRIOR_USES, costs.attend)
 
     def idled(i: int, now: float) -> float:
         """How long core i has idled since its last job (0 while it has work)."""
@@ -602,7 +630,9 @@ def simulate(
                     link.wait(me, now),
                     link_holder,
                     costs.joins_batch(c_attq[holder].get(k, 0)),
-                    *((idled(holder, now), idled(me, now)) if cold else ()),
+                    *((idled(holder, now), idled(me, now)) if cold else (0.0, 0.0)),
+                    queue(me, now),
+                    queue(holder, now),
                 )
             if choice == "route":
                 path[r] = 1
@@ -673,4 +703,13 @@ def simulate(
             latency[req] = now - arrival[req]
             last = max(last, now)
     makespan = last - float(arrival[0]) if n else 0.0
-    return Result(latency, path, makespan, compute.time, link.time, moved, batches, batched_rows)
+    return Result(
+        latency,
+        path,
+        makespan,
+        np.array(compute.time),
+        np.array(link.time),
+        moved,
+        batches,
+        batched_rows,
+    )
