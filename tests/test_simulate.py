@@ -314,6 +314,31 @@ def test_predicate_is_not_worse_than_the_better_static_policy():
     assert gains.min() < -0.01 and (gains <= 1e-9).mean() >= 0.9
 
 
+def test_predicate_on_a_cpu_profile_where_the_static_policies_are_stable():
+    """The same property on a profile fitted on the 2-vCPU VM (tests/data, `make demo` of
+    session 15), the move on the compute, over the seeds where pricing later uses on idle
+    cores had left it 28 % and 34 % worse than the better static policy: within 5 % of it
+    wherever that policy kept every instance under 80 % busy, and better on some."""
+    from xbench.simulate import summarize
+
+    cpu = load_profile(Path(__file__).parent / "data" / "vm-cpu-profile.toml")
+    gains = []
+    for seed in (9, 11):
+        for w, trace in random_workloads(
+            seed, 30, max_rate=3000, fabrics=["shm"], move_on_compute=True
+        ):
+            rows = {
+                p: summarize(simulate(cpu, w, trace, p), p, w.fabric, trace)
+                for p in ("route", "fetch", "predicate")
+            }
+            best = min(("route", "fetch"), key=lambda p: rows[p]["mean_us"])
+            if max(rows[best]["compute_util_max"], rows[best]["link_util_max"]) < 0.8:
+                gains.append(rows["predicate"]["mean_us"] / rows[best]["mean_us"] - 1)
+    gains = np.array(gains)
+    assert len(gains) >= 40 and gains.max() <= 0.05, f"worst {100 * gains.max():+.1f} %"
+    assert gains.min() < -0.05 and (gains <= 0.01).mean() >= 0.8
+
+
 def test_every_shipped_scenario_with_a_workload_loads():
     loaded = {s.stem: load_workload(s) for s in SCENARIOS if "[workload]" in s.read_text()}
     assert {"agentic-codebase", "decode-route-vs-fetch", "moska-shared-chunk"} <= set(loaded)
