@@ -25,7 +25,8 @@ Policies: ``route``, ``fetch``, ``local`` always (a present chunk is always used
 and ``predicate``: per request, the cost model's times plus the current backlog of the
 resources each option would wait on. A fetch is judged over the uses it would serve: this
 one, those that arrive while it is on its way (they wait for it), and those its stay in the
-cache serves, each counted from what the requester has seen so far (see ``_Reuse``).
+cache serves, each counted from what the requester has seen so far (see ``_Reuse``); those
+later uses are priced at each core's steady-state wait, not today's backlog (``_predicate``).
 """
 
 from __future__ import annotations
