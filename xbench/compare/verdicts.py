@@ -199,7 +199,7 @@ def sensitivity(frame: pd.DataFrame, gates: Gates) -> str | None:
     """One line on what the comparison could have caught, from its cases tested by launch:
     the detectable change over them, and the launches a side that would catch a change of
     the threshold at their median spread. None when no case was tested by launch."""
-    tested = frame.dropna(subset=["detectable"]) if "detectable" in frame else frame[:0]
+    tested = frame.dropna(subset=["detectable"])
     if tested.empty:
         return None
     low, mid, high = np.percentile(100 * tested.detectable, [0, 50, 100])
