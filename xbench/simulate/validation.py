@@ -114,7 +114,7 @@ def validate_by_replay(
     # another trace (seed + 1), so nothing validated is fitted to, replayed right before
     # each policy's own (these VMs drift 10-30 % within a minute), as long as it: the tail
     # is rare slow calls, and a replay half as long sampled too few (calibrated p99 within
-    # 20 % of measured in 2 of 9 cells, against 6 of 9; docs/measurements.md, session 15)
+    # 20 % of measured in 2 of 9 cells, against 7 of 9; docs/measurements.md, session 15)
     calibration_trace = make_trace(w, max(CALIBRATION_LEAST, requests), seed + 1)
     trace = make_trace(w, requests, seed)
     arrival = trace.arrival - trace.arrival[0]
