@@ -29,8 +29,8 @@ from pathlib import Path
 import numpy as np
 
 from xbench.compare import Gates, compare_frames
-from xbench.compare.verdicts import launches_for
 from xbench.compare.runs import case_frame, load_run
+from xbench.compare.verdicts import launches_for
 
 BIN = Path(sys.executable).parent
 

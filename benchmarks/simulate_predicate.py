@@ -21,7 +21,7 @@ import numpy as np
 
 from xbench.core.profile import load_profile
 from xbench.resources import profile_path
-from xbench.simulate import FABRICS, random_workloads, simulate, summarize
+from xbench.simulate import BUSY, FABRICS, predicate_gains, random_workloads
 
 
 def main() -> int:
@@ -40,20 +40,14 @@ def main() -> int:
     fabrics = [args.fabric] if args.fabric else list(FABRICS)
     groups: dict[str, list[float]] = {"stable": [], "busy": []}
     for seed in range(first, end):
-        for w, trace in random_workloads(
+        workloads = random_workloads(
             seed,
             args.per_seed,
             max_rate=args.max_rate,
             fabrics=fabrics,
             move_on_compute=args.cpu_move,
-        ):
-            rows = {
-                p: summarize(simulate(profile, w, trace, p), p, w.fabric, trace)
-                for p in ("route", "fetch", "predicate")
-            }
-            best = min(("route", "fetch"), key=lambda p: rows[p]["mean_us"])
-            busy = max(rows[best]["compute_util_max"], rows[best]["link_util_max"]) >= 0.8
-            gain = rows["predicate"]["mean_us"] / rows[best]["mean_us"] - 1
+        )
+        for gain, busy in predicate_gains(profile, workloads):
             groups["busy" if busy else "stable"].append(gain)
     print(f"profile {profile.name}, seeds {args.seeds}, {args.per_seed} workloads per seed")
     for name, gains in groups.items():
@@ -61,7 +55,8 @@ def main() -> int:
             continue
         g = 100 * np.array(gains)
         print(
-            f"{name:>6} (better static policy {'>=' if name == 'busy' else '<'} 80 % busy): "
+            f"{name:>6} (better static policy {'>=' if name == 'busy' else '<'} "
+            f"{100 * BUSY:.0f} % busy): "
             f"{len(g)} workloads, predicate worse on {(g > 1e-6).sum()} (worst {g.max():+.1f} %), "
             f"better on {(g < -1e-6).sum()} (best {g.min():+.1f} %)"
         )

@@ -303,13 +303,10 @@ def test_predicate_is_not_worse_than_the_better_static_policy():
     """Property over random workloads (seeds not used to choose PRIOR_USES): the predicate's
     mean latency is within its learning cost (3 %: a chunk's first uses carry no evidence of
     its reuse) of the better of always-route and always-fetch, and it wins somewhere."""
-    gains = []
-    for w, trace in random_workloads(2026, 40, lengths=(500, 2000)):
-        mean = {
-            p: simulate(PRIORS, w, trace, p).latency.mean() for p in ("route", "fetch", "predicate")
-        }
-        gains.append(mean["predicate"] / min(mean["route"], mean["fetch"]) - 1)
-    gains = np.array(gains)
+    from xbench.simulate import predicate_gains
+
+    workloads = random_workloads(2026, 40, lengths=(500, 2000))
+    gains = np.array([gain for gain, _ in predicate_gains(PRIORS, workloads)])
     assert gains.max() <= 0.03, f"worst {100 * gains.max():+.1f} %"
     assert gains.min() < -0.01 and (gains <= 1e-9).mean() >= 0.9
 
@@ -319,21 +316,13 @@ def test_predicate_on_a_cpu_profile_where_the_static_policies_are_stable():
     session 15), the move on the compute, over the seeds where pricing later uses on idle
     cores had left it 28 % and 34 % worse than the better static policy: within 5 % of it
     wherever that policy kept every instance under 80 % busy, and better on some."""
-    from xbench.simulate import summarize
+    from xbench.simulate import predicate_gains
 
     cpu = load_profile(Path(__file__).parent / "data" / "vm-cpu-profile.toml")
     gains = []
     for seed in (9, 11):
-        for w, trace in random_workloads(
-            seed, 30, max_rate=3000, fabrics=["shm"], move_on_compute=True
-        ):
-            rows = {
-                p: summarize(simulate(cpu, w, trace, p), p, w.fabric, trace)
-                for p in ("route", "fetch", "predicate")
-            }
-            best = min(("route", "fetch"), key=lambda p: rows[p]["mean_us"])
-            if max(rows[best]["compute_util_max"], rows[best]["link_util_max"]) < 0.8:
-                gains.append(rows["predicate"]["mean_us"] / rows[best]["mean_us"] - 1)
+        workloads = random_workloads(seed, 30, max_rate=3000, fabrics=["shm"], move_on_compute=True)
+        gains += [gain for gain, busy in predicate_gains(cpu, workloads) if not busy]
     gains = np.array(gains)
     assert len(gains) >= 40 and gains.max() <= 0.05, f"worst {100 * gains.max():+.1f} %"
     assert gains.min() < -0.05 and (gains <= 0.01).mean() >= 0.8

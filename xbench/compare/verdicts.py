@@ -99,13 +99,10 @@ def launches_for(change: float, sd: float, gates: Gates, most: int = 1000) -> in
     None if more than ``most``."""
     from scipy import stats
 
-    shift = math.log1p(change)
-    for n in range(2, most + 1):
-        dof = 2 * n - 2
-        reach = stats.t.ppf(1 - gates.alpha / 2, dof) + stats.t.ppf(POWER, dof)
-        if reach * sd * math.sqrt(2 / n) <= shift:
-            return n
-    return None
+    n = np.arange(2, most + 1)
+    reach = stats.t.ppf(1 - gates.alpha / 2, 2 * n - 2) + stats.t.ppf(POWER, 2 * n - 2)
+    enough = n[reach * sd * np.sqrt(2 / n) <= math.log1p(change)]
+    return int(enough[0]) if len(enough) else None
 
 
 def _ratio_interval(base, cand, gates: Gates, rng) -> tuple[float, float]:

@@ -120,6 +120,24 @@ def random_workloads(
         yield w, make_trace(w, int(rng.choice(list(lengths))), seed + i)
 
 
+BUSY = 0.8  # a static policy that keeps an instance this busy is near its overload
+
+
+def predicate_gains(profile, workloads):
+    """Per (workload, trace): the predicate's mean latency over the better of always-route
+    and always-fetch's, minus 1 (positive: the predicate was worse), and whether that better
+    policy kept a compute or a link at least ``BUSY`` busy (the predicate's property is
+    judged where it did not)."""
+    for w, trace in workloads:
+        rows = {
+            p: summarize(simulate(profile, w, trace, p), p, w.fabric, trace)
+            for p in ("route", "fetch", "predicate")
+        }
+        best = rows[min(("route", "fetch"), key=lambda p: rows[p]["mean_us"])]
+        busy = max(best["compute_util_max"], best["link_util_max"]) >= BUSY
+        yield rows["predicate"]["mean_us"] / best["mean_us"] - 1, busy
+
+
 def span_reuse(profile, spec: dict, requests: int, seed: int) -> pd.DataFrame:
     """Per fabric and commuting chunk of a span workload: how often a requester that does
     not hold the chunk uses it over the trace (the reuse the expressions give it), the
@@ -166,6 +184,7 @@ __all__ = [
     "Workload",
     "batching_gain",
     "make_trace",
+    "predicate_gains",
     "random_workloads",
     "run",
     "simulate",
