@@ -19,6 +19,7 @@ same code on a CPU (a smoke test of the script, not a figure worth reporting).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -105,6 +106,8 @@ def main(argv=None) -> int:
     ap.add_argument("--launch", choices=("graph", "eager"), default=None)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
+    # which of the triton backend's tiles won at each shape, in the log beside the figures
+    os.environ.setdefault("TRITON_PRINT_AUTOTUNING", "1")
     device = args.device
     launch = args.launch or ("graph" if device.startswith("cuda") else "eager")
     model = get_model(args.model)

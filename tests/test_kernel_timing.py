@@ -188,3 +188,26 @@ def _has_triton() -> bool:
         return True
     except ImportError:
         return False
+
+
+def test_a_slow_first_call_does_not_leave_samples_of_one_call():
+    """The first call compiles, tunes and allocates (here: sleeps 0.3 s); the calls a
+    sample needs are counted from the second, so samples still hold many calls."""
+    import time
+
+    from xbench.kernels.bench import KernelCase, time_case
+
+    calls = []
+
+    def runner(inputs):
+        calls.append(inputs)
+        if len(calls) == 1:
+            time.sleep(0.3)
+
+    case = KernelCase("merge", 1, 16, 64, 576, 512, "fp32", False)
+    timings = time_case(
+        case, "torch", "cpu", 1.0, samples=3, warmups=1, min_sample_s=0.01, runner=runner
+    )
+    assert timings[0][:2] == (1, True) and timings[0][2] >= 0.3
+    assert [warm for _, warm, _ in timings] == [True, True, True, False, False, False]
+    assert all(n > 100 for n, _, _ in timings[2:])

@@ -172,3 +172,32 @@ def test_triton_is_refused_on_cpu_without_the_interpreter(monkeypatch):
         assert "TRITON_INTERPRET=1" in str(err.value)
     finally:
         backend.get_backend.cache_clear()
+
+
+def test_the_tuner_picks_a_tile_per_shape_and_the_grid_follows_it(monkeypatch):
+    """Two candidate tiles of different rows and tokens (as a GPU has five): the tuner runs
+    both on the first call of a shape, keeps one for that shape, and the result is right
+    whichever it kept; the shape it tunes for names the kernel's own arguments."""
+    from xbench.kernels import triton_backend, triton_mla
+
+    assert set(triton_mla.TUNED_FOR) <= set(triton_mla.split_kernel.arg_names)
+    tiles = ((16, 16, 4, 1), (32, 32, 4, 1))
+    monkeypatch.setattr(triton_mla, "INTERPRETER_TILES", tiles)
+    monkeypatch.setattr(triton_mla, "GPU_TILES", tiles)  # on a GPU, the same two
+    backend.get_backend.cache_clear()
+    impl = backend.get_backend("triton")
+    gen = torch.Generator().manual_seed(11)
+    rows, heads, blocks = 2, 24, 12  # 48 query rows: 3 tiles of 16 rows, 2 of 32
+    for kind in ("dense-scattered", "sparse-per-row"):
+        indices, token_rows = selections(kind, rows, blocks, gen)
+        cache = make_cache(
+            blocks, torch.bfloat16, torch.cat([t.flatten() for t in token_rows]), gen
+        )
+        q = torch.randn(rows, heads, D, generator=gen).to(torch.bfloat16)
+        scale = 1 / math.sqrt(D)
+        out, lse = run(impl, q, cache, indices, scale)
+        assert_matches(out, lse, *reference(q, cache, token_rows, scale), torch.bfloat16)
+    tuned, _ = triton_backend._kernels(tiles)
+    chosen = {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) for c in tuned.cache.values()}
+    assert len(tuned.cache) == 2 and chosen <= {(16, 16), (32, 32)}
+    backend.get_backend.cache_clear()

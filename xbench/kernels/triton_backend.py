@@ -11,7 +11,9 @@ combines the splits by LSE, writing the caller's ``out`` (fp32 or bf16) and ``ls
 
 The split count is chosen by the bytes it adds: enough programs for about two waves of the
 GPU's SMs, but never so many that the fp32 partials written and read back outweigh a
-quarter of the KV bytes read (with 132 splits at one row, they did).
+quarter of the KV bytes read (with 132 splits at one row, they did). The tile (query rows x
+tokens, warps, stages) is tuned on the GPU among candidates that compile for sm_90 without
+spilling registers (``triton_mla.GPU_TILES``).
 
 Numerics as FlashMLA's: bf16 products accumulate in fp32; probabilities enter the second
 product in the cache dtype. Under ``TRITON_INTERPRET=1`` (CPU tensors, for tests) ``tl.dot``
@@ -24,8 +26,10 @@ merge, gather and splice come from the torch backend.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
+import time
 
 from xbench.kernels.backend import BackendUnavailable, TorchFallbacks
 from xbench.kernels.selection import DensePages
@@ -39,11 +43,39 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def _kernels():
-    """(split kernel, combine kernel), defined on first use (see ``triton_mla``)."""
+def _tiles() -> tuple:
     from xbench.kernels import triton_mla
 
-    return triton_mla.split_kernel, triton_mla.combine_kernel
+    return triton_mla.INTERPRETER_TILES if interpreting() else triton_mla.GPU_TILES
+
+
+def _host_time(kernel_call, quantiles=None):
+    """The tuner's timer under the interpreter, where there is no GPU driver to time with:
+    the host's, one call (interpreted tiles are compared for the tests, not for speed)."""
+    start = time.perf_counter()
+    kernel_call()
+    ms = (time.perf_counter() - start) * 1e3
+    return [ms] * len(quantiles) if quantiles else ms
+
+
+@functools.cache
+def _kernels(tiles: tuple):
+    """(split kernel, combine kernel), defined on first use (see ``triton_mla``). The split
+    kernel chooses its tile among ``tiles`` on its first call per shape (triton.autotune;
+    one candidate under the interpreter, so nothing is timed there)."""
+    import triton
+
+    from xbench.kernels import triton_mla
+
+    split = triton.autotune(
+        configs=[
+            triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=warps, num_stages=stages)
+            for m, n, warps, stages in tiles
+        ],
+        key=list(triton_mla.TUNED_FOR),
+        do_bench=_host_time if interpreting() else None,  # None: Triton's, on the GPU
+    )(triton_mla.split_kernel)
+    return split, triton_mla.combine_kernel
 
 
 def choose_splits(
@@ -114,8 +146,10 @@ class TritonBackend(TorchFallbacks):
                 groups, rows_per_group, group_stride = rows, heads, idx.shape[1]
         n_selected = idx.shape[-1]
         total_rows = rows * heads
-        block_m = 16 if interpreting() else 64
-        block_n = 16 if interpreting() else 64
+        # splits are counted for the largest tile and hold whole tiles of every candidate
+        tiles = _tiles()
+        block_m = max(t[0] for t in tiles)
+        block_n = max(t[1] for t in tiles)
         m_blocks = math.ceil(rows_per_group / block_m)
         if splits is None:
             splits = choose_splits(
@@ -136,8 +170,12 @@ class TritonBackend(TorchFallbacks):
             kv_flat = kv_flat.contiguous()
         part_out = torch.empty(splits, total_rows, LATENT, device=dev, dtype=torch.float32)
         part_lse = torch.empty(splits, total_rows, device=dev, dtype=torch.float32)
-        split_kernel, combine_kernel = _kernels()
-        split_kernel[(groups, m_blocks, splits)](
+        split_kernel, combine_kernel = _kernels(tiles)
+
+        def grid(meta):  # the tuner picks the tile, so the grid follows it
+            return (groups, math.ceil(rows_per_group / meta["BLOCK_M"]), splits)
+
+        split_kernel[grid](
             q_flat,
             kv_flat,
             idx,
@@ -154,12 +192,9 @@ class TritonBackend(TorchFallbacks):
             # fp32 operands (the interpreter's upcast, or an fp32 cache) multiply in IEEE
             # fp32: Triton's default for them is TF32, 10 mantissa bits
             PRECISION="ieee" if interpreting() or q.dtype == torch.float32 else "tf32",
-            BLOCK_M=block_m,
-            BLOCK_N=block_n,
             DIM=dim,
             LAT=LATENT,
             RP=ROPE,
-            **({} if interpreting() else {"num_warps": 8}),
         )
         result = (
             out

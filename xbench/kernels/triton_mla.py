@@ -8,6 +8,21 @@ runs compiled or under the interpreter (``TRITON_INTERPRET=1``), and the interpr
 import triton
 import triton.language as tl
 
+# The split kernel's tiles a GPU chooses among on its first call per shape (triton.autotune):
+# (query rows, tokens, warps, pipeline stages). Each compiles for sm_90 within Hopper's shared
+# memory and spills no registers (tests/test_triton_sm90.py compiles them with Triton's own
+# ptxas, no GPU needed). 64 rows x 64 tokens, FlashMLA's tile, spilled 264-328 bytes a thread
+# (its 64 x 512 fp32 accumulator takes 128 registers a thread at 8 warps); 64 x 16 is the
+# largest tile with 64 rows that does not. Fewer rows a tile suit one decode row (more
+# programs to fill the GPU), more suit rows sharing a selection (each KV tile read once for
+# more of them); which wins at which shape is measured on the GPU, not guessed here.
+GPU_TILES = ((64, 16, 8, 2), (32, 64, 8, 2), (32, 32, 8, 2), (16, 64, 8, 2), (16, 32, 4, 2))
+# under TRITON_INTERPRET (warps and stages mean nothing there): one tile, so nothing is
+# tuned, and small, so the tests stay quick
+INTERPRETER_TILES = ((16, 16, 4, 1),)
+# what a tuned tile is chosen for: the shape (dtypes count too)
+TUNED_FOR = ("rows_per_group", "idx_group_stride", "n_selected", "tokens_per_split", "total_rows")
+
 
 @triton.jit
 def _round_to_bf16(x):

@@ -1,0 +1,84 @@
+"""The triton backend's GPU tiles compile for Hopper (sm_90) here, without a GPU.
+
+Triton compiles a kernel down to a cubin with its own ptxas and no GPU driver; what the
+interpreter tests cannot see, this does: a tile that needs more shared memory than an H100
+has fails on the GPU at its first call, and one that spills registers runs from local
+memory. Each candidate of ``triton_mla.GPU_TILES`` is compiled as a launch specializes it
+(16-byte aligned tensors, every integer but the selection's length a multiple of 16) in a
+process without the interpreter, and its resource use read back from the cubin.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+triton = pytest.importorskip("triton", reason="triton is not installed (pip install '.[test]')")
+BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+if not (BIN / "cuobjdump").exists():
+    pytest.skip(
+        "this triton has no NVIDIA backend tools (ptxas, cuobjdump)", allow_module_level=True
+    )
+
+H100_SHARED = 227 * 1024  # bytes of shared memory a thread block may use on sm_90
+
+COMPILE = r"""
+import json, re, subprocess, sys, tempfile
+from pathlib import Path
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler.compiler import ASTSource
+from xbench.kernels import triton_mla
+
+kernel = triton_mla.split_kernel
+types = {"q_ptr": "*bf16", "kv_ptr": "*bf16", "idx_ptr": "*i32", "part_out_ptr": "*fp32",
+         "part_lse_ptr": "*fp32", "scale": "fp32"}
+constexprs = {"UPCAST": False, "PRECISION": "tf32", "DIM": 576, "LAT": 512, "RP": 64}
+signature = {a: "constexpr" if a.isupper() else types.get(a, "i32") for a in kernel.arg_names}
+aligned = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(kernel.arg_names)
+           if signature[a] != "constexpr" and a not in ("n_selected", "scale")}
+for m, n, warps, stages in triton_mla.GPU_TILES:
+    source = ASTSource(kernel, signature, {**constexprs, "BLOCK_M": m, "BLOCK_N": n}, aligned)
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": warps, "num_stages": stages})
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp, "split.cubin")
+        cubin.write_bytes(compiled.asm["cubin"])
+        usage = subprocess.run([sys.argv[1], "--dump-resource-usage", str(cubin)],
+                               capture_output=True, text=True, check=True).stdout
+    found = dict(re.findall(r"(REG|STACK|LOCAL):(\d+)", usage))
+    print(json.dumps({"tile": [m, n, warps, stages], "shared": compiled.metadata.shared,
+                      "wgmma": "wgmma" in compiled.asm["ptx"],
+                      **{k.lower(): int(v) for k, v in found.items()}}))
+"""
+
+
+@pytest.fixture(scope="module")
+def compiled_tiles():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton's default, without its warning
+    done = subprocess.run(
+        [sys.executable, "-c", COMPILE, str(BIN / "cuobjdump")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def test_every_gpu_tile_fits_an_h100_and_spills_nothing(compiled_tiles):
+    from xbench.kernels import triton_mla
+
+    assert [tuple(t["tile"]) for t in compiled_tiles] == list(triton_mla.GPU_TILES)
+    for tile in compiled_tiles:
+        assert 0 < tile["shared"] <= H100_SHARED, tile
+        assert tile["reg"] <= 255 and tile["stack"] == 0 and tile["local"] == 0, tile
+    # the largest tile, 64 query rows, runs on Hopper's warpgroup MMA
+    assert any(t["wgmma"] for t in compiled_tiles if t["tile"][0] == 64)
