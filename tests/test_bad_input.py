@@ -223,3 +223,26 @@ def test_an_interrupted_probe_says_where_its_results_are(tmp_path):
     assert f"the cases finished so far are in {out}" in stderr
     meta = json.loads((out / "run.json").read_text())
     assert meta["status"] == "partial" and meta["stopped_because"] == "interrupted"
+
+
+def test_a_directory_is_neither_a_profile_nor_an_output_file(xbench, tmp_path):
+    """A directory passed where a file goes: one line, and --force does not replace it."""
+    held = tmp_path / "held"
+    held.mkdir()
+    (held / "keep.txt").write_text("mine")
+    line = one_line(xbench("decide", "--payload", "1KB", "--profile", held))
+    assert f"cannot read profile {held}" in line and "pass --profile with a profile file" in line
+    line = one_line(xbench("decide", "--payload", "1KB", "--out", held, "--force"))
+    assert f"{held} is a directory" in line and "--out with a file path" in line
+    assert [p.name for p in held.iterdir()] == ["keep.txt"]
+
+
+def test_slurm_refuses_a_time_limit_sbatch_would_refuse(xbench, tmp_path):
+    script = tmp_path / "job.sbatch"
+    line = one_line(xbench("slurm", "probe", "--time", "99h", "--out", script))
+    assert "--time '99h' is not a Slurm time limit" in line and "HH:MM:SS" in line
+    assert not script.exists()
+    for limit in ("45", "1-12", "2-00:00:00", "UNLIMITED"):
+        r = xbench("slurm", "probe", "--time", limit, "--out", script, "--force")
+        assert r.returncode == 0, r.stderr
+        assert f"#SBATCH --time={limit}" in script.read_text()

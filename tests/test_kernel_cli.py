@@ -134,6 +134,8 @@ def test_kernel_bad_input(xbench):
         (["--cpu-attention", "fast"], "unknown CPU attention path"),
         (["--idle", "2s"], "outside 1us-1s"),
         (["--idle", "soon"], "bad duration"),
+        (["--rows", "0"], "--rows must be integers of 1 or more"),
+        (["--chunk", "0,64"], "--chunk must be integers of 1 or more"),
     ]
     if cpu_bf16.unavailable_because():
         cases.append((["--cpu-attention", "c-bf16"], "--cpu-attention c-bf16"))

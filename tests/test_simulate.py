@@ -412,6 +412,8 @@ def test_simulate_cli_bad_input(xbench, tmp_path):
         ((agentic, "--requests", "0"), "nothing to replay"),
         ((agentic, "--rate", "fast"), "--rate 'fast' is not a rate"),
         ((agentic, "--rate", "0/s"), "--rate '0/s' is not a rate"),
+        ((agentic, "--seed", "-1"), "--seed -1"),
+        ((agentic, "--fabric", ","), "names no fabric"),
         ((tmp_path / "none.toml",), "does not exist"),
     ]:
         r = xbench("simulate", *args)

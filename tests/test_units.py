@@ -76,3 +76,6 @@ def test_durations_and_int_lists():
     assert parse_int_list("1:16", "--rows") == [1, 2, 4, 8, 16]
     with pytest.raises(XbenchError):
         parse_int_list("a,b", "--rows")
+    with pytest.raises(XbenchError, match="1 or more"):  # zero rows or tokens: nothing to time
+        parse_int_list("0,8", "--rows")
+    assert parse_int_list("0,1,10", "--reuse", least=0) == [0, 1, 10]

@@ -134,9 +134,10 @@ def decide(
     )
     kvb = parse_size(kv_bytes) if kv_bytes else (preset.kv_bytes_per_token() if preset else 1152)
     h = heads if heads is not None else (preset.q_heads if preset else 1)
-    chunks = parse_int_list(chunk, "--chunk")
-    reuses = parse_int_list(reuse, "--reuse")
-    row_list = parse_int_list(rows, "--rows")
+    # zero rows or tokens are refused below with the scenario files' shapes, by name
+    chunks = parse_int_list(chunk, "--chunk", least=0)
+    reuses = parse_int_list(reuse, "--reuse", least=0)
+    row_list = parse_int_list(rows, "--rows", least=0)
     names = [f.name for f in prof.fabrics]
     if fabric == "all":
         fabrics = [None]

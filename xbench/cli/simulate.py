@@ -78,8 +78,12 @@ def simulate(
 
     prof = load_profile(profile_path(profile or DEFAULT_PROFILE))
     spec = load_workload(scenario)
-    if fabric:
+    if seed < 0:  # numpy's generators take none
+        raise XbenchError(f"--seed {seed}: seeds are 0 or more", "pass e.g. --seed 0")
+    if fabric is not None:
         spec["fabrics"] = [f.strip() for f in fabric.split(",") if f.strip()]
+        if not spec["fabrics"]:
+            raise XbenchError(f"--fabric {fabric!r} names no fabric", "write e.g. --fabric shm,ib")
     if rate is not None:
         try:
             per_s = float(rate.strip().removesuffix("/s"))

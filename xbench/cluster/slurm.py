@@ -7,6 +7,7 @@ clusters without PMIx), one GPU each, bound to the closest GPU.
 
 from __future__ import annotations
 
+import re
 import shlex
 import shutil
 import subprocess
@@ -16,6 +17,9 @@ from pathlib import Path
 from xbench.errors import XbenchError
 
 KINDS = ("probe", "kernel", "validate", "check")
+# sbatch --time: minutes, minutes:seconds, hours:minutes:seconds, days-hours,
+# days-hours:minutes, days-hours:minutes:seconds (sbatch(1)), or no limit
+SLURM_TIME = re.compile(r"\d+(:\d+){0,2}|\d+-\d+(:\d+){0,2}|unlimited|infinite", re.IGNORECASE)
 
 
 @dataclass
@@ -43,6 +47,11 @@ class SlurmJob:
             raise XbenchError(
                 "xbench slurm check needs the baseline run",
                 "pass --baseline DIR (a probe or kernel run on the shared file system)",
+            )
+        if not SLURM_TIME.fullmatch(self.time):
+            raise XbenchError(
+                f"--time {self.time!r} is not a Slurm time limit",
+                "write minutes, MM:SS, HH:MM:SS or D-HH[:MM[:SS]], e.g. --time 00:30:00",
             )
         if self.nodes < 1 or self.ntasks_per_node < 1 or self.gpus_per_node < 0:
             raise XbenchError(

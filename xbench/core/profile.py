@@ -292,6 +292,11 @@ def load_profile(path) -> Profile:
         raise ProfileError(
             f"profile {path} is not valid TOML ({exc})", "fix the syntax at that line"
         ) from None
+    except (OSError, UnicodeDecodeError) as exc:  # a directory, unreadable, not text
+        raise ProfileError(
+            f"cannot read profile {path} ({getattr(exc, 'strerror', None) or exc})",
+            "pass --profile with a profile file (profiles/*.toml or one xbench fit wrote)",
+        ) from None
     return parse_profile(data, str(path))
 
 

@@ -83,8 +83,9 @@ def parse_size_list(text: str, *, allow_zero: bool = False) -> list[int]:
     return sorted(sizes)
 
 
-def parse_int_list(text: str, name: str) -> list[int]:
-    """Parse ``1,8,64`` or a doubling range ``1:64`` of positive integers."""
+def parse_int_list(text: str, name: str, least: int = 1) -> list[int]:
+    """Parse ``1,8,64`` or a doubling range ``1:64`` of integers of at least ``least``
+    (rows, tokens and blocks count from 1; a reuse may be 0)."""
     values: set[int] = set()
     for item in str(text).split(","):
         item = item.strip()
@@ -102,8 +103,8 @@ def parse_int_list(text: str, name: str) -> list[int]:
             raise XbenchError(
                 f"bad {name} {text!r}", f"write {name} as 1,8,64 or a doubling range 1:64"
             ) from None
-    if not values or min(values) < 0:
-        raise XbenchError(f"bad {name} {text!r}", f"{name} must be non-negative integers")
+    if not values or min(values) < least:
+        raise XbenchError(f"bad {name} {text!r}", f"{name} must be integers of {least} or more")
     return sorted(values)
 
 

@@ -89,6 +89,8 @@ def refuse_existing_run(out_dir: Path, run_id: str | None = None) -> None:
 def refuse_overwrite(path: Path, force: bool, option: str = "--out") -> Path:
     """One-file outputs (a profile, a decision table) never replace a file silently."""
     path = Path(path)
+    if path.is_dir():  # --force replaces a file, never a directory and what it holds
+        raise XbenchError(f"{path} is a directory", f"pass {option} with a file path")
     if path.exists() and not force:
         raise XbenchError(
             f"{path} already exists", f"pass another {option}, or --force to replace it"
