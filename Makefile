@@ -58,11 +58,13 @@ test-all: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_decide.py
 
-# On a machine with NVIDIA GPUs: the GPU-only tests, a short kernel sweep, the kernel benchmark,
+# On a machine with NVIDIA GPUs: the GPU-only tests, the triton and timing tests (compiled and
+# tuned on the GPU there, interpreted elsewhere), a short kernel sweep, the kernel benchmark,
 # and what the GPU count allows of the fabrics (it says what it skipped).
 gpu-check: $(STAMP)
 	$(BIN)/xbench env
 	$(BIN)/python -m pytest -q -m gpu
+	$(BIN)/python -m pytest -q tests/test_triton_kernels.py tests/test_triton_sm90.py tests/test_kernel_timing.py
 	$(BIN)/xbench kernel --rows 1,8 --chunk 1024,8192 --samples 3 --out results/gpu-check/kernel
 	$(BIN)/python benchmarks/gpu_kernels.py --out results/gpu-check/gpu-kernels
 	@gpus=$$($(BIN)/python -c "import torch; print(torch.cuda.device_count())"); \

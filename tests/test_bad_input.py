@@ -246,3 +246,32 @@ def test_slurm_refuses_a_time_limit_sbatch_would_refuse(xbench, tmp_path):
         r = xbench("slurm", "probe", "--time", limit, "--out", script, "--force")
         assert r.returncode == 0, r.stderr
         assert f"#SBATCH --time={limit}" in script.read_text()
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["kernel", "--heads", "0"], "'--heads'"),
+        (["kernel", "--block-size", "0"], "'--block-size'"),
+        (["kernel", "--threads", "0"], "'--threads'"),
+        (["validate", "--profile", PRIORS, "--heads", "0"], "'--heads'"),  # it hung
+        (["validate", "--profile", PRIORS, "--threads", "0"], "'--threads'"),  # a rank died
+        (["validate", "--profile", PRIORS, "--timeout", "0"], "'--timeout'"),
+        (["probe", "--np", "2", "--timeout", "0"], "--timeout 0: no case could finish"),
+        (["probe", "--np", "2", "-p", "gather", "--block-size", "0"], "--block-size 0"),
+    ],
+)
+def test_counts_that_mean_nothing_are_refused_before_any_rank_starts(xbench, tmp_path, args, words):
+    out = tmp_path / "run"
+    assert words in one_line(xbench(*args, "--out", out))
+    assert not out.exists()
+
+
+def test_out_of_memory_is_one_line(xbench):
+    """A replay of 10^11 requests needs 745 GiB for its arrival times alone."""
+    scenario = ROOT / "scenarios" / "agentic-codebase.toml"
+    r = xbench("simulate", scenario, "--requests", "100000000000")
+    assert r.returncode == 2 and "Traceback" not in r.stderr + r.stdout
+    # the progress bar, started before the first workload, stays above the error
+    line = r.stderr.strip().splitlines()[-1]
+    assert line.startswith("xbench: error: out of memory") and "fewer --requests" in line

@@ -90,6 +90,16 @@ def handles_errors(fn):
             return fn(*args, **kwargs)
         except XbenchError as exc:
             raise fail(str(exc), exc.exit_code) from None
+        except MemoryError:  # what was asked for (requests, sizes, shapes) outgrew the machine
+            if _run_dir:
+                from xbench.results.store import mark_partial
+
+                mark_partial(_run_dir[0], "out of memory")
+            raise fail(
+                "out of memory: what was asked for does not fit in this machine's memory; "
+                "ask for less (fewer --requests, smaller sizes, rows or chunks)",
+                2,
+            ) from None
         except KeyboardInterrupt:
             if not _run_dir:
                 raise fail("interrupted before anything was written", 130) from None

@@ -64,9 +64,11 @@ def kernel(
     ] = False,
     heads: Annotated[
         int | None,
-        typer.Option(help="Heads per device (after tensor parallelism); default: the model's."),
+        typer.Option(
+            min=1, help="Heads per device (after tensor parallelism); default: the model's."
+        ),
     ] = None,
-    block_size: Annotated[int, typer.Option(help="Tokens per KV page.")] = 64,
+    block_size: Annotated[int, typer.Option(min=1, help="Tokens per KV page.")] = 64,
     samples: Annotated[int, typer.Option(help="Measured samples per case and round.")] = 5,
     warmups: Annotated[
         int, typer.Option(help="Warm-up samples per case and round (stored, flagged).")
@@ -87,7 +89,9 @@ def kernel(
     ] = None,
     threads: Annotated[
         int | None,
-        typer.Option(help="torch CPU threads (match what the serving or validate ranks get)."),
+        typer.Option(
+            min=1, help="torch CPU threads (match what the serving or validate ranks get)."
+        ),
     ] = None,
     cpu_attention: Annotated[
         str,

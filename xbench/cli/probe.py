@@ -43,6 +43,22 @@ def _seconds(text: str) -> float:
         return parse_duration(text)
 
 
+def _timeout(text: str) -> float:
+    seconds = _seconds(text)
+    if not seconds > 0:  # 0, negative or nan: no case could finish
+        raise XbenchError(f"--timeout {text}: no case could finish", "pass e.g. --timeout 120s")
+    return seconds
+
+
+def _block_bytes(text: str) -> int:
+    size = parse_size(text)
+    if size < 1:
+        raise XbenchError(
+            f"--block-size {text}: a block holds bytes", "pass e.g. --block-size 72KiB"
+        )
+    return size
+
+
 @handles_errors
 def probe(
     np: Annotated[
@@ -173,7 +189,7 @@ def probe(
         payload=parse_size(payload),
         return_bytes=parse_size(return_),
         blocks=tuple(parse_int_list(blocks, "--blocks")),
-        block_bytes=parse_size(block_size),
+        block_bytes=_block_bytes(block_size),
     )
     if max(spec.sizes) >= 2**31 or spec.payload * max(spec.rows) >= 2**31:
         raise XbenchError("messages of 2 GiB or more are not supported", "keep sizes below 2GiB")
@@ -211,6 +227,7 @@ def probe(
         raise XbenchError(f"unknown backend {backend!r}", "pick nccl (GPUs) or gloo (CPUs)")
     if loop not in ("auto", "c", "python"):
         raise XbenchError(f"unknown loop {loop!r}", "pick auto, c or python")
+    min_sample_s, timeout_s = parse_duration(min_sample_time), _timeout(timeout)
     run_id = new_run_id("probe")
     out_dir = out or Path("results") / run_id
     launched = inside_launcher()
@@ -227,8 +244,8 @@ def probe(
         pairs=pairs,
         samples=samples,
         warmups=warmups,
-        min_sample_s=parse_duration(min_sample_time),
-        timeout_s=_seconds(timeout),
+        min_sample_s=min_sample_s,
+        timeout_s=timeout_s,
         loop=loop,
         tcp_interface=tcp_interface,
         bind=bind if not launched else "by launcher",

@@ -34,7 +34,9 @@ def validate(
     chunk: Annotated[
         str, typer.Option(help="Tokens on the holder, e.g. 256,1024,4096.")
     ] = "256,1024,4096",
-    heads: Annotated[int, typer.Option(help="Query rows per token (heads on this device).")] = 16,
+    heads: Annotated[
+        int, typer.Option(min=1, help="Query rows per token (heads on this device).")
+    ] = 16,
     dtype: Annotated[str, typer.Option(help="bf16 or fp32.")] = "bf16",
     fabric: Annotated[
         str | None,
@@ -53,7 +55,9 @@ def validate(
     rounds: RoundsOption = 3,
     threads: Annotated[
         int,
-        typer.Option(help="torch threads per rank (match the xbench kernel --threads you fitted)."),
+        typer.Option(
+            min=1, help="torch threads per rank (match the xbench kernel --threads you fitted)."
+        ),
     ] = 1,
     cpu_attention: Annotated[
         str,
@@ -69,7 +73,9 @@ def validate(
             "launch's placement moves every case together on a shared machine."
         ),
     ] = 1,
-    timeout: Annotated[float, typer.Option(help="Seconds before a case is declared hung.")] = 300.0,
+    timeout: Annotated[
+        float, typer.Option(min=1e-3, help="Seconds before a case is declared hung.")
+    ] = 300.0,
     out: RunDirOption = None,
     fmt: FormatOption = OutputFormat.table,
 ) -> None:
