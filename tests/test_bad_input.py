@@ -175,6 +175,16 @@ def test_decide_refuses_meaningless_shapes(xbench, tmp_path, args, option):
     assert not (tmp_path / "d.parquet").exists()
 
 
+def test_decide_refuses_shapes_beyond_any_request(xbench, tmp_path):
+    """99999 TiB a query row: a traceback from the table's integer column once."""
+    out = tmp_path / "d.parquet"
+    line = one_line(xbench("decide", "--payload", "99999TiB", "--out", out))
+    assert "--payload 99999TiB is beyond any request" in line and "at or below 1TiB" in line
+    line = one_line(xbench("decide", "--payload", "1KB", "--reuse", str(2**41)))
+    assert f"--reuse {2**41} is beyond any request" in line
+    assert not out.exists()
+
+
 def test_decide_refuses_a_zero_payload(xbench):
     assert "--payload 0 is not a request shape" in one_line(xbench("decide", "--payload", "0B"))
 

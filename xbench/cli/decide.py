@@ -248,15 +248,30 @@ _SHAPES = (
 )
 
 
+# Above this no request shape means anything (a tebibyte a query row, 10^12 tokens), and the
+# table's integer columns would no longer hold the products exactly
+_MOST = 2**40
+
+
 def check_shapes(grid, where: str = "") -> None:
-    """Refuse request shapes the model cannot mean: no rows, no tokens, no bytes."""
+    """Refuse request shapes the model cannot mean: no rows, no tokens, no bytes, or more
+    than any request holds."""
     for column, option, least in _SHAPES:
-        if column in grid.columns and len(grid) and float(grid[column].min()) < least:
-            bad = grid[column].min()
-            source = f"{where}: {column}" if where else option
+        if column not in grid.columns or not len(grid):
+            continue
+        source = f"{where}: {column}" if where else option
+        if float(grid[column].min()) < least:
             raise XbenchError(
-                f"{source} {bad:g} is not a request shape (at least {least})",
+                f"{source} {grid[column].min():g} is not a request shape (at least {least})",
                 f"give {option} of {least} or more",
+            )
+        if float(grid[column].max()) > _MOST:
+            from xbench.core.units import format_size
+
+            show = format_size if column.endswith("bytes") or column.endswith("per_token") else str
+            raise XbenchError(
+                f"{source} {show(int(grid[column].max()))} is beyond any request",
+                f"keep {option} at or below {show(_MOST)}",
             )
 
 
