@@ -248,8 +248,8 @@ _SHAPES = (
 )
 
 
-# Above this no request shape means anything (a tebibyte a query row, 10^12 tokens), and the
-# table's integer columns would no longer hold the products exactly
+# Above this no request shape means anything (a tebibyte a query row, 10^12 tokens); past 2^53
+# the table's integer columns cannot hold a value computed in floats (99999 TiB did not)
 _MOST = 2**40
 
 
@@ -268,7 +268,7 @@ def check_shapes(grid, where: str = "") -> None:
         if float(grid[column].max()) > _MOST:
             from xbench.core.units import format_size
 
-            show = format_size if column.endswith("bytes") or column.endswith("per_token") else str
+            show = format_size if column.endswith(("bytes", "per_token")) else str
             raise XbenchError(
                 f"{source} {show(int(grid[column].max()))} is beyond any request",
                 f"keep {option} at or below {show(_MOST)}",
