@@ -285,3 +285,18 @@ def test_out_of_memory_is_one_line(xbench):
     # the progress bar, started before the first workload, stays above the error
     line = r.stderr.strip().splitlines()[-1]
     assert line.startswith("xbench: error: out of memory") and "fewer --requests" in line
+
+
+def test_a_scenario_that_is_no_file_is_one_line(xbench, tmp_path):
+    """A directory, a binary file or an unknown name as the scenario (a directory and a
+    binary file were tracebacks); the shipped names are listed as the fix."""
+    binary = tmp_path / "noise.toml"
+    binary.write_bytes(bytes(range(128, 256)))
+    for command in (["simulate"], ["decide", "--scenario"]):
+        line = one_line(xbench(*command, tmp_path))
+        assert f"cannot read scenario {tmp_path}" in line and "shipped scenario" in line
+        line = one_line(xbench(*command, binary))
+        assert f"cannot read scenario {binary}" in line
+        line = one_line(xbench(*command, "agentic-codebook"))
+        assert "agentic-codebook is neither a file nor one xbench ships" in line
+        assert "agentic-codebase" in line and "span-fanout" in line

@@ -88,6 +88,19 @@ def test_decide_finds_the_shipped_profile(installed):
     assert table.num_rows > 0 and {"decision", "b_star", "u_star"} <= set(table.column_names)
 
 
+def test_simulate_and_decide_find_the_shipped_scenarios_by_name(installed):
+    target, work, env = installed
+    xbench = str(target / "bin" / "xbench")
+    r = _run([xbench, "simulate", "moska-shared-chunk", "--format", "json"], cwd=work, env=env)
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert {row["policy"] for row in rows} >= {"route", "fetch", "predicate"}, rows
+    r = _run([xbench, "decide", "--scenario", "span-fanout", "--format", "csv"], cwd=work, env=env)
+    assert r.returncode == 0, r.stderr
+    header, *rows = r.stdout.splitlines()
+    assert "decision" in header.split(",") and len(rows) > 1, r.stdout
+
+
 def test_env_compiles_the_shipped_cuda_sources(installed):
     pytest.importorskip("cuda.core", reason="cuda-core is not installed here")
     target, work, env = installed

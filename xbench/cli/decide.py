@@ -25,7 +25,8 @@ def decide(
     scenario: Annotated[
         Path | None,
         typer.Option(
-            help="A scenario file (scenarios/*.toml): its request and grid replace the grid options."
+            help="A scenario file (scenarios/*.toml) or a shipped one's name: its request and "
+            "grid replace the grid options."
         ),
     ] = None,
     payload: Annotated[
@@ -186,7 +187,9 @@ def decide(
 def _decide_scenario(path: Path, prof, out, fmt) -> None:
     from xbench.core.grid import decide_grid, expand
     from xbench.core.scenario import load_scenario
+    from xbench.resources import scenario_path
 
+    path = scenario_path(path)
     sc = load_scenario(path)
     names = [f.name for f in prof.fabrics]
     bad = [f for f in sc["axes"]["fabric"] if f is not None and f not in names]

@@ -22,7 +22,13 @@ from xbench.errors import XbenchError
 
 @handles_errors
 def simulate(
-    scenario: Annotated[Path, typer.Argument(help="Scenario file with a [workload] table.")],
+    scenario: Annotated[
+        Path,
+        typer.Argument(
+            help="Scenario file with a [workload] table, or the name of one xbench ships "
+            "(scenarios/, e.g. agentic-codebase)."
+        ),
+    ],
     profile: Annotated[
         str | None, typer.Option(help="Fitted profile (default: the shipped h100-priors).")
     ] = None,
@@ -69,7 +75,7 @@ def simulate(
     from xbench.cli.progress import make_progress
     from xbench.core.profile import load_profile
     from xbench.core.scenario import load_workload
-    from xbench.resources import DEFAULT_PROFILE, profile_path
+    from xbench.resources import DEFAULT_PROFILE, profile_path, scenario_path
     from xbench.results.metadata import new_run_id, run_metadata
     from xbench.results.schema import PREFILL_SIMULATION, SIMULATION
     from xbench.results.store import refuse_overwrite, write_table
@@ -77,6 +83,7 @@ def simulate(
     from xbench.simulate.prefill import PREFILL_POLICIES, run_prefill
 
     prof = load_profile(profile_path(profile or DEFAULT_PROFILE))
+    scenario = scenario_path(scenario)
     spec = load_workload(scenario)
     if seed < 0:  # numpy's generators take none
         raise XbenchError(f"--seed {seed}: seeds are 0 or more", "pass e.g. --seed 0")

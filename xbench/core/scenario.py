@@ -49,11 +49,17 @@ def load_scenario(path) -> dict:
         data = tomllib.loads(path.read_text())
     except FileNotFoundError:
         raise ScenarioError(
-            f"scenario {path} does not exist", "pass --scenario with a file from scenarios/"
+            f"scenario {path} does not exist",
+            "pass a scenario file (scenarios/*.toml) or a shipped scenario's name",
         ) from None
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioError(
             f"scenario {path} is not valid TOML ({exc})", "fix the syntax at that line"
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:  # a directory, unreadable, not text
+        raise ScenarioError(
+            f"cannot read scenario {path} ({getattr(exc, 'strerror', None) or exc})",
+            "pass a scenario file (scenarios/*.toml) or a shipped scenario's name",
         ) from None
     head = data.get("scenario", {})
     if not head.get("name"):
