@@ -241,7 +241,7 @@ def test_a_directory_is_neither_a_profile_nor_an_output_file(xbench, tmp_path):
     held.mkdir()
     (held / "keep.txt").write_text("mine")
     line = one_line(xbench("decide", "--payload", "1KB", "--profile", held))
-    assert f"cannot read profile {held}" in line and "pass --profile with a profile file" in line
+    assert f"cannot read profile {held}" in line and "pass a profile file" in line
     line = one_line(xbench("decide", "--payload", "1KB", "--out", held, "--force"))
     assert f"{held} is a directory" in line and "--out with a file path" in line
     assert [p.name for p in held.iterdir()] == ["keep.txt"]
@@ -269,6 +269,11 @@ def test_slurm_refuses_a_time_limit_sbatch_would_refuse(xbench, tmp_path):
         (["validate", "--profile", PRIORS, "--timeout", "0"], "'--timeout'"),
         (["probe", "--np", "2", "--timeout", "0"], "--timeout 0: no case could finish"),
         (["probe", "--np", "2", "-p", "gather", "--block-size", "0"], "--block-size 0"),
+        (["probe", "--np", "0"], "--np 0"),  # these three left an empty --out behind
+        (["probe", "--config-from", ROOT], "no stored probe configuration"),
+        (["probe", "--process-run", "1"], "--process-run is for launches"),
+        (["kernel", "--config-from", ROOT], "no stored kernel sweep configuration"),
+        (["validate", "--profile", PRIORS, "--fabric", "ib", "--rows", "0"], "bad --rows '0'"),
     ],
 )
 def test_counts_that_mean_nothing_are_refused_before_any_rank_starts(xbench, tmp_path, args, words):

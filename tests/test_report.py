@@ -131,3 +131,4 @@ def test_report_bad_input(xbench, tmp_path):
     (empty / "run.json").write_text(json.dumps({"command": "decide"}))
     r = xbench("report", empty, "--out", tmp_path / "r")
     assert r.returncode == 2 and "not something xbench report draws" in r.stderr
+    assert not (tmp_path / "r").exists()  # refused before the folder was made

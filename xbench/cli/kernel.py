@@ -186,8 +186,7 @@ def kernel(
     launch = ("graph" if dev.startswith("cuda") else "eager") if launch == "auto" else launch
     idle_us = _idle_list(idle, dev)
     run_id = new_run_id("kernel")
-    out_dir = ensure_writable_dir(out or Path("results") / run_id)
-    refuse_existing_run(out_dir)
+    out_dir = out or Path("results") / run_id
     cfg = SweepConfig(
         out_dir=str(out_dir),
         run_id=run_id,
@@ -216,6 +215,9 @@ def kernel(
     )
     if config_from is not None:
         cfg = stored_config(config_from, cfg)
+    # only now: a refused command leaves no empty run directory behind
+    ensure_writable_dir(out_dir)
+    refuse_existing_run(out_dir)
     run_configured(cfg)
     summary = summarize_kernels(read_table(out_dir, KERNEL_SAMPLES))
     emit_frame(summary, fmt, lambda f: _table(f, out_dir))

@@ -231,10 +231,6 @@ def probe(
     run_id = new_run_id("probe")
     out_dir = out or Path("results") / run_id
     launched = inside_launcher()
-    if not launched:  # under a launcher, rank 0 alone creates the directory
-        ensure_writable_dir(out_dir)
-        refuse_existing_run(out_dir)
-        note_run_dir(out_dir)
     cfg = ProbeConfig(
         out_dir=str(out_dir),
         run_id=run_id,
@@ -280,6 +276,11 @@ def probe(
                 f"hosts file {hostfile} does not exist",
                 "pass --hostfile with one host[:slots] per line",
             )
+        # only now: a refused command leaves no empty run directory behind (under a
+        # launcher, rank 0 alone creates it)
+        ensure_writable_dir(out_dir)
+        refuse_existing_run(out_dir)
+        note_run_dir(out_dir)
         launch(cfg, np, fmt, hostfile, runs)
 
 

@@ -25,14 +25,13 @@ def report(
 ) -> None:
     """Draw what the results hold: fabric curves, roofline, decision map, validate, comparison."""
     from xbench.report import build
-    from xbench.results.store import ensure_writable_dir
 
     if heads < 1:
         raise XbenchError(f"--heads {heads}: at least one head", "pass --heads 1 or more")
     for path in results:
         if not path.exists():
             raise XbenchError(f"{path} does not exist", "pass results written by xbench")
-    figures = build(results, ensure_writable_dir(out), heads)
+    figures = build(results, out, heads)
     for fig in figures:
         console.print(f"{fig.title}: {fig.path}", highlight=False)
     console.print(

@@ -123,9 +123,7 @@ def validate(
             f"unknown --fetch-layout {fetch_layout!r}", f"pick {' or '.join(FETCH_LAYOUTS)}"
         )
     run_id = new_run_id("validate")
-    out_dir = ensure_writable_dir(out or Path("results") / run_id)
-    refuse_existing_run(out_dir)
-    note_run_dir(out_dir)
+    out_dir = out or Path("results") / run_id
     cfg = ValidateConfig(
         out_dir=str(out_dir),
         run_id=run_id,
@@ -142,6 +140,10 @@ def validate(
         cpu_attention=cpu_attention,
         runs=runs,
     )
+    # only now: a refused command leaves no empty run directory behind
+    ensure_writable_dir(out_dir)
+    refuse_existing_run(out_dir)
+    note_run_dir(out_dir)
     config_path = out_dir / "validate-config.json"
     for process_run in range(runs):  # separate process sets, appending to one run
         cfg.process_run = process_run

@@ -295,7 +295,7 @@ def load_profile(path) -> Profile:
     except (OSError, UnicodeDecodeError) as exc:  # a directory, unreadable, not text
         raise ProfileError(
             f"cannot read profile {path} ({getattr(exc, 'strerror', None) or exc})",
-            "pass --profile with a profile file (profiles/*.toml or one xbench fit wrote)",
+            "pass a profile file (profiles/*.toml or one xbench fit wrote)",
         ) from None
     return parse_profile(data, str(path))
 

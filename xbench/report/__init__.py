@@ -61,12 +61,12 @@ def build(paths, out_dir: Path, heads: int = 16) -> list[Figure]:
         SIMULATION,
         VALIDATE_SUMMARY,
     )
-    from xbench.results.store import read_table
+    from xbench.results.store import ensure_writable_dir, read_table
 
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     inputs = [(Path(p), _kind(Path(p))) for p in paths]
     profiles = [load_profile(p) for p, kind in inputs if kind == "profile"]
+    # only once the inputs are known good: a refused report leaves no empty folder behind
+    out_dir = ensure_writable_dir(Path(out_dir))
     made: list[Figure] = []
 
     def save(fig, name: str, title: str) -> None:
