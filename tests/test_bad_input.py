@@ -269,6 +269,9 @@ def test_slurm_refuses_a_time_limit_sbatch_would_refuse(xbench, tmp_path):
         (["validate", "--profile", PRIORS, "--timeout", "0"], "'--timeout'"),
         (["probe", "--np", "2", "--timeout", "0"], "--timeout 0: no case could finish"),
         (["probe", "--np", "2", "-p", "gather", "--block-size", "0"], "--block-size 0"),
+        (["kernel", "--warmups", "-1"], "'--warmups'"),  # it ran
+        (["probe", "--np", "2", "--pairs", "5"], "bad rank pair '5'"),  # refused by the ranks
+        (["probe", "--np", "2", "--pairs", "0-2"], "rank pair '0-2' does not fit 2 ranks"),
         (["probe", "--np", "0"], "--np 0"),  # these three left an empty --out behind
         (["probe", "--config-from", ROOT], "no stored probe configuration"),
         (["probe", "--process-run", "1"], "--process-run is for launches"),

@@ -269,6 +269,13 @@ def test_check_reruns_the_baseline_and_writes_reports(xbench, probe_run, tmp_pat
     root = ET.fromstring(text)
     assert_junit(text, failures=int(root.get("failures")), tests=int(root.get("tests")))
     assert (tmp_path / "rep" / "compare.md").read_text().startswith("## xbench check (probe)")
+    # the reports are outputs like any other: replaced only with --force, refused before
+    # the sweep runs
+    again = xbench(
+        "check", "--baseline", baseline, "--out", tmp_path / "n3", "--report-dir", tmp_path / "rep"
+    )
+    assert again.returncode == 2 and "compare.md already exists" in again.stderr
+    assert "--report-dir, or --force" in again.stderr and not (tmp_path / "n3").exists()
     # promoting on purpose: the new run becomes the baseline, the old one is kept
     old_id = read_run_meta(baseline)["run_id"]
     r = xbench("check", "--baseline", baseline, "--out", tmp_path / "night2", "--update-baseline")
@@ -287,6 +294,19 @@ def test_check_refuses_what_it_cannot_rerun(xbench, tmp_path):
     (run / "run.json").write_text(json.dumps({"command": "probe", "run_id": "x"}))
     r = xbench("check", "--baseline", run, "--config", bad)
     assert r.returncode == 2 and "unknown [check] field colour" in r.stderr
+    # each field's TOML type is checked, and the error names the file and the field
+    for text, words in [
+        ('alpha = "abc"', "[check] alpha is not a number"),  # these three were tracebacks
+        ('runs = "x"', "[check] runs = 'x' is not a count of launches"),
+        ("allow = [1]", "[check] allow must be a list of field names"),
+        ("runs = 0", "[check] runs = 0 is not a count"),  # it ran the stored launches
+        ('threshold = "abc"', "[check] threshold = 'abc' is not a ratio"),
+        ('allow = ["colour"]', "[check] allow has colour: no such metadata field"),
+    ]:
+        bad.write_text(f"[check]\n{text}\n")
+        r = xbench("check", "--baseline", run, "--config", bad, "--out", tmp_path / "n")
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert f"{bad}: {words}" in r.stderr and not (tmp_path / "n").exists()
 
 
 def test_check_a_kernel_baseline(xbench, tmp_path):

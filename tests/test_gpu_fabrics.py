@@ -2,6 +2,7 @@
 labels, the sbatch writer, hosts files; GPU runs are marked gpu."""
 
 import json
+import re
 import shutil
 import subprocess
 
@@ -189,6 +190,46 @@ def test_sbatch_script_is_valid_bash_with_the_srun_line(tmp_path):
     assert "srun --nodes=1 --ntasks=1 --gpus-per-task=1 --gpu-bind=closest xbench kernel" in kernel
     with pytest.raises(XbenchError, match="exactly 2 ranks"):
         render(SlurmJob("validate", nodes=2, ntasks_per_node=4))
+
+
+@pytest.mark.parametrize(
+    "field, value, words",
+    [
+        ("partition", "a b", "--partition 'a b' is not a Slurm name"),
+        ("account", "lab;rm -rf ~", "--account 'lab;rm -rf ~' is not a Slurm name"),
+        ("srun_mpi", "pmix; rm -rf ~", "is not an srun MPI plugin"),  # ran in the srun line
+        ("results", 'out" ; rm -rf ~ ; "', "cannot be written into the script"),
+        ("results", "out/$(whoami)", "cannot be written into the script"),
+        ("gpus_per_node", -1, "--gpus-per-node at least 0"),
+    ],
+)
+def test_sbatch_refuses_values_the_script_would_misread_or_run(field, value, words):
+    with pytest.raises(XbenchError, match=re.escape(words)):
+        render(SlurmJob("probe", **{field: value}))
+
+
+def test_a_check_job_runs_at_least_one_launch():
+    """--launches 0 or below wrote `seq 0 -1`: no launch, then a compare of nothing."""
+    for launches in (0, -2):
+        with pytest.raises(XbenchError, match=f"--launches {launches}: a probe baseline"):
+            render(SlurmJob("check", baseline="/b", sweep="probe", launches=launches))
+    assert "$(seq 0 2)" in render(SlurmJob("check", baseline="/b", sweep="probe", launches=3))
+
+
+def test_sbatch_takes_the_names_slurm_takes(tmp_path):
+    script = render(
+        SlurmJob(
+            "probe",
+            partition="gpu-h100,gpu_a100",
+            account="lab.x-1",
+            srun_mpi="pmix_v4",
+            results="/shared/${USER}/nightly/$SLURM_JOB_ID",
+        )
+    )
+    assert "#SBATCH --partition=gpu-h100,gpu_a100" in script and "--mpi=pmix_v4 " in script
+    path = tmp_path / "job.sbatch"
+    path.write_text(script)
+    assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
 
 
 def test_slurm_cli_writes_and_refuses_submit_without_sbatch(xbench, tmp_path):

@@ -89,7 +89,7 @@ def test_fixed_iterations_aggregate_over_samples(xbench, tmp_path):
     [
         (["--osu-compat", "--iterations", "10"], "--osu-compat sets OSU's iteration counts"),
         (["--iterations", "0"], "need iterations >= 1"),
-        (["--skip", "5"], "skip goes with --iterations"),
+        (["--skip", "5"], "--skip 5 without --iterations"),
         (["--osu-compat", "-p", "rtt"], "--osu-compat covers latency, bandwidth and bibw"),
     ],
 )

@@ -52,29 +52,37 @@ AllowOption = Annotated[
 COLOURS = {"slower": "red", "faster": "green", "unchanged": "", "inconclusive": "yellow"}
 
 
-def _gates(threshold: str, alpha: float, confidence: float = 0.95):
+def _gates(
+    threshold: str,
+    alpha: float,
+    confidence: float = 0.95,
+    names: tuple[str, str] = ("--threshold", "--alpha"),
+):
+    """The two gates; ``names`` say where the values came from (options or a config file)."""
     from xbench.compare import Gates
 
     text = threshold.strip()
     try:
         value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
     except ValueError:
-        raise XbenchError(f"--threshold {threshold!r} is not a ratio", "e.g. 5% or 0.05") from None
+        raise XbenchError(f"{names[0]} {threshold!r} is not a ratio", "e.g. 5% or 0.05") from None
     if not 0 < value < 10:
-        raise XbenchError(f"--threshold {threshold}: must be above 0", "e.g. 5% or 0.05")
+        raise XbenchError(
+            f"{names[0]} {threshold}: must be above 0 and below 10 (1000%)", "e.g. 5% or 0.05"
+        )
     if not 0 < alpha < 1:
-        raise XbenchError(f"--alpha {alpha}: must lie between 0 and 1", "e.g. 0.05")
+        raise XbenchError(f"{names[1]} {alpha}: must lie between 0 and 1", "e.g. 0.05")
     return Gates(threshold=value, alpha=alpha, confidence=confidence)
 
 
-def _allowed(text: str) -> list[str]:
+def _allowed(text: str, name: str = "--allow") -> list[str]:
     from xbench.compare.runs import COMPARED_FIELDS
 
     names = [a.strip() for a in text.split(",") if a.strip()]
     bad = [a for a in names if a not in COMPARED_FIELDS and a != "schema"]
     if bad:
         raise XbenchError(
-            f"--allow {', '.join(bad)}: no such metadata field",
+            f"{name} {', '.join(bad)}: no such metadata field",
             f"pick from {', '.join([*COMPARED_FIELDS, 'schema'])}",
         )
     return names
@@ -238,21 +246,38 @@ def check(
         Path | None,
         typer.Option(help="Where compare.md and compare.junit.xml go (default: the new run's)."),
     ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace the reports already in --report-dir.")
+    ] = False,
 ) -> None:
     """Re-run the sweep BASELINE was made with, compare, write Markdown and JUnit XML."""
     from xbench.compare import compare_runs
     from xbench.compare.formats import junit, markdown
-    from xbench.results.store import read_run_meta
+    from xbench.results.store import read_run_meta, refuse_overwrite
 
     settings = _check_settings(config)
-    gates = _gates(str(settings.get("threshold", threshold)), float(settings.get("alpha", alpha)))
-    allowed = _allowed(",".join(settings["allow"]) if "allow" in settings else allow)
+    gates = _gates(
+        str(settings.get("threshold", threshold)),
+        float(settings.get("alpha", alpha)),
+        names=tuple(
+            f"{config}: [check] {key} =" if key in settings else f"--{key}"
+            for key in ("threshold", "alpha")
+        ),
+    )
+    allowed = (
+        _allowed(",".join(settings["allow"]), f"{config}: [check] allow has")
+        if "allow" in settings
+        else _allowed(allow)
+    )
     meta = read_run_meta(baseline) if Path(baseline).is_dir() else {}
     if meta.get("command") not in ("probe", "kernel"):
         raise XbenchError(
             f"{baseline} is not a probe or kernel run",
             "make the baseline with xbench probe or xbench kernel (then xbench check --baseline it)",
         )
+    if report_dir is not None:  # refused before the sweep runs, not after
+        for name in ("compare.md", "compare.junit.xml", "comparison.parquet"):
+            refuse_overwrite(Path(report_dir) / name, force, "--report-dir")
     new_dir = _rerun(Path(baseline), meta["command"], out, settings.get("runs"))
     comparison = compare_runs(baseline, new_dir, gates, allowed)
     reports = Path(report_dir or new_dir)
@@ -292,8 +317,22 @@ def _check_settings(path: Path | None) -> dict:
             f"{path}: unknown [check] field {', '.join(sorted(unknown))}",
             "use threshold, alpha, allow and runs",
         )
-    if "allow" in settings and not isinstance(settings["allow"], list):
-        raise XbenchError(f"{path}: [check] allow must be a list", 'e.g. allow = ["driver"]')
+    # TOML gives each value its own type: check them here, not as a traceback further on
+    allow = settings.get("allow", [])
+    if not isinstance(allow, list) or not all(isinstance(a, str) for a in allow):
+        raise XbenchError(
+            f"{path}: [check] allow must be a list of field names", 'e.g. allow = ["driver"]'
+        )
+    if not isinstance(settings.get("threshold", ""), (str, int, float)):
+        raise XbenchError(f"{path}: [check] threshold is not a ratio", 'e.g. threshold = "5%"')
+    alpha = settings.get("alpha", 0.05)
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
+        raise XbenchError(f"{path}: [check] alpha is not a number", "e.g. alpha = 0.05")
+    runs = settings.get("runs", 1)
+    if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
+        raise XbenchError(
+            f"{path}: [check] runs = {runs!r} is not a count of launches", "e.g. runs = 5"
+        )
     return settings
 
 

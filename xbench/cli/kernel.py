@@ -71,7 +71,7 @@ def kernel(
     block_size: Annotated[int, typer.Option(min=1, help="Tokens per KV page.")] = 64,
     samples: Annotated[int, typer.Option(help="Measured samples per case and round.")] = 5,
     warmups: Annotated[
-        int, typer.Option(help="Warm-up samples per case and round (stored, flagged).")
+        int, typer.Option(min=0, help="Warm-up samples per case and round (stored, flagged).")
     ] = 1,
     rounds: RoundsOption = 1,
     min_sample_time: Annotated[

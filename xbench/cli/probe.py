@@ -199,7 +199,12 @@ def probe(
         raise XbenchError(
             "--osu-compat sets OSU's iteration counts itself", "pass --osu-compat or --iterations"
         )
-    if iterations is not None and iterations < 1 or skip < 0 or (skip and iterations is None):
+    if skip and iterations is None:
+        raise XbenchError(
+            f"--skip {skip} without --iterations: skip goes with a fixed iteration count",
+            "e.g. --iterations 1000 --skip 10",
+        )
+    if iterations is not None and iterations < 1 or skip < 0:
         raise XbenchError(
             f"--iterations {iterations} --skip {skip}: need iterations >= 1 and skip >= 0",
             "e.g. --iterations 1000 --skip 10 (skip goes with --iterations)",
@@ -276,6 +281,9 @@ def probe(
                 f"hosts file {hostfile} does not exist",
                 "pass --hostfile with one host[:slots] per line",
             )
+        from xbench.probe.runner import parse_pairs
+
+        parse_pairs(cfg.pairs, np)  # as the ranks will, but before any starts
         # only now: a refused command leaves no empty run directory behind (under a
         # launcher, rank 0 alone creates it)
         ensure_writable_dir(out_dir)

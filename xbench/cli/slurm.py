@@ -106,10 +106,10 @@ def _baseline(baseline: str | None, sweep: str | None, launches: int | None):
             )
         config = meta.get("config") or {}
         stored = int(config.get("process_run", 0)) + 1 if found == "probe" else 1
-        return baseline, found, launches or stored
+        return baseline, found, stored if launches is None else launches
     if sweep not in ("probe", "kernel"):
         raise XbenchError(
             f"{baseline} is not readable here to tell its sweep",
             "pass --sweep probe or kernel (and --launches for a probe)",
         )
-    return baseline, sweep, launches or 1
+    return baseline, sweep, 1 if launches is None else launches

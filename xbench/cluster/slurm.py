@@ -20,6 +20,14 @@ KINDS = ("probe", "kernel", "validate", "check")
 # sbatch --time: minutes, minutes:seconds, hours:minutes:seconds, days-hours,
 # days-hours:minutes, days-hours:minutes:seconds (sbatch(1)), or no limit
 SLURM_TIME = re.compile(r"\d+(:\d+){0,2}|\d+-\d+(:\d+){0,2}|unlimited|infinite", re.IGNORECASE)
+# Partition and account names (a partition may be a comma list) and srun's --mpi plugin
+# (pmix, pmix_v4, pmi2, none...): anything else would be misread by sbatch in a #SBATCH line
+# or, for the plugin, run by the shell as part of the srun command line.
+SLURM_NAME = re.compile(r"[A-Za-z0-9_.+-]+(,[A-Za-z0-9_.+-]+)*")
+SRUN_MPI = re.compile(r"[a-z0-9_]+")
+# The results folder is written inside double quotes so $SLURM_JOB_ID expands; a quote, a
+# backslash, a line break or a command substitution would end that string or run something.
+RESULTS_UNSAFE = re.compile(r'["\\`\n\r]|\$\(')
 
 
 @dataclass
@@ -53,9 +61,31 @@ class SlurmJob:
                 f"--time {self.time!r} is not a Slurm time limit",
                 "write minutes, MM:SS, HH:MM:SS or D-HH[:MM[:SS]], e.g. --time 00:30:00",
             )
+        for option, value in (("--partition", self.partition), ("--account", self.account)):
+            if value is not None and not SLURM_NAME.fullmatch(value):
+                raise XbenchError(
+                    f"{option} {value!r} is not a Slurm name",
+                    f"write {option} with letters, digits, _ . + - (a comma list for partitions)",
+                )
+        if not SRUN_MPI.fullmatch(self.srun_mpi):
+            raise XbenchError(
+                f"--srun-mpi {self.srun_mpi!r} is not an srun MPI plugin",
+                "pass pmix, pmi2 or another name `srun --mpi=list` prints",
+            )
+        if not self.results or RESULTS_UNSAFE.search(self.results):
+            raise XbenchError(
+                f"--results {self.results!r} cannot be written into the script",
+                "pass a folder path without quotes, backslashes, backquotes or $( (variables are fine)",
+            )
         if self.nodes < 1 or self.ntasks_per_node < 1 or self.gpus_per_node < 0:
             raise XbenchError(
-                "--nodes and --ntasks-per-node must be at least 1", "give the job's shape"
+                "--nodes and --ntasks-per-node must be at least 1, --gpus-per-node at least 0",
+                "give the job's shape",
+            )
+        if self.kind == "check" and self.launches < 1:  # seq 0 -1 would run none
+            raise XbenchError(
+                f"--launches {self.launches}: a probe baseline has at least one launch",
+                "pass --launches 1 or more, or leave it to the baseline's run.json",
             )
         ranked = self.kind in ("probe", "validate") or self.sweep == "probe"
         if ranked and self.nodes * self.ntasks_per_node < 2:
