@@ -242,6 +242,9 @@ def test_a_directory_is_neither_a_profile_nor_an_output_file(xbench, tmp_path):
     (held / "keep.txt").write_text("mine")
     line = one_line(xbench("decide", "--payload", "1KB", "--profile", held))
     assert f"cannot read profile {held}" in line and "pass a profile file" in line
+    # the same words under fit's --base, where "--profile" would name the wrong option
+    line = one_line(xbench("fit", held, "--base", held / "none.toml", "--out", held / "p.toml"))
+    assert f"profile {held / 'none.toml'} does not exist" in line and "--profile" not in line
     line = one_line(xbench("decide", "--payload", "1KB", "--out", held, "--force"))
     assert f"{held} is a directory" in line and "--out with a file path" in line
     assert [p.name for p in held.iterdir()] == ["keep.txt"]

@@ -286,7 +286,7 @@ def load_profile(path) -> Profile:
     except FileNotFoundError:
         raise ProfileError(
             f"profile {path} does not exist",
-            "pass --profile with a file from profiles/ or written by xbench fit",
+            "pass a profile file (profiles/*.toml or one xbench fit wrote) or a shipped one's name",
         ) from None
     except tomllib.TOMLDecodeError as exc:
         raise ProfileError(
