@@ -242,6 +242,10 @@ def test_a_directory_is_neither_a_profile_nor_an_output_file(xbench, tmp_path):
     (held / "keep.txt").write_text("mine")
     line = one_line(xbench("decide", "--payload", "1KB", "--profile", held))
     assert f"cannot read profile {held}" in line and "pass a profile file" in line
+    # an unknown name lists the shipped profiles, as for scenarios
+    line = one_line(xbench("decide", "--payload", "1KB", "--profile", "h100-prior"))
+    assert "profile h100-prior is neither a file nor one xbench ships" in line
+    assert "h100-priors" in line
     # the same words under fit's --base, where "--profile" would name the wrong option
     line = one_line(xbench("fit", held, "--base", held / "none.toml", "--out", held / "p.toml"))
     assert f"profile {held / 'none.toml'} does not exist" in line and "--profile" not in line

@@ -43,28 +43,30 @@ def shipped_profiles() -> list[str]:
     return sorted(p.stem for p in profiles_dir().glob("*.toml"))
 
 
-def profile_path(name_or_path) -> Path:
-    """A profile file: an existing path as given, else a profile shipped with xbench by name."""
+def shipped_scenarios() -> list[str]:
+    return sorted(p.stem for p in scenarios_dir().glob("*.toml"))
+
+
+def _given_or_shipped(name_or_path, kind: str, folder: Path, shipped: list[str]) -> Path:
+    """An existing path as given (or anything written as a path: a suffix, a folder), else
+    the file xbench ships under that name, else one line listing the names it ships."""
     path = Path(name_or_path)
     if path.exists() or path.suffix or len(path.parts) > 1:
         return path
-    return profiles_dir() / f"{name_or_path}.toml"
+    if path.name not in shipped:
+        raise XbenchError(
+            f"{kind} {path} is neither a file nor one xbench ships",
+            f"pass a {kind} file, or one of {', '.join(shipped)}",
+        )
+    return folder / f"{path.name}.toml"
 
 
-def shipped_scenarios() -> list[str]:
-    return sorted(p.stem for p in scenarios_dir().glob("*.toml"))
+def profile_path(name_or_path) -> Path:
+    """A profile file: an existing path as given, else a profile shipped with xbench by name."""
+    return _given_or_shipped(name_or_path, "profile", profiles_dir(), shipped_profiles())
 
 
 def scenario_path(name_or_path) -> Path:
     """A scenario file: an existing path as given, else a scenario shipped with xbench by name
     (``agentic-codebase``), so a wheel's user need not find the repository's scenarios/."""
-    path = Path(name_or_path)
-    if path.exists() or path.suffix or len(path.parts) > 1:
-        return path
-    shipped = scenarios_dir() / f"{name_or_path}.toml"
-    if not shipped.is_file():
-        raise XbenchError(
-            f"scenario {name_or_path} is neither a file nor one xbench ships",
-            f"pass a scenario file, or one of {', '.join(shipped_scenarios())}",
-        )
-    return shipped
+    return _given_or_shipped(name_or_path, "scenario", scenarios_dir(), shipped_scenarios())
