@@ -176,10 +176,11 @@ def make_inputs(case: KernelCase, device: str, seed: int):
             "v": torch.randn(*shape, case.v_dim, generator=gen).to(dt).to(device),
         }
     if case.kernel == "splice":  # packed tokens into a paged cache's free pages
-        return {
+        pages = -(-case.chunk // bs)
+        return {  # scattered over the cache, as a free list hands them out
             "packed": torch.randn(case.chunk, case.dim, generator=gen).to(dt).to(device),
-            "target": torch.zeros(-(-case.chunk // bs) + 1, bs, case.dim, dtype=dt, device=device),
-            "pages": list(range(-(-case.chunk // bs))),
+            "target": torch.zeros(2 * pages, bs, case.dim, dtype=dt, device=device),
+            "pages": torch.randperm(2 * pages, generator=gen)[:pages].tolist(),
         }
     pool = case.chunk * (4 if case.sparse else 1)  # sparse selections come out of a larger cache
     blocks = max(1, -(-pool // bs))

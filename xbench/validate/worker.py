@@ -115,10 +115,15 @@ class Peer:
             q = torch.randn(rows, cfg.heads, cfg.dim, generator=gen).to(dt)
             self.sets.append((holder, sel, local, q))
         # A's free pages: one target per set, so a fetch writes pages not in cache, as a
-        # serving cache's free pages are (the bench's splice rotates its targets the same way)
-        self.targets = [torch.zeros(pages + 1, bs, cfg.dim, dtype=dt) for _ in range(sets)]
-        self.free_pages = list(range(pages))
-        self.spliced = DensePages(torch.arange(pages), chunk)  # where the fetch puts them
+        # serving cache's free pages are (the bench's splice rotates its targets the same way),
+        # and scattered over it as a free list hands them out: attention over pages in order
+        # ran 3-25 % faster here than over the scattered pages the kernel sweep times it on
+        gen = torch.Generator().manual_seed(1000 * rows + chunk + 1)
+        self.targets = [torch.zeros(2 * pages, bs, cfg.dim, dtype=dt) for _ in range(sets)]
+        free = [torch.randperm(2 * pages, generator=gen)[:pages] for _ in range(sets)]
+        self.free_pages = [f.tolist() for f in free]  # a list, as the kernel sweep passes
+        # where each set's fetch puts the chunk, in the chunk's token order
+        self.spliced = [DensePages(f, chunk) for f in free]
         self.sq = torch.empty(rows, cfg.heads, cfg.dim, dtype=dt)
         # What the holder returns, as one message of S_o bytes per query row (the model's
         # S_o): the partial output in the cache dtype, then its fp32 LSE.
@@ -205,11 +210,11 @@ class Peer:
             else:
                 c.Recv(_bytes_view(self.skv), source=self.other, tag=5)
             stamp(now())
-            target = self.targets[i % len(self.sets)]
-            splice_kv(target, self.skv, self.free_pages, 0)
+            k = i % len(self.sets)
+            splice_kv(self.targets[k], self.skv, self.free_pages[k], 0)
             stamp(now())
             out, lse = mla_partial_attention(
-                q, target, self.spliced, self.cfg.scale, v_dim=self.cfg.v_dim
+                q, self.targets[k], self.spliced[k], self.cfg.scale, v_dim=self.cfg.v_dim
             )
             stamp(now())
             local_out, local_lse = self.local_partials[i % len(self.sets)]
