@@ -2,7 +2,8 @@
 
     python benchmarks/validate_mape.py [--pipelines 3] [--runs 3] [--cpu-attention PATH] [--keep DIR]
 
-Each pipeline measures everything again: probe with offcache in ``--runs`` launches; the
+Each pipeline measures everything again: probe with offcache and offgather (the cold
+single messages and pages the fit prices route and fetch with) in ``--runs`` launches; the
 kernel sweep in ``--runs`` launches in validate's layout (two pinned ranks, the peer waiting
 in MPI: ``xbench kernel --np 2``); fit; then validate in ``--runs`` launches with the ranks
 taking turns. Launches, not passes inside one process, because a launch's placement moves
@@ -30,8 +31,8 @@ import pandas as pd
 from xbench.validate import validation_errors
 
 BIN = Path(sys.executable).parent
-PROBE = ["probe", "--np", "2", "-p", "latency,bandwidth,offcache", "--sizes", "8B:4MiB"]
-PROBE += ["--samples", "4"]
+PROBE = ["probe", "--np", "2", "-p", "latency,bandwidth,offcache,offgather"]
+PROBE += ["--sizes", "8B:4MiB", "--samples", "4"]
 KERNEL = ["kernel", "--threads", "1", "--heads", "16", "--rows", "1,4,16", "--chunk", "128:8192"]
 KERNEL += ["--samples", "2", "--np", "2"]
 

@@ -32,10 +32,27 @@ def c(v, spread=0.0, unit="s"):
 
 
 def one_segment_profile(
-    alpha, beta, o, t0, per_token, per_row_token, move0, move1, splice=None, spread=0.0
+    alpha,
+    beta,
+    o,
+    t0,
+    per_token,
+    per_row_token,
+    move0,
+    move1,
+    splice=None,
+    spread=0.0,
+    pages=None,
 ):
-    """One fabric, one device; ``splice`` = (t0, per_token) of T_splice, or None."""
-    fabric = Fabric("ib", (Segment(0.0, c(alpha, spread), c(beta, spread, "B/s")),), c(o, spread))
+    """One fabric, one device; ``splice`` = (t0, per_token) of T_splice, or None; ``pages``
+    = (block_t0, block_beta) of a fetch page by page, or None."""
+    fabric = Fabric(
+        "ib",
+        (Segment(0.0, c(alpha, spread), c(beta, spread, "B/s")),),
+        c(o, spread),
+        block_t0=None if pages is None else c(pages[0], spread),
+        block_beta=None if pages is None else c(pages[1], spread, "B/s"),
+    )
     device = Device(
         "d",
         c(t0, spread),
@@ -62,6 +79,7 @@ coefs = st.fixed_dictionaries(
         "move0": st.floats(0, 1e-2),
         "move1": st.floats(0, 1e-7),
         "splice": st.none() | st.tuples(st.floats(0, 1e-2), st.floats(0, 1e-7)),
+        "pages": st.none() | st.tuples(st.floats(0, 1e-4), st.floats(1e8, 1e12)),
     }
 )
 shapes = st.fixed_dictionaries(
@@ -293,6 +311,7 @@ _fabric_specs = st.lists(
         st.lists(st.tuples(_alpha, _beta), min_size=1, max_size=3),
         st.sampled_from([0.0, 5e-8, 3e-7, 3e-6]),
         st.lists(st.sampled_from([1024, 8192, 65536, 1 << 20]), min_size=2, max_size=2),
+        st.none() | st.tuples(_alpha, _beta),  # page terms (probe -p offgather)
     ),
     min_size=1,
     max_size=6,
@@ -310,6 +329,7 @@ _fabric_specs = st.lists(
             st.sampled_from([None, 0.0, 1e-4, 3e-3]),
             st.booleans(),
             st.booleans(),
+            st.sampled_from([1, 4, 64]),
         ),
         min_size=1,
         max_size=20,
@@ -318,7 +338,7 @@ _fabric_specs = st.lists(
 def test_decide_over_all_fabrics_equals_the_full_ranking(specs, requests):
     """Skipping dominated fabrics never changes the answer: ties, local wins, probes included."""
     fabrics = []
-    for i, (segs, o, breaks) in enumerate(specs):
+    for i, (segs, o, breaks, pages) in enumerate(specs):
         starts = [0.0, *sorted(set(breaks))][: len(segs)]
         segs = segs[: len(starts)]  # two equal breaks leave room for two segments
         fabrics.append(
@@ -329,12 +349,15 @@ def test_decide_over_all_fabrics_equals_the_full_ranking(specs, requests):
                     for s, (a, b) in zip(starts, segs, strict=True)
                 ),
                 c(o),
+                block_t0=None if pages is None else c(pages[0]),
+                block_beta=None if pages is None else c(pages[1], unit="B/s"),
             )
         )
     base = one_segment_profile(1e-6, 1e10, 0, 1e-5, 1e-9, 1e-12, 1e-3, 1e-9)
     profile = Profile("p", tuple(fabrics), base.device)
-    for rows, chunk, reuse, fetch_cost, blocks_local, probe in requests:
+    for rows, chunk, reuse, fetch_cost, blocks_local, probe, segments in requests:
         req = Request(
+            segments=segments,
             rows=rows,
             heads=16,
             chunk_tokens=chunk,
@@ -345,6 +368,27 @@ def test_decide_over_all_fabrics_equals_the_full_ranking(specs, requests):
         )
         d = decide(profile, req)
         assert (d.fabric, d.t_route, d.t_fetch) == _full_ranking(profile, req)
+
+
+def test_a_fabric_with_faster_pages_is_ranked_even_where_its_segments_are_slower():
+    """A fabric slower at every message size can still fetch page by page faster (its
+    offgather terms): it stays a candidate, and a fetch of many pages picks it."""
+    base = one_segment_profile(1e-6, 1e10, 0, 1e-5, 1e-9, 1e-12, 1e-3, 1e-9)
+    fast = Fabric("ib", (Segment(0.0, c(1e-6), c(2e10, unit="B/s")),), c(1e-7))
+    paged = Fabric(
+        "roce",
+        (Segment(0.0, c(2e-6), c(1e10, unit="B/s")),),
+        c(1e-7),
+        block_t0=c(1e-6),
+        block_beta=c(4e10, unit="B/s"),
+    )
+    profile = Profile("p", (fast, paged), base.device)
+    assert [f.name for f in profile.candidates] == ["ib", "roce"]
+    req = Request(rows=4096, heads=16, chunk_tokens=4096, segments=64)
+    assert decide(profile, req).fabric == "roce"
+    assert decide(profile, Request(rows=4096, heads=16, chunk_tokens=4096)).fabric == "ib"
+    with pytest.raises(ValueError, match="come together"):
+        Fabric("ib", fast.segments, c(1e-7), block_t0=c(1e-6))
 
 
 def test_dominated_fabrics_are_not_ranked():

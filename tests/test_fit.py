@@ -209,3 +209,74 @@ def test_offcache_samples_are_preferred_for_the_segments():
     assert fabric.segments[0].alpha.value == pytest.approx(20e-6, rel=0.08)
     assert fabric.segments[-1].beta.value == pytest.approx(10e9, rel=0.03)
     assert fabric.overhead.value == pytest.approx(0.4e-6, rel=0.05)  # still from bandwidth
+
+
+def test_a_fetch_page_by_page_is_fitted_from_offgather_and_priced_on_its_own_terms():
+    """k pages as k cold messages: t = block_t0 + k*o + k*s / block_beta; the model then
+    charges a fetch of n_seg > 1 pages on those terms and a packed one on the segments."""
+    from xbench.core.costmodel import Request, phase_times
+
+    rng = np.random.default_rng(3)
+    o, t0, beta, page = 0.4e-6, 25e-6, 4e9, 73728
+    frame = _probe_frame(rng, alpha=20e-6, beta=10e9, o=o)
+    rows = [
+        dict(
+            pattern="offgather",
+            fabric="ib",
+            pair_class="inter-node",
+            transport="mpi",
+            size_bytes=k * page,
+            blocks=k,
+            block_bytes=page,
+            value=v * 1e6,
+            warmup=False,
+        )
+        for k in (1, 4, 16, 64)
+        for v in noisy(t0 + k * o + k * page / beta, rng)
+    ]
+    (fabric,) = fit_fabrics(pd.concat([frame, pd.DataFrame(rows)], ignore_index=True))
+    assert fabric.block_t0.value == pytest.approx(t0, rel=0.1)
+    assert fabric.block_beta.value == pytest.approx(beta, rel=0.03)
+    assert fabric.block_beta.low <= beta <= fabric.block_beta.high
+    assert fabric.block_t0.low <= fabric.block_t0.value <= fabric.block_t0.high
+    (plain,) = fit_fabrics(frame)  # no offgather: no page terms, the segments price it
+    assert plain.block_t0 is None and plain.block_beta is None
+
+    device = load_profile("profiles/h100-priors.toml").device
+    chunk = 4096
+    paged = Request(rows=1, heads=16, chunk_tokens=chunk, segments=chunk // 64)
+    packed = Request(rows=1, heads=16, chunk_tokens=chunk, segments=1)
+    s_kv = chunk * 1152
+    by_pages = phase_times(fabric, device, paged)["fetch"]["transfer"]
+    assert by_pages == pytest.approx(
+        fabric.block_t0.value + 64 * fabric.overhead.value + s_kv / fabric.block_beta.value
+    )
+    assert by_pages == pytest.approx(fabric.wire(s_kv, 64))
+    assert phase_times(fabric, device, packed)["fetch"]["transfer"] == pytest.approx(
+        plain.wire(s_kv, 1), rel=0.05
+    )
+
+
+def test_page_terms_survive_a_profile_file_and_half_of_them_is_refused(tmp_path):
+    import dataclasses
+
+    from xbench.core.costmodel import Coef
+    from xbench.core.profile import ProfileError, save_profile
+
+    priors = load_profile("profiles/h100-priors.toml")
+    ib = dataclasses.replace(
+        priors.fabric("ib"),
+        block_t0=Coef(25e-6, 22e-6, 29e-6, "s"),
+        block_beta=Coef(4.5e9, 4.3e9, 4.6e9, "B/s"),
+    )
+    fabrics = tuple(ib if f.name == "ib" else f for f in priors.fabrics)
+    path = save_profile(dataclasses.replace(priors, fabrics=fabrics), tmp_path / "p.toml")
+    back = load_profile(path).fabric("ib")
+    assert back.block_t0.low == pytest.approx(22e-6) and back.block_beta.high == pytest.approx(
+        4.6e9
+    )
+    assert back.wire(64 * 73728, 64) == pytest.approx(ib.wire(64 * 73728, 64))
+    assert load_profile(path).fabric("nvlink").block_t0 is None
+    (tmp_path / "half.toml").write_text(path.read_text().replace("block_beta", "block_betas"))
+    with pytest.raises(ProfileError, match="one of block_t0 and block_beta"):
+        load_profile(tmp_path / "half.toml")

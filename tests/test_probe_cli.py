@@ -319,3 +319,33 @@ def test_offcache_pingpong_flushes_caches_between_round_trips(xbench, tmp_path):
     assert cold.iterations.max() <= 16
     # 64 KiB over shared memory: about 8 us hot, 40-60 us after a cache flush on these VMs
     assert cold.value.median() > 1.5 * hot.value.median()
+
+
+def test_offgather_fetches_pages_from_cold_caches_and_the_fit_prices_pages_with_it(
+    xbench, tmp_path
+):
+    """k pages as k messages, caches flushed before each fetch (as offcache flushes them);
+    the fit turns them into the fabric's page terms (block_t0, block_beta)."""
+    from xbench.core.profile import load_profile
+
+    out = tmp_path / "pages"
+    r = xbench(
+        "probe", "--np", "2", "-p", "latency,bandwidth,gather,offgather", "--sizes", "8B:64KiB",
+        "--blocks", "1,4,16", "--block-size", "64KiB", *QUICK, "--out", out,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "offgather" in r.stdout and "cold" in r.stdout
+    samples = read_table(out, PROBE_SAMPLES)
+    measured = samples[~samples.warmup]
+    cold = measured[measured.pattern == "offgather"]
+    assert set(cold.metric) == {"fetch_messages_offcache"} and set(cold.blocks) == {1, 4, 16}
+    assert cold.iterations.max() <= 16
+    warm = measured[(measured.pattern == "gather") & (measured.metric == "fetch_messages")]
+    at16 = [frame[frame.blocks == 16].value.median() for frame in (cold, warm)]
+    assert at16[0] > 1.2 * at16[1]  # 16 pages of 64 KiB: about twice as long cold here
+    profile = tmp_path / "p.toml"
+    r = xbench("fit", out, "--base", "h100-priors", "--out", profile)
+    assert r.returncode == 0, r.stderr
+    assert "block_beta" in r.stdout
+    shm = load_profile(profile).fabric("shm")
+    assert 0 < shm.block_t0.value < 1e-3 and 1e8 < shm.block_beta.value < 1e12

@@ -147,6 +147,9 @@ def coefficient_frame(profile):
         for s in f.segments:
             add(group, f"alpha (>= {int(s.min_bytes)} B)", s.alpha, 1e-6, "us")
             add(group, f"beta (>= {int(s.min_bytes)} B)", s.beta, 1e9, "GB/s")
+        if f.block_t0 is not None:  # a fetch page by page (probe -p offgather)
+            add(group, "block_t0 (fetch by pages)", f.block_t0, 1e-6, "us")
+            add(group, "block_beta (fetch by pages)", f.block_beta, 1e9, "GB/s")
     d = profile.device
     group = f"device {d.name}"
     for term, scale, unit in _DEVICE_TERMS:

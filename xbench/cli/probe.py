@@ -88,10 +88,10 @@ def probe(
         typer.Option("--return", help="rtt: bytes returned per row (512 bf16 + fp32 LSE = 1028B)."),
     ] = "1028B",
     blocks: Annotated[
-        str, typer.Option(help="gather: blocks per fetch, e.g. 1,4,16,64.")
+        str, typer.Option(help="gather, offgather: blocks per fetch, e.g. 1,4,16,64.")
     ] = "1,4,16,64",
     block_size: Annotated[
-        str, typer.Option(help="gather: bytes per block (64 tokens x 1152 B = 72KiB).")
+        str, typer.Option(help="gather, offgather: bytes per block (64 tokens x 1152 B = 72KiB).")
     ] = "72KiB",
     transport: Annotated[str, typer.Option(help=f"One of {', '.join(TRANSPORTS)}.")] = "mpi",
     fabric: Annotated[

@@ -71,6 +71,8 @@ def probe_table(
             detail = f"{int(r.rows)} rows"
         elif r.pattern == "gather":
             detail = f"{int(r.blocks)} blk {r.metric.removeprefix('fetch_')}"
+        elif r.pattern == "offgather":
+            detail = f"{int(r.blocks)} blk messages, cold"
         cells = (
             [r.pattern]
             + ([r.pair] if many_pairs else [])

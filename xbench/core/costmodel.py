@@ -6,6 +6,8 @@ MPI, torch, numpy or a GPU. Times are in seconds, sizes in bytes, rates in bytes
 Per layer, with b decode tokens of h query rows each routed together, and c tokens of KV:
 
     wire_f(n, m) = alpha_f(n) + m * o_f + n / beta_f(n)       (piecewise in n)
+    wire_f(n, m) = block_t0_f + m * o_f + n / block_beta_f    (a fetch of m > 1 pages, where
+                                                               the fabric measured it)
     T_route = T_probe + wire(S_q, 1) + T_c + wire(S_o, 1) + T_m
     T_fetch = T_probe + wire(S_kv, n_seg) + T_move + T_c + T_m
     T_local = T_c                 (blocks already here)
@@ -86,8 +88,16 @@ class Fabric:
     pair_class: str = "inter-node"
     transport: str = "mpi"
     heldout_mape: float | None = None  # error of the fit on sizes held out of it
+    # A fetch sent page by page (n_seg > 1), where the probe timed it (``offgather``):
+    # block_t0 + n_seg * o + bytes / block_beta. Each page is its own message, out of a
+    # cold cache, and on shared memory one such page of 72 KiB cost 16-20 us where the
+    # segments' large-message rate (one message of megabytes) gives 14: a rendezvous per
+    # page, which the small messages' o does not hold.
+    block_t0: Coef | None = None  # s: the request and the first page's latency
+    block_beta: Coef | None = None  # B/s
     _breaks: tuple = field(init=False, repr=False, compare=False)
-    # (o, ((alpha, 1/beta) per segment)) at the value, low and high ends: the hot path reads these.
+    # (o, ((alpha, 1/beta) per segment), (block_t0, 1/block_beta) or None) at the value,
+    # low and high ends: the hot path reads these.
     _val: tuple = field(init=False, repr=False, compare=False)
     _lo: tuple = field(init=False, repr=False, compare=False)
     _hi: tuple = field(init=False, repr=False, compare=False)
@@ -99,19 +109,48 @@ class Fabric:
         segs = tuple(sorted(self.segments, key=lambda s: s.min_bytes))
         object.__setattr__(self, "segments", segs)
         object.__setattr__(self, "_breaks", tuple(s.min_bytes for s in segs[1:]))
+        if (self.block_t0 is None) != (self.block_beta is None):
+            raise ValueError("block_t0 and block_beta come together")
+        t0, beta = self.block_t0, self.block_beta
+        blocks = (
+            (None,) * 3
+            if t0 is None
+            else (
+                (t0.value, 1.0 / beta.value),
+                (t0.low, 1.0 / beta.high),
+                (t0.high, 1.0 / beta.low),
+            )
+        )
         object.__setattr__(
             self,
             "_val",
-            (self.overhead.value, tuple((s.alpha.value, 1.0 / s.beta.value) for s in segs)),
+            (
+                self.overhead.value,
+                tuple((s.alpha.value, 1.0 / s.beta.value) for s in segs),
+                blocks[0],
+            ),
         )
         object.__setattr__(
-            self, "_lo", (self.overhead.low, tuple((s.alpha.low, 1.0 / s.beta.high) for s in segs))
+            self,
+            "_lo",
+            (
+                self.overhead.low,
+                tuple((s.alpha.low, 1.0 / s.beta.high) for s in segs),
+                blocks[1],
+            ),
         )
         object.__setattr__(
-            self, "_hi", (self.overhead.high, tuple((s.alpha.high, 1.0 / s.beta.low) for s in segs))
+            self,
+            "_hi",
+            (
+                self.overhead.high,
+                tuple((s.alpha.high, 1.0 / s.beta.low) for s in segs),
+                blocks[2],
+            ),
         )
         object.__setattr__(self, "_n_half", self._half_performance())
         coefs = [self.overhead] + [c for seg in segs for c in (seg.alpha, seg.beta)]
+        coefs += [t0, beta] if t0 is not None else []
         object.__setattr__(self, "_prior", any(c.prior for c in coefs))
         object.__setattr__(self, "_rho", _relative_spread(coefs))
 
@@ -125,14 +164,19 @@ class Fabric:
         return self._breaks
 
     def terms(self, end: int = 0) -> tuple:
-        """(o, ((alpha, 1/beta) per segment)) at the value (0), low (1) or high (2) end."""
+        """(o, ((alpha, 1/beta) per segment), (block_t0, 1/block_beta) or None) at the
+        value (0), low (1) or high (2) end."""
         return (self._val, self._lo, self._hi)[end]
 
     def segment_index(self, nbytes: float) -> int:
         return bisect_right(self._breaks, nbytes)
 
     def wire(self, nbytes: float, messages: int = 1) -> float:
-        """Time to move ``nbytes`` as ``messages`` messages (alpha + m*o + n/beta)."""
+        """Time to move ``nbytes`` as ``messages`` messages (alpha + m*o + n/beta; a fetch
+        of several pages on the page terms, where measured)."""
+        blocks = self._val[2]
+        if messages != 1 and blocks is not None:
+            return blocks[0] + messages * self.overhead.value + nbytes * blocks[1]
         a, inv_b = self._val[1][bisect_right(self._breaks, nbytes)]
         return a + messages * self.overhead.value + nbytes * inv_b
 
@@ -350,9 +394,15 @@ def _dominates(a: Fabric, b: Fabric, strict: bool) -> bool:
     its route and fetch times are never below the dominating fabric's. When ``a`` comes
     later in the profile, ties would have gone to ``b``, so only strict dominance counts.
     """
-    o_a, segs_a = a._val
-    o_b, segs_b = b._val
+    o_a, segs_a, blocks_a = a._val
+    o_b, segs_b, blocks_b = b._val
     if o_a > o_b:
+        return False
+    # A fetch page by page: where either fabric has page terms, only the same terms no
+    # larger settle it (a line against the other's segments is left undecided: both stay).
+    if (blocks_a is None) != (blocks_b is None):
+        return False
+    if blocks_a is not None and (blocks_a[0] > blocks_b[0] or blocks_a[1] > blocks_b[1]):
         return False
 
     def gap(n: float, side) -> float:
@@ -523,7 +573,7 @@ def device_side(ops, terms: tuple, rows, chunk, reuse, segments, fetch_cost, blo
 def route_legs(ops, breaks: tuple, fabric_terms: tuple, s_q, s_o):
     """Route's two messages, each alpha + o + bytes/beta of the segment its size falls in:
     (send, return, (alpha_q, 1/beta_q), (alpha_o, 1/beta_o))."""
-    o, segs = fabric_terms
+    o, segs = fabric_terms[0], fabric_terms[1]
     if breaks:
         a_q, ib_q = ops.piece(breaks, segs, s_q)
         a_o, ib_o = ops.piece(breaks, segs, s_o)
@@ -537,13 +587,17 @@ def wire_costs(ops, breaks: tuple, fabric_terms: tuple, s_q, s_o, s_kv, n_seg):
 
     route: the query out and the answer back, one message each: 2 alpha + 2 o + bytes/beta;
     fetch: the KV as n_seg messages: alpha + n_seg o + S_kv/beta. Each size reads the
-    segment (protocol regime) it falls in.
+    segment (protocol regime) it falls in; a fetch of several pages reads the fabric's page
+    terms instead, where it has them (block_t0 + n_seg o + S_kv/block_beta).
     """
-    o, segs = fabric_terms
+    o, segs, blocks = fabric_terms
     send, ret, (a_q, ib_q), (a_o, ib_o) = route_legs(ops, breaks, fabric_terms, s_q, s_o)
     a_kv, ib_kv = ops.piece(breaks, segs, s_kv) if breaks else segs[0]
     route_fixed = a_q + a_o + 2 * o
     fetch_wire = a_kv + n_seg * o + s_kv * ib_kv
+    if blocks is not None and ops.any(n_seg != 1):
+        paged = blocks[0] + n_seg * o + s_kv * blocks[1]
+        fetch_wire = ops.where(n_seg != 1, paged, fetch_wire)
     return send + ret, fetch_wire, (route_fixed, ib_q, ib_o)
 
 

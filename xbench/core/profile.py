@@ -226,6 +226,19 @@ def parse_profile(data: dict, path: str = "<profile>") -> Profile:
         overhead = _coef(
             raw.get("overhead", {"value": 0, "unit": "s"}), f"fabric {name} overhead", "time", path
         )
+        if ("block_t0" in raw) != ("block_beta" in raw):
+            raise ProfileError(
+                f"profile {path}: fabric {name} has one of block_t0 and block_beta",
+                "give both (a fetch page by page, from xbench probe -p offgather) or neither",
+            )
+        pages = {}
+        if "block_t0" in raw:
+            pages = {
+                "block_t0": _coef(raw["block_t0"], f"fabric {name} block_t0", "time", path),
+                "block_beta": _coef(
+                    raw["block_beta"], f"fabric {name} block_beta", "rate", path, positive=True
+                ),
+            }
         fabrics.append(
             Fabric(
                 name,
@@ -234,6 +247,7 @@ def parse_profile(data: dict, path: str = "<profile>") -> Profile:
                 raw.get("pair_class", "inter-node"),
                 raw.get("transport", "mpi"),
                 raw.get("heldout_mape"),
+                **pages,
             )
         )
     dev = data.get("device")
@@ -319,6 +333,9 @@ def profile_to_toml_dict(profile: Profile) -> dict:
         }
         if f.heldout_mape is not None:
             entry["heldout_mape"] = f.heldout_mape
+        if f.block_t0 is not None:
+            entry["block_t0"] = _coef_table(f.block_t0, "us", 1e-6)
+            entry["block_beta"] = _coef_table(f.block_beta, "GB/s", 1e9)
         entry["segment"] = [
             {
                 "min_bytes": int(s.min_bytes),

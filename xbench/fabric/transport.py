@@ -175,6 +175,19 @@ class Transport(ABC):
             total += self.exchange(nbytes, nbytes, 1)
         return total
 
+    def fetch_offcache(self, mode: str, k: int, block: int, iters: int) -> float:
+        """``fetch`` with cold caches, flushed as :meth:`exchange_offcache` flushes: the
+        holder's pages and the requester's free pages out of cache, as a fetch that follows
+        attention finds them (on this VM's shared memory 64 pages of 72 KiB took twice as
+        long so as from the pages the previous fetch left in cache)."""
+        flush = self._flush_buffer()
+        total = 0.0
+        for _ in range(iters):
+            flush[::64] += 1
+            self.pair.comm.Barrier()
+            total += self.fetch(mode, k, block, 1)
+        return total
+
     def _flush_buffer(self) -> np.ndarray:
         if self._flush is None:
             from xbench.host import llc_bytes

@@ -9,7 +9,9 @@ Fabric (per fabric label, pair class and transport):
   window of W messages is limited by per-message cost: o = size / windowed rate;
 - alpha = (segment intercept - o), so that a single message costs alpha + o + n/beta,
   exactly the measured one-way time, and each further message in a batch adds o;
-- held-out error: refit on 3 of every 4 sizes, predict the 4th, mean |error| / measured.
+- held-out error: refit on 3 of every 4 sizes, predict the 4th, mean |error| / measured;
+- where the probe ran ``offgather`` (k pages as k messages, caches cold), the page terms of
+  a fetch sent page by page: t - k*o = block_t0 + k*s / block_beta.
 
 Device (from ``xbench kernel`` samples, dense selections preferred):
 T_c = t0 + c*(a + R*k); T_m = m0 + R*p*m1 (+ c*m2 where the merges were timed after
@@ -127,6 +129,12 @@ def fit_fabrics(
             g, (g_lo, g_hi) = max(f.g, 1e-15), f.g_ci
             beta = Coef(1.0 / g, 1.0 / max(g_hi, g), 1.0 / max(min(g_lo, g), 1e-15), "B/s")
             segments.append(Segment(segment_start(fits, i), alpha, beta))
+        pages = measured[
+            (measured.pattern == "offgather")
+            & (measured.fabric == fabric)
+            & (measured.pair_class == pair_class)
+            & (measured.transport == transport)
+        ]
         fabrics.append(
             Fabric(
                 str(fabric),
@@ -135,9 +143,25 @@ def fit_fabrics(
                 str(pair_class),
                 str(transport),
                 heldout_mape(n, t),
+                **fit_pages(pages, overhead.value),
             )
         )
     return fabrics
+
+
+def fit_pages(samples: pd.DataFrame, o: float) -> dict:
+    """block_t0 and block_beta from ``offgather`` samples (k pages as k messages, cold):
+    t - k*o = block_t0 + k*s / block_beta, the model's wire for a fetch page by page; {}
+    without samples at two page counts or more."""
+    if samples.empty or samples.blocks.nunique() < 2:
+        return {}
+    k = samples.blocks.to_numpy(float)
+    moved = k * samples.block_bytes.to_numpy(float)
+    t = samples.value.to_numpy(float) * 1e-6 - k * o
+    (t0, *t0_ci), (g, *g_ci) = fit_linear(np.column_stack([np.ones_like(k), moved]), t)
+    g = max(g, 1e-15)
+    beta = Coef(1.0 / g, 1.0 / max(g_ci[1], g), 1.0 / max(min(g_ci[0], g), 1e-15), "B/s")
+    return {"block_t0": Coef(t0, *t0_ci, "s"), "block_beta": beta}
 
 
 def _coef(triple, unit: str) -> Coef:

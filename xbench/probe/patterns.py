@@ -11,6 +11,9 @@
   trip both ranks write a buffer twice the last-level cache, untimed, so each message starts
   as one sent after attention has streamed the KV cache through the CPU; one-way = half
   the round trip.
+- ``offgather``: the gather pattern's fetch of k blocks as k messages with caches flushed
+  as ``offcache`` flushes them, as a fetch that follows attention finds its pages: the
+  per-block wire the model charges a fetch sent page by page (``n_seg`` > 1).
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ from dataclasses import dataclass, field
 from xbench.core.units import format_size
 from xbench.fabric.transport import FETCH_MODES, BufferPlan
 
-PATTERNS = ("latency", "bandwidth", "bibw", "rtt", "gather", "offcache")
+PATTERNS = ("latency", "bandwidth", "bibw", "rtt", "gather", "offcache", "offgather")
 OFFCACHE_MAX_ITERS = 16  # round trips per sample: each costs an untimed cache flush
+OFFCACHE_PATTERNS = ("offcache", "offgather")
 DEFAULT_PATTERNS = ("latency", "bandwidth")
 
 
@@ -44,6 +48,8 @@ class Case:
             return f"rtt {self.rows}x{format_size(self.size_bytes // self.rows)}"
         if self.pattern == "gather":
             return f"gather {self.mode} {self.blocks}x{format_size(self.block_bytes)}"
+        if self.pattern == "offgather":
+            return f"offgather {self.blocks}x{format_size(self.block_bytes)}"
         return f"{self.pattern} {format_size(self.size_bytes)}"
 
     def run(self, transport, iters: int) -> float:
@@ -60,13 +66,15 @@ class Case:
             return transport.fetch(self.mode, self.blocks, self.block_bytes, iters)
         if self.pattern == "offcache":
             return transport.exchange_offcache(self.size_bytes, iters)
+        if self.pattern == "offgather":
+            return transport.fetch_offcache(self.mode, self.blocks, self.block_bytes, iters)
         raise ValueError(self.pattern)
 
     def value(self, elapsed: float, iters: int) -> float:
         """Per-iteration figure in ``unit`` from the elapsed seconds of ``iters``."""
         if self.pattern in ("latency", "offcache"):
             return elapsed / (2 * iters) * 1e6
-        if self.pattern in ("rtt", "gather"):
+        if self.pattern in ("rtt", "gather", "offgather"):
             return elapsed / iters * 1e6
         if self.pattern == "bandwidth":
             return self.size_bytes * self.window * iters / elapsed / 1e6
@@ -76,7 +84,7 @@ class Case:
 
     def first_iters(self) -> int:
         """Iterations of the calibration sample: about a millisecond at 1 GB/s."""
-        if self.pattern == "offcache":
+        if self.pattern in OFFCACHE_PATTERNS:
             return 1
         moved = (
             self.size_bytes * (self.window or 1) * (2 if self.pattern in ("latency", "bibw") else 1)
@@ -86,7 +94,7 @@ class Case:
     @property
     def max_iters(self) -> int | None:
         """A cap on iterations per sample where untimed work surrounds each one."""
-        return OFFCACHE_MAX_ITERS if self.pattern == "offcache" else None
+        return OFFCACHE_MAX_ITERS if self.pattern in OFFCACHE_PATTERNS else None
 
 
 # OSU micro-benchmarks' own counts (osu_util.h, 5.x-7.x): (iterations, skipped iterations)
@@ -161,6 +169,19 @@ def plan_cases(spec: SweepSpec) -> list[Case]:
                 for k in spec.blocks
                 for mode in spec.fetch_modes
             ]
+        elif pattern == "offgather":  # the page-by-page fetch the model charges n_seg > 1
+            cases += [
+                Case(
+                    "offgather",
+                    k * spec.block_bytes,
+                    "fetch_messages_offcache",
+                    "us",
+                    blocks=k,
+                    block_bytes=spec.block_bytes,
+                    mode="messages",
+                )
+                for k in spec.blocks
+            ]
         else:
             raise ValueError(f"unknown pattern {pattern}")
     return cases
@@ -175,7 +196,7 @@ def buffer_plan(spec: SweepSpec) -> BufferPlan:
 def buffer_needs(cases: list[Case]) -> tuple[int, int, int, int]:
     """(largest message, largest window, most blocks, block bytes) over the cases."""
     message = max(
-        [c.size_bytes for c in cases if c.pattern != "gather"]
+        [c.size_bytes for c in cases if c.blocks is None]
         + [c.return_bytes or 0 for c in cases]
         + [1]
     )

@@ -206,7 +206,9 @@ class _Costs:
     def _link(self, nbytes: float, messages: int) -> tuple[float, float]:
         """(time the message occupies the link, alpha in flight after it)."""
         total = self.fabric.wire(nbytes, messages)
-        o, segs = self.fabric.terms(0)
+        _, segs, pages = self.fabric.terms(0)
+        if messages != 1 and pages is not None:  # a fetch page by page: its own terms
+            return total - pages[0], pages[0]
         alpha = segs[self.fabric.segment_index(nbytes)][0]
         return total - alpha, alpha
 
