@@ -241,6 +241,10 @@ def test_a_fetch_page_by_page_is_fitted_from_offgather_and_priced_on_its_own_ter
     assert fabric.block_t0.low <= fabric.block_t0.value <= fabric.block_t0.high
     (plain,) = fit_fabrics(frame)  # no offgather: no page terms, the segments price it
     assert plain.block_t0 is None and plain.block_beta is None
+    one = pd.DataFrame([r for r in rows if r["blocks"] == 16])
+    warnings = []
+    (single,) = fit_fabrics(pd.concat([frame, one], ignore_index=True), warnings=warnings)
+    assert single.block_t0 is None and any("one page count" in w for w in warnings)
 
     device = load_profile("profiles/h100-priors.toml").device
     chunk = 4096

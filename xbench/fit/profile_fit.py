@@ -135,6 +135,11 @@ def fit_fabrics(
             & (measured.pair_class == pair_class)
             & (measured.transport == transport)
         ]
+        if len(pages) and pages.blocks.nunique() < 2:
+            warnings.append(
+                f"fabric {fabric}: offgather at one page count fits no page terms; a fetch "
+                "page by page is priced on the segments (probe --blocks 1,4,16,64 measures them)"
+            )
         fabrics.append(
             Fabric(
                 str(fabric),
