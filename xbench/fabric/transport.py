@@ -178,8 +178,8 @@ class Transport(ABC):
     def fetch_offcache(self, mode: str, k: int, block: int, iters: int) -> float:
         """``fetch`` with cold caches, flushed as :meth:`exchange_offcache` flushes: the
         holder's pages and the requester's free pages out of cache, as a fetch that follows
-        attention finds them (on this VM's shared memory 64 pages of 72 KiB took twice as
-        long so as from the pages the previous fetch left in cache)."""
+        attention finds them (over this VM's shared memory, 64 pages of 72 KiB took about
+        twice as long so as from pages the previous fetch had left in cache)."""
         flush = self._flush_buffer()
         total = 0.0
         for _ in range(iters):
