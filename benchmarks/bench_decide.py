@@ -1,6 +1,6 @@
 """How fast the predicate is: one scalar decide() call, and decide_grid() throughput.
 
-    python benchmarks/bench_decide.py [--profile profiles/h100-priors.toml] [--rows 10000000]
+    python benchmarks/bench_decide.py [--profile h100-priors] [--rows 10000000]
 
 Targets (issue 4): a scalar decide() costs at most 2 us; decide_grid() evaluates at least
 10 million decisions per second. Prints the best of several repeats (timeit-style: the
@@ -18,6 +18,7 @@ import pandas as pd
 
 import xbench
 from xbench.core.grid import decide_grid
+from xbench.resources import profile_path
 
 
 def scalar(profile, request, calls: int, repeats: int) -> list[float]:
@@ -53,11 +54,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--profile", default="profiles/h100-priors.toml")
+    ap.add_argument("--profile", default="h100-priors", help="a profile file or a shipped name")
     ap.add_argument("--rows", type=int, default=10_000_000)
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
-    profile = xbench.load_profile(args.profile)
+    profile = xbench.load_profile(profile_path(args.profile))
     first = profile.fabrics[0].name
     for label, req in (
         (

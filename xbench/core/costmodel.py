@@ -398,12 +398,17 @@ def _dominates(a: Fabric, b: Fabric, strict: bool) -> bool:
     o_b, segs_b, blocks_b = b._val
     if o_a > o_b:
         return False
-    # A fetch page by page: where either fabric has page terms, only the same terms no
-    # larger settle it (a line against the other's segments is left undecided: both stay).
+    # A fetch page by page: where either fabric has page terms, only page terms settle it
+    # (a line against the other's segments is left undecided: both stay). At m >= 2 pages
+    # of n bytes in all, b's time minus a's is (t0_b - t0_a) + m (o_b - o_a) + n (ib_b -
+    # ib_a), smallest at m = 2 and n = 0 when o_a <= o_b and ib_a <= ib_b.
     if (blocks_a is None) != (blocks_b is None):
         return False
-    if blocks_a is not None and (blocks_a[0] > blocks_b[0] or blocks_a[1] > blocks_b[1]):
-        return False
+    if blocks_a is not None:
+        (t0_a, ib_a), (t0_b, ib_b) = blocks_a, blocks_b
+        fixed = (t0_b + 2 * o_b) - (t0_a + 2 * o_a)
+        if ib_a > ib_b or (fixed <= 0 if strict else fixed < 0):
+            return False
 
     def gap(n: float, side) -> float:
         alpha_a, ib_a = segs_a[side(a._breaks, n)]
@@ -573,7 +578,7 @@ def device_side(ops, terms: tuple, rows, chunk, reuse, segments, fetch_cost, blo
 def route_legs(ops, breaks: tuple, fabric_terms: tuple, s_q, s_o):
     """Route's two messages, each alpha + o + bytes/beta of the segment its size falls in:
     (send, return, (alpha_q, 1/beta_q), (alpha_o, 1/beta_o))."""
-    o, segs = fabric_terms[0], fabric_terms[1]
+    o, segs, _ = fabric_terms
     if breaks:
         a_q, ib_q = ops.piece(breaks, segs, s_q)
         a_o, ib_o = ops.piece(breaks, segs, s_o)
