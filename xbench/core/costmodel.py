@@ -112,42 +112,17 @@ class Fabric:
         if (self.block_t0 is None) != (self.block_beta is None):
             raise ValueError("block_t0 and block_beta come together")
         t0, beta = self.block_t0, self.block_beta
-        blocks = (
-            (None,) * 3
-            if t0 is None
-            else (
-                (t0.value, 1.0 / beta.value),
-                (t0.low, 1.0 / beta.high),
-                (t0.high, 1.0 / beta.low),
+        # the fast end takes each time's low and each rate's high; the slow end the reverse
+        for name, time_end, rate_end in (
+            ("_val", "value", "value"),
+            ("_lo", "low", "high"),
+            ("_hi", "high", "low"),
+        ):
+            segs_end = tuple(
+                (getattr(s.alpha, time_end), 1.0 / getattr(s.beta, rate_end)) for s in segs
             )
-        )
-        object.__setattr__(
-            self,
-            "_val",
-            (
-                self.overhead.value,
-                tuple((s.alpha.value, 1.0 / s.beta.value) for s in segs),
-                blocks[0],
-            ),
-        )
-        object.__setattr__(
-            self,
-            "_lo",
-            (
-                self.overhead.low,
-                tuple((s.alpha.low, 1.0 / s.beta.high) for s in segs),
-                blocks[1],
-            ),
-        )
-        object.__setattr__(
-            self,
-            "_hi",
-            (
-                self.overhead.high,
-                tuple((s.alpha.high, 1.0 / s.beta.low) for s in segs),
-                blocks[2],
-            ),
-        )
+            pages = None if t0 is None else (getattr(t0, time_end), 1.0 / getattr(beta, rate_end))
+            object.__setattr__(self, name, (getattr(self.overhead, time_end), segs_end, pages))
         object.__setattr__(self, "_n_half", self._half_performance())
         coefs = [self.overhead] + [c for seg in segs for c in (seg.alpha, seg.beta)]
         coefs += [t0, beta] if t0 is not None else []

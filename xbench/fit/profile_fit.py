@@ -95,16 +95,16 @@ def fit_fabrics(
             "no latency samples to fit a fabric", "run xbench probe with -p latency (the default)"
         )
     fabrics = []
-    for (fabric, pair_class, transport), _, group in groups:
+    for key, _, group in groups:
+        fabric, pair_class, transport = key
         n = group.size_bytes.to_numpy(float)
         t = group.value.to_numpy(float) * 1e-6
-        bw = measured[
-            (measured.pattern == "bandwidth")
-            & (measured.fabric == fabric)
+        same_fabric = (
+            (measured.fabric == fabric)
             & (measured.pair_class == pair_class)
             & (measured.transport == transport)
-        ]
-        over = fit_overhead(bw)
+        )
+        over = fit_overhead(measured[same_fabric & (measured.pattern == "bandwidth")])
         if over is not None:
             overhead = Coef(*over, "s")
         else:
@@ -126,16 +126,11 @@ def fit_fabrics(
             alpha = Coef(
                 max(f.a - o, 0.0), max(f.a_ci[0] - o_hi, 0.0), max(f.a_ci[1] - o_lo, 0.0), "s"
             )
-            g, (g_lo, g_hi) = max(f.g, 1e-15), f.g_ci
-            beta = Coef(1.0 / g, 1.0 / max(g_hi, g), 1.0 / max(min(g_lo, g), 1e-15), "B/s")
+            beta = _rate(f.g, *f.g_ci)
             segments.append(Segment(segment_start(fits, i), alpha, beta))
-        pages = measured[
-            (measured.pattern == "offgather")
-            & (measured.fabric == fabric)
-            & (measured.pair_class == pair_class)
-            & (measured.transport == transport)
-        ]
-        if len(pages) and pages.blocks.nunique() < 2:
+        pages = measured[same_fabric & (measured.pattern == "offgather")]
+        page_terms = fit_pages(pages, o)
+        if len(pages) and not page_terms:
             warnings.append(
                 f"fabric {fabric}: offgather at one page count fits no page terms; a fetch "
                 "page by page is priced on the segments (probe --blocks 1,4,16,64 measures them)"
@@ -148,7 +143,7 @@ def fit_fabrics(
                 str(pair_class),
                 str(transport),
                 heldout_mape(n, t),
-                **fit_pages(pages, overhead.value),
+                **page_terms,
             )
         )
     return fabrics
@@ -164,9 +159,14 @@ def fit_pages(samples: pd.DataFrame, o: float) -> dict:
     moved = k * samples.block_bytes.to_numpy(float)
     t = samples.value.to_numpy(float) * 1e-6 - k * o
     (t0, *t0_ci), (g, *g_ci) = fit_linear(np.column_stack([np.ones_like(k), moved]), t)
+    return {"block_t0": Coef(t0, *t0_ci, "s"), "block_beta": _rate(g, *g_ci)}
+
+
+def _rate(g: float, g_lo: float, g_hi: float) -> Coef:
+    """A rate (B/s) from a fitted time per byte and its interval: the slow end of the rate
+    is the high end of the time."""
     g = max(g, 1e-15)
-    beta = Coef(1.0 / g, 1.0 / max(g_ci[1], g), 1.0 / max(min(g_ci[0], g), 1e-15), "B/s")
-    return {"block_t0": Coef(t0, *t0_ci, "s"), "block_beta": beta}
+    return Coef(1.0 / g, 1.0 / max(g_hi, g), 1.0 / max(min(g_lo, g), 1e-15), "B/s")
 
 
 def _coef(triple, unit: str) -> Coef:
