@@ -64,6 +64,58 @@ def test_phase_means_from_both_ranks_stamps():
     assert phase_means("local", [1.0, 4.0, 5.0, 9.0], [], 2) == {"attention": 3.5}
 
 
+def test_validate_rotates_chunks_over_twice_the_cache_as_the_sweep_does(monkeypatch):
+    """Validate's sets add up to twice the last cache in chunks read, as the kernel sweep's
+    attention sets do, so the model's attention and validate's are both timed from memory."""
+    from xbench.validate.worker import ValidateConfig, _sets_needed
+
+    monkeypatch.setattr("xbench.host.llc_bytes", lambda: 8 * 2**20)
+    cfg = ValidateConfig(out_dir="-", run_id="-")
+    for chunk in (64, 256, 1024, 4096):
+        sets, chunk_bytes = _sets_needed(cfg, chunk, 4), chunk * cfg.dim * 2
+        assert (sets - 1) * chunk_bytes < 2 * 8 * 2**20 <= sets * chunk_bytes
+
+
+def test_validate_sets_past_the_fresh_ones_are_copies_in_their_own_memory():
+    """Built by the real ranks' code on one real rank (MPI_COMM_SELF): the copies hold the
+    fresh sets' values in memory of their own, with their own free pages, and every set's
+    local attention gives the checked answer."""
+    code = """
+import json, torch
+from mpi4py import MPI
+from xbench.validate.worker import Peer, ValidateConfig
+from xbench.kernels.bench import FRESH_SETS
+cfg = ValidateConfig(out_dir="-", run_id="-", local_tokens=64)
+peer = Peer(cfg, 2, 128, MPI.COMM_SELF, FRESH_SETS + 3)
+holders = [h for h, _, _, _ in peer.sets]
+results = [peer.local(i) for i in range(len(peer.sets))]
+print(json.dumps({
+    "sets": len(peer.sets),
+    "holders": len({h.data_ptr() for h in holders}),
+    "targets": len({t.data_ptr() for t in peer.targets}),
+    "copy_equal": all(torch.equal(holders[FRESH_SETS + k], holders[k]) for k in range(3)),
+    "same_answer": all(torch.equal(results[FRESH_SETS + k][0], results[k][0]) for k in range(3)),
+    "partials": len(peer.local_partials) >= len(peer.sets),
+    "check": peer.check("local", results[0])[1],
+}))
+"""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got == {
+        "sets": 11,
+        "holders": 11,
+        "targets": 11,
+        "copy_equal": True,
+        "same_answer": True,
+        "partials": True,
+        "check": True,
+    }
+
+
 def test_bias_and_phase_errors_name_the_term_that_is_off():
     summary = pd.DataFrame(
         {

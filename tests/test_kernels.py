@@ -381,6 +381,40 @@ def test_bench_splice_reads_one_landing_buffer_and_rotates_its_targets():
     assert len({s["cache"].data_ptr() for s in gather}) == len(gather)  # caches rotate
 
 
+def test_bench_rotates_a_serving_caches_pages_over_twice_the_cache(monkeypatch):
+    """Attention's chunk and a splice's free pages come from memory however short the chunk:
+    their sets add up to twice the last cache, copies in memory of their own, within the
+    rotation's memory bound; inputs that follow the step producing them keep at most 8."""
+    from xbench.kernels import bench
+    from xbench.kernels.bench import KernelCase, input_bytes, input_sets
+
+    cache = 4 * 2**20
+    monkeypatch.setattr(bench, "cache_bytes", lambda device: cache)
+    page_bytes = 128 * 576 * 2  # a chunk of 128 tokens
+    attention = input_sets(
+        KernelCase("partial_attention", 1, 16, 128, 576, 512, "bf16", False), "cpu", 0
+    )
+    splice = input_sets(KernelCase("splice", 1, 16, 128, 576, 512, "bf16", False), "cpu", 0)
+    for sets, pages in ((attention, "cache"), (splice, "target")):
+        assert (len(sets) - 1) * page_bytes < 2 * cache <= len(sets) * page_bytes
+        assert len({s[pages].data_ptr() for s in sets}) == len(sets)
+        assert torch.equal(sets[bench.FRESH_SETS][pages], sets[0][pages])  # a copy of set 0
+    assert len({s["q"].data_ptr() for s in attention}) == len(attention)
+    assert all(s["packed"] is splice[0]["packed"] for s in splice)  # the landing buffer: hot
+    merge = input_sets(KernelCase("merge", 1, 16, 128, 576, 512, "bf16", False), "cpu", 0)
+    assert len(merge) == bench.FRESH_SETS
+
+    monkeypatch.setattr(bench, "MAX_ROTATION_BYTES", 2 * 2**20)
+    bounded = input_sets(
+        KernelCase("partial_attention", 1, 16, 128, 576, 512, "bf16", False), "cpu", 0
+    )
+    assert (
+        sum(input_bytes(s) for s in bounded)
+        <= 2 * 2**20
+        < (len(bounded) + 1) * input_bytes(bounded[0])
+    )
+
+
 def test_bf16_kernel_takes_one_page_and_no_page():
     """Dense selections reach the kernel as a row range (one page) or, with no page, as the
     empty partial: zero output, -inf LSE, weighing nothing in a merge."""

@@ -4,15 +4,17 @@ Honest timing: every case first runs untimed warm-ups, then calibrates the calls
 sample so a sample lasts at least ``min_sample_s``, then takes ``samples`` samples. Inputs
 are several fresh sets (at most 8) rotated call by call, enough that their total exceeds
 twice the last-level cache where 8 sets can, so a kernel does not re-read what the previous
-call left in cache. The splice's source is the exception: it is the landing buffer the
-transfer has just written, one buffer kept in cache, so only its target pages rotate.
-Small inputs (a merge of a few rows, a short chunk) stay in cache across 8 sets: they are
-timed with their data cached, as when they directly follow the transfer or the attention
-that produced it. (Flushing the whole cache before each call was
-tried: it also evicts the code and the allocator's state, and made a 64 KB merge 7x slower
-than the same merge inside a routed query.) On CUDA
-the samples are timed with CUDA events around the calls, never host clocks around
-asynchronous work. Python's cyclic collector is off while a case is timed (as in timeit).
+call left in cache. A serving cache's pages (the chunk attention reads, the free pages a
+splice writes) always exceed it, copies of the fresh sets in memory of their own: they are
+read from memory however short the chunk is. The splice's source is the exception: it is
+the landing buffer the transfer has just written, one buffer kept in cache. Other small
+inputs (a merge of a few rows, a short gather) stay in cache across 8 sets: they are timed
+with their data cached, as when they directly follow the transfer or the attention that
+produced it. (Flushing the whole cache before each call was tried: it also evicts the code
+and the allocator's state, and made a 64 KB merge 7x slower than the same merge inside a
+routed query.) On CUDA the samples are timed with CUDA events around the calls, never host
+clocks around asynchronous work. Python's cyclic collector is off while a case is timed
+(as in timeit).
 """
 
 from __future__ import annotations
@@ -219,16 +221,50 @@ def cache_bytes(device: str) -> int:
     return llc_bytes()
 
 
+# Sets past the 8 fresh ones are copies (cold memory costs a copy, not a draw), within this
+# much memory: a host whose last-level cache is huge rotates over less than twice it.
+MAX_ROTATION_BYTES = 512 * 2**20
+FRESH_SETS = 8
+# Kernels whose calls touch a serving cache's pages: attention reads its chunk, a splice
+# writes the free pages. A serving cache is gigabytes, so those pages come from memory
+# however short the chunk is. Eight sets of 256 tokens (2.4 MB) stayed in this VM's 32 MB
+# L3: attention over them ran 1.36x faster at one row than over 64 MB (1.31x at 1,024
+# tokens), a splice into them 1.37x (1.53x at 1,024), which validate's routed and local
+# attention and its fetch's splice, among more memory, did not get.
+COLD_PAGES_KERNELS = ("partial_attention", "splice")
+
+
+def cold_set_count(touched_bytes: int, set_bytes: int, cache: int) -> int:
+    """Sets enough that the pages the calls touch add up to twice ``cache``, within
+    ``MAX_ROTATION_BYTES`` of sets of ``set_bytes`` each."""
+    wanted = math.ceil(2 * cache / max(touched_bytes, 1))
+    return max(1, min(wanted, MAX_ROTATION_BYTES // max(set_bytes, 1)))
+
+
 def input_sets(case: KernelCase, device: str, seed: int) -> list[dict]:
-    """The input sets a case rotates through: up to 8, together over twice the last cache."""
+    """The input sets a case rotates through: up to 8 fresh ones, together over twice the
+    last cache where 8 can; a serving cache's pages always over it (copies added)."""
     first = make_inputs(case, device, seed)
-    count = max(1, min(8, math.ceil(2 * cache_bytes(device) / max(input_bytes(first), 1))))
-    sets = [first] + [make_inputs(case, device, seed + i) for i in range(1, count)]
+    cache = cache_bytes(device)
+    fresh = max(1, min(FRESH_SETS, math.ceil(2 * cache / max(input_bytes(first), 1))))
+    sets = [first] + [make_inputs(case, device, seed + i) for i in range(1, fresh)]
+    shared = set()
     if case.kernel == "splice":
         # A splice reads the landing buffer the transfer has just written (one buffer, in
         # cache) and writes free pages that are not: only the targets rotate.
+        shared.add("packed")
         for inputs in sets[1:]:
             inputs["packed"] = first["packed"]
+    if case.kernel in COLD_PAGES_KERNELS:
+        own = input_bytes({k: v for k, v in first.items() if k not in shared})
+        count = cold_set_count(case.chunk * case.dim * case.elem, own, cache)
+        for i in range(fresh, count):
+            sets.append(
+                {
+                    k: v.clone() if torch.is_tensor(v) and k not in shared else v
+                    for k, v in sets[i % fresh].items()
+                }
+            )
     return sets
 
 

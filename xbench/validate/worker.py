@@ -107,13 +107,18 @@ class Peer:
         bs = cfg.block_size
         pages = -(-chunk // bs)
         self.sets = []
-        for s in range(sets):  # identical on both ranks: same seeds
+        from xbench.kernels.bench import FRESH_SETS
+
+        for s in range(min(sets, FRESH_SETS)):  # identical on both ranks: same seeds
             gen = torch.Generator().manual_seed(1000 * rows + chunk + 7919 * s)
             holder = torch.randn(2 * pages, bs, cfg.dim, generator=gen).to(dt)
             sel = DensePages(torch.randperm(2 * pages, generator=gen)[:pages], chunk)
             local = torch.randn(-(-cfg.local_tokens // bs), bs, cfg.dim, generator=gen).to(dt)
             q = torch.randn(rows, cfg.heads, cfg.dim, generator=gen).to(dt)
             self.sets.append((holder, sel, local, q))
+        for s in range(FRESH_SETS, sets):  # more memory to rotate over: copies, not draws
+            holder, sel, local, q = self.sets[s % FRESH_SETS]
+            self.sets.append((holder.clone(), sel, local, q.clone()))
         # A's free pages: one target per set, so a fetch writes pages not in cache, as a
         # serving cache's free pages are (the bench's splice rotates its targets the same way),
         # and scattered over it as a free list hands them out: attention over pages in order
@@ -155,8 +160,9 @@ class Peer:
             mla_partial_attention(
                 q, local, DensePages(torch.arange(local.shape[0]), cfg.local_tokens), cfg.scale
             )
-            for _, _, local, q in self.sets
+            for _, _, local, q in self.sets[:FRESH_SETS]
         ]
+        self.local_partials *= -(-len(self.sets) // FRESH_SETS)  # a copy's are its source's
 
     # ---- the three paths; A's side returns the merged (out, lse) ----
     def route(self, i: int):
@@ -322,12 +328,19 @@ def phase_means(option: str, requester: list[float], holder: list[float], n: int
 
 
 def _sets_needed(cfg, chunk: int, rows: int) -> int:
+    """Sets enough that the chunks a rank's options attend add up to twice its last-level
+    cache, as the kernel sweep's attention and splice rotate (``cold_set_count``): every
+    option reads its chunk from memory and a fetch splices into cold pages (then attends
+    the chunk it has just spliced, in cache, as a serving instance would)."""
     from xbench.host import llc_bytes
+    from xbench.kernels.bench import cold_set_count
 
     elem = 2 if cfg.dtype == "bf16" else 4
-    # the holder's cache (twice the chunk), the requester's target pages, the query
-    one = (3 * chunk * cfg.dim + rows * cfg.heads * cfg.dim) * elem
-    return max(1, min(8, math.ceil(2 * llc_bytes() / one)))
+    pages = -(-chunk // cfg.block_size) * cfg.block_size
+    # a copy holds the holder's cache and the requester's target (twice the chunk each)
+    # and the query
+    copy = (4 * pages * cfg.dim + rows * cfg.heads * cfg.dim) * elem
+    return cold_set_count(chunk * cfg.dim * elem, copy, llc_bytes())
 
 
 def run_validate(cfg: ValidateConfig, sink) -> None:
