@@ -65,3 +65,18 @@ def pytest_collection_modifyitems(config, items):
                     reason="needs an NVIDIA GPU and driver; none here (xbench env says why)"
                 )
             )
+
+
+@pytest.fixture
+def restore_cpu_path():
+    """Puts the CPU attention path a test chose back as it was."""
+    from xbench.kernels import cpu_bf16
+
+    saved = {k: os.environ.get(k) for k in (cpu_bf16.PATH_ENV, "XBENCH_NO_BF16_KERNEL")}
+    yield
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    cpu_bf16.load.cache_clear()

@@ -178,18 +178,6 @@ def test_conditions_from_runs_and_their_differences():
     assert conditions.from_run_meta(gpu_run)["gpu"] == "NVIDIA H100"
 
 
-@pytest.fixture
-def restore_cpu_path():
-    saved = {k: os.environ.get(k) for k in (cpu_bf16.PATH_ENV, "XBENCH_NO_BF16_KERNEL")}
-    yield
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-    cpu_bf16.load.cache_clear()
-
-
 def test_cpu_attention_path_switch(restore_cpu_path):
     import torch
 

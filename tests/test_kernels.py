@@ -415,6 +415,23 @@ def test_bench_rotates_a_serving_caches_pages_over_twice_the_cache(monkeypatch):
     )
 
 
+def test_bench_merges_one_partial_in_the_wire_format_as_a_route_does(restore_cpu_path):
+    """A route merges the answer it received in the cache dtype with its own fp32 partial:
+    the sweep's CPU merge case is given the same, and both CPU paths merge it right."""
+    from xbench.kernels.bench import KernelCase, case_runner, input_sets
+    from xbench.kernels.torch_backend import _merge_torch
+
+    case = KernelCase("merge", 2, 16, 128, 576, 512, "bf16", False)
+    outs, lses = input_sets(case, "cpu", 0)[0].values()
+    assert [o.dtype for o in outs] == [torch.bfloat16, torch.float32]
+    want, want_lse = _merge_torch(torch.stack([o.float() for o in outs]), torch.stack(lses))
+    for path in ("torch", "c-bf16") if cpu_bf16.cpu_has_bf16() else ("torch",):
+        cpu_bf16.choose_path(path)
+        got, got_lse = case_runner(case, "torch", 1.0)({"outs": outs, "lses": lses})
+        assert torch.allclose(got, want, atol=1e-5), path
+        assert torch.allclose(got_lse, want_lse, atol=1e-5), path
+
+
 def test_bf16_kernel_takes_one_page_and_no_page():
     """Dense selections reach the kernel as a row range (one page) or, with no page, as the
     empty partial: zero output, -inf LSE, weighing nothing in a merge."""

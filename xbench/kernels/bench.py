@@ -168,7 +168,12 @@ def make_inputs(case: KernelCase, device: str, seed: int):
         outs = torch.randn(case.partials, case.rows, case.heads, case.v_dim, generator=gen)
         lses = torch.randn(case.partials, case.rows, case.heads, generator=gen)
         if device == "cpu":  # separate partials, as route and fetch merge them (no stacking)
-            return {"outs": list(outs.unbind(0)), "lses": list(lses.unbind(0))}
+            parts = list(outs.unbind(0))
+            # the first as a route's answer arrives, in the wire format (the cache dtype):
+            # torch's merge converts it (route's merge ran 1.2-1.6x fetch's all-fp32 one on
+            # that path), the C merge reads it in place
+            parts[0] = parts[0].to(dt)
+            return {"outs": parts, "lses": list(lses.unbind(0))}
         return {"outs": outs.to(device), "lses": lses.to(device)}
     if case.kernel == "prefill":  # one sequence of ``chunk`` tokens attending causally
         shape = (1, case.heads, case.chunk)
