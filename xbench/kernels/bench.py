@@ -170,8 +170,8 @@ def make_inputs(case: KernelCase, device: str, seed: int):
         if device == "cpu":  # separate partials, as route and fetch merge them (no stacking)
             parts = list(outs.unbind(0))
             # the first as a route's answer arrives, in the wire format (the cache dtype):
-            # torch's merge converts it (route's merge ran 1.2-1.6x fetch's all-fp32 one on
-            # that path), the C merge reads it in place
+            # torch's merge converts it (route's merge ran up to 1.7x fetch's all-fp32 one
+            # on that path), the C merge reads it in place
             parts[0] = parts[0].to(dt)
             return {"outs": parts, "lses": list(lses.unbind(0))}
         return {"outs": outs.to(device), "lses": lses.to(device)}
