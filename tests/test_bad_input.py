@@ -212,6 +212,13 @@ def test_usage_errors_are_one_line_too(xbench, args, words):
     assert words in line and "--help" in line
 
 
+def _interruptible():
+    """Ctrl-C's default in the child: a test run started in the background (``cmd &`` in a
+    shell without job control, as some runners start jobs) inherits SIGINT ignored, and a
+    Python started so keeps ignoring it, as a Unix program should."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_an_interrupted_probe_says_where_its_results_are(tmp_path):
     out = tmp_path / "run"
     proc = subprocess.Popen(
@@ -221,6 +228,7 @@ def test_an_interrupted_probe_says_where_its_results_are(tmp_path):
         stderr=subprocess.PIPE,
         text=True,
         cwd=ROOT,
+        preexec_fn=_interruptible,
     )
     deadline = time.monotonic() + 120
     while not list((out / PROBE_SAMPLES).glob("part-*.parquet")):  # a case finished
