@@ -94,10 +94,13 @@ def _signature_lengths() -> dict[str, int]:
 
 
 class _Recorder(CudaBackend):
-    """The backend up to the launch call: argument packing without a driver."""
+    """The backend up to the launch call: argument packing without a driver (CPU tensors
+    stand in for device ones, so the device check is off unless a test turns it on)."""
 
-    def __init__(self):
+    def __init__(self, check_device=False):
         self.calls = []
+        if not check_device:
+            self._on_gpu = lambda *tensors: None
 
     def _launch(self, name, grid, block, *args):
         self.calls.append((name, grid, block, args))
@@ -128,6 +131,24 @@ def test_launch_arguments_match_kernel_signatures():
         assert not any(isinstance(a, float) for a in args)  # Python floats would pass as doubles
         assert 0 < block <= 1024 and all(g > 0 for g in grid)
     assert backend.calls[0][1] == (8, 3)  # one block per (head, row)
+
+
+def test_cpu_tensors_are_refused_before_a_launch():
+    """Host pointers in a kernel faulted the H100 (CUDA_ERROR_ILLEGAL_ADDRESS, and every
+    later call of the process with it) when gpu_kernels.py ran with --device cpu there."""
+    backend = _Recorder(check_device=True)
+    q = torch.randn(1, 8, 576, dtype=torch.bfloat16)
+    cache = torch.randn(4, 64, 576, dtype=torch.bfloat16)
+    calls = (
+        lambda: backend.partial_attention(q, cache, torch.arange(10), 0.1, 512),
+        lambda: backend.merge_partials(torch.zeros(2, 1, 8, 512), torch.zeros(2, 1, 8)),
+        lambda: backend.gather_kv(cache, torch.arange(10)),
+        lambda: backend.splice_kv(cache, torch.zeros(10, 576, dtype=torch.bfloat16), [1], 0),
+    )
+    for call in calls:
+        with pytest.raises(BackendUnavailable, match="take CUDA tensors, not cpu ones"):
+            call()
+    assert backend.calls == []
 
 
 # ---- on a GPU ---------------------------------------------------------------------------

@@ -188,3 +188,22 @@ def test_interface_addresses_of_this_host():
     found = interface_addresses()
     assert ("lo", "127.0.0.1") in found
     assert all(len(ip.split(".")) == 4 for _, ip in found)
+
+
+def test_the_query_is_asked_of_a_started_mpi_only():
+    """MPICH's MPIX_GPU_query_support aborted ``xbench env`` on an H100 host: env does not
+    start MPI. Unstarted, the query is not asked; env asks it in a child that starts MPI."""
+    import subprocess
+    import sys
+
+    from xbench.capabilities import _cuda_aware_in_a_started_mpi
+
+    code = (
+        "import mpi4py; mpi4py.rc.initialize = False; "
+        "from xbench.fabric.mpi_device import cuda_aware_mpi; print(cuda_aware_mpi())"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "(None, 'MPI is not started" in done.stdout
+    supported, how = _cuda_aware_in_a_started_mpi()
+    assert supported is False and how.endswith("= 0"), how

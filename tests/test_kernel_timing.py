@@ -4,6 +4,7 @@ since FlashMLA and FlashInfer need a Hopper GPU), and the GPU benchmark script o
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import types
@@ -170,9 +171,16 @@ def test_gpu_benchmark_script_runs_on_a_cpu(tmp_path):
         text=True,
         timeout=600,
         cwd=tmp_path,
+        # triton's kernels on CPU tensors run under the interpreter, on a GPU machine too
+        env={**os.environ, "TRITON_INTERPRET": "1"},
     )
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "cuda backend: torch sees no CUDA device here" in r.stdout  # why a backend is absent
+    # why a backend is absent: no GPU here, or (on a GPU machine) CPU tensors it refuses
+    assert (
+        "cuda backend: torch sees no CUDA device here" in r.stdout
+        or "cuda-ref" in r.stdout
+        and "take CUDA tensors, not cpu ones" in r.stdout
+    )
     samples = read_table(out, KERNEL_SAMPLES)
     timed = samples[~samples.kernel.str.startswith("ceiling_")]
     expected = {"torch", "plain-torch-eager"} | ({"triton"} if _has_triton() else set())
@@ -211,3 +219,17 @@ def test_a_slow_first_call_does_not_leave_samples_of_one_call():
     assert timings[0][:2] == (1, True) and timings[0][2] >= 0.3
     assert [warm for _, warm, _ in timings] == [True, True, True, False, False, False]
     assert all(n > 100 for n, _, _ in timings[2:])
+
+
+@pytest.mark.gpu
+def test_every_sweep_kernel_replays_from_a_cuda_graph(xbench, tmp_path):
+    """The default sweep on a GPU: the splice copied its page list and RoPE frequencies from
+    the host inside the graph's capture and stopped ``xbench kernel`` on an H100."""
+    out = tmp_path / "k"
+    r = xbench(
+        "kernel", "--kernels", "partial_attention,merge,gather,splice", "--rows", "1",
+        "--chunk", "1024", "--samples", "2", "--launch", "graph", "--out", out,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    samples = read_table(out, KERNEL_SAMPLES)
+    assert {"partial_attention", "merge", "gather", "splice"} <= set(samples.kernel)

@@ -42,8 +42,9 @@ constexprs = {"UPCAST": False, "PRECISION": "tf32", "DIM": 576, "LAT": 512, "RP"
 signature = {a: "constexpr" if a.isupper() else types.get(a, "i32") for a in kernel.arg_names}
 aligned = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(kernel.arg_names)
            if signature[a] != "constexpr" and a not in ("n_selected", "scale")}
-for m, n, warps, stages in triton_mla.GPU_TILES:
-    source = ASTSource(kernel, signature, {**constexprs, "BLOCK_M": m, "BLOCK_N": n}, aligned)
+for m, n, warps, stages, parts in triton_mla.GPU_TILES:
+    tile = {"BLOCK_M": m, "BLOCK_N": n, "VSPLIT": parts}
+    source = ASTSource(kernel, signature, {**constexprs, **tile}, aligned)
     compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
                               options={"num_warps": warps, "num_stages": stages})
     with tempfile.TemporaryDirectory() as tmp:
@@ -52,7 +53,7 @@ for m, n, warps, stages in triton_mla.GPU_TILES:
         usage = subprocess.run([sys.argv[1], "--dump-resource-usage", str(cubin)],
                                capture_output=True, text=True, check=True).stdout
     found = dict(re.findall(r"(REG|STACK|LOCAL):(\d+)", usage))
-    print(json.dumps({"tile": [m, n, warps, stages], "shared": compiled.metadata.shared,
+    print(json.dumps({"tile": [m, n, warps, stages, parts], "shared": compiled.metadata.shared,
                       "wgmma": "wgmma" in compiled.asm["ptx"],
                       **{k.lower(): int(v) for k, v in found.items()}}))
 """
@@ -80,5 +81,5 @@ def test_every_gpu_tile_fits_an_h100_and_spills_nothing(compiled_tiles):
     for tile in compiled_tiles:
         assert 0 < tile["shared"] <= H100_SHARED, tile
         assert tile["reg"] <= 255 and tile["stack"] == 0 and tile["local"] == 0, tile
-    # the largest tile, 64 query rows, runs on Hopper's warpgroup MMA
-    assert any(t["wgmma"] for t in compiled_tiles if t["tile"][0] == 64)
+    # the preferred tile, 128 query rows, runs on Hopper's warpgroup MMA
+    assert compiled_tiles[0]["tile"][0] == 128 and compiled_tiles[0]["wgmma"]

@@ -6,8 +6,11 @@ later commands use the same checks to explain why a path is unavailable.
 
 from __future__ import annotations
 
+import json
 import platform
 import shutil
+import subprocess
+import sys
 from dataclasses import dataclass
 
 
@@ -289,10 +292,35 @@ def _cuda_aware_capability(mpi_ok: bool, gpus: int, no_gpu: str) -> Capability:
         return Capability(name, False, f"{no_gpu}; needs a CUDA-aware MPI too")
     if not mpi_ok:
         return Capability(name, False, "no MPI")
-    from xbench.fabric.mpi_device import cuda_aware_mpi
-
-    supported, how = cuda_aware_mpi()
+    supported, how = _cuda_aware_in_a_started_mpi()
     return Capability(name, bool(supported), f"CUDA-aware MPI: {how}")
+
+
+def _cuda_aware_in_a_started_mpi() -> tuple[bool | None, str]:
+    """The query asked in a child process that starts MPI, as a rank would: MPICH's
+    ``MPIX_GPU_query_support`` aborts a process that has not called ``MPI_Init`` (it did so
+    to ``xbench env`` on an H100 host), and ``env`` itself does not start MPI."""
+    code = (
+        "import json; from mpi4py import MPI; "
+        "from xbench.fabric.mpi_device import cuda_aware_mpi; "
+        "print(json.dumps(cuda_aware_mpi()))"
+    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired:
+        return None, "the query did not answer within 60 s in a process that started MPI"
+    try:
+        supported, how = json.loads(done.stdout.strip().splitlines()[-1])
+        return supported, how
+    except (ValueError, IndexError, TypeError):
+        last = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+        return None, f"the query failed in a process that started MPI: {last[:120]}"
 
 
 def all_capabilities() -> list[Capability]:

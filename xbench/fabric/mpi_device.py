@@ -49,8 +49,21 @@ def _libmpi_symbol(name: str):
     return None
 
 
+def _mpi_started() -> bool:
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        return False
+    return MPI.Is_initialized() and not MPI.Is_finalized()
+
+
 def cuda_aware_mpi(lookup=_libmpi_symbol) -> tuple[bool | None, str]:
-    """(supported, how we know): True/False from the MPI's own query, None if it has none."""
+    """(supported, how we know): True/False from the MPI's own query, None if it has none.
+
+    Asked of a started MPI only: MPICH's ``MPIX_GPU_query_support`` aborts a process that
+    has not called ``MPI_Init`` (``xbench env`` asks from a child that starts MPI)."""
+    if lookup is _libmpi_symbol and not _mpi_started():
+        return None, "MPI is not started in this process, so its CUDA query was not asked"
     query = lookup("MPIX_Query_cuda_support")
     if query is not None:
         query.argtypes, query.restype = [], ctypes.c_int

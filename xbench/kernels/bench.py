@@ -184,10 +184,15 @@ def make_inputs(case: KernelCase, device: str, seed: int):
         }
     if case.kernel == "splice":  # packed tokens into a paged cache's free pages
         pages = -(-case.chunk // bs)
-        return {  # scattered over the cache, as a free list hands them out
+        # scattered over the cache, as a free list hands them out: a list on the CPU (its
+        # splice takes one), a tensor on a GPU, where the page table lives (and a graph's
+        # capture refuses a copy from the host)
+        free_list = torch.randperm(2 * pages, generator=gen)[:pages]
+        on_cpu = torch.device(device).type == "cpu"
+        return {
             "packed": torch.randn(case.chunk, case.dim, generator=gen).to(dt).to(device),
             "target": torch.zeros(2 * pages, bs, case.dim, dtype=dt, device=device),
-            "pages": torch.randperm(2 * pages, generator=gen)[:pages].tolist(),
+            "pages": free_list.tolist() if on_cpu else free_list.to(device),
         }
     pool = case.chunk * (4 if case.sparse else 1)  # sparse selections come out of a larger cache
     blocks = max(1, -(-pool // bs))

@@ -151,6 +151,17 @@ class CudaBackend:
             for name in names:
                 self.kernels[name] = module.get_kernel(name)
 
+    @staticmethod
+    def _on_gpu(*tensors) -> None:
+        """Host pointers handed to a kernel fault the device (CUDA_ERROR_ILLEGAL_ADDRESS, and
+        every later call in the process with it): CPU tensors are refused first."""
+        found = {t.device.type for t in tensors if t is not None}
+        if found - {"cuda"}:
+            raise BackendUnavailable(
+                f"cuda backend: its kernels take CUDA tensors, not {', '.join(sorted(found - {'cuda'}))} ones",
+                "use --device cuda, or --backend torch for CPU tensors",
+            )
+
     def _launch(self, name: str, grid, block: int, *args) -> None:
         import torch
         from cuda.core import LaunchConfig, launch
@@ -173,6 +184,7 @@ class CudaBackend:
 
         from xbench.kernels.selection import token_indices
 
+        self._on_gpu(q, kv_cache, out, lse)
         rows, heads, dim = q.shape
         idx = (
             token_indices(indices, kv_cache.shape[1])
@@ -205,6 +217,7 @@ class CudaBackend:
     def merge_partials(self, outs, lses):
         import torch
 
+        self._on_gpu(outs, lses)
         parts, v_dim = outs.shape[0], outs.shape[-1]
         shape = outs.shape[1:-1]
         n = int(np.prod(shape))
@@ -230,6 +243,7 @@ class CudaBackend:
 
         from xbench.kernels.selection import token_indices
 
+        self._on_gpu(kv_cache, out)
         dim = kv_cache.shape[-1]
         idx = (
             token_indices(indices, kv_cache.shape[1])
@@ -257,6 +271,7 @@ class CudaBackend:
         from xbench.kernels.rope import inv_freq
         from xbench.kernels.selection import DensePages
 
+        self._on_gpu(kv_cache, packed)
         block_size, dim = kv_cache.shape[1], kv_cache.shape[2]
         n = packed.shape[0]
         pages = torch.as_tensor(free_pages, dtype=torch.int64)

@@ -15,9 +15,13 @@ import torch
 
 
 @lru_cache(maxsize=16)
-def inv_freq(rope_dim: int = 64, theta: float = 10000.0, dtype=torch.float64) -> torch.Tensor:
-    """The frequencies, computed once per shape (callers must not write to the result)."""
-    return theta ** (-torch.arange(0, rope_dim, 2, dtype=dtype) / rope_dim)
+def inv_freq(
+    rope_dim: int = 64, theta: float = 10000.0, dtype=torch.float64, device=None
+) -> torch.Tensor:
+    """The frequencies, computed once per shape and device (callers must not write to the
+    result). Made on the device that uses them: a copy from the host inside a CUDA graph's
+    capture is refused (it failed ``xbench kernel``'s splice on an H100)."""
+    return theta ** (-torch.arange(0, rope_dim, 2, dtype=dtype, device=device) / rope_dim)
 
 
 def rotate(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:

@@ -287,7 +287,7 @@ def splice_kv(kv_cache, packed, free_pages, position_shift, rope_dim: int = 64, 
     pages = torch.as_tensor(free_pages, dtype=torch.int64)
     if len(pages) * block_size < n:
         raise ValueError(f"{n} tokens need {-(-n // block_size)} free pages, got {len(pages)}")
-    freqs = inv_freq(rope_dim) if freqs is None else freqs
+    freqs = inv_freq(rope_dim, device=kv_cache.device) if freqs is None else freqs
     if kv_cache.device.type == "cpu" and packed.is_contiguous() and _scalar(position_shift):
         # in numpy: the slots and the bounds as torch operators cost more than the C splice
         used = pages.numpy()[: -(-n // block_size)]
@@ -300,7 +300,12 @@ def splice_kv(kv_cache, packed, free_pages, position_shift, rope_dim: int = 64, 
     flat = kv_cache.view(-1, dim)
     # One shift for the whole block (the usual splice) stays a scalar: rotate() then takes
     # cos and sin of rope_dim / 2 angles, not of n x rope_dim / 2 (half the splice's time).
-    shift = torch.as_tensor(position_shift, device=packed.device)
+    # made on the device, not copied there: a graph's capture refuses host-to-device copies
+    shift = (
+        torch.full((), int(position_shift), device=packed.device)
+        if isinstance(position_shift, int | np.integer)
+        else torch.as_tensor(position_shift, device=packed.device)
+    )
     rotated = rotate(packed[:, dim - rope_dim :], shift, freqs)
     flat[slots, : dim - rope_dim] = packed[:, : dim - rope_dim]
     flat[slots, dim - rope_dim :] = rotated

@@ -9,11 +9,11 @@ over programs (split-KV) so a single decode row still fills the GPU; each split 
 online softmax and writes a normalised fp32 partial with its LSE, and a second kernel
 combines the splits by LSE, writing the caller's ``out`` (fp32 or bf16) and ``lse``.
 
-The split count is chosen by the bytes it adds: enough programs for about two waves of the
-GPU's SMs, but never so many that the fp32 partials written and read back outweigh a
-quarter of the KV bytes read (with 132 splits at one row, they did). The tile (query rows x
-tokens, warps, stages) is tuned on the GPU among candidates that compile for sm_90 without
-spilling registers (``triton_mla.GPU_TILES``).
+The split count is the one with the least estimated time: the products take whole waves
+of programs over the SMs, and every split adds fp32 partials written and read back (with
+132 splits at one row they outweighed the KV read; with 17 the GPU sat three-quarters idle).
+The tile (query rows x tokens, warps, stages, output parts) is tuned on the GPU among
+candidates that compile for sm_90 without spilling registers (``triton_mla.GPU_TILES``).
 
 Numerics as FlashMLA's: bf16 products accumulate in fp32; probabilities enter the second
 product in the cache dtype. Under ``TRITON_INTERPRET=1`` (CPU tensors, for tests) ``tl.dot``
@@ -36,7 +36,11 @@ from xbench.kernels.selection import DensePages
 
 LATENT = 512  # the MLA latent width (V); the rest of the 576-wide row is RoPE
 ROPE = 64
-PARTIAL_BUDGET = 0.25  # fp32 partials may cost at most this share of the KV bytes read
+# What the split count is chosen by (ratios matter, not the figures): one program's rate
+# through the products, as the best tile ran on an H100 (1.0-1.6 TFLOP/s a program, session
+# 20), and the copy rate at which the fp32 partials are written and read back.
+PROGRAM_FLOPS = 1.5e12
+COPY_RATE = 3.0e12
 
 
 def interpreting() -> bool:
@@ -69,8 +73,10 @@ def _kernels(tiles: tuple):
 
     split = triton.autotune(
         configs=[
-            triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=warps, num_stages=stages)
-            for m, n, warps, stages in tiles
+            triton.Config(
+                {"BLOCK_M": m, "BLOCK_N": n, "VSPLIT": parts}, num_warps=warps, num_stages=stages
+            )
+            for m, n, warps, stages, parts in tiles
         ],
         key=list(triton_mla.TUNED_FOR),
         do_bench=_host_time if interpreting() else None,  # None: Triton's, on the GPU
@@ -79,18 +85,29 @@ def _kernels(tiles: tuple):
 
 
 def choose_splits(
-    n_selected: int, programs: int, query_rows: int, kv_bytes: float, sm_count: int, block_n: int
+    n_selected: int, programs: int, query_rows: int, sm_count: int, block_n: int
 ) -> int:
-    """Splits over tokens: about two waves of programs, within the partials' byte budget.
+    """Splits over tokens: the count with the least estimated time, products plus partials.
 
-    ``programs``: tiles of query rows before splitting; ``query_rows``: rows x heads, each
-    of which writes (and the combine reads back) LATENT fp32 values + an LSE per split.
+    ``programs``: tiles of query rows (times output parts) before splitting; ``query_rows``:
+    rows x heads, each of which writes (and the combine reads back) LATENT fp32 values and an
+    LSE per split. The products take whole waves of programs over the SMs, each program its
+    share of the tokens; the partials cost their bytes at the copy rate. On an H100 this
+    picked what timing every count picked (session 20): 64 splits at 1 row x 32K tokens
+    (76 us; 17, the old byte budget's choice, took 184 us and 128 took 109 us), 8 at 8 rows of
+    2,048 sparse tokens, 1 at 64 rows.
     """
     tiles = max(1, math.ceil(n_selected / block_n))
-    wanted = max(1, math.ceil(2 * sm_count / max(programs, 1)))
-    per_split = query_rows * (LATENT + 1) * 4 * 2
-    affordable = max(1, int(PARTIAL_BUDGET * kv_bytes // max(per_split, 1)))
-    return max(1, min(wanted, affordable, tiles))
+    flops = query_rows * n_selected * (LATENT + ROPE + LATENT) * 2
+    programs = max(programs, 1)
+
+    def estimate(splits: int) -> float:
+        waves = math.ceil(programs * splits / sm_count)
+        products = waves * flops / (programs * splits) / PROGRAM_FLOPS
+        partials = 0.0 if splits == 1 else splits * query_rows * (LATENT + 1) * 4 * 2 / COPY_RATE
+        return products + partials
+
+    return min(range(1, tiles + 1), key=estimate)
 
 
 class TritonBackend(TorchFallbacks):
@@ -146,17 +163,16 @@ class TritonBackend(TorchFallbacks):
                 groups, rows_per_group, group_stride = rows, heads, idx.shape[1]
         n_selected = idx.shape[-1]
         total_rows = rows * heads
-        # splits are counted for the largest tile and hold whole tiles of every candidate
+        # splits are counted for the first (preferred) tile; every candidate runs whole
+        # tiles of tokens within them
         tiles = _tiles()
-        block_m = max(t[0] for t in tiles)
+        block_m, parts = tiles[0][0], tiles[0][4]
         block_n = max(t[1] for t in tiles)
-        m_blocks = math.ceil(rows_per_group / block_m)
         if splits is None:
             splits = choose_splits(
                 n_selected,
-                groups * m_blocks,
+                groups * math.ceil(rows_per_group / block_m) * parts,
                 total_rows,
-                groups * n_selected * dim * kv_cache.element_size(),
                 self._sm_count(dev),
                 block_n,
             )
@@ -173,7 +189,7 @@ class TritonBackend(TorchFallbacks):
         split_kernel, combine_kernel = _kernels(tiles)
 
         def grid(meta):  # the tuner picks the tile, so the grid follows it
-            return (groups, math.ceil(rows_per_group / meta["BLOCK_M"]), splits)
+            return (groups, math.ceil(rows_per_group / meta["BLOCK_M"]) * meta["VSPLIT"], splits)
 
         split_kernel[grid](
             q_flat,

@@ -9,17 +9,23 @@ import triton
 import triton.language as tl
 
 # The split kernel's tiles a GPU chooses among on its first call per shape (triton.autotune):
-# (query rows, tokens, warps, pipeline stages). Each compiles for sm_90 within Hopper's shared
-# memory and spills no registers (tests/test_triton_sm90.py compiles them with Triton's own
-# ptxas, no GPU needed). 64 rows x 64 tokens, FlashMLA's tile, spilled 264-328 bytes a thread
-# (its 64 x 512 fp32 accumulator takes 128 registers a thread at 8 warps); 64 x 16 is the
-# largest tile with 64 rows that does not. Fewer rows a tile suit one decode row (more
-# programs to fill the GPU), more suit rows sharing a selection (each KV tile read once for
-# more of them); which wins at which shape is measured on the GPU, not guessed here.
-GPU_TILES = ((64, 16, 8, 2), (32, 64, 8, 2), (32, 32, 8, 2), (16, 64, 8, 2), (16, 32, 4, 2))
+# (query rows, tokens, warps, pipeline stages, output column parts). Each compiles for sm_90
+# within Hopper's shared memory and spills no registers (tests/test_triton_sm90.py compiles
+# them with Triton's own ptxas, no GPU needed). A 64 x 512 fp32 accumulator takes 128
+# registers a thread at 8 warps, so with 64 rows a whole-width tile holds only 16 tokens;
+# split over two programs (VSPLIT 2, each recomputing the scores) 128 rows x 32 tokens fit.
+# The first is the preferred tile (the split count is chosen for it): on an H100 it was
+# the fastest at every shape timed but one decode row of a 2,048-token sparse selection,
+# where 16 x 64 won (session 20, docs/measurements.md).
+GPU_TILES = (
+    (128, 32, 8, 2, 2),
+    (16, 64, 4, 2, 1),
+    (32, 64, 8, 2, 1),
+    (64, 16, 8, 2, 1),
+)
 # under TRITON_INTERPRET (warps and stages mean nothing there): one tile, so nothing is
-# tuned, and small, so the tests stay quick
-INTERPRETER_TILES = ((16, 16, 4, 1),)
+# tuned, and small, so the tests stay quick; two output parts, so both halves' code runs
+INTERPRETER_TILES = ((16, 16, 4, 1, 2),)
 # what a tuned tile is chosen for: the shape (dtypes count too)
 TUNED_FOR = ("rows_per_group", "idx_group_stride", "n_selected", "tokens_per_split", "total_rows")
 
@@ -49,26 +55,39 @@ def split_kernel(
     PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    VSPLIT: tl.constexpr,
     DIM: tl.constexpr,
     LAT: tl.constexpr,
     RP: tl.constexpr,
 ):
+    # VSPLIT programs share a tile of query rows, each accumulating LAT / VSPLIT of the
+    # output's columns: a 64 x 512 fp32 accumulator takes 128 registers a thread at 8 warps
+    # and spills beside the query tile; half of it does not. Each computes the whole score
+    # (all 576 columns), so the product q K^T is done VSPLIT times.
     group = tl.program_id(0)
-    m_block = tl.program_id(1)
+    m_block = tl.program_id(1) // VSPLIT
+    v_part = tl.program_id(1) % VSPLIT
     split = tl.program_id(2)
     local = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = local < rows_per_group
     rows = group * rows_per_group + local  # flattened (decode row, head) query rows
-    lat = tl.arange(0, LAT)
+    own = v_part * (LAT // VSPLIT) + tl.arange(0, LAT // VSPLIT)  # columns accumulated here
     rp = tl.arange(0, RP)
-    q_lat = tl.load(q_ptr + rows[:, None] * DIM + lat[None, :], mask=row_ok[:, None], other=0.0)
+    q_own = tl.load(q_ptr + rows[:, None] * DIM + own[None, :], mask=row_ok[:, None], other=0.0)
     q_rp = tl.load(q_ptr + rows[:, None] * DIM + LAT + rp[None, :], mask=row_ok[:, None], other=0.0)
+    if VSPLIT == 2:  # the other half of the latent columns, for the scores only
+        other = (1 - v_part) * (LAT // 2) + tl.arange(0, LAT // 2)
+        q_other = tl.load(
+            q_ptr + rows[:, None] * DIM + other[None, :], mask=row_ok[:, None], other=0.0
+        )
+        if UPCAST:
+            q_other = q_other.to(tl.float32)
     if UPCAST:
-        q_lat = q_lat.to(tl.float32)
+        q_own = q_own.to(tl.float32)
         q_rp = q_rp.to(tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.full([BLOCK_M], 0.0, tl.float32)
-    acc = tl.full([BLOCK_M, LAT], 0.0, tl.float32)
+    acc = tl.full([BLOCK_M, LAT // VSPLIT], 0.0, tl.float32)
     start = split * tokens_per_split
     stop = tl.minimum(start + tokens_per_split, n_selected)
     for tile in range(start, stop, BLOCK_N):
@@ -77,18 +96,25 @@ def split_kernel(
         token = tl.load(idx_ptr + group * idx_group_stride + offs, mask=in_range, other=-1)
         valid = token >= 0  # -1 pads a sparse selection
         token = tl.where(valid, token, 0).to(tl.int64)
-        k_lat = tl.load(
-            kv_ptr + token[:, None] * DIM + lat[None, :], mask=valid[:, None], other=0.0
+        k_own = tl.load(
+            kv_ptr + token[:, None] * DIM + own[None, :], mask=valid[:, None], other=0.0
         )
         k_rp = tl.load(
             kv_ptr + token[:, None] * DIM + LAT + rp[None, :], mask=valid[:, None], other=0.0
         )
         if UPCAST:
-            scores = tl.dot(q_lat, tl.trans(k_lat.to(tl.float32)), input_precision=PRECISION)
+            scores = tl.dot(q_own, tl.trans(k_own.to(tl.float32)), input_precision=PRECISION)
             scores += tl.dot(q_rp, tl.trans(k_rp.to(tl.float32)), input_precision=PRECISION)
         else:
-            scores = tl.dot(q_lat, tl.trans(k_lat), input_precision=PRECISION)
+            scores = tl.dot(q_own, tl.trans(k_own), input_precision=PRECISION)
             scores += tl.dot(q_rp, tl.trans(k_rp), input_precision=PRECISION)
+        if VSPLIT == 2:
+            k_other = tl.load(
+                kv_ptr + token[:, None] * DIM + other[None, :], mask=valid[:, None], other=0.0
+            )
+            if UPCAST:
+                k_other = k_other.to(tl.float32)
+            scores += tl.dot(q_other, tl.trans(k_other), input_precision=PRECISION)
         scores = tl.where(valid[None, :], scores * scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -98,22 +124,21 @@ def split_kernel(
         # probabilities in the cache dtype, as FlashMLA; the interpreter truncates when it
         # converts, so there the rounding to nearest even is done by hand (a GPU's is native)
         if UPCAST:
-            p_cache = _round_to_bf16(p).to(k_lat.dtype)
-        else:
-            p_cache = p.to(k_lat.dtype)
-        if UPCAST:
+            p_cache = _round_to_bf16(p).to(k_own.dtype)
             acc = acc * alpha[:, None] + tl.dot(
-                p_cache.to(tl.float32), k_lat.to(tl.float32), input_precision=PRECISION
+                p_cache.to(tl.float32), k_own.to(tl.float32), input_precision=PRECISION
             )
         else:
-            acc = acc * alpha[:, None] + tl.dot(p_cache, k_lat, input_precision=PRECISION)
+            p_cache = p.to(k_own.dtype)
+            acc = acc * alpha[:, None] + tl.dot(p_cache, k_own, input_precision=PRECISION)
         m_i = m_new
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("-inf"), m_i + tl.log(tl.where(empty, 1.0, l_i)))
     base = split * total_rows + rows
-    tl.store(part_out_ptr + base[:, None] * LAT + lat[None, :], out, mask=row_ok[:, None])
-    tl.store(part_lse_ptr + base, lse, mask=row_ok)
+    tl.store(part_out_ptr + base[:, None] * LAT + own[None, :], out, mask=row_ok[:, None])
+    # one part writes the LSE (the parts add the score's halves in different orders)
+    tl.store(part_lse_ptr + base, lse, mask=row_ok & (local * 0 + v_part == 0))
 
 
 @triton.jit
