@@ -84,6 +84,7 @@ def _kernels(tiles: tuple):
     return split, triton_mla.combine_kernel
 
 
+@functools.lru_cache(maxsize=4096)  # a scan over every count: once per shape, not per call
 def choose_splits(
     n_selected: int, programs: int, query_rows: int, sm_count: int, block_n: int
 ) -> int:
@@ -92,9 +93,9 @@ def choose_splits(
     ``programs``: tiles of query rows (times output parts) before splitting; ``query_rows``:
     rows x heads, each of which writes (and the combine reads back) LATENT fp32 values and an
     LSE per split. The products take whole waves of programs over the SMs, each program its
-    share of the tokens; the partials cost their bytes at the copy rate. On an H100 this
-    picked what timing every count picked (session 20): 64 splits at 1 row x 32K tokens
-    (76 us; 17, the old byte budget's choice, took 184 us and 128 took 109 us), 8 at 8 rows of
+    share of the tokens; the partials cost their bytes at the copy rate. On an H100 it picks
+    what timing the counts picked (session 20): one wave at 1 row x 32K tokens (66 splits; 64
+    took 76 us, 17, the old byte budget's choice, 184 us, and 128 took 109 us), 8 at 8 rows of
     2,048 sparse tokens, 1 at 64 rows.
     """
     tiles = max(1, math.ceil(n_selected / block_n))
