@@ -279,11 +279,17 @@ class CudaBackend:
             raise ValueError(f"{n} tokens need {-(-n // block_size)} free pages, got {len(pages)}")
         dev = kv_cache.device
         slots = DensePages(pages, n).token_indices(block_size).to(dev).contiguous()
+        # shift and frequencies made on the device, not copied there: a CUDA graph's capture
+        # refuses host-to-device copies (as the torch splice's did on an H100)
         shift = (
-            torch.as_tensor(position_shift, dtype=torch.int64, device=dev).expand(n).contiguous()
+            torch.full((n,), int(position_shift), dtype=torch.int64, device=dev)
+            if isinstance(position_shift, int | np.integer)
+            else torch.as_tensor(position_shift, dtype=torch.int64, device=dev)
+            .expand(n)
+            .contiguous()
         )
         freqs = (
-            (inv_freq(rope_dim) if freqs is None else freqs)
+            (inv_freq(rope_dim, device=dev) if freqs is None else freqs)
             .to(device=dev, dtype=torch.float64)
             .contiguous()
         )
