@@ -23,6 +23,15 @@ pytest.importorskip("triton", reason="triton is not installed (pip install '.[te
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: conftest set the interpreter
 
 
+def _backend_with(monkeypatch, tiles):
+    """The triton backend with ``tiles`` as a GPU's candidates (the interpreter keeps its one)."""
+    from xbench.kernels import triton_mla
+
+    monkeypatch.setattr(triton_mla, "GPU_TILES", tiles)
+    backend.get_backend.cache_clear()
+    return backend.get_backend("triton")
+
+
 @pytest.fixture
 def triton_backend(monkeypatch):
     """On a GPU, one tile of each output width: the tuner would time every tile at every
@@ -32,9 +41,7 @@ def triton_backend(monkeypatch):
     widths = {}
     for tile in triton_mla.GPU_TILES:
         widths.setdefault(tile[4], tile)
-    monkeypatch.setattr(triton_mla, "GPU_TILES", tuple(widths.values()))
-    backend.get_backend.cache_clear()
-    yield backend.get_backend("triton")
+    yield _backend_with(monkeypatch, tuple(widths.values()))
     backend.get_backend.cache_clear()
 
 
@@ -137,11 +144,7 @@ def single_tile_backend(monkeypatch):
     """One small tile of two output parts, so nothing is tuned: a GPU would time and compile
     tiles again for each of the 36 selection lengths the property test draws (it outran 60 s
     on an H100); the algebra of splits does not depend on the tile."""
-    from xbench.kernels import triton_mla
-
-    monkeypatch.setattr(triton_mla, "GPU_TILES", ((32, 32, 4, 2, 2),))
-    backend.get_backend.cache_clear()
-    yield backend.get_backend("triton")
+    yield _backend_with(monkeypatch, ((32, 32, 4, 2, 2),))
     backend.get_backend.cache_clear()
 
 

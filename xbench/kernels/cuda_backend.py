@@ -268,7 +268,7 @@ class CudaBackend:
     def splice_kv(self, kv_cache, packed, free_pages, position_shift, rope_dim=64, freqs=None):
         import torch
 
-        from xbench.kernels.rope import inv_freq
+        from xbench.kernels.rope import inv_freq, shift_on
         from xbench.kernels.selection import DensePages
 
         self._on_gpu(kv_cache, packed)
@@ -279,15 +279,9 @@ class CudaBackend:
             raise ValueError(f"{n} tokens need {-(-n // block_size)} free pages, got {len(pages)}")
         dev = kv_cache.device
         slots = DensePages(pages, n).token_indices(block_size).to(dev).contiguous()
-        # shift and frequencies made on the device, not copied there: a CUDA graph's capture
-        # refuses host-to-device copies (as the torch splice's did on an H100)
-        shift = (
-            torch.full((n,), int(position_shift), dtype=torch.int64, device=dev)
-            if isinstance(position_shift, int | np.integer)
-            else torch.as_tensor(position_shift, dtype=torch.int64, device=dev)
-            .expand(n)
-            .contiguous()
-        )
+        # shift and frequencies made on the device, not copied there (a graph's capture
+        # refuses host-to-device copies)
+        shift = shift_on(position_shift, dev).expand(n).contiguous()
         freqs = (
             (inv_freq(rope_dim, device=dev) if freqs is None else freqs)
             .to(device=dev, dtype=torch.float64)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+import numpy as np
 import torch
 
 
@@ -22,6 +23,15 @@ def inv_freq(
     result). Made on the device that uses them: a copy from the host inside a CUDA graph's
     capture is refused (it failed ``xbench kernel``'s splice on an H100)."""
     return theta ** (-torch.arange(0, rope_dim, 2, dtype=dtype, device=device) / rope_dim)
+
+
+def shift_on(shift, device) -> torch.Tensor:
+    """A position shift as an int64 tensor on ``device``: an integer is filled there, not
+    copied from the host, since a CUDA graph's capture refuses host-to-device copies (the
+    splice's did on an H100)."""
+    if isinstance(shift, int | np.integer):
+        return torch.full((), int(shift), dtype=torch.int64, device=device)
+    return torch.as_tensor(shift, dtype=torch.int64, device=device)
 
 
 def rotate(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:

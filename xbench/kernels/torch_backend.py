@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from xbench.kernels import cpu_bf16
-from xbench.kernels.rope import inv_freq, rotate
+from xbench.kernels.rope import inv_freq, rotate, shift_on
 from xbench.kernels.selection import DensePages, token_indices
 
 SCORE_BUDGET = 2**24  # fp32 score elements per tile (64 MiB)
@@ -300,13 +300,7 @@ def splice_kv(kv_cache, packed, free_pages, position_shift, rope_dim: int = 64, 
     flat = kv_cache.view(-1, dim)
     # One shift for the whole block (the usual splice) stays a scalar: rotate() then takes
     # cos and sin of rope_dim / 2 angles, not of n x rope_dim / 2 (half the splice's time).
-    # made on the device, not copied there: a graph's capture refuses host-to-device copies
-    shift = (
-        torch.full((), int(position_shift), device=packed.device)
-        if isinstance(position_shift, int | np.integer)
-        else torch.as_tensor(position_shift, device=packed.device)
-    )
-    rotated = rotate(packed[:, dim - rope_dim :], shift, freqs)
+    rotated = rotate(packed[:, dim - rope_dim :], shift_on(position_shift, packed.device), freqs)
     flat[slots, : dim - rope_dim] = packed[:, : dim - rope_dim]
     flat[slots, dim - rope_dim :] = rotated
     return slots
