@@ -4,6 +4,7 @@ since FlashMLA and FlashInfer need a Hopper GPU), and the GPU benchmark script o
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -233,3 +234,25 @@ def test_every_sweep_kernel_replays_from_a_cuda_graph(xbench, tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     samples = read_table(out, KERNEL_SAMPLES)
     assert {"partial_attention", "merge", "gather", "splice"} <= set(samples.kernel)
+
+
+def test_the_tile_benchmark_times_each_tile_and_split_count(tmp_path):
+    """benchmarks/triton_tiles.py, what GPU_TILES and the split estimate were chosen from,
+    exercised on tiny shapes under the interpreter; a malformed tile is one line."""
+    pytest.importorskip("triton")
+    script = [sys.executable, str(ROOT / "benchmarks" / "triton_tiles.py"), "--device", "cpu"]
+    out = tmp_path / "tiles.json"
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    r = subprocess.run(
+        [*script, "--rows", "1", "--tokens", "40", "--topk", "0", "--heads", "16",
+         "--tiles", "16,16,4,1,2", "16,32,4,1,1", "--samples", "1",
+         "--min-sample-time", "0.001", "--out", str(out)],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "best partial_attention rows=1 chunk=40 dense" in r.stdout
+    timings = json.loads(out.read_text())["timings"]
+    assert {tuple(t["tile"]) for t in timings} == {(16, 16, 4, 1, 2), (16, 32, 4, 1, 1)}
+    assert all(t["us"] > 0 and t["splits"] >= 1 for t in timings)
+    r = subprocess.run([*script, "--tiles", "16,16,4"], capture_output=True, text=True, env=env)
+    assert r.returncode == 2 and "five integers" in r.stderr

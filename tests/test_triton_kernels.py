@@ -88,6 +88,20 @@ def test_matches_float64(triton_backend, dtype, kind):
     assert_matches(out, lse, *reference(q, cache, token_rows, scale), dtype)
 
 
+def test_a_fixed_tile_and_split_count_give_the_same_attention(triton_backend):
+    """What benchmarks/triton_tiles.py times: a tile and a split count given, not chosen."""
+    gen = torch.Generator().manual_seed(5)
+    indices, token_rows = selections("sparse-per-row", 2, 12, gen)
+    cache = make_cache(12, torch.bfloat16, torch.cat([t.flatten() for t in token_rows]), gen)
+    q = torch.randn(2, 16, D, generator=gen).to(torch.bfloat16)
+    expected = reference(q, cache, token_rows, 1 / math.sqrt(D))
+    for tile, splits in (((16, 32, 4, 1, 1), 1), ((16, 16, 4, 1, 2), 3)):
+        out, lse = run(
+            triton_backend, q, cache, indices, 1 / math.sqrt(D), splits=splits, tile=tile
+        )
+        assert_matches(out, lse, *expected, torch.bfloat16)
+
+
 def test_empty_selection_gives_minus_infinity_and_no_nan(triton_backend):
     q = torch.randn(2, 16, D).to(torch.bfloat16)
     cache = torch.randn(4, BS, D).to(torch.bfloat16)

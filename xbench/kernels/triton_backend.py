@@ -138,8 +138,11 @@ class TritonBackend(TorchFallbacks):
         return 4  # the interpreter: a few splits, so split and combine are exercised
 
     def partial_attention(
-        self, q, kv_cache, indices, scale, v_dim, *, out=None, lse=None, splits=None
+        self, q, kv_cache, indices, scale, v_dim, *, out=None, lse=None, splits=None, tile=None
     ):
+        """``splits`` and ``tile`` (rows, tokens, warps, stages, parts) fix what is otherwise
+        chosen: the split count by its estimate, the tile by the tuner among ``GPU_TILES``
+        (``benchmarks/triton_tiles.py`` times them one by one)."""
         torch = self.torch
         rows, heads, dim = q.shape
         if v_dim != LATENT or dim != LATENT + ROPE:
@@ -166,7 +169,7 @@ class TritonBackend(TorchFallbacks):
         total_rows = rows * heads
         # splits are counted for the first (preferred) tile; every candidate runs whole
         # tiles of tokens within them
-        tiles = _tiles()
+        tiles = _tiles() if tile is None else (tuple(tile),)
         block_m, parts = tiles[0][0], tiles[0][4]
         block_n = max(t[1] for t in tiles)
         if splits is None:

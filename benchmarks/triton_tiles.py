@@ -1,0 +1,137 @@
+"""Which tile and split count the triton backend should take, each timed on this GPU.
+
+    python benchmarks/triton_tiles.py [--tiles 128,32,8,2,2 16,64,4,2,1 ...] [--out FILE.json]
+
+For every shape (rows x tokens dense, and rows of a per-row top-k), every tile (query rows,
+tokens, warps, pipeline stages, output parts; default ``triton_mla.GPU_TILES``) and a few
+split counts (one, the backend's own choice for that tile, one and two waves of programs),
+times the attention as ``xbench kernel`` does (inputs rotated past the last cache level,
+warm-ups, graph replay on GPUs) and prints us, TFLOP/s and the share of the bound measured
+in the same run, with the best per shape. What session 20 chose ``GPU_TILES`` and the split
+estimate from; run it again on another GPU before changing either. A tile that does not fit
+the device (shared memory) prints why and is skipped. ``--device cpu`` under
+``TRITON_INTERPRET=1`` with small shapes runs the same code (a smoke test of the script).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+from xbench.core.models import get_model
+from xbench.kernels.backend import get_backend
+from xbench.kernels.bench import measure_ceilings, plan_cases, time_case
+from xbench.kernels.triton_backend import choose_splits
+
+
+def split_counts(case, tile, sm_count: int) -> list[int]:
+    """One split, the backend's estimate for this tile, one and two waves of programs."""
+    rows, tokens, parts = case.rows, case.chunk, tile[4]
+    groups, per_group = (rows, case.heads) if case.sparse else (1, rows * case.heads)
+    programs = groups * math.ceil(per_group / tile[0]) * parts
+    tiles = max(1, math.ceil(tokens / tile[1]))
+    own = choose_splits(tokens, programs, rows * case.heads, sm_count, tile[1])
+    waves = [math.ceil(k * sm_count / programs) for k in (1, 2)]
+    return sorted({min(tiles, max(1, s)) for s in (1, own, *waves)})
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--model", default="deepseek-v3.2")
+    ap.add_argument("--rows", default="1,8,64")
+    ap.add_argument("--tokens", default="8192,32768", help="dense tokens per row")
+    ap.add_argument("--topk", type=int, default=2048, help="sparse top-k per row (0: none)")
+    ap.add_argument("--heads", type=int, default=None)
+    ap.add_argument("--tiles", nargs="*", default=None, help="rows,tokens,warps,stages,parts")
+    ap.add_argument("--samples", type=int, default=3)
+    ap.add_argument("--min-sample-time", type=float, default=0.01, help="seconds")
+    ap.add_argument("--out", type=Path, default=None, help="every timing, as JSON")
+    args = ap.parse_args(argv)
+    from xbench.kernels import triton_mla
+
+    try:
+        tiles = (
+            [tuple(int(v) for v in t.split(",")) for t in args.tiles]
+            if args.tiles
+            else list(triton_mla.GPU_TILES)
+        )
+    except ValueError:
+        ap.error("--tiles takes rows,tokens,warps,stages,parts, e.g. 128,32,8,2,2")
+    if any(len(t) != 5 or t[4] not in (1, 2) for t in tiles):
+        ap.error("--tiles takes five integers each, the last (output parts) 1 or 2")
+    device, cuda = args.device, args.device.startswith("cuda")
+    model = get_model(args.model)
+    rows = [int(r) for r in args.rows.split(",")]
+    tokens = [int(t) for t in args.tokens.split(",")]
+    ceilings = measure_ceilings(device, "bf16")
+    cases = plan_cases(model, ["partial_attention"], rows, tokens, "bf16", False, args.heads, 64)
+    if args.topk:
+        cases += plan_cases(
+            model, ["partial_attention"], rows, [args.topk], "bf16", True, args.heads, 64
+        )
+    backend = get_backend("triton")
+    sm_count = torch.cuda.get_device_properties(0).multi_processor_count if cuda else 4
+    launch = "graph" if cuda else "eager"
+    found = []
+    print(f"{'case':46} {'tile':18} {'splits':>6} {'us':>10} {'TFLOP/s':>8} {'bound':>6}")
+    for case in cases:
+        bound_s = max(
+            case.bytes_moved / ceilings["copy_bytes_per_s"],
+            case.flops / ceilings["matmul_flops_per_s"],
+        )
+        best = None
+        for tile in tiles:
+            for splits in split_counts(case, tile, sm_count):
+
+                def runner(x, tile=tile, splits=splits, v_dim=case.v_dim):
+                    return backend.partial_attention(
+                        x["q"], x["cache"], x["indices"], model.softmax_scale, v_dim,
+                        splits=splits, tile=tile,
+                    )  # fmt: skip
+
+                try:
+                    timed = time_case(
+                        case, "triton", device, model.softmax_scale, samples=args.samples,
+                        warmups=1, min_sample_s=args.min_sample_time, launch=launch,
+                        runner=runner,
+                    )  # fmt: skip
+                except Exception as exc:  # noqa: BLE001 - e.g. a tile over the shared memory
+                    print(f"{case.label:46} {str(tile):18} {splits:>6} {type(exc).__name__}")
+                    break
+                us = statistics.median(s for _, warm, s in timed if not warm) * 1e6
+                row = {
+                    "case": case.label,
+                    "rows": case.rows,
+                    "tokens": case.chunk,
+                    "sparse": case.sparse,
+                    "tile": list(tile),
+                    "splits": splits,
+                    "us": us,
+                    "tflops": case.flops / us / 1e6,
+                    "bound_share": bound_s * 1e6 / us,
+                }
+                found.append(row)
+                best = row if best is None or us < best["us"] else best
+                print(
+                    f"{case.label:46} {str(tile):18} {splits:>6} {us:>10,.1f} "
+                    f"{row['tflops']:>8,.1f} {100 * row['bound_share']:>5.0f}%",
+                    flush=True,
+                )
+        if best:
+            print(f"best {case.label}: tile {tuple(best['tile'])}, {best['splits']} splits\n")
+    if args.out:
+        args.out.write_text(json.dumps({"ceilings": ceilings, "timings": found}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
