@@ -87,16 +87,34 @@ def runnable_backends(wanted: list[str], device: str) -> dict[str, str]:
     return status
 
 
+def add_shape_options(ap: argparse.ArgumentParser, tokens: str) -> None:
+    """The device and attention shapes a GPU benchmark sweeps (here and triton_tiles.py)."""
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--model", default="deepseek-v3.2")
+    ap.add_argument("--rows", default="1,8,64")
+    ap.add_argument("--tokens", default=tokens, help="dense tokens per row")
+    ap.add_argument("--topk", type=int, default=2048, help="sparse top-k per row (0: none)")
+    ap.add_argument("--heads", type=int, default=None)
+
+
+def attention_cases(args):
+    """(model, cases): attention at every rows x dense tokens, then rows x sparse top-k."""
+    model = get_model(args.model)
+    rows = [int(r) for r in args.rows.split(",")]
+    tokens = [int(t) for t in args.tokens.split(",")]
+    cases = plan_cases(model, ["partial_attention"], rows, tokens, "bf16", False, args.heads, 64)
+    if args.topk:
+        cases += plan_cases(
+            model, ["partial_attention"], rows, [args.topk], "bf16", True, args.heads, 64
+        )
+    return model, cases
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--model", default="deepseek-v3.2")
-    ap.add_argument("--rows", default="1,8,64")
-    ap.add_argument("--tokens", default="1024,8192,32768,65536", help="dense tokens per row")
-    ap.add_argument("--topk", type=int, default=2048, help="sparse top-k per row (0: none)")
-    ap.add_argument("--heads", type=int, default=None)
+    add_shape_options(ap, "1024,8192,32768,65536")
     ap.add_argument(
         "--backends",
         default=",".join(("triton", "torch", "cuda-ref", "flashmla", "flashinfer", *PLAIN)),
@@ -110,9 +128,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("TRITON_PRINT_AUTOTUNING", "1")
     device = args.device
     launch = args.launch or ("graph" if device.startswith("cuda") else "eager")
-    model = get_model(args.model)
-    rows = [int(r) for r in args.rows.split(",")]
-    tokens = [int(t) for t in args.tokens.split(",")]
+    model, cases = attention_cases(args)
     wanted = [b.strip() for b in args.backends.split(",") if b.strip()]
     unknown = [b for b in wanted if b not in BACKENDS and b not in PLAIN]
     if unknown:
@@ -135,11 +151,6 @@ def main(argv=None) -> int:
     store.append(
         KERNEL_SAMPLES, ceiling_rows(measure_ceilings(device, "bf16"), run_id, "-", device, "bf16")
     )
-    cases = plan_cases(model, ["partial_attention"], rows, tokens, "bf16", False, args.heads, 64)
-    if args.topk:
-        cases += plan_cases(
-            model, ["partial_attention"], rows, [args.topk], "bf16", True, args.heads, 64
-        )
     for case in cases:
         for backend in backends:
             plain = backend in PLAIN

@@ -23,10 +23,10 @@ import sys
 from pathlib import Path
 
 import torch
+from gpu_kernels import add_shape_options, attention_cases  # this folder's: run as a script
 
-from xbench.core.models import get_model
 from xbench.kernels.backend import get_backend
-from xbench.kernels.bench import measure_ceilings, plan_cases, time_case
+from xbench.kernels.bench import measure_ceilings, time_case
 from xbench.kernels.triton_backend import choose_splits
 
 
@@ -45,12 +45,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--model", default="deepseek-v3.2")
-    ap.add_argument("--rows", default="1,8,64")
-    ap.add_argument("--tokens", default="8192,32768", help="dense tokens per row")
-    ap.add_argument("--topk", type=int, default=2048, help="sparse top-k per row (0: none)")
-    ap.add_argument("--heads", type=int, default=None)
+    add_shape_options(ap, "8192,32768")
     ap.add_argument("--tiles", nargs="*", default=None, help="rows,tokens,warps,stages,parts")
     ap.add_argument("--samples", type=int, default=3)
     ap.add_argument("--min-sample-time", type=float, default=0.01, help="seconds")
@@ -69,17 +64,10 @@ def main(argv=None) -> int:
     if any(len(t) != 5 or t[4] not in (1, 2) for t in tiles):
         ap.error("--tiles takes five integers each, the last (output parts) 1 or 2")
     device, cuda = args.device, args.device.startswith("cuda")
-    model = get_model(args.model)
-    rows = [int(r) for r in args.rows.split(",")]
-    tokens = [int(t) for t in args.tokens.split(",")]
+    model, cases = attention_cases(args)
     ceilings = measure_ceilings(device, "bf16")
-    cases = plan_cases(model, ["partial_attention"], rows, tokens, "bf16", False, args.heads, 64)
-    if args.topk:
-        cases += plan_cases(
-            model, ["partial_attention"], rows, [args.topk], "bf16", True, args.heads, 64
-        )
     backend = get_backend("triton")
-    sm_count = torch.cuda.get_device_properties(0).multi_processor_count if cuda else 4
+    sm_count = backend._sm_count(torch.device(device))
     launch = "graph" if cuda else "eager"
     found = []
     print(f"{'case':46} {'tile':18} {'splits':>6} {'us':>10} {'TFLOP/s':>8} {'bound':>6}")
