@@ -5,20 +5,27 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 
 import pandas as pd
 import pytest
 
 from xbench.core import conditions
-from xbench.core.costmodel import Request, phase_times, times
-from xbench.core.profile import load_profile, save_profile
+from xbench.core.costmodel import Coef, Request, phase_times, times
+from xbench.core.profile import ProfileError, load_profile, save_profile
 from xbench.kernels import cpu_bf16
 from xbench.resources import profile_path
 from xbench.validate.summary import phase_errors, validation_errors
 from xbench.validate.worker import PHASES, phase_means
 
 PRIORS = load_profile(profile_path("h100-priors"))
+# route's merge after its wait: (w0 + R p w1) (1 - exp(-g / tau)) more
+WAIT = {
+    "merge_wait_t0": Coef(260e-6, 200e-6, 320e-6, "s"),
+    "merge_wait_per_row_partial": Coef(0.25e-6, 0.1e-6, 0.4e-6, "s/row-partial"),
+    "merge_wait_tau": Coef(5e-3, 3e-3, 8e-3, "s"),
+}
 
 
 @pytest.mark.parametrize(
@@ -30,10 +37,14 @@ PRIORS = load_profile(profile_path("h100-priors"))
         Request(rows=2, heads=16, chunk_tokens=512, blocks_local=True, fetch_cost=1e-5),
     ],
 )
-def test_phases_add_up_to_the_options_times(request_):
+@pytest.mark.parametrize("waits", [False, True], ids=["merge-as-fetch", "merge-after-wait"])
+def test_phases_add_up_to_the_options_times(request_, waits):
+    device = PRIORS.device
+    if waits:
+        device = dataclasses.replace(device, **WAIT)
     for fabric in PRIORS.fabrics:
-        route, fetch, local = times(fabric, PRIORS.device, request_)
-        phases = phase_times(fabric, PRIORS.device, request_)
+        route, fetch, local = times(fabric, device, request_)
+        phases = phase_times(fabric, device, request_)
         assert sum(phases["route"].values()) == pytest.approx(route, rel=1e-12)
         assert sum(phases["fetch"].values()) == pytest.approx(fetch, rel=1e-12)
         assert sum(phases["local"].values()) == pytest.approx(local, rel=1e-12)
@@ -236,8 +247,6 @@ def test_decide_warns_once_when_the_cpu_differs(xbench, tmp_path):
 
 
 def test_merge_per_token_is_paid_by_route_and_fetch_not_local(tmp_path):
-    from xbench.core.costmodel import Coef
-
     tax = Coef(30e-9, 25e-9, 35e-9, "s/token")
     device = dataclasses.replace(PRIORS.device, merge_per_token=tax)
     fabric = PRIORS.fabrics[0]
@@ -253,3 +262,33 @@ def test_merge_per_token_is_paid_by_route_and_fetch_not_local(tmp_path):
     # the term survives a profile's round trip, interval and all
     path = save_profile(dataclasses.replace(PRIORS, device=device), tmp_path / "p.toml")
     assert load_profile(path).device.merge_per_token == pytest.approx(tax)
+
+
+def test_route_merges_after_its_wait_for_the_answer(tmp_path):
+    """With the merge-wait terms, route's merge is T_m(R, 2, 0) plus what its wait (the
+    holder's attention and both messages) adds, growing with the chunk the holder attends;
+    fetch's and local's times do not change; the terms survive a profile file."""
+    device = dataclasses.replace(PRIORS.device, **WAIT)
+    fabric = PRIORS.fabrics[0]
+    merges = []
+    for chunk in (256, 4096, 65536):
+        r = Request(rows=4, heads=16, chunk_tokens=chunk)
+        phases = phase_times(fabric, device, r)["route"]
+        wait = phases["send"] + phases["attention"] + phases["return"]
+        extra = (260e-6 + 64 * 2 * 0.25e-6) * -math.expm1(-wait / 5e-3)
+        assert phases["merge"] == pytest.approx(device.merge(64, 2) + extra, rel=1e-12)
+        assert device.merge_after_wait(64, 2, chunk, wait) == pytest.approx(phases["merge"])
+        before, after = times(fabric, PRIORS.device, r), times(fabric, device, r)
+        assert after[1:] == before[1:]  # fetch and local merge as before (or not at all)
+        merges.append(phases["merge"])
+    assert merges == sorted(merges) and merges[-1] < device.merge(64, 2) + 292e-6
+    # without the terms a merge after a wait is the merge as timed after attention
+    assert PRIORS.device.merge_after_wait(64, 2, 512, 1.0) == PRIORS.device.merge(64, 2, 512)
+    path = save_profile(dataclasses.replace(PRIORS, device=device), tmp_path / "p.toml")
+    back = load_profile(path).device
+    for term, coef in WAIT.items():
+        assert getattr(back, term) == pytest.approx(coef)
+    text = path.read_text()
+    (tmp_path / "part.toml").write_text(text.replace("merge_wait_tau", "merge_wait_taus"))
+    with pytest.raises(ProfileError, match="part of the merge-wait term"):
+        load_profile(tmp_path / "part.toml")

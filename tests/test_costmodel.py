@@ -43,9 +43,11 @@ def one_segment_profile(
     splice=None,
     spread=0.0,
     pages=None,
+    wait=None,
 ):
     """One fabric, one device; ``splice`` = (t0, per_token) of T_splice, or None; ``pages``
-    = (block_t0, block_beta) of a fetch page by page, or None."""
+    = (block_t0, block_beta) of a fetch page by page, or None; ``wait`` = (t0,
+    per_row_partial, tau) of route's merge after its wait, or None."""
     fabric = Fabric(
         "ib",
         (Segment(0.0, c(alpha, spread), c(beta, spread, "B/s")),),
@@ -64,6 +66,10 @@ def one_segment_profile(
         c(move1, spread, "s/token"),
         splice_t0=None if splice is None else c(splice[0], spread),
         splice_per_token=None if splice is None else c(splice[1], spread, "s/token"),
+        merge_per_token=c(1e-9, spread, "s/token"),
+        merge_wait_t0=None if wait is None else c(wait[0], spread),
+        merge_wait_per_row_partial=None if wait is None else c(wait[1], spread, "s/row-partial"),
+        merge_wait_tau=None if wait is None else c(wait[2], spread),
     )
     return Profile("p", (fabric,), device)
 
@@ -80,6 +86,7 @@ coefs = st.fixed_dictionaries(
         "move1": st.floats(0, 1e-7),
         "splice": st.none() | st.tuples(st.floats(0, 1e-2), st.floats(0, 1e-7)),
         "pages": st.none() | st.tuples(st.floats(0, 1e-4), st.floats(1e8, 1e12)),
+        "wait": st.none() | st.tuples(st.floats(0, 1e-3), st.floats(0, 1e-9), st.floats(1e-5, 0.1)),
     }
 )
 shapes = st.fixed_dictionaries(
@@ -97,7 +104,8 @@ shapes = st.fixed_dictionaries(
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
 @given(coefs, shapes)
 def test_b_star_separates_route_from_fetch(k, shape):
-    profile = one_segment_profile(**k)
+    # without the merge-wait terms route's and fetch's merges cancel: b* is exact at any rows
+    profile = one_segment_profile(**{**k, "wait": None})
     f, dev = profile.fabrics[0], profile.device
     b_star, _ = thresholds(f, dev, Request(rows=1, **shape))
     assume(math.isfinite(b_star) and 2 <= b_star <= 1e6)
@@ -105,6 +113,22 @@ def test_b_star_separates_route_from_fetch(k, shape):
         assume(b >= 1)
         route, fetch, _ = times(f, dev, Request(rows=b, **shape))
         assert (route < fetch) == route_wins, (b, b_star, route, fetch)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@given(coefs, shapes, st.integers(1, 4096))
+def test_b_star_at_the_requests_rows_says_which_side_it_is_on(k, shape, rows):
+    """With route's merge after a wait, route and fetch differ by a merge that grows with the
+    rows: b* is the crossing of the line through the request's own rows, so it says on which
+    side that request lies (not where the crossing is for others)."""
+    assume(k["wait"] is not None)
+    profile = one_segment_profile(**k)
+    f, dev = profile.fabrics[0], profile.device
+    request = Request(rows=rows, **shape)
+    b_star, _ = thresholds(f, dev, request)
+    route, fetch, _ = times(f, dev, request)
+    assume(abs(route - fetch) > 1e-9 * max(route, fetch))
+    assert (route < fetch) == (rows < b_star), (rows, b_star, route, fetch)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])

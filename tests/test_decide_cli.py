@@ -162,7 +162,10 @@ def test_probe_kernel_fit_validate_end_to_end(xbench, tmp_path):
     )
     assert "splice_per_token" in r.stdout  # T_splice, for fetches sent page by page
     assert "merge_per_token" in r.stdout  # merges timed after attentions over each chunk
-    assert set(kernel_samples[kernel_samples.kernel == "merge"].after_tokens) == {64, 256, 1024}
+    merges = kernel_samples[kernel_samples.kernel == "merge"]
+    assert set(merges[merges.wait_us == 0].after_tokens) == {64, 256, 1024}
+    assert set(merges[merges.wait_us > 0].after_tokens) == {0}  # after a wait, nothing else
+    assert "merge_wait_t0" in r.stdout  # what a merge adds after its wait for an answer
     fitted = load_profile(tmp_path / "here.toml").provenance["conditions"]
     assert fitted["cpu_attention"] == "torch" and fitted["kernel_layout"] == "peer waiting in MPI"
     assert fitted["mpi_library"] and fitted["cpu_model"]

@@ -126,7 +126,9 @@ def test_device_fit_recovers_compute_merge_and_move():
 def test_idle_terms_are_fitted_from_idle_cases_and_kept_out_of_t_c(tmp_path):
     """Attention timed after idle times (kernel --idle) fits idle_extra and idle_tau, each
     case against the same shape back to back; T_c is fitted from back-to-back calls only;
-    both terms survive a profile file, and half of them is refused."""
+    both terms survive a profile file, and half of them is refused. The cases alternate
+    the timing rank, as a two-rank sweep's do: a shape's idle case and its back-to-back case
+    timed by different ranks still pair up."""
     import dataclasses
 
     from xbench.core.profile import ProfileError, save_profile
@@ -141,13 +143,15 @@ def test_idle_terms_are_fitted_from_idle_cases_and_kept_out_of_t_c(tmp_path):
                 gaps = (0, 1000, 4000, 16000) if r == 1 else (0,)
                 for gap in gaps:
                     t = t_c + extra * -np.expm1(-gap * 1e-6 / tau)
+                    timer = (ch // 512 + gap // 1000) % 2  # cases alternate the rank
                     for v in noisy(t, rng, 5):
-                        rows.append(_attention(r, ch, v, idle_us=gap, round=passes))
+                        rows.append(_attention(r, ch, v, idle_us=gap, round=passes, timed_by=timer))
     frame = pd.DataFrame(rows).assign(warmup=False, sparse=False, dtype="bf16", model="m")
     base = load_profile("profiles/h100-priors.toml")
     device, notes = fit_device(frame, base.device, "synthetic")
     assert device.idle_extra.value == pytest.approx(extra, rel=0.15)
     assert device.idle_tau.value == pytest.approx(tau, rel=0.35)
+    assert "at 3 idle times" in notes["idle"]  # every gap paired, whichever rank timed it
     for c in (device.idle_extra, device.idle_tau):
         assert c.low <= c.value <= c.high and not c.prior
     assert device.compute_per_row_token.value == pytest.approx(k, rel=0.05)
@@ -160,6 +164,54 @@ def test_idle_terms_are_fitted_from_idle_cases_and_kept_out_of_t_c(tmp_path):
     with pytest.raises(ProfileError, match="one of idle_extra and idle_tau"):
         load_profile(tmp_path / "half.toml")
     assert fit_device(frame[frame.idle_us == 0], base.device, "x")[0].idle_extra is None
+
+
+def test_merge_wait_terms_are_fitted_from_merges_after_waits_and_kept_out_of_t_m():
+    """Merges timed after waits (kernel --merge-wait) fit merge_wait_t0, _per_row_partial
+    and _tau against the merge term fitted from the in-context merges, which the waited
+    merges do not move."""
+    rng = np.random.default_rng(6)
+    m0, m1, m2 = 90e-6, 0.5e-6, 20e-9
+    w0, w1, tau = 260e-6, 0.25e-6, 5e-3
+    rows = []
+    for passes in range(3):
+        for r in (1, 4, 16):
+            plain = m0 + 16 * r * 2 * m1
+            for after in (256, 1024, 4096):
+                for v in noisy(plain + after * m2, rng, 5):
+                    rows.append(_merge(r, v, after_tokens=after, round=passes))
+            for wait in (500, 2000, 8000, 32000, 128000):
+                t = plain + (w0 + 16 * r * 2 * w1) * -np.expm1(-wait * 1e-6 / tau)
+                for v in noisy(t, rng, 3, noise=0.03):
+                    rows.append(_merge(r, v, wait_us=wait, round=passes))
+    for r in (1, 4):
+        for ch in (512, 2048):
+            rows.append(_attention(r, ch, 20e-6 + ch * (2e-9 + 16 * r * 3e-11)))
+    frame = pd.DataFrame(rows).assign(warmup=False, sparse=False, dtype="bf16", model="m")
+    frame = frame.fillna({"after_tokens": 0, "wait_us": 0, "round": 0})
+    base = load_profile("profiles/h100-priors.toml")
+    device, notes = fit_device(frame, base.device, "synthetic")
+    assert device.merge_per_row_partial.value == pytest.approx(m1, rel=0.1)
+    assert device.merge_per_token.value == pytest.approx(m2, rel=0.1)
+    assert device.merge_t0.value == pytest.approx(m0, rel=0.1)
+    assert device.merge_wait_t0.value == pytest.approx(w0, rel=0.2)
+    assert device.merge_wait_per_row_partial.value == pytest.approx(w1, rel=0.3)
+    assert device.merge_wait_tau.value == pytest.approx(tau, rel=0.3)
+    for coef in (device.merge_wait_t0, device.merge_wait_per_row_partial, device.merge_wait_tau):
+        assert coef.low <= coef.value <= coef.high and not coef.prior
+    for r, wait in ((1, 2e-3), (16, 30e-3)):
+        truth = m0 + 16 * r * 2 * m1 + (w0 + 16 * r * 2 * w1) * -np.expm1(-wait / tau)
+        assert device.merge_after_wait(16 * r, 2, 4096, wait) == pytest.approx(truth, rel=0.05)
+    assert "after 5 waits" in notes["merge_wait"]
+    without = fit_device(frame[frame.wait_us == 0], base.device, "x")[0]
+    assert without.merge_wait_tau is None and without.merge_wait_t0 is None
+
+
+def _merge(rows: int, seconds: float, **more) -> dict:
+    """One merge sample of two partials, 16 heads (value in us)."""
+    return dict(kernel="merge", rows=rows, heads=16, chunk_tokens=0, partials=2, **more) | {
+        "value": seconds * 1e6
+    }
 
 
 def test_splice_terms_survive_a_profile_file_and_half_of_one_is_refused(tmp_path):

@@ -71,6 +71,12 @@ def test_kernel_sweep_writes_samples_and_rates(xbench, tmp_path):
     assert set(idle.kernel) == {"partial_attention"} and set(idle.rows) == {1}
     assert set(idle.chunk_tokens) == {64, 256}
     assert (samples[samples.kernel != "partial_attention"].idle_us == 0).all()
+    # and the merge at every rows after spinning 0.5, 2, 8, 32 and 128 ms, after nothing else
+    waited = samples[samples.wait_us > 0]
+    assert set(waited.wait_us) == {500, 2000, 8000, 32000, 128000}
+    assert set(waited.kernel) == {"merge"} and set(waited.rows) == {1, 2}
+    assert (waited.after_tokens == 0).all() and (waited.idle_us == 0).all()
+    assert {row["wait_us"] for row in summary if row["kernel"] == "merge"} >= {0, 32000}
 
 
 def test_cpu_ceiling_is_the_dtype_the_kernels_multiply_in(monkeypatch):
@@ -135,6 +141,7 @@ def test_kernel_bad_input(xbench):
         (["--cpu-attention", "fast"], "unknown CPU attention path"),
         (["--idle", "2s"], "outside 1us-1s"),
         (["--idle", "soon"], "bad duration"),
+        (["--merge-wait", "5s"], "--merge-wait 5s is outside 1us-1s"),
         (["--rows", "0"], "--rows must be integers of 1 or more"),
         (["--chunk", "0,64"], "--chunk must be integers of 1 or more"),
     ]

@@ -147,6 +147,32 @@ def test_uses_of_a_present_chunk_batch_like_routed_ones():
     assert res.latency[-1] == pytest.approx(c.attend + c.batched_attend(5))
 
 
+def test_a_routed_merge_after_its_wait_pays_the_measured_extra():
+    """A device with merge-wait terms: the predicate's route prices the merge after the
+    route's own wait, as the cost model does; in the engine the merge pays for how long its
+    core waited (saturated here: the requester idled since before the trace)."""
+    from dataclasses import replace
+
+    from xbench.core.costmodel import Coef, Profile, Request, times
+
+    w0, w1, tau = 300e-6, 0.2e-9, 5e-3
+    device = replace(
+        PRIORS.device,
+        merge_wait_t0=Coef(w0, w0, w0, "s"),
+        merge_wait_per_row_partial=Coef(w1, w1, w1, "s/row-partial"),
+        merge_wait_tau=Coef(tau, tau, tau, "s"),
+    )
+    waited = Profile("waited", PRIORS.fabrics, device)
+    c = _Costs(waited, W)
+    r = Request(rows=1, heads=16, chunk_tokens=2048, fabric="ib")
+    assert c.per_use()["route"] == pytest.approx(times(waited.fabric("ib"), device, r)[0])
+    assert c.per_use()["fetch"] == pytest.approx(_Costs(PRIORS, W).per_use()["fetch"])
+    res = simulate(waited, W, _trace((0.0, 0, 1)), "route")
+    answered = c.send_occ + c.send_fly + c.attend + c.back_occ + c.back_fly
+    merge = device.merge(c.rows, 2) + (w0 + c.rows * 2 * w1)
+    assert res.latency[0] == pytest.approx(answered + merge)
+
+
 def test_a_call_after_idle_pays_the_measured_extra():
     """A device with idle terms: a call that starts after g idle adds E (1 - exp(-g/tau));
     a call queued behind another (no idle) adds nothing; the first call of the trace starts

@@ -182,17 +182,21 @@ def test_kernel_v1_files_read_as_one_pass(tmp_path):
         timed_by=1,
         after_tokens=1024,
         idle_us=4000,
+        wait_us=2000,
     )
     path = write_table(tmp_path / "k.parquet", schema.KERNEL_SAMPLES, [row], {"run_id": "k"})
-    v3 = ("process_run", "timed_by", "after_tokens", "idle_us")
+    v3 = ("process_run", "timed_by", "after_tokens", "idle_us", "wait_us")
     old = _as_version(path, 1, tmp_path / "v1.parquet", ("round", *v3))
     v2 = _as_version(path, 2, tmp_path / "v2.parquet", v3)
-    v3_file = _as_version(path, 3, tmp_path / "v3.parquet", ("idle_us",))
-    frame = read_table([old, v2, v3_file, path], schema.KERNEL_SAMPLES)
-    assert frame["round"].tolist() == [0, 1, 1, 1]
-    assert frame.process_run.tolist() == [0, 0, 2, 2] and frame.timed_by.tolist() == [0, 0, 1, 1]
-    assert frame.after_tokens.tolist() == [0, 0, 1024, 1024]  # before v3 timed back to back
-    assert frame.idle_us.tolist() == [0, 0, 0, 4000]  # before v4 nothing after idle
+    v3_file = _as_version(path, 3, tmp_path / "v3.parquet", ("idle_us", "wait_us"))
+    v4 = _as_version(path, 4, tmp_path / "v4.parquet", ("wait_us",))
+    frame = read_table([old, v2, v3_file, v4, path], schema.KERNEL_SAMPLES)
+    assert frame["round"].tolist() == [0, 1, 1, 1, 1]
+    assert frame.process_run.tolist() == [0, 0, 2, 2, 2]
+    assert frame.timed_by.tolist() == [0, 0, 1, 1, 1]
+    assert frame.after_tokens.tolist() == [0, 0, 1024, 1024, 1024]  # v1-2: back to back
+    assert frame.idle_us.tolist() == [0, 0, 0, 4000, 4000]  # before v4 nothing after idle
+    assert frame.wait_us.tolist() == [0, 0, 0, 0, 2000]  # before v5 nothing after a wait
 
 
 def test_migrations_chain_from_older_versions(tmp_path, monkeypatch):

@@ -114,6 +114,9 @@ _DEVICE_TERMS = (
     ("recompute_per_token2", 1e-12, "ps/token^2"),
     ("idle_extra", 1e-6, "us"),
     ("idle_tau", 1e-3, "ms"),
+    ("merge_wait_t0", 1e-6, "us"),
+    ("merge_wait_per_row_partial", 1e-12, "ps/row-partial"),
+    ("merge_wait_tau", 1e-3, "ms"),
 )
 
 

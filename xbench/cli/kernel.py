@@ -117,6 +117,15 @@ def kernel(
             "none.",
         ),
     ] = "auto",
+    merge_wait: Annotated[
+        str,
+        typer.Option(
+            help="Also time the merge at every rows after the timing thread spun this long "
+            "before each call, e.g. 500us,2ms,8ms,32ms,128ms (a route's requester merges after "
+            "polling MPI for the answer; fits how much longer that merge takes); auto: those "
+            "five on CPUs, none on GPUs; none.",
+        ),
+    ] = "auto",
     np: Annotated[
         int,
         typer.Option(
@@ -184,7 +193,10 @@ def kernel(
     if launch == "graph" and not dev.startswith("cuda"):
         raise XbenchError("--launch graph needs a CUDA device", "use --launch eager on CPU")
     launch = ("graph" if dev.startswith("cuda") else "eager") if launch == "auto" else launch
-    idle_us = _idle_list(idle, dev)
+    idle_us = duration_list(idle, dev, "--idle", DEFAULT_IDLE_CPU)
+    merge_wait_us = duration_list(merge_wait, dev, "--merge-wait", DEFAULT_MERGE_WAIT_CPU)
+    if "merge" not in names:
+        merge_wait_us = []
     run_id = new_run_id("kernel")
     out_dir = out or Path("results") / run_id
     cfg = SweepConfig(
@@ -212,6 +224,7 @@ def kernel(
         ranks=np,
         runs=runs,
         idle_us=idle_us,
+        merge_wait_us=merge_wait_us,
     )
     if config_from is not None:
         cfg = stored_config(config_from, cfg)
@@ -223,15 +236,18 @@ def kernel(
     emit_frame(summary, fmt, lambda f: _table(f, out_dir))
 
 
+# A server's idle times at moderate load span these.
 DEFAULT_IDLE_CPU = "1ms,4ms,16ms"
+# A route's wait for its answer (the holder's attention) spans these on a CPU.
+DEFAULT_MERGE_WAIT_CPU = "500us,2ms,8ms,32ms,128ms"
 
 
-def _idle_list(text: str, device: str) -> list[int]:
-    """--idle as whole microseconds: auto is three gaps on CPUs (a server's idle times at
-    moderate load span these) and none on GPUs, where it has not been measured."""
+def duration_list(text: str, device: str, option: str, auto_cpu: str) -> list[int]:
+    """--idle or --merge-wait as whole microseconds: auto is ``auto_cpu`` on CPUs and none
+    on GPUs, where neither has been measured."""
     text = text.strip()
     if text == "auto":
-        text = DEFAULT_IDLE_CPU if device == "cpu" else "none"
+        text = auto_cpu if device == "cpu" else "none"
     if text in ("none", "0", ""):
         return []
     gaps = []
@@ -239,7 +255,7 @@ def _idle_list(text: str, device: str) -> list[int]:
         seconds = parse_duration(item.strip())
         if not 1e-6 <= seconds <= 1.0:
             raise XbenchError(
-                f"--idle {item.strip()} is outside 1us-1s", "pass idle times like 1ms,4ms,16ms"
+                f"{option} {item.strip()} is outside 1us-1s", f"pass times like {auto_cpu}"
             )
         gaps.append(round(seconds * 1e6))
     return sorted(set(gaps))
@@ -324,6 +340,8 @@ def _bound(r) -> str:
 def _chunk(r) -> str:
     if getattr(r, "idle_us", 0):
         return f"{r.chunk_tokens} idle {format_duration(r.idle_us * 1e-6)}"
+    if getattr(r, "wait_us", 0):
+        return f"wait {format_duration(r.wait_us * 1e-6)}"
     if not r.after_tokens:
         return str(r.chunk_tokens)
     return f"after {r.after_tokens}" if not r.chunk_tokens else f"{r.chunk_tokens} after"
@@ -340,7 +358,8 @@ def _table(summary, out_dir) -> None:
         f"{out_dir}  |  %bound = max(bytes / copy bandwidth, FLOPs / matmul rate) / time, "
         "both ceilings measured in this run, and the one that sets it  |  after: timed right "
         "after an attention over the chunk, as in a route or a fetch  |  idle T: each call "
-        "after the device idled T",
+        "after the device idled T  |  wait T: each call after spinning T, as a route's merge "
+        "follows its wait for the answer",
     )
     for col in (
         "kernel",

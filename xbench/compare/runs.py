@@ -37,6 +37,7 @@ LABEL_KEYS = {
         "chunk_tokens",
         "after_tokens",
         "idle_us",
+        "wait_us",
         "sparse",
     ],
     "validate": ["option", "fabric", "rows", "chunk_tokens", "segments"],
@@ -153,6 +154,9 @@ def label(command: str, row) -> str:
         elif key == "idle_us":
             if value:
                 parts.append(f"after {value} us idle")
+        elif key == "wait_us":
+            if value:
+                parts.append(f"after a {value} us wait")
         elif key == "chunk_tokens" and command == "kernel" and not value:
             continue  # a merge has no chunk of its own
         elif key in ("rows", "heads", "chunk_tokens", "segments"):

@@ -188,6 +188,13 @@ class Device:
         the c tokens attends to those before it, so the work grows with c^2 and a long
         prefill costs more per token than a short one.
 
+    Route's merge follows no attention of the requester's own: it follows the requester's
+    wait for the answer (the holder's attention and both messages, g = T_c + wire), and a
+    merge after a wait takes T_m(R, p, 0) + (merge_wait_t0 + R * p *
+    merge_wait_per_row_partial) * (1 - exp(-g / merge_wait_tau)), when measured (``xbench
+    kernel --merge-wait``; on a CPU VM about 0.3 ms more after a few ms, little of it growing
+    with the rows); without those terms route's merge is charged as fetch's, T_m(R, p, c).
+
     A call that starts after the device idled g pays idle_extra * (1 - exp(-g / idle_tau))
     more than back to back (caches, TLBs and clocks gone cold; on a CPU VM about half a
     millisecond after a few ms idle, whatever the call's shape), when measured (``xbench
@@ -219,6 +226,9 @@ class Device:
     recompute_per_token2: Coef | None = None
     idle_extra: Coef | None = None
     idle_tau: Coef | None = None
+    merge_wait_t0: Coef | None = None
+    merge_wait_per_row_partial: Coef | None = None
+    merge_wait_tau: Coef | None = None
     _ends: tuple = field(init=False, repr=False, compare=False)
     _prior: bool = field(init=False, repr=False, compare=False)
     _rho: tuple = field(init=False, repr=False, compare=False)
@@ -237,12 +247,15 @@ class Device:
             raise ValueError("splice_t0 and splice_per_token come together")
         if (self.idle_extra is None) != (self.idle_tau is None):
             raise ValueError("idle_extra and idle_tau come together")
+        waits = (self.merge_wait_t0, self.merge_wait_per_row_partial, self.merge_wait_tau)
+        if len({c is None for c in waits}) > 1:
+            raise ValueError("merge_wait_t0, _per_row_partial and _tau come together")
         object.__setattr__(
             self, "_ends", tuple(self._terms(end) for end in ("value", "low", "high"))
         )
         coefs = self._all_coefs()
         object.__setattr__(self, "_prior", any(c.prior for c in coefs))
-        object.__setattr__(self, "_rho", _relative_spread(coefs))
+        object.__setattr__(self, "_rho", self._spread(coefs))
         # Which option's time a prior enters: compute/merge (all), move (fetch), recompute (local).
         shared_coefs = [
             self.compute_t0,
@@ -258,7 +271,33 @@ class Device:
         )
         move = any(c.prior for c in self._move_coefs())
         recompute = any(c.prior for c in self._recompute_coefs())
-        object.__setattr__(self, "_prior_by_option", (shared, shared or move, shared or recompute))
+        waited = any(c.prior for c in self._wait_coefs())
+        object.__setattr__(
+            self, "_prior_by_option", (shared or waited, shared or move, shared or recompute)
+        )
+
+    def _wait_coefs(self) -> list[Coef]:
+        return [
+            c
+            for c in (self.merge_wait_t0, self.merge_wait_per_row_partial, self.merge_wait_tau)
+            if c
+        ]
+
+    def _spread(self, coefs) -> tuple[float, float]:
+        """The relative spread of every time built from the terms: route's merge extra after
+        a wait, (w0 + R p w1) (1 - exp(-g / tau)), compounds its terms' spread with tau's
+        (a shorter tau is the slow end)."""
+        up, down = _relative_spread(coefs)
+        if self.merge_wait_tau is None:
+            return up, down
+        tau = self.merge_wait_tau
+        w_up, w_down = _relative_spread([self.merge_wait_t0, self.merge_wait_per_row_partial])
+        tau_up = tau.value / tau.low - 1.0 if tau.low > 0 else INF
+        tau_down = 1.0 - tau.value / tau.high if tau.high > 0 else 0.0
+        return (
+            (1 + max(up, w_up)) * (1 + tau_up) - 1.0,
+            1.0 - (1 - max(down, w_down)) * (1 - tau_down),
+        )
 
     @property
     def prior(self) -> bool:
@@ -303,7 +342,9 @@ class Device:
     def _terms(self, end: str) -> tuple:
         """(compute breaks, compute pieces, m0, m1, move breaks, move pieces, recompute,
         splice breaks, splice pieces, has a splice term, merge per token, recompute per
-        token^2) at one end."""
+        token^2, merge wait t0, merge wait per row-partial, merge wait tau) at one end (the
+        wait's tau at the other end: a shorter tau is the slower merge; tau 0 without the
+        terms)."""
         compute = [
             (0.0, self.compute_t0, self.compute_per_token, self.compute_per_row_token),
             *self.compute_segments,
@@ -325,6 +366,11 @@ class Device:
             splice is not move,
             getattr(self.merge_per_token, end) if self.merge_per_token else 0.0,
             getattr(self.recompute_per_token2, end) if self.recompute_per_token2 else 0.0,
+            getattr(self.merge_wait_t0, end) if self.merge_wait_t0 else 0.0,
+            getattr(self.merge_wait_per_row_partial, end) if self.merge_wait_tau else 0.0,
+            getattr(self.merge_wait_tau, {"value": "value", "low": "high", "high": "low"}[end])
+            if self.merge_wait_tau
+            else 0.0,
         )
 
     def compute(self, rows: float, chunk: float) -> float:
@@ -339,6 +385,14 @@ class Device:
             + rows * partials * self.merge_per_row_partial.value
             + chunk * per_token
         )
+
+    def merge_after_wait(self, rows: float, partials: int, chunk: float, wait: float) -> float:
+        """A merge that follows its core's wait of ``wait`` seconds for a routed answer;
+        without the wait terms, the merge as timed after an attention over ``chunk``."""
+        if self.merge_wait_tau is None:
+            return self.merge(rows, partials, chunk)
+        extra = self.merge_wait_t0.value + rows * partials * self.merge_wait_per_row_partial.value
+        return self.merge(rows, partials) - extra * math.expm1(-wait / self.merge_wait_tau.value)
 
     def recompute(self, tokens: float) -> float:
         """T_recompute: prefilling ``tokens`` (inf when the profile has no recompute cost)."""
@@ -512,6 +566,7 @@ class ScalarOps(NamedTuple):
     piece: object = _scalar_piece
     where: object = _scalar_where
     any: object = bool
+    expm1: object = math.expm1
 
 
 SCALAR = ScalarOps()
@@ -529,14 +584,17 @@ def device_side(ops, terms: tuple, rows, chunk, reuse, segments, fetch_cost, blo
 
     ``terms``: :meth:`Device.terms` at one end; ``rows`` = b*h query rows; ``fetch_cost``
     NaN where the device's T_move(c) applies. Returns (t_cm, fetch_base, per_use, local,
-    t_move): t_cm = T_c + T_m (paid by route and fetch alike); fetch_base = T_move + (1 + r)
-    t_cm, since one fetch serves this use and r later local uses; per_use = 1 / (1 + r).
+    t_move, t_c, t_m0, wait_extra, wait_tau): t_cm = T_c + T_m(c), a fetch's attention and
+    merge; fetch_base = T_move + (1 + r) t_cm, since one fetch serves this use and r later
+    local uses; per_use = 1 / (1 + r); t_m0 = T_m(R, 2, 0), the merge route's wait adds
+    wait_extra to once it saturates (:func:`route_merge`).
     """
-    cb, cp, m0, m1, mb, mp, rec, sb, sp, has_splice, m2, rec2 = terms
+    cb, cp, m0, m1, mb, mp, rec, sb, sp, has_splice, m2, rec2, w0, w1, wtau = terms
     # (a term of one piece needs no lookup: the common case, and the hot path's)
     c0, c1, c2 = ops.piece(cb, cp, chunk) if cb else cp[0]
     t_c = c0 + chunk * (c1 + rows * c2)
-    t_cm = t_c + m0 + rows * 2 * m1 + chunk * m2
+    t_m0 = m0 + rows * 2 * m1
+    t_cm = t_c + t_m0 + chunk * m2
     g0, g1 = ops.piece(mb, mp, chunk) if mb else mp[0]
     t_move = g0 + chunk * g1
     # A fetch of one message per block leaves the holder's cache as the blocks lie: nothing
@@ -547,7 +605,19 @@ def device_side(ops, terms: tuple, rows, chunk, reuse, segments, fetch_cost, blo
     t_move = ops.where(fetch_cost == fetch_cost, fetch_cost, t_move)  # NaN: not given
     local = recompute_time(chunk, rec, rec2) + t_c
     local = ops.where(blocks_local, t_c, local)
-    return t_cm, t_move + (1.0 + reuse) * t_cm, 1.0 / (1.0 + reuse), local, t_move
+    fetch_base = t_move + (1.0 + reuse) * t_cm
+    wait_extra = w0 + rows * 2 * w1
+    return t_cm, fetch_base, 1.0 / (1.0 + reuse), local, t_move, t_c, t_m0, wait_extra, wtau
+
+
+def route_merge(ops, dev: tuple, wire):
+    """Route's merge: after the requester waited for the answer (the holder's attention and
+    route's ``wire``), T_m(R, 2, 0) + (w0 + 2 R w1) (1 - exp(-wait / tau)); without the
+    wait terms, the merge fetch pays (T_m after an attention over the chunk)."""
+    t_cm, t_c, t_m0, wait_extra, wtau = dev[0], dev[5], dev[6], dev[7], dev[8]
+    if not wtau:
+        return t_cm - t_c
+    return t_m0 - wait_extra * ops.expm1(-(t_c + wire) / wtau)
 
 
 def route_legs(ops, breaks: tuple, fabric_terms: tuple, s_q, s_o):
@@ -587,9 +657,9 @@ def option_times(ops, breaks, fabric_terms, dev: tuple, s_q, s_o, s_kv, n_seg, p
     ``probe_bytes``: None when no request pays the probe round trip; else its size (NaN
     where a request does not pay it).
     """
-    t_cm, fetch_base, per_use = dev[0], dev[1], dev[2]
+    fetch_base, per_use = dev[1], dev[2]
     route_wire, fetch_wire, _ = wire_costs(ops, breaks, fabric_terms, s_q, s_o, s_kv, n_seg)
-    route = t_cm + route_wire
+    route = dev[5] + route_merge(ops, dev, route_wire) + route_wire
     fetch = fetch_base + fetch_wire
     if probe_bytes is not None:
         a_p, ib_p = ops.piece(breaks, fabric_terms[1], probe_bytes)
@@ -599,20 +669,24 @@ def option_times(ops, breaks, fabric_terms, dev: tuple, s_q, s_o, s_kv, n_seg, p
     return route, fetch * per_use
 
 
-def closed_forms(ops, breaks, fabric_terms, heads, payload, ret, s_q, s_o, s_kv, n_seg, t_move):
+def closed_forms(ops, breaks, fabric_terms, heads, payload, ret, s_q, s_o, s_kv, n_seg, dev):
     """(b*, u*): route beats fetch for every b < b*; fetch beats route once 1 + r > u*.
 
-    From T_route = T_fetch with T_c cancelling (the same device on both sides):
-    b* = (fetch wire + T_move - route's fixed wire) / (h (P/beta_q + R/beta_o)),
-    u* = (fetch wire + T_move) / route wire.
+    From T_route = T_fetch with T_c cancelling (the same device on both sides), and dm =
+    route's merge less fetch's (0 without the merge-wait terms; with them, taken at the
+    request's own rows, since it grows with them):
+    b* = (fetch wire + T_move - route's fixed wire - dm) / (h (P/beta_q + R/beta_o)),
+    u* = (fetch wire + T_move) / (route wire + dm).
     """
     route_wire, fetch_wire, (route_fixed, ib_q, ib_o) = wire_costs(
         ops, breaks, fabric_terms, s_q, s_o, s_kv, n_seg
     )
-    moved = fetch_wire + t_move
+    dm = route_merge(ops, dev, route_wire) - (dev[0] - dev[5])
+    moved = fetch_wire + dev[4]
     per_token = heads * (payload * ib_q + ret * ib_o)
-    b_star = ops.where(per_token > 0, (moved - route_fixed) / _nonzero(ops, per_token), INF)
-    u_star = ops.where(route_wire > 0, moved / _nonzero(ops, route_wire), INF)
+    b_star = ops.where(per_token > 0, (moved - route_fixed - dm) / _nonzero(ops, per_token), INF)
+    routed = route_wire + dm
+    u_star = ops.where(routed > 0, moved / _nonzero(ops, routed), INF)
     return b_star, u_star
 
 
@@ -663,15 +737,13 @@ def phase_times(f: Fabric, device: Device, r: Request, end: int = VALUE) -> dict
     merge; local: attention (plus recompute where the blocks are not here). With
     ``include_probe`` route and fetch also carry the probe's round trip as ``probe``.
     """
-    terms = device.terms(end)
-    t_cm, _, per_use, local, t_move = _request_device(terms, r)
-    fetch_cost = math.nan if r.fetch_cost is None else r.fetch_cost
-    rows = r.rows * r.heads
-    t_c = device_side(SCALAR, terms, rows, r.chunk_tokens, 0, r.segments, fetch_cost, True)[3]
+    dev = _request_device(device.terms(end), r)
+    t_cm, per_use, local, t_move, t_c = dev[0], dev[2], dev[3], dev[4], dev[5]
     s_q, s_o, s_kv = _request_sizes(r)
     send, ret, _, _ = route_legs(SCALAR, f.breaks, f.terms(end), s_q, s_o)
     _, fetch_wire, _ = wire_costs(SCALAR, f.breaks, f.terms(end), s_q, s_o, s_kv, r.segments)
-    route = {"send": send, "attention": t_c, "return": ret, "merge": t_cm - t_c}
+    merge = route_merge(SCALAR, dev, send + ret)
+    route = {"send": send, "attention": t_c, "return": ret, "merge": merge}
     fetch = {
         "transfer": fetch_wire * per_use,
         "move": t_move * per_use,
@@ -703,7 +775,7 @@ def thresholds(f: Fabric, device: Device, r: Request) -> tuple[float, float]:
         s_o,
         s_kv,
         r.segments,
-        dev[4],
+        dev,
     )
 
 

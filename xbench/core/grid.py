@@ -80,6 +80,8 @@ class ArrayOps:
     def any(x) -> bool:
         return bool(np.any(x))
 
+    expm1 = staticmethod(np.expm1)
+
 
 ARRAY = ArrayOps()
 
@@ -244,7 +246,7 @@ def _derive(raw: dict) -> tuple:
     )
 
 
-def _closed_forms(profile: Profile, cols, t_move, best_f, n: int):
+def _closed_forms(profile: Profile, cols, dev, best_f, n: int):
     """b* and u* of each request on the fabric chosen for it."""
     b_star, u_star = np.empty(n), np.empty(n)
     _, _, s_q, s_o, s_kv, _, _, nseg, _, _, heads, payload, ret = cols
@@ -253,7 +255,7 @@ def _closed_forms(profile: Profile, cols, t_move, best_f, n: int):
         if not mine.any():
             continue
         b, u = closed_forms(
-            ARRAY, f.breaks, f.terms(VALUE), heads, payload, ret, s_q, s_o, s_kv, nseg, t_move
+            ARRAY, f.breaks, f.terms(VALUE), heads, payload, ret, s_q, s_o, s_kv, nseg, dev
         )
         b_star[mine] = np.broadcast_to(b, (n,))[mine]
         u_star[mine] = np.broadcast_to(u, (n,))[mine]
@@ -358,7 +360,7 @@ def _decide_block(profile: Profile, cols, codes, n: int) -> dict:
         else:
             uncertain[index] = verdict
     size = np.where(is_fetch, cols[4], cols[2])
-    b_star, u_star = _closed_forms(profile, cols, dev_val[4], best_f, n)
+    b_star, u_star = _closed_forms(profile, cols, dev_val, best_f, n)
     return {
         "b_star": b_star,
         "u_star": u_star,

@@ -53,11 +53,16 @@ DEVICE_TERMS = {
     "splice_per_token": "token",
     "idle_extra": None,
     "idle_tau": None,
+    "merge_wait_t0": None,
+    "merge_wait_per_row_partial": "row-partial",
+    "merge_wait_tau": None,
 }
 # splice_*: T_move of a fetch sent block by block from the holder's cache (no gather)
 # merge_per_token: what a merge pays for following an attention over the chunk (0 if absent)
 # recompute_per_token2: attention's quadratic term of a prefill (0 if absent)
 # idle_extra, idle_tau: a call after g idle adds idle_extra (1 - exp(-g / idle_tau))
+# merge_wait_*: a merge after a wait of g for a routed answer adds
+#   (merge_wait_t0 + R p merge_wait_per_row_partial) (1 - exp(-g / merge_wait_tau))
 OPTIONAL_TERMS = {
     "recompute_per_token",
     "recompute_per_token2",
@@ -66,6 +71,9 @@ OPTIONAL_TERMS = {
     "merge_per_token",
     "idle_extra",
     "idle_tau",
+    "merge_wait_t0",
+    "merge_wait_per_row_partial",
+    "merge_wait_tau",
 }
 
 
@@ -281,6 +289,13 @@ def parse_profile(data: dict, path: str = "<profile>") -> Profile:
         raise ProfileError(
             f"profile {path}: [device] has one of idle_extra and idle_tau",
             "give both (xbench kernel --idle, then fit) or neither",
+        )
+    waits = ("merge_wait_t0", "merge_wait_per_row_partial", "merge_wait_tau")
+    if len({terms[t] is None for t in waits}) > 1:
+        raise ProfileError(
+            f"profile {path}: [device] has part of the merge-wait term",
+            "give merge_wait_t0, merge_wait_per_row_partial and merge_wait_tau together "
+            "(xbench kernel --merge-wait, then fit) or none of them",
         )
     provenance = dict(data.get("provenance", {}))
     provenance.setdefault("name", head.get("name", Path(path).stem))

@@ -18,7 +18,9 @@ T_c = t0 + c*(a + R*k); T_m = m0 + R*p*m1 (+ c*m2 where the merges were timed af
 attentions over several chunks, ``--in-context``); T_move = gather + splice = g0 + c*g1; T_splice
 (a fetch sent block by block from the holder's cache, nothing packed) = s0 + c*s1. Where the
 sweep also timed attention after idle times (``--idle``), what a call pays for starting after
-g of idle, idle_extra * (1 - exp(-g / idle_tau)). Terms without samples come from ``base`` (a priors profile) and stay marked as priors.
+g of idle, idle_extra * (1 - exp(-g / idle_tau)); where it timed merges after waits
+(``--merge-wait``), what a merge adds after its core waited g for a routed answer,
+(merge_wait_t0 + R p merge_wait_per_row_partial) (1 - exp(-g / merge_wait_tau)). Terms without samples come from ``base`` (a priors profile) and stay marked as priors.
 """
 
 from __future__ import annotations
@@ -218,13 +220,16 @@ def _fit_prefill(terms: dict, notes: dict, prefill: pd.DataFrame, samples: pd.Da
         )
 
 
-IDLE_GROUP = ["rows", "heads", "chunk_tokens", "process_run", "round", "timed_by"]
+# One pass of one case: its median is compared within the pass (drift cancels). Not the
+# timing rank: a two-rank sweep alternates it case by case, so a shape's idle case and its
+# back-to-back case are often timed by different ranks of the same launch.
+PASS_KEYS = ["rows", "heads", "chunk_tokens", "partials", "process_run", "round"]
 
 
 def _idle_extras(attn: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """(idle seconds, extra seconds) per idle case and pass: its median less the median of
     the same shape timed back to back in the same launch and round (drift cancels)."""
-    keys = [k for k in IDLE_GROUP if k in attn.columns]
+    keys = [k for k in PASS_KEYS if k in attn.columns]
     warm = attn[attn.idle_us == 0].groupby(keys).value.median()
     idle = attn[attn.idle_us > 0].groupby([*keys, "idle_us"]).value.median()
     gaps, extras = [], []
@@ -236,42 +241,90 @@ def _idle_extras(attn: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     return np.array(gaps), np.array(extras)
 
 
-def _fit_idle(terms: dict, notes: dict, gaps: np.ndarray, extras: np.ndarray) -> None:
-    """idle_extra and idle_tau of extra = E (1 - exp(-g / tau)), least squares in seconds
-    (extras are differences and may be negative, so not the relative fit), with bootstrap
-    intervals over the (case, pass) points."""
+def _fit_saturating(gaps: np.ndarray, y: np.ndarray, per: np.ndarray | None = None):
+    """Least squares of y = (e0 + per * e1) (1 - exp(-g / tau)) (without ``per``, y = e0 (1
+    - exp(-g / tau))), e0, e1 >= 0; y may be negative (differences). Returns (the
+    parameters, their bootstrap draws over the (case, pass) points, 200 of them) or None
+    when no fit converges."""
     from scipy.optimize import curve_fit
 
-    def model(g, e, tau):
-        return e * -np.expm1(-g / tau)
+    top = max(float(np.median(y[gaps == gaps.max()])), 1e-6)
+    if per is None:
 
-    bounds = ([0.0, 1e-5], [1.0, 1.0])
+        def model(g, e, tau):
+            return e * -np.expm1(-g / tau)
 
-    def solve(g, x):
-        p0 = (max(float(np.median(x[g == g.max()])), 1e-6), float(np.median(g)))
-        return curve_fit(model, g, x, p0=p0, bounds=bounds)[0]
+        x, p0, bounds = gaps, (top, float(np.median(gaps))), ([0.0, 1e-5], [1.0, 1.0])
+    else:
+
+        def model(x, e0, e1, tau):
+            return (e0 + x[1] * e1) * -np.expm1(-x[0] / tau)
+
+        x = np.vstack([gaps, per])
+        p0 = (top, 0.0, float(np.median(gaps)))
+        bounds = ([0.0, 0.0, 1e-5], [1.0, 1e-3, 1.0])
+
+    def solve(idx):
+        return curve_fit(model, x[..., idx], y[idx], p0=p0, bounds=bounds)[0]
 
     try:
-        e, tau = solve(gaps, extras)
+        params = solve(np.arange(len(y)))
     except (RuntimeError, ValueError):
-        notes["idle"] = f"{len(gaps)} points, no fit converged"
-        return
+        return None
     rng = np.random.default_rng(0)
     draws = []
     for _ in range(200):
-        idx = rng.integers(0, len(gaps), len(gaps))
+        idx = rng.integers(0, len(y), len(y))
         if len(np.unique(gaps[idx])) < 2:
             continue
         try:
-            draws.append(solve(gaps[idx], extras[idx]))
+            draws.append(solve(idx))
         except (RuntimeError, ValueError):
             continue
-    draws = np.array(draws) if draws else np.array([[e, tau]])
-    terms["idle_extra"] = Coef(float(e), *percentile_ci(draws[:, 0], float(e)), "s")
-    terms["idle_tau"] = Coef(float(tau), *percentile_ci(draws[:, 1], float(tau)), "s")
+    return params, np.array(draws) if draws else params[None, :]
+
+
+def _coefs_of(params, draws, units) -> list[Coef]:
+    return [
+        Coef(float(v), *percentile_ci(draws[:, i], float(v)), unit)
+        for i, (v, unit) in enumerate(zip(params, units, strict=True))
+    ]
+
+
+def _fit_idle(terms: dict, notes: dict, gaps: np.ndarray, extras: np.ndarray) -> None:
+    """idle_extra and idle_tau of extra = E (1 - exp(-g / tau)), in seconds (extras are
+    differences and may be negative, so not the relative fit)."""
+    fit = _fit_saturating(gaps, extras)
+    if fit is None:
+        notes["idle"] = f"{len(gaps)} points, no fit converged"
+        return
+    terms["idle_extra"], terms["idle_tau"] = _coefs_of(*fit, ("s", "s"))
     notes["idle"] = (
         f"{len(gaps)} idle cases x passes at {len(np.unique(gaps))} idle times, "
         f"each against the same shape back to back in its pass"
+    )
+
+
+def _fit_merge_wait(terms: dict, notes: dict, waited: pd.DataFrame) -> None:
+    """merge_wait_t0, _per_row_partial and _tau of the extra a merge pays after spinning g
+    (a route's wait for its answer), t - T_m(R, p, 0) = (w0 + R p w1) (1 - exp(-g / tau)),
+    against the merge term the fit just found without its in-context term (no attention
+    precedes these merges). Each (case, pass) median is one point."""
+    m0, m1 = terms["merge_t0"].value, terms["merge_per_row_partial"].value
+    keys = [k for k in PASS_KEYS if k in waited.columns]
+    medians = waited.groupby([*keys, "wait_us"]).value.median().reset_index()
+    per = (medians.rows * medians.heads * medians.partials).to_numpy(float)
+    extra = medians.value.to_numpy(float) * 1e-6 - (m0 + per * m1)
+    gaps = medians.wait_us.to_numpy(float) * 1e-6
+    fit = _fit_saturating(gaps, extra, per) if len(np.unique(gaps)) >= 2 else None
+    if fit is None:
+        notes["merge_wait"] = f"{len(gaps)} points, no fit converged"
+        return
+    names = ("merge_wait_t0", "merge_wait_per_row_partial", "merge_wait_tau")
+    terms.update(zip(names, _coefs_of(*fit, ("s", "s/row-partial", "s")), strict=True))
+    notes["merge_wait"] = (
+        f"{len(gaps)} merge cases x passes after {len(np.unique(gaps))} waits, "
+        f"against the merge term"
     )
 
 
@@ -305,6 +358,10 @@ def fit_device(samples: pd.DataFrame, base: Device | None, name: str) -> tuple[D
         if len(np.unique(gaps)) >= 2:
             _fit_idle(terms, notes, gaps, extras)
         measured = measured[~idle]  # the other terms are back-to-back times
+    waited = None
+    if "wait_us" in measured.columns and (measured.wait_us > 0).any():
+        waited = measured[(measured.wait_us > 0) & (measured.kernel == "merge")]
+        measured = measured[measured.wait_us == 0]
     attn = take("partial_attention")
     if attn is not None:
         r = (attn.rows * attn.heads).to_numpy(float)
@@ -341,6 +398,8 @@ def fit_device(samples: pd.DataFrame, base: Device | None, name: str) -> tuple[D
         terms.update(merge_t0=_coef(m0, "s"), merge_per_row_partial=_coef(m1, "s/row-partial"))
         context = "after attention" if after.any() else "back to back"
         notes["merge"] = f"{len(merge)} samples, {context}"
+        if waited is not None and len(waited):
+            _fit_merge_wait(terms, notes, waited)
     gather, splice = take("gather"), take("splice")
     if gather is not None and splice is not None:
         # T_move = gather at the holder + splice at the requester: pair their samples per chunk.
@@ -391,6 +450,9 @@ def fit_device(samples: pd.DataFrame, base: Device | None, name: str) -> tuple[D
         "splice_per_token",
         "idle_extra",
         "idle_tau",
+        "merge_wait_t0",
+        "merge_wait_per_row_partial",
+        "merge_wait_tau",
     ]:
         if term not in terms:
             terms[term] = getattr(base, term) if base is not None else None

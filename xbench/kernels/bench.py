@@ -60,6 +60,10 @@ class KernelCase:
     # of idle costs 0.3-0.9 ms more than back to back, whatever its shape (caches, TLBs and
     # clocks gone cold): a server at moderate load runs most of its calls so.
     idle_us: int = 0
+    # Microseconds the timing thread spins before each timed call, touching nothing, as a
+    # route's requester polls MPI for its answer; 0: back to back. On this VM a 16-row merge
+    # ran 280 us back to back, 330 / 430-570 / 680 us after spinning 2 / 7 / 30 ms.
+    wait_us: int = 0
 
     @property
     def elem(self) -> int:
@@ -100,7 +104,11 @@ class KernelCase:
         kind = "sparse" if self.sparse else "dense"
         after = f" after {self.after}" if self.after else ""
         idle = f" after {self.idle_us} us idle" if self.idle_us else ""
-        return f"{self.kernel} rows={self.rows} chunk={self.chunk}{after}{idle} {kind} {self.dtype}"
+        wait = f" after a {self.wait_us} us wait" if self.wait_us else ""
+        return (
+            f"{self.kernel} rows={self.rows} chunk={self.chunk}{after}{idle}{wait} "
+            f"{kind} {self.dtype}"
+        )
 
     def context(self) -> KernelCase:
         """The attention that runs before each timed call (``after`` tokens)."""
@@ -332,6 +340,8 @@ def _time_case(case, backend, device, scale, samples, warmups, min_sample_s, see
         )
     if case.idle_us:
         return _time_after_idle(case, clock, sets, run, samples, warmups, min_sample_s)
+    if case.wait_us:
+        return _time_after_wait(case, clock, sets, run, samples, warmups, min_sample_s)
 
     def call(i):
         run(sets[i % len(sets)])
@@ -397,6 +407,23 @@ def _time_after_idle(case, clock, sets, run, samples, warmups, min_s):
     return _samples_of_timed_calls(timed, samples, warmups, min_s)
 
 
+def _time_after_wait(case, clock, sets, run, samples, warmups, min_s):
+    """Each call after ``case.wait_us`` of the timing thread spinning on the clock, as a
+    rank polling MPI for a message does (the core busy, touching almost no memory); only
+    the call is timed."""
+    wait = case.wait_us * 1e-6
+
+    def timed(i: int) -> float:
+        if clock.cuda:
+            torch.cuda.synchronize()
+        until = time.perf_counter() + wait
+        while time.perf_counter() < until:
+            pass
+        return clock.time(lambda _: run(sets[i % len(sets)]), 1)
+
+    return _samples_of_timed_calls(timed, samples, warmups, min_s)
+
+
 def matmul_dtype(device: str, dtype: str) -> str:
     """The dtype the kernels multiply in here: a CPU without AVX512-BF16 runs bf16 attention
     as fp32 products (see torch_backend), so that is the rate its ceiling should be."""
@@ -453,12 +480,31 @@ def plan_cases(
     block_size: int,
     in_context: bool = False,
     idle_us=(),
+    merge_wait_us=(),
 ) -> list[KernelCase]:
     """The cases of a sweep. ``in_context``: merge, gather and splice each follow an attention
     over the chunk (a merge then has one case per rows and chunk, its own chunk 0).
     ``idle_us``: the attention at the fewest rows and every chunk is also timed after each
-    of these idle times (its back-to-back case is the sweep's own)."""
+    of these idle times (its back-to-back case is the sweep's own). ``merge_wait_us``: the
+    merge at every rows is also timed after each of these waits, after nothing else."""
     h = heads or model.q_heads
+
+    def decode_case(kernel: str, r: int, c: int, sparse_: bool, **when) -> KernelCase:
+        """A case of the decode kernels' shapes (``when``: what precedes each call)."""
+        return KernelCase(
+            kernel,
+            r,
+            h,
+            c,
+            model.qk_dim,
+            model.v_dim,
+            dtype,
+            sparse_,
+            block_size=block_size,
+            rope_dim=model.rope_dim,
+            **when,
+        )
+
     cases = []
     for kernel in kernels:
         if kernel == "prefill":  # one sequence per length, the model's prefill head shapes
@@ -481,38 +527,21 @@ def plan_cases(
         for r in rows if kernel in ("partial_attention", "merge") else [1]:
             merge = kernel == "merge"
             for c in chunks if not merge or in_context else [0]:
+                after = c if in_context and kernel != "partial_attention" else 0
                 cases.append(
-                    KernelCase(
-                        kernel,
-                        r,
-                        h,
-                        0 if merge else c,
-                        model.qk_dim,
-                        model.v_dim,
-                        dtype,
-                        sparse and not merge,
-                        block_size=block_size,
-                        rope_dim=model.rope_dim,
-                        after=c if in_context and kernel != "partial_attention" else 0,
-                    )
+                    decode_case(kernel, r, 0 if merge else c, sparse and not merge, after=after)
                 )
         if kernel == "partial_attention":
             cases += [
-                KernelCase(
-                    kernel,
-                    min(rows),
-                    h,
-                    c,
-                    model.qk_dim,
-                    model.v_dim,
-                    dtype,
-                    sparse,
-                    block_size=block_size,
-                    rope_dim=model.rope_dim,
-                    idle_us=gap,
-                )
+                decode_case(kernel, min(rows), c, sparse, idle_us=gap)
                 for gap in idle_us
                 for c in chunks
+            ]
+        if kernel == "merge":
+            cases += [
+                decode_case(kernel, r, 0, False, wait_us=wait)
+                for wait in merge_wait_us
+                for r in rows
             ]
     return cases
 
@@ -551,6 +580,7 @@ def sample_rows(
             "timed_by": 0,
             "after_tokens": case.after,
             "idle_us": case.idle_us,
+            "wait_us": case.wait_us,
         }
         for i, (calls, warm, seconds) in enumerate(timings)
     ]
@@ -578,6 +608,7 @@ def ceiling_rows(ceilings: dict, run_id: str, backend: str, device: str, dtype: 
         "timed_by": 0,
         "after_tokens": 0,
         "idle_us": 0,
+        "wait_us": 0,
     }
     n = ceilings["matmul_n"]
     return [

@@ -48,6 +48,8 @@ class SweepConfig:
     runs: int = 1
     # attention also timed after these idle times (us); a stored config without it had none
     idle_us: list = field(default_factory=list)
+    # merges also timed after these waits (us); a stored config without it had none
+    merge_wait_us: list = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -117,6 +119,7 @@ def run_sweep(cfg: SweepConfig, sink, comm=None) -> None:
         cfg.block_size,
         in_context=cfg.timed_in_context,
         idle_us=cfg.idle_us,
+        merge_wait_us=cfg.merge_wait_us,
     )
     store = None
     if rank == 0:

@@ -42,6 +42,9 @@ validate_summary v1: first version, written by ``xbench validate`` through the s
 kernel_samples v4: adds ``idle_us``, the microseconds the device idled before each timed
     call (``xbench kernel --idle``: an attention as a server at moderate load starts it,
     caches and clocks gone cold); v3 files read as 0 (back to back).
+kernel_samples v5: adds ``wait_us``, the microseconds the timing thread spun before each
+    timed call (``xbench kernel --merge-wait``: a merge as a route's requester runs it, after
+    polling MPI for the answer); v4 files read as 0 (back to back).
 validate_samples v2: adds ``requester``, the rank that asked (and timed) the sample (the
     ranks take turns), and ``round`` as in kernel_samples; v1 files read as 0 and 0.
 """
@@ -123,6 +126,8 @@ KERNEL_SAMPLES_SCHEMA = pa.schema(
         pa.field("after_tokens", pa.int32(), nullable=False),
         # v4: microseconds idle before each timed call (0: back to back)
         pa.field("idle_us", pa.int32(), nullable=False),
+        # v5: microseconds spent waiting (spinning) before each timed call (0: back to back)
+        pa.field("wait_us", pa.int32(), nullable=False),
     ]
 )
 
@@ -157,6 +162,7 @@ KERNEL_CASE_KEYS = [
     "chunk_tokens",
     "after_tokens",
     "idle_us",
+    "wait_us",
     "sparse",
     "partials",
     "bytes_moved",
@@ -372,7 +378,7 @@ SCHEMAS = {
 }
 SCHEMA_VERSIONS = {
     PROBE_SAMPLES: 2,
-    KERNEL_SAMPLES: 4,
+    KERNEL_SAMPLES: 5,
     VALIDATE_SAMPLES: 4,
     DECISIONS: 2,
     VALIDATE_SUMMARY: 2,
@@ -438,6 +444,7 @@ MIGRATIONS: dict[str, dict[int, object]] = {
             process_run=0, timed_by=0, after_tokens=0
         ),  # v2: one launch, back to back
         3: _added_int_columns(idle_us=0),  # v3: no call after idle
+        4: _added_int_columns(wait_us=0),  # v4: no call after a wait
     },
     VALIDATE_SUMMARY: {1: _added_summary_phase_columns},  # v1: no phases
     SIMULATION_VALIDATION: {1: _added_costs_column},  # v1: the profile's costs only

@@ -106,8 +106,14 @@ def calibrate(profile, w, jobs_by_rank: list) -> Calibration:
         if cold:
             x, y = np.array(cold).T
             extra = max(float(x @ y / (x @ x)), 0.0)
-    merge = d.merge(rh, 2, chunk)
-    merges = [t / merge for kind, t, _, _ in jobs if kind == "merge"]
+
+    def merge(idle: float) -> float:
+        """The profile's merge: after a wait where it measured one (a routed answer's)."""
+        return (
+            d.merge_after_wait(rh, 2, chunk, idle) if idle >= WARM_IDLE else d.merge(rh, 2, chunk)
+        )
+
+    merges = [t / merge(idle) for kind, t, idle, _ in jobs if kind == "merge"]
     f_merge = float(np.median(merges)) if merges else 1.0
     splice = min(d.move(chunk, 2) if d.splice_t0 is not None else d.move(chunk), d.move(chunk))
     gather = d.move(chunk) - splice

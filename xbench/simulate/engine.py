@@ -192,6 +192,10 @@ class _Costs:
         self.recompute = w.chunk_tokens * rec.value if rec is not None else math.inf
         self.send_occ, self.send_fly = self._link(self.s_q, 1)
         self.back_occ, self.back_fly = self._link(self.s_o, 1)
+        # a routed use merges after its requester waited for the answer (where the profile
+        # measured merges after a wait; else as a fetch merges, after its attention)
+        answered = self.send_occ + self.send_fly + self.attend + self.back_occ + self.back_fly
+        self.route_merge = d.merge_after_wait(rh, 2, w.chunk_tokens, answered)
         self.kv_occ, self.kv_fly = self._link(self.s_kv, w.segments)
         # what the predicate reads on every request, computed once
         self.arrivals_per_instance = w.uses_per_s / w.instances
@@ -230,7 +234,12 @@ class _Costs:
 
     def per_use(self) -> dict[str, float]:
         route = (
-            self.send_occ + self.send_fly + self.attend + self.back_occ + self.back_fly + self.merge
+            self.send_occ
+            + self.send_fly
+            + self.attend
+            + self.back_occ
+            + self.back_fly
+            + self.route_merge
         )
         fetch = self.kv_occ + self.kv_fly + self.move + self.attend + self.merge
         return {"route": route, "fetch": fetch, "local": self.recompute + self.attend}
@@ -467,6 +476,8 @@ def simulate(
     ATTENDS = ("attend", "fetched", "local")
     device = costs.device
     cold = device.idle_extra is not None
+    # a routed use's merge after its core waited for the answer (where measured)
+    waited = device.merge_wait_tau is not None
     between_jobs = w.move_on_compute  # one core per instance: it computes and it messages
     varied = [0] * inst  # attending calls each instance has drawn a factor for
     # one core per instance: taking an arrival or a message in costs it message_cost,
@@ -531,6 +542,11 @@ def simulate(
             varied[i] += 1
         if cold and kind in ATTENDS:  # the first call after idle pays for the cold core
             dur += device.after_idle(now - computed_until[i])
+        elif waited and kind == "done" and now > computed_until[i]:
+            # a merge after its core waited (for this answer or anything): as measured
+            # after a wait; one that follows other work is the merge as costed
+            wait = now - computed_until[i]
+            dur += device.merge_after_wait(costs.rows, 2, w.chunk_tokens, wait) - costs.merge
         seq += 1
         end = compute.run(i, now, dur)
         if kind != "messages":
