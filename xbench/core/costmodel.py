@@ -605,8 +605,8 @@ def device_side(ops, terms: tuple, rows, chunk, reuse, segments, fetch_cost, blo
     t_move = ops.where(fetch_cost == fetch_cost, fetch_cost, t_move)  # NaN: not given
     local = recompute_time(chunk, rec, rec2) + t_c
     local = ops.where(blocks_local, t_c, local)
+    wait_extra = w0 + rows * 2 * w1 if wtau else 0.0
     fetch_base = t_move + (1.0 + reuse) * t_cm
-    wait_extra = w0 + rows * 2 * w1
     return t_cm, fetch_base, 1.0 / (1.0 + reuse), local, t_move, t_c, t_m0, wait_extra, wtau
 
 
@@ -659,7 +659,10 @@ def option_times(ops, breaks, fabric_terms, dev: tuple, s_q, s_o, s_kv, n_seg, p
     """
     fetch_base, per_use = dev[1], dev[2]
     route_wire, fetch_wire, _ = wire_costs(ops, breaks, fabric_terms, s_q, s_o, s_kv, n_seg)
-    route = dev[5] + route_merge(ops, dev, route_wire) + route_wire
+    # (without the merge-wait terms route merges as fetch does: T_c + T_m, as one sum)
+    route = (
+        dev[5] + route_merge(ops, dev, route_wire) + route_wire if dev[8] else dev[0] + route_wire
+    )
     fetch = fetch_base + fetch_wire
     if probe_bytes is not None:
         a_p, ib_p = ops.piece(breaks, fabric_terms[1], probe_bytes)
