@@ -366,7 +366,7 @@ class Device:
             splice is not move,
             getattr(self.merge_per_token, end) if self.merge_per_token else 0.0,
             getattr(self.recompute_per_token2, end) if self.recompute_per_token2 else 0.0,
-            getattr(self.merge_wait_t0, end) if self.merge_wait_t0 else 0.0,
+            getattr(self.merge_wait_t0, end) if self.merge_wait_tau else 0.0,
             getattr(self.merge_wait_per_row_partial, end) if self.merge_wait_tau else 0.0,
             getattr(self.merge_wait_tau, {"value": "value", "low": "high", "high": "low"}[end])
             if self.merge_wait_tau

@@ -20,7 +20,8 @@ attentions over several chunks, ``--in-context``); T_move = gather + splice = g0
 sweep also timed attention after idle times (``--idle``), what a call pays for starting after
 g of idle, idle_extra * (1 - exp(-g / idle_tau)); where it timed merges after waits
 (``--merge-wait``), what a merge adds after its core waited g for a routed answer,
-(merge_wait_t0 + R p merge_wait_per_row_partial) (1 - exp(-g / merge_wait_tau)). Terms without samples come from ``base`` (a priors profile) and stay marked as priors.
+(merge_wait_t0 + R p merge_wait_per_row_partial) (1 - exp(-g / merge_wait_tau)). Terms
+without samples come from ``base`` (a priors profile) and stay marked as priors.
 """
 
 from __future__ import annotations

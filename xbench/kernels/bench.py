@@ -394,31 +394,32 @@ def _samples_of_timed_calls(timed, samples: int, warmups: int, min_s: float):
 
 
 def _time_after_idle(case, clock, sets, run, samples, warmups, min_s):
-    """Each call after ``case.idle_us`` of the timing thread asleep; only the call is timed
-    (on CUDA: events around it, the device drained before the sleep)."""
+    """Each call after ``case.idle_us`` of the timing thread asleep."""
     idle = case.idle_us * 1e-6
-
-    def timed(i: int) -> float:
-        if clock.cuda:
-            torch.cuda.synchronize()
-        time.sleep(idle)
-        return clock.time(lambda _: run(sets[i % len(sets)]), 1)
-
-    return _samples_of_timed_calls(timed, samples, warmups, min_s)
+    return _time_after(lambda: time.sleep(idle), clock, sets, run, samples, warmups, min_s)
 
 
 def _time_after_wait(case, clock, sets, run, samples, warmups, min_s):
     """Each call after ``case.wait_us`` of the timing thread spinning on the clock, as a
-    rank polling MPI for a message does (the core busy, touching almost no memory); only
-    the call is timed."""
+    rank polling MPI for a message does (the core busy, touching almost no memory)."""
     wait = case.wait_us * 1e-6
+
+    def spin():
+        until = time.perf_counter() + wait
+        while time.perf_counter() < until:
+            pass
+
+    return _time_after(spin, clock, sets, run, samples, warmups, min_s)
+
+
+def _time_after(pause, clock, sets, run, samples, warmups, min_s):
+    """Each call after ``pause()``; only the call is timed (on CUDA: events around it, the
+    device drained before the pause)."""
 
     def timed(i: int) -> float:
         if clock.cuda:
             torch.cuda.synchronize()
-        until = time.perf_counter() + wait
-        while time.perf_counter() < until:
-            pass
+        pause()
         return clock.time(lambda _: run(sets[i % len(sets)]), 1)
 
     return _samples_of_timed_calls(timed, samples, warmups, min_s)
