@@ -138,6 +138,26 @@ def test_a_rank_on_one_core_takes_arrivals_and_messages_in_between_its_jobs():
     assert varied.latency.tolist() == pytest.approx([2 * c.attend, 3 * c.attend, 2 * c.attend])
 
 
+def test_a_busy_rank_takes_in_arrivals_then_messages_when_its_job_ends():
+    """As the replay's loop does: a routed query that reached a busy holder is taken in
+    when the holder's job ends, after the arrivals that came meanwhile, so the holder's own
+    use that arrived after the query still attends before it."""
+    from dataclasses import replace
+
+    cpu = replace(W, move_on_compute=True)
+    c = _Costs(PRIORS, cpu)
+    landed = 1e-6 + c.send_occ + c.send_fly
+    assert landed + 1e-6 < c.attend  # both reach instance 0 while it attends
+    # 0 attends its chunk 0; 1 routes chunk 0 to it; then 0's own use of chunk 2 arrives
+    res = simulate(PRIORS, cpu, _trace((0.0, 0, 0), (1e-6, 1, 0), (landed + 1e-6, 0, 2)), "route")
+    assert res.latency[2] == pytest.approx(2 * c.attend - landed - 1e-6)
+    back = c.back_occ + c.back_fly + c.merge
+    assert res.latency[1] == pytest.approx(3 * c.attend - 1e-6 + back)
+    # on a device the query is queued as it lands (nothing to take it in)
+    gpu = simulate(PRIORS, W, _trace((0.0, 0, 0), (1e-6, 1, 0), (landed + 1e-6, 0, 2)), "route")
+    assert gpu.latency[1] == pytest.approx(2 * c.attend - 1e-6 + back)
+
+
 def test_uses_of_a_present_chunk_batch_like_routed_ones():
     c = _Costs(PRIORS, W)
     home = _trace(*[(0.0, 1, 1)] * 6)  # six uses of chunk 1 at its holder, at once

@@ -453,8 +453,9 @@ def simulate(
         raise ValueError(f"unknown policy {policy!r}")
     costs = _Costs(profile, w)
     n, inst = len(trace), w.instances
-    latency = np.zeros(n)
-    path = np.zeros(n, dtype=np.int8)
+    # lists while the loop writes them (a numpy element write is slower), arrays after
+    latency = [0.0] * n
+    path = [0] * n
     caches = [OrderedDict() for _ in range(inst)]  # chunk -> when it was last used
     # the workload's declared length: as long as its requests take at its rate
     start = float(trace.arrival[0]) if n else 0.0
@@ -470,7 +471,7 @@ def simulate(
     arrival, requester, chunk = trace.arrival, trace.requester, trace.chunk
     per_use = costs.per_use()
     push, pop = heapq.heappush, heapq.heappop
-    ARRIVE, C_DONE, L_DONE, READY_C, TAKEN = 0, 1, 2, 3, 4
+    ARRIVE, C_DONE, L_DONE, READY_C = 0, 1, 2, 3
     # jobs that attend (a batched call, a fetched chunk's, a local prefill's): they pay what
     # the device measured for starting after idle, where the profile has it
     ATTENDS = ("attend", "fetched", "local")
@@ -596,12 +597,85 @@ def simulate(
         if link.add(i, job, job[1]):
             start_link(i, now)
 
-    # Arrivals are already in time order: they are merged with the heap of the events they
-    # cause instead of being pushed onto it (a million fewer heap operations per million).
     times_list = arrival.tolist()
     requesters, chunks = requester.tolist(), chunk.tolist()
     holders = (trace.holder if trace.holder is not None else chunk % inst).tolist()
     fly = {"send": costs.send_fly, "back": costs.back_fly, "kv": costs.kv_fly}
+    # one core per instance (between_jobs): what arrived and what messages came in while it
+    # ran a job, taken in when the job ends, arrivals first (the replay's loop)
+    arrived: list[list] = [[] for _ in range(inst)]
+    inbox: list[list] = [[] for _ in range(inst)]
+
+    def arrive(r: int, now: float) -> None:
+        """Request r taken in at its requester: used in place, waited for, or decided."""
+        me, k = requesters[r], chunks[r]
+        if handling:
+            take_in(me, now)
+        holder = holders[r]
+        cache = caches[me]
+        reuse.used(me, k, holder != me)
+        if holder == me or k in cache:
+            if k in cache:
+                cache[k] = now
+                cache.move_to_end(k)
+            path[r] = 0
+            to_attend(me, r, now)
+            return
+        if (me, k) in pending:  # on its way here: wait for it, then attend in place
+            path[r] = 0
+            pending[(me, k)].append(r)
+            return
+        choice = policy
+        if decisions is not None and policy == "predicate":
+            choice = decisions[r] if decisions[r] in ("route", "fetch", "local") else "route"
+        elif policy == "predicate":
+            link_holder = link.wait(holder, now)
+            choice = _predicate(
+                costs,
+                per_use,
+                *reuse.expect(me, k, now, link_holder + costs.fetch_once),
+                compute.wait(me, now),
+                compute.wait(holder, now),
+                link.wait(me, now),
+                link_holder,
+                costs.joins_batch(c_attq[holder].get(k, 0)),
+                *((idled(holder, now), idled(me, now)) if cold else (0.0, 0.0)),
+                queue(me, now),
+                queue(holder, now),
+            )
+        if choice == "route":
+            path[r] = 1
+            send(me, r, holder, now)
+        elif choice == "fetch":
+            path[r] = 2
+            ask(me, r, holder, now)
+        else:
+            path[r] = 3
+            to_compute(me, ("local", r, costs.recompute + costs.attend), now)
+
+    def receive(i: int, step: str, r: int, now: float) -> None:
+        """A message (or the end of a move's delay) at instance i."""
+        nonlocal seq
+        if handling and step != "moved":  # a message taken in on the rank's core
+            take_in(i, now)
+        if step == "send":
+            # what this attention adds to the holder's backlog: the growth of the
+            # batched call it will join (batches of one chunk cost far less than apart)
+            to_attend(i, r, now)
+        elif step == "back":
+            to_compute(i, ("done", r, costs.merge), now)
+        elif step == "kv" and w.move_on_compute:  # splice, attend, merge on the compute
+            to_compute(i, ("fetched", r, costs.splice + costs.attend + costs.merge), now)
+        elif step == "kv":  # the chunk arrived: T_move (gather + splice) is a delay on this
+            # path, not a load on the requester's compute: the study's 3 ms is its software
+            # stack; a splice kernel is microseconds and runs beside attention
+            seq += 1
+            push(events, (now + costs.move, seq, READY_C, i, ("moved", r)))
+        else:  # moved into the cache: attend and merge here; keep it for later uses
+            to_compute(i, ("fetched", r, costs.attend + costs.merge), now)
+
+    # Arrivals are already in time order: they are merged with the heap of the events they
+    # cause instead of being pushed onto it (a million fewer heap operations per million).
     nxt = 0
     last = 0.0
     while nxt < n or events:
@@ -610,58 +684,11 @@ def simulate(
             nxt += 1
         else:
             now, _, kind, a, job = pop(events)
-        if kind == ARRIVE or kind == TAKEN:
-            r = a
-            me, k = requesters[r], chunks[r]
-            if kind == ARRIVE and between_jobs and compute.busy[me]:
-                # a rank that computes on its one core takes arrivals in between its jobs:
-                # this one (its decision, its query or fetch request) when the job ends
-                seq += 1
-                push(events, (compute.free_at[me], seq, TAKEN, r, None))
-                continue
-            if handling:
-                take_in(me, now)
-            holder = holders[r]
-            cache = caches[me]
-            reuse.used(me, k, holder != me)
-            if holder == me or k in cache:
-                if k in cache:
-                    cache[k] = now
-                    cache.move_to_end(k)
-                path[r] = 0
-                to_attend(me, r, now)
-                continue
-            if (me, k) in pending:  # on its way here: wait for it, then attend in place
-                path[r] = 0
-                pending[(me, k)].append(r)
-                continue
-            choice = policy
-            if decisions is not None and policy == "predicate":
-                choice = decisions[r] if decisions[r] in ("route", "fetch", "local") else "route"
-            elif policy == "predicate":
-                link_holder = link.wait(holder, now)
-                choice = _predicate(
-                    costs,
-                    per_use,
-                    *reuse.expect(me, k, now, link_holder + costs.fetch_once),
-                    compute.wait(me, now),
-                    compute.wait(holder, now),
-                    link.wait(me, now),
-                    link_holder,
-                    costs.joins_batch(c_attq[holder].get(k, 0)),
-                    *((idled(holder, now), idled(me, now)) if cold else (0.0, 0.0)),
-                    queue(me, now),
-                    queue(holder, now),
-                )
-            if choice == "route":
-                path[r] = 1
-                send(me, r, holder, now)
-            elif choice == "fetch":
-                path[r] = 2
-                ask(me, r, holder, now)
+        if kind == ARRIVE:
+            if between_jobs and compute.busy[requesters[a]]:
+                arrived[requesters[a]].append(a)  # taken in when its job ends
             else:
-                path[r] = 3
-                to_compute(me, ("local", r, costs.recompute + costs.attend), now)
+                arrive(a, now)
         elif kind == L_DONE:
             i = a
             link.busy[i] = False
@@ -672,59 +699,53 @@ def simulate(
             push(events, (now + fly[step], seq, READY_C, dest, (step, r)))
         elif kind == READY_C:
             step, r = job
-            if handling and step != "moved":  # a message taken in on the rank's core
-                take_in(a, now)
-            if step == "send":
-                # what this attention adds to the holder's backlog: the growth of the
-                # batched call it will join (batches of one chunk cost far less than apart)
-                to_attend(a, r, now)
-            elif step == "back":
-                to_compute(a, ("done", r, costs.merge), now)
-            elif step == "kv" and w.move_on_compute:  # splice, attend, merge on the compute
-                to_compute(a, ("fetched", r, costs.splice + costs.attend + costs.merge), now)
-            elif step == "kv":  # the chunk arrived: T_move (gather + splice) is a delay on this
-                # path, not a load on the requester's compute: the study's 3 ms is its software
-                # stack; a splice kernel is microseconds and runs beside attention
-                seq += 1
-                push(events, (now + costs.move, seq, READY_C, a, ("moved", r)))
-            else:  # moved into the cache: attend and merge here; keep it for later uses
-                to_compute(a, ("fetched", r, costs.attend + costs.merge), now)
-        else:  # C_DONE
+            if between_jobs and step != "moved" and compute.busy[a]:
+                inbox[a].append((step, r))  # taken in when its job ends
+            else:
+                receive(a, step, r, now)
+        else:  # C_DONE: what the job leads to, what came in meanwhile, then the next job
             i = a
-            compute.busy[i] = False
-            if compute.queue[i]:
-                start_compute(i, now)
             step, req, _ = job
-            if step == "messages":  # taken in on an idle core: nothing follows from it here
-                continue
             if step == "gather":  # packed: it leaves on the holder's link
                 to_link(i, ("kv", costs.kv_occ, req, requesters[req]), now)
-                continue
-            if step == "attend":
+            elif step == "attend":
                 for r in req:
                     if requesters[r] == i:  # attended where it was asked: done
-                        latency[r] = now - arrival[r]
+                        latency[r] = now - times_list[r]
                     else:  # a routed query: its answer goes back
                         to_link(i, ("back", costs.back_occ, r, requesters[r]), now)
                 last = max(last, now)
-                continue
-            if step == "fetched":  # spliced: in the cache now, and the waiting uses attend
-                k = chunks[req]
-                cache = caches[i]
-                cache[k] = now
-                cache.move_to_end(k)
-                while len(cache) > w.cache_chunks:
-                    gone, last_used = cache.popitem(last=False)
-                    if gone != k:  # (without a cache the chunk leaves at once: no age)
-                        reuse.evicted(i, now - last_used)
-                for waiting in pending.pop((i, k), []):
-                    to_attend(i, waiting, now)
-            latency[req] = now - arrival[req]
-            last = max(last, now)
+            elif step != "messages":  # (taken in on an idle core: nothing follows from it)
+                if step == "fetched":  # spliced: in the cache now, the waiting uses attend
+                    k = chunks[req]
+                    cache = caches[i]
+                    cache[k] = now
+                    cache.move_to_end(k)
+                    while len(cache) > w.cache_chunks:
+                        gone, last_used = cache.popitem(last=False)
+                        if gone != k:  # (without a cache the chunk leaves at once: no age)
+                            reuse.evicted(i, now - last_used)
+                    for waiting in pending.pop((i, k), []):
+                        to_attend(i, waiting, now)
+                latency[req] = now - times_list[req]
+                last = max(last, now)
+            # still busy while it takes in what came meanwhile, so all of it is queued
+            # before the next job starts (and an attention batches what joined it)
+            if arrived[i]:
+                for r in arrived[i]:
+                    arrive(r, now)
+                arrived[i].clear()
+            if inbox[i]:
+                for step, r in inbox[i]:
+                    receive(i, step, r, now)
+                inbox[i].clear()
+            compute.busy[i] = False
+            if compute.queue[i]:
+                start_compute(i, now)
     makespan = last - float(arrival[0]) if n else 0.0
     return Result(
-        latency,
-        path,
+        np.array(latency),
+        np.array(path, dtype=np.int8),
         makespan,
         np.array(compute.time),
         np.array(link.time),
