@@ -127,34 +127,49 @@ def test_kernel_sparse_fp32(xbench, tmp_path):
     }
 
 
-def test_kernel_bad_input(xbench):
+def test_kernel_bad_input(xbench, tmp_path):
+    """Each bad option is one line naming it; those torch is not needed to check are
+    refused before torch is imported (here torch and scipy cannot be imported at all)."""
     import torch
 
-    cases = [
+    without_torch = [
         (["--model", "gpt-9"], "unknown model"),
-        (["--kernels", "fft"], "unknown kernel"),
         (["--dtype", "int4"], "unknown dtype"),
-        (["--backend", "nosuch"], "unknown kernel backend"),
         (["--rounds", "0"], "nothing would be measured"),
         (["--np", "3"], "--np 3"),
         (["--runs", "0"], "--runs 0"),
-        (["--cpu-attention", "fast"], "unknown CPU attention path"),
         (["--idle", "2s"], "outside 1us-1s"),
         (["--idle", "soon"], "bad duration"),
         (["--merge-wait", "5s"], "--merge-wait 5s is outside 1us-1s"),
         (["--rows", "0"], "--rows must be integers of 1 or more"),
         (["--chunk", "0,64"], "--chunk must be integers of 1 or more"),
+        (["--launch", "lazy"], "unknown --launch"),
+    ]
+    cases = [
+        (["--kernels", "fft"], "unknown kernel"),
+        (["--backend", "nosuch"], "unknown kernel backend"),
+        (["--cpu-attention", "fast"], "unknown CPU attention path"),
     ]
     if cpu_bf16.unavailable_because():
         cases.append((["--cpu-attention", "c-bf16"], "--cpu-attention c-bf16"))
     if not torch.cuda.is_available():  # on a GPU machine the cuda backend runs
         cases.append((["--backend", "cuda-ref"], "cuda backend"))
-    # two at a time: each start imports torch (seconds), and none of them writes anything
+    blocked = tmp_path / "blocked"
+    for name in ("torch", "scipy"):
+        (blocked / name).mkdir(parents=True)
+        (blocked / name / "__init__.py").write_text(f"raise ImportError('{name} imported')\n")
+    env = {"PYTHONPATH": str(blocked)}
+    runs = [(args, words, None) for args, words in cases]
+    runs += [(args, words, env) for args, words in without_torch]
+    # two at a time: a start that imports torch takes seconds, and none of them writes
     with ThreadPoolExecutor(2) as pool:
-        done = list(pool.map(lambda case: xbench("kernel", *case[0]), cases))
-    for (args, words), r in zip(cases, done, strict=True):
+        done = list(pool.map(lambda run: xbench("kernel", *run[0], env=run[2]), runs))
+    for (args, words, _), r in zip(runs, done, strict=True):
         assert r.returncode != 0 and "Traceback" not in r.stderr, args
         assert words in r.stderr, r.stderr
+    # fit refuses a path that is not there before it imports the fit (scipy, torch)
+    r = xbench("fit", tmp_path / "nothing", env=env)
+    assert r.returncode == 2 and "does not exist" in r.stderr, r.stderr
 
 
 def test_prefill_sweep_fits_the_quadratic_recompute_term(xbench, tmp_path):

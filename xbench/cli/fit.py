@@ -43,7 +43,6 @@ def fit(
 ) -> None:
     """Fit fabric segments, overheads and device terms; write a TOML profile."""
     from xbench.core.profile import load_profile, save_profile
-    from xbench.fit import fit_profile
     from xbench.resources import profile_path
     from xbench.results.schema import KERNEL_SAMPLES, PROBE_SAMPLES
     from xbench.results.store import (
@@ -74,6 +73,9 @@ def fit(
             f"no probe or kernel samples under {', '.join(map(str, results))}",
             "pass the directories that xbench probe and xbench kernel wrote",
         )
+    # only now (scipy and torch take seconds to import): a bad path is refused at once
+    from xbench.fit import fit_profile
+
     metas, warnings = [], []
     for f in table_files(results, PROBE_SAMPLES) + table_files(results, KERNEL_SAMPLES):
         meta = read_run_meta(f)

@@ -154,22 +154,10 @@ def kernel(
 ) -> None:
     """Time the compute side of cross-instance attention; write samples as Parquet."""
     from xbench.core.models import get_model
-    from xbench.kernels import cpu_bf16
-    from xbench.kernels.backend import get_backend, resolve
-    from xbench.kernels.bench import KERNELS, default_device
-    from xbench.kernels.summary import summarize_kernels
-    from xbench.kernels.worker import SweepConfig
-    from xbench.results.metadata import new_run_id
-    from xbench.results.schema import KERNEL_SAMPLES
-    from xbench.results.store import ensure_writable_dir, read_table, refuse_existing_run
 
+    # What can be checked without torch is checked first: a mistyped option is refused in
+    # under a second, not after the seconds torch takes to import.
     preset = get_model(model)
-    names = [k.strip() for k in kernels.split(",") if k.strip()]
-    bad = [k for k in names if k not in KERNELS]
-    if bad or not names:
-        raise XbenchError(
-            f"unknown kernel {', '.join(bad) or repr(kernels)}", f"pick from {', '.join(KERNELS)}"
-        )
     if dtype not in ("bf16", "fp32"):
         raise XbenchError(f"unknown dtype {dtype!r}", "pick bf16 or fp32")
     check_repeats(rounds, samples)
@@ -179,6 +167,30 @@ def kernel(
         raise XbenchError(f"--runs {runs} launches nothing", "pass --runs 1 or more")
     chunks = parse_int_list(chunk, "--chunk")
     row_list = parse_int_list(rows, "--rows")
+    if launch not in ("auto", "graph", "eager"):
+        raise XbenchError(f"unknown --launch {launch!r}", "pick auto, graph or eager")
+    for option, text, auto_cpu in (
+        ("--idle", idle, DEFAULT_IDLE_CPU),
+        ("--merge-wait", merge_wait, DEFAULT_MERGE_WAIT_CPU),
+    ):
+        duration_list(text, "cpu", option, auto_cpu)  # (the device only sets what auto is)
+    min_sample_s = parse_duration(min_sample_time)
+
+    from xbench.kernels import cpu_bf16
+    from xbench.kernels.backend import get_backend, resolve
+    from xbench.kernels.bench import KERNELS, default_device
+    from xbench.kernels.summary import summarize_kernels
+    from xbench.kernels.worker import SweepConfig
+    from xbench.results.metadata import new_run_id
+    from xbench.results.schema import KERNEL_SAMPLES
+    from xbench.results.store import ensure_writable_dir, read_table, refuse_existing_run
+
+    names = [k.strip() for k in kernels.split(",") if k.strip()]
+    bad = [k for k in names if k not in KERNELS]
+    if bad or not names:
+        raise XbenchError(
+            f"unknown kernel {', '.join(bad) or repr(kernels)}", f"pick from {', '.join(KERNELS)}"
+        )
     dev = device or default_device()
     if dev not in ("cpu", "cuda") and not dev.startswith("cuda:"):
         raise XbenchError(f"unknown device {dev!r}", "pick cpu or cuda")
@@ -188,8 +200,6 @@ def kernel(
         raise XbenchError(str(exc), "pass --cpu-attention torch or auto") from None
     backend = resolve(backend, dev)
     get_backend(backend)  # a backend that cannot run here says why before anything is measured
-    if launch not in ("auto", "graph", "eager"):
-        raise XbenchError(f"unknown --launch {launch!r}", "pick auto, graph or eager")
     if launch == "graph" and not dev.startswith("cuda"):
         raise XbenchError("--launch graph needs a CUDA device", "use --launch eager on CPU")
     launch = ("graph" if dev.startswith("cuda") else "eager") if launch == "auto" else launch
@@ -216,7 +226,7 @@ def kernel(
         samples=samples,
         warmups=warmups,
         rounds=rounds,
-        min_sample_s=parse_duration(min_sample_time),
+        min_sample_s=min_sample_s,
         ceilings=ceilings,
         threads=threads,
         cpu_attention=cpu_attention,
