@@ -47,10 +47,11 @@ def xbench(*args) -> str:
     return done.stdout
 
 
-def pipeline(work: Path, runs: int, cpu_attention: str) -> list[dict]:
+def pipeline(work: Path, runs: int, cpu_attention: str, kernel_rounds: int) -> list[dict]:
     path = ["--cpu-attention", cpu_attention]
     xbench(*PROBE, "--runs", runs, "--out", work / "probe")
-    xbench(*KERNEL, *path, "--runs", runs, "--out", work / "kernel")
+    kernel = [*KERNEL, *path, "--runs", runs, "--rounds", kernel_rounds]
+    xbench(*kernel, "--out", work / "kernel")
     profile = work / "profile.toml"
     base = ["--base", "h100-priors", "--out", profile]
     xbench("fit", work / "probe", work / "kernel", *base)
@@ -67,6 +68,12 @@ def main() -> int:
     ap.add_argument(
         "--cpu-attention", default="auto", choices=("auto", "c-bf16", "torch"), help="CPU path"
     )
+    ap.add_argument(
+        "--kernel-rounds",
+        type=int,
+        default=1,
+        help="passes of the kernel sweep over its cases in each launch",
+    )
     ap.add_argument("--keep", type=Path, help="write the runs under this directory")
     args = ap.parse_args()
     mapes, biases, worst_option, measured = [], [], [], []
@@ -74,7 +81,9 @@ def main() -> int:
         root = args.keep or Path(tmp)
         for i in range(args.pipelines):
             summary = pd.DataFrame(
-                pipeline(root / f"pipeline-{i + 1}", args.runs, args.cpu_attention)
+                pipeline(
+                    root / f"pipeline-{i + 1}", args.runs, args.cpu_attention, args.kernel_rounds
+                )
             )
             errors = validation_errors(summary)  # the figures xbench validate prints
             measured.append(summary.set_index(["option", "rows", "chunk_tokens"]).measured_us)
