@@ -446,9 +446,11 @@ def simulate(
     measured calls ran at about their modelled time, in the order they ran; each attending
     call there takes the next (cycling), so slow stretches come in runs as they did (a
     deterministic server, or one drawing factors independently, understates the queues
-    they build). Without it calls take exactly the model's time. ``message_cost`` (where
-    the move runs on the compute: one core per instance): seconds of that core each
-    arrival and message taken in costs."""
+    they build). Without it calls take exactly the model's time. Where the move runs on the
+    compute (one core per instance, as CPU ranks), a core takes in what arrived and the
+    messages that came while it ran a job when the job ends, arrivals first, before its
+    next job starts (as the replay's loop does); ``message_cost``: seconds of that core
+    each arrival and message taken in costs."""
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}")
     costs = _Costs(profile, w)
