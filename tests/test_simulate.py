@@ -274,6 +274,41 @@ def test_calibration_scales_the_costs_to_what_the_replay_measured():
         calibrate(profile, w, [[("merge", 0.0, 1e-4, 1)]])
 
 
+def test_calibration_scales_a_merge_after_a_wait_whole():
+    """Merges after waits, measured at 2x what the profile says after those waits (its
+    merge and its wait extra): the calibrated profile's merge after any wait is 2x, the
+    saturation time unchanged."""
+    from dataclasses import replace
+
+    from xbench.core.costmodel import Coef, Profile
+    from xbench.simulate.calibration import calibrate
+
+    device = replace(
+        PRIORS.device,
+        merge_wait_t0=Coef(3e-4, 3e-4, 3e-4, "s"),
+        merge_wait_per_row_partial=Coef(1e-10, 1e-10, 1e-10, "s/row-partial"),
+        merge_wait_tau=Coef(1e-2, 1e-2, 1e-2, "s"),
+    )
+    profile = Profile("waits", PRIORS.fabrics, device)
+    w = replace(W, move_on_compute=True)
+    c = _Costs(profile, w)
+    rows, chunk = c.rows, w.chunk_tokens
+    jobs, t = [("attend", 0.0, c.attend, 1)], c.attend
+    for i in range(9):
+        t += 1e-3 * (1 + i)  # the wait for the answer
+        spent = 2 * device.merge_after_wait(rows, 2, chunk, 1e-3 * (1 + i))
+        jobs.append(("merge", t, t + spent, 1))
+        jobs.append(("attend", t + spent, t + spent + c.attend, 1))
+        t += spent + c.attend
+    calibration = calibrate(profile, w, [jobs])
+    assert calibration.factors["merge"] == pytest.approx(2.0)
+    scaled = calibration.profile.device
+    for wait in (5e-4, 4e-3, 0.1):
+        assert scaled.merge_after_wait(rows, 2, chunk, wait) == pytest.approx(
+            2 * device.merge_after_wait(rows, 2, chunk, wait)
+        )
+
+
 def test_the_predicate_prices_a_call_on_an_idle_core():
     """With idle terms, a routed call on an idle holder pays its idle extra, a fetched one
     the requester's when the chunk lands: a large extra on the holder turns route to fetch,
