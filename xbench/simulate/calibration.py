@@ -132,8 +132,13 @@ def calibrate(profile, w, jobs_by_rank: list) -> Calibration:
         (("compute_t0", "compute_per_token", "compute_per_row_token"), f_attend),
         # a merge after a wait is compared whole (merge and wait extra), so both scale
         (
-            ("merge_t0", "merge_per_row_partial", "merge_per_token")
-            + ("merge_wait_t0", "merge_wait_per_row_partial"),
+            (
+                "merge_t0",
+                "merge_per_row_partial",
+                "merge_per_token",
+                "merge_wait_t0",
+                "merge_wait_per_row_partial",
+            ),
             f_merge,
         ),
         (("move_t0", "move_per_token"), f_move),
