@@ -495,6 +495,8 @@ def test_simulate_cli_bad_input(xbench, tmp_path):
         ((agentic, "--rate", "0/s"), "--rate '0/s' is not a rate"),
         ((agentic, "--seed", "-1"), "--seed -1"),
         ((agentic, "--fabric", ","), "names no fabric"),
+        ((agentic, "--replays", "2"), "--replays counts --validate's replays"),
+        ((agentic, "--validate", "--replays", "0"), "'--replays'"),
         ((tmp_path / "none.toml",), "does not exist"),
     ]:
         r = xbench("simulate", *args)
@@ -683,12 +685,13 @@ def test_validate_replays_the_trace_between_two_ranks(xbench, tmp_path):
         "120",
         "--rate",
         "200/s",
+        "--replays",
+        "2",
         "--out",
         out,
-        "--format",
-        "json",
     )
     assert r.returncode == 0, r.stderr
+    assert "floor" in r.stdout and "more replays" in " ".join(r.stdout.split())  # the table
     assert "not fitted on CPU kernels" in r.stderr  # the priors: a warning, not a refusal
     from xbench.results.schema import SIMULATION_VALIDATION
 
@@ -718,6 +721,17 @@ def test_validate_replays_the_trace_between_two_ranks(xbench, tmp_path):
     # a stable replay keeps up with its arrivals: throughput near the offered rate
     assert ((frame.measured_throughput_per_s > 100) & (frame.measured_throughput_per_s < 400)).all()
     assert (frame.routed_instead[frame.policy != "predicate"] == 0).all()
+    # the floor: the trace's second replay against its first, the same on each costs row
+    assert (frame.replays == 2).all()
+    for policy, rows in frame.groupby("policy"):
+        first, again = (
+            np.array(json.loads((replays / f"replay-{name}.json").read_text())["latency"])
+            for name in (policy, f"{policy}-again-2")
+        )
+        for stat, q in (("p50_us", 50), ("p99_us", 99)):
+            expected = abs(np.percentile(again, q) / np.percentile(first, q) - 1)
+            assert rows[f"floor_{stat}"].to_numpy() == pytest.approx([expected] * 3)
+        assert (rows.floor_throughput_per_s >= 0).all() and rows.floor_mean_us.notna().all()
     r = xbench("simulate", SCENARIOS[0], "--validate", "--profile", "h100-priors")
     assert r.returncode == 2 and "no local fabric (shm)" in r.stderr
     span = [s for s in SCENARIOS if s.stem == "span-fanout"][0]

@@ -214,20 +214,34 @@ def test_missing_results_path(tmp_path):
     assert isinstance(read_table(tmp_path, schema.PROBE_SAMPLES), pd.DataFrame)
 
 
+SIM_STATS = ("p50_us", "p99_us", "mean_us", "throughput_per_s")
+FLOORS = tuple(f"floor_{stat}" for stat in SIM_STATS)  # v3
+
+
+def _simulation_validation_row(costs: str, replays: int) -> dict:
+    row = {"policy": "route", "costs": costs, "requests": 10, "rate_per_s": 5.0}
+    kinds = ("simulated", "measured", "error", "floor")
+    row.update({f"{kind}_{stat}": 1.0 for stat in SIM_STATS for kind in kinds})
+    return {**row, "routed_instead": 0, "replays": replays}
+
+
 def test_simulation_validation_v1_files_read_as_the_profiles_costs(tmp_path):
-    row = {"policy": "route", "costs": "calibrated", "requests": 10, "rate_per_s": 5.0}
-    row.update(
-        {
-            f"{kind}_{stat}": 1.0
-            for stat in ("p50_us", "p99_us", "mean_us", "throughput_per_s")
-            for kind in ("simulated", "measured", "error")
-        },
-        routed_instead=0,
-    )
     table = schema.SIMULATION_VALIDATION
+    row = _simulation_validation_row("calibrated", 1)
     path = write_table(tmp_path / "v.parquet", table, [row], {"run_id": "v"})
-    old = _as_version(path, 1, tmp_path / "v1.parquet", ("costs",))
+    old = _as_version(path, 1, tmp_path / "v1.parquet", ("costs", "replays", *FLOORS))
     assert read_table([old, path], table).costs.tolist() == ["profile", "calibrated"]
+
+
+def test_simulation_validation_v2_files_read_as_one_replay_without_a_floor(tmp_path):
+    table = schema.SIMULATION_VALIDATION
+    path = write_table(
+        tmp_path / "v.parquet", table, [_simulation_validation_row("profile", 3)], {"run_id": "v"}
+    )
+    old = _as_version(path, 2, tmp_path / "v2.parquet", ("replays", *FLOORS))
+    frame = read_table([old, path], table)
+    assert frame.replays.tolist() == [1, 3]
+    assert frame.floor_p99_us.isna().tolist() == [True, False]
 
 
 def test_comparison_v1_files_read_without_a_detectable_change(tmp_path):

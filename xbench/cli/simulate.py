@@ -59,6 +59,14 @@ def simulate(
             "needs a profile fitted here.",
         ),
     ] = False,
+    replays: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="--validate: replays of the validated trace per policy; from 2 on the table "
+            "shows how far the others landed from the first (the machine against itself).",
+        ),
+    ] = 1,
     out: Annotated[
         Path | None,
         typer.Option(
@@ -113,8 +121,12 @@ def simulate(
             "use the shipped h100-priors, or fit with --base h100-priors to keep its prefill terms",
         )
     if validate:
-        _validate(prof, spec, scenario, policies, requests, seed, fabric, rate, out, force, fmt)
+        _validate(
+            prof, spec, scenario, policies, requests, seed, fabric, rate, replays, out, force, fmt
+        )
         return
+    if replays != 1:
+        raise XbenchError("--replays counts --validate's replays", "add --validate, or drop it")
     names = {f.name for f in prof.fabrics}
     missing = [f for f in spec["fabrics"] if f not in names]
     if missing:
@@ -305,7 +317,9 @@ def _prefill_table(frame, spec, profile: str, n: int, facts, out) -> None:
         )
 
 
-def _validate(prof, spec, scenario, policies, requests, seed, fabric, rate, out, force, fmt):
+def _validate(
+    prof, spec, scenario, policies, requests, seed, fabric, rate, replays, out, force, fmt
+):
     """simulate --validate: the simulation of a two-instance trace against its replay."""
     from xbench.cli.progress import EventProgress, make_progress
     from xbench.fabric.launch import run_ranks
@@ -357,7 +371,7 @@ def _validate(prof, spec, scenario, policies, requests, seed, fabric, rate, out,
             )
 
         frame, calibration = validate_by_replay(
-            prof, w, replayed, n, seed, out_dir, launch, warn=warn
+            prof, w, replayed, n, seed, out_dir, launch, warn=warn, replays=replays
         )
     meta = run_metadata(
         run_id,
@@ -385,6 +399,7 @@ COSTS_LABELS = {"calibrated": "calibrated", "replayed": "own costs"}
 def _validation_table(frame, spec, w, n: int, out_dir, calibration: dict, idle) -> None:
     """The simulated against the measured, then the measured costs against the profile's
     (``idle``: its idle extra, a Coef or None)."""
+    replays = int(frame.replays.iloc[0])
     table = result_table(
         f"xbench simulate --validate: {spec['name']} on 2 instances ({n:,} requests, "
         f"{w.chunks} chunks, {w.rate_per_s:,.0f}/s)",
@@ -392,19 +407,38 @@ def _validation_table(frame, spec, w, n: int, out_dir, calibration: dict, idle) 
         "those a replay of the policy on another trace measured just before (calibrated), "
         "or those this replay "
         "measured (own costs: the simulator's own error); real: the trace replayed "
-        "between two local ranks; err: sim / real - 1",
+        "between two local ranks; err: sim / real - 1"
+        + (
+            f"; floor: the largest |again / real - 1| over {replays - 1} more replays of the "
+            "trace (an err inside it is the machine's)"
+            if replays > 1
+            else ""
+        ),
     )
-    for col in ("policy", "p50 sim", "real", "err", "p99 sim", "real ", "err ", "req/s err"):
+    columns = ["policy", "p50 sim", "real", "err", "p99 sim", "real ", "err ", "req/s err"]
+    if replays > 1:
+        columns[4:4] = ["floor"]
+        columns.insert(8, "floor ")
+    for col in columns:
         table.add_column(col, justify="left" if col == "policy" else "right", no_wrap=True)
     for r in frame.itertuples():
-        table.add_row(
-            r.policy if r.costs == "profile" else f"  {COSTS_LABELS[r.costs]}",
+        p50 = [
             format_duration(r.simulated_p50_us * 1e-6),
             format_duration(r.measured_p50_us * 1e-6),
             f"{100 * r.error_p50_us:+.0f}%",
+        ]
+        p99 = [
             format_duration(r.simulated_p99_us * 1e-6),
             format_duration(r.measured_p99_us * 1e-6),
             f"{100 * r.error_p99_us:+.0f}%",
+        ]
+        if replays > 1:
+            p50.append(f"±{100 * r.floor_p50_us:.0f}%")
+            p99.append(f"±{100 * r.floor_p99_us:.0f}%")
+        table.add_row(
+            r.policy if r.costs == "profile" else f"  {COSTS_LABELS[r.costs]}",
+            *p50,
+            *p99,
             f"{100 * r.error_throughput_per_s:+.0f}%",
         )
     console.print(table)

@@ -362,6 +362,13 @@ SIMULATION_VALIDATION_SCHEMA = pa.schema(
         pa.field(
             "routed_instead", pa.int64(), nullable=False
         ),  # replayed decisions it could not follow
+        # v3: replays of the validated trace, and how far the others landed from the first
+        # (the largest |again / measured - 1|; null with one replay): the method's floor
+        pa.field("replays", pa.int32(), nullable=False),
+        *[
+            pa.field(f"floor_{stat}", pa.float64())
+            for stat in ("p50_us", "p99_us", "mean_us", "throughput_per_s")
+        ],
     ]
 )
 
@@ -385,7 +392,7 @@ SCHEMA_VERSIONS = {
     COMPARISON: 2,
     SIMULATION: 1,
     PREFILL_SIMULATION: 1,
-    SIMULATION_VALIDATION: 2,
+    SIMULATION_VALIDATION: 3,
 }
 
 
@@ -421,6 +428,15 @@ def _added_costs_column(table: pa.Table) -> pa.Table:
     )
 
 
+def _added_floor_columns(table: pa.Table) -> pa.Table:
+    table = _added_int_columns(replays=1)(table)
+    for stat in ("p50_us", "p99_us", "mean_us", "throughput_per_s"):
+        table = table.append_column(
+            pa.field(f"floor_{stat}", pa.float64()), pa.nulls(table.num_rows, pa.float64())
+        )
+    return table
+
+
 # MIGRATIONS[table][v] turns a pyarrow.Table of version v into version v + 1.
 def _added_int_columns(**defaults: int):
     """A migration for a version that added int32 columns: older rows held these values."""
@@ -447,7 +463,10 @@ MIGRATIONS: dict[str, dict[int, object]] = {
         4: _added_int_columns(wait_us=0),  # v4: no call after a wait
     },
     VALIDATE_SUMMARY: {1: _added_summary_phase_columns},  # v1: no phases
-    SIMULATION_VALIDATION: {1: _added_costs_column},  # v1: the profile's costs only
+    SIMULATION_VALIDATION: {
+        1: _added_costs_column,  # v1: the profile's costs only
+        2: _added_floor_columns,  # v2: one replay of the validated trace
+    },
     COMPARISON: {1: _added_sensitivity_columns},  # v1: no detectable change
     VALIDATE_SAMPLES: {
         1: _added_int_columns(requester=0, round=0),  # v1: rank 0 asked, one pass

@@ -66,13 +66,24 @@ def _simulate(calibration, w: Workload, trace, policy: str, decisions):
 
 
 def validate_by_replay(
-    profile, w: Workload, policies, requests: int, seed: int, out_dir: Path, launch, warn=None
+    profile,
+    w: Workload,
+    policies,
+    requests: int,
+    seed: int,
+    out_dir: Path,
+    launch,
+    warn=None,
+    replays: int = 1,
 ) -> tuple[pd.DataFrame, dict]:
     """Per policy: the simulated and the replayed p50, p99, mean and throughput of one
     trace, simulated with the profile's costs (``costs`` profile), those a replay of the
     same policy on another trace measured just before (calibrated) and those the replay
     itself measured (replayed); and both calibrations' factors per policy.
-    ``launch(config_path, label)`` runs ``xbench.simulate.replay`` on two ranks."""
+    ``launch(config_path, label)`` runs ``xbench.simulate.replay`` on two ranks.
+    ``replays`` > 1: the trace is replayed that many times in a row, the first measured
+    and compared; ``floor_*`` holds how far the others landed from it (the largest
+    |again / measured - 1|), the error the machine makes against itself."""
     from xbench.simulate.calibration import calibrate
     from xbench.simulate.replay import ReplayConfig
 
@@ -129,6 +140,11 @@ def validate_by_replay(
         measured = replay(policy, policy, trace, decisions or ())
         own = calibrated_by(measured, "own")
         real = _stats(np.asarray(measured["latency"]), arrival)
+        floor = dict.fromkeys(real, math.nan)
+        for k in range(2, replays + 1):  # the same trace again: the machine against itself
+            again = replay(f"{policy}-again-{k}", policy, trace, decisions or ())
+            for key, value in _stats(np.asarray(again["latency"]), arrival).items():
+                floor[key] = np.fmax(floor[key], abs(value / real[key] - 1))
         sims = [("profile", result)]
         for costs, calibration in (("calibrated", calibrated), ("replayed", own)):
             if calibration is not None:
@@ -150,5 +166,7 @@ def validate_by_replay(
                 row[f"measured_{key}"] = real[key]
                 row[f"error_{key}"] = sim[key] / real[key] - 1
             row["routed_instead"] = measured["routed_instead"]
+            row["replays"] = replays
+            row.update({f"floor_{key}": value for key, value in floor.items()})
             rows.append(row)
     return pd.DataFrame(rows), factors
