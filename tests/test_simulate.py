@@ -667,6 +667,52 @@ def test_span_reuse_flips_route_to_fetch_past_the_threshold():
 # --- simulate --validate: the same trace replayed for real between two ranks ------------
 
 
+LOOK = """
+import time
+import numpy as np
+from mpi4py import MPI
+from xbench.simulate.replay import message_waiting
+
+comm, status = MPI.COMM_WORLD, MPI.Status()
+for size in (1024, 18440):  # a small message, and a routed query's (one row, 16 heads)
+    for _ in range(3):
+        comm.Barrier()
+        if comm.rank == 0:  # sends, then computes away from MPI
+            req = comm.Isend(np.ones(size, np.uint8), dest=1, tag=11)
+            until = time.perf_counter() + 0.02
+            while time.perf_counter() < until:
+                pass
+            req.Wait()
+        else:  # computes while it arrives, then looks once, as the replay's loop does
+            until = time.perf_counter() + 0.005
+            while time.perf_counter() < until:
+                pass
+            print("seen" if message_waiting(comm, status) else "missed", flush=True)
+            comm.Recv(np.empty(size, np.uint8), source=0, tag=11)
+"""
+
+
+def test_the_replay_sees_at_once_a_message_that_came_while_it_computed(tmp_path):
+    """Real ranks: a message that arrived while the replay's rank computed is seen the
+    first time its loop looks (one MPICH Iprobe there missed it, and the replay took
+    messages in a job late: routed requests' tail)."""
+    import subprocess
+    import sys
+
+    from conftest import BIN
+
+    script = tmp_path / "look.py"
+    script.write_text(LOOK)
+    r = subprocess.run(
+        [str(BIN / "mpiexec"), "-n", "2", sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["seen"] * 6
+
+
 def test_validate_replays_the_trace_between_two_ranks(xbench, tmp_path):
     scenario = tmp_path / "small.toml"
     scenario.write_text(
