@@ -347,6 +347,7 @@ PREFILL_SIMULATION_SCHEMA = pa.schema(
 )
 
 SIMULATION_VALIDATION = "simulation_validation"
+REPLAY_STATS = ("p50_us", "p99_us", "mean_us", "throughput_per_s")  # per policy and replay
 SIMULATION_VALIDATION_SCHEMA = pa.schema(
     [
         pa.field("policy", pa.string(), nullable=False),
@@ -356,7 +357,7 @@ SIMULATION_VALIDATION_SCHEMA = pa.schema(
         pa.field("rate_per_s", pa.float64(), nullable=False),
         *[
             pa.field(f"{kind}_{stat}", pa.float64())
-            for stat in ("p50_us", "p99_us", "mean_us", "throughput_per_s")
+            for stat in REPLAY_STATS
             for kind in ("simulated", "measured", "error")  # error: simulated / measured - 1
         ],
         pa.field(
@@ -365,10 +366,7 @@ SIMULATION_VALIDATION_SCHEMA = pa.schema(
         # v3: replays of the validated trace, and how far the others landed from the first
         # (the largest |again / measured - 1|; null with one replay): the method's floor
         pa.field("replays", pa.int32(), nullable=False),
-        *[
-            pa.field(f"floor_{stat}", pa.float64())
-            for stat in ("p50_us", "p99_us", "mean_us", "throughput_per_s")
-        ],
+        *[pa.field(f"floor_{stat}", pa.float64()) for stat in REPLAY_STATS],
     ]
 )
 
@@ -430,7 +428,7 @@ def _added_costs_column(table: pa.Table) -> pa.Table:
 
 def _added_floor_columns(table: pa.Table) -> pa.Table:
     table = _added_int_columns(replays=1)(table)
-    for stat in ("p50_us", "p99_us", "mean_us", "throughput_per_s"):
+    for stat in REPLAY_STATS:
         table = table.append_column(
             pa.field(f"floor_{stat}", pa.float64()), pa.nulls(table.num_rows, pa.float64())
         )
