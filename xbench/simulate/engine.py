@@ -391,11 +391,10 @@ class _Servers:
         self.time = [0.0] * n  # busy time (a list: numpy scalars are slow in this loop)
         self.square = [0.0] * n  # the sum of its jobs' squared times
 
-    def add(self, i: int, job, work: float) -> bool:
-        """Queue ``job``; True when the server is idle and should start it now."""
+    def add(self, i: int, job, work: float) -> None:
+        """Queue ``job`` behind the running one (an idle server starts a job at once)."""
         self.queue[i].append(job)
         self.backlog[i] += work
-        return not self.busy[i]
 
     def run(self, i: int, now: float, work: float) -> float:
         """Start ``work`` now (its job already taken off the queue); returns when it ends."""
@@ -407,7 +406,8 @@ class _Servers:
 
     def wait(self, i: int, now: float) -> float:
         """What a job queued now would wait: the running job's rest and the queued work."""
-        return max(self.free_at[i] - now, 0.0) + self.backlog[i]
+        rest = self.free_at[i] - now  # (a comparison, not max(): this runs per request)
+        return (rest if rest > 0.0 else 0.0) + self.backlog[i]
 
     def steady_wait(self, i: int, span: float, prior_jobs: float, prior_work: float) -> float:
         """The mean wait of a job arriving at a random time (Pollaczek-Khinchine, M/G/1:
@@ -508,30 +508,33 @@ def simulate(
         else:
             to_compute(i, ("messages", -1, message_cost), now)
 
-    def start_compute(i: int, now: float) -> None:
+    def start_compute(i: int, now: float, job=None) -> None:
+        """Start core i's next queued job, or ``job`` at once (an idle core has none queued)."""
         nonlocal seq, batches, batched_rows
-        job = compute.queue[i].popleft()
+        if job is None:
+            job = compute.queue[i].popleft()
+            compute.backlog[i] -= job[2]
         kind, req, dur = job
-        compute.backlog[i] -= dur
         if kind == "attend":  # take every queued attention of the same chunk: one call
             k = chunks[req]
             c_attq[i][k] -= 1
             members, rows = [req], w.rows
-            keep = deque()
-            while compute.queue[i]:
-                other = compute.queue[i].popleft()
-                if (
-                    other[0] == "attend"
-                    and chunks[other[1]] == k
-                    and rows + w.rows <= w.max_batch_rows
-                ):
-                    members.append(other[1])
-                    rows += w.rows
-                    compute.backlog[i] -= other[2]
-                    c_attq[i][k] -= 1
-                else:
-                    keep.append(other)
-            compute.queue[i] = keep
+            if c_attq[i][k]:  # others of this chunk are queued: they join this call
+                keep = deque()
+                while compute.queue[i]:
+                    other = compute.queue[i].popleft()
+                    if (
+                        other[0] == "attend"
+                        and chunks[other[1]] == k
+                        and rows + w.rows <= w.max_batch_rows
+                    ):
+                        members.append(other[1])
+                        rows += w.rows
+                        compute.backlog[i] -= other[2]
+                        c_attq[i][k] -= 1
+                    else:
+                        keep.append(other)
+                compute.queue[i] = keep
             dur = costs.batched_attend(rows)
             batches += 1
             batched_rows += rows
@@ -557,8 +560,10 @@ def simulate(
         push(events, (end, seq, C_DONE, i, job))
 
     def to_compute(i: int, job, now: float) -> None:
-        if compute.add(i, job, job[2]):
-            start_compute(i, now)
+        if compute.busy[i]:
+            compute.add(i, job, job[2])
+        else:  # nothing is queued at an idle core: it starts the job without queueing it
+            start_compute(i, now, job)
 
     def to_attend(i: int, r: int, now: float) -> None:
         """Queue request r's attention over its chunk at instance i (the holder of a routed
@@ -588,16 +593,21 @@ def simulate(
         else:
             to_link(holder, ("kv", costs.kv_occ, r, me), now)
 
-    def start_link(i: int, now: float) -> None:
+    def start_link(i: int, now: float, job=None) -> None:
+        """Put link i's next queued message on the wire, or ``job`` at once (an idle link
+        has none queued)."""
         nonlocal seq
-        job = link.queue[i].popleft()
-        link.backlog[i] -= job[1]
+        if job is None:
+            job = link.queue[i].popleft()
+            link.backlog[i] -= job[1]
         seq += 1
         push(events, (link.run(i, now, job[1]), seq, L_DONE, i, job))
 
     def to_link(i: int, job, now: float) -> None:
-        if link.add(i, job, job[1]):
-            start_link(i, now)
+        if link.busy[i]:
+            link.add(i, job, job[1])
+        else:
+            start_link(i, now, job)
 
     times_list = arrival.tolist()
     requesters, chunks = requester.tolist(), chunk.tolist()
@@ -716,7 +726,8 @@ def simulate(
                         latency[r] = now - times_list[r]
                     else:  # a routed query: its answer goes back
                         to_link(i, ("back", costs.back_occ, r, requesters[r]), now)
-                last = max(last, now)
+                if now > last:
+                    last = now
             elif step != "messages":  # (taken in on an idle core: nothing follows from it)
                 if step == "fetched":  # spliced: in the cache now, the waiting uses attend
                     k = chunks[req]
@@ -730,7 +741,8 @@ def simulate(
                     for waiting in pending.pop((i, k), []):
                         to_attend(i, waiting, now)
                 latency[req] = now - times_list[req]
-                last = max(last, now)
+                if now > last:
+                    last = now
             # still busy while it takes in what came meanwhile, so all of it is queued
             # before the next job starts (and an attention batches what joined it)
             if arrived[i]:
