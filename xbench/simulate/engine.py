@@ -381,7 +381,11 @@ def _predicate(
 
 class _Servers:
     """One FIFO server per instance (its compute, or its egress link): the jobs queued, the
-    work they hold, whether it runs, when it frees, and its busy time."""
+    work they hold, whether it runs, when it frees, and its busy time. A server that is not
+    busy has nothing queued (a job ending starts the next), so the loop starts a job offered
+    to an idle server at once and queues (``add``) only behind a running one (an ``offer``
+    method doing both, one more call per job, ran 1.01-1.21x this loop's time in two
+    interleaved A/Bs of 100K requests; session 24)."""
 
     def __init__(self, n: int):
         self.queue = [deque() for _ in range(n)]
@@ -562,7 +566,7 @@ def simulate(
     def to_compute(i: int, job, now: float) -> None:
         if compute.busy[i]:
             compute.add(i, job, job[2])
-        else:  # nothing is queued at an idle core: it starts the job without queueing it
+        else:  # an idle core has nothing queued (_Servers): the job starts at once
             start_compute(i, now, job)
 
     def to_attend(i: int, r: int, now: float) -> None:
