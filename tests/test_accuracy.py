@@ -28,6 +28,10 @@ WAIT = {
 }
 
 
+# what a fetch's first attention saves on the chunk it has just spliced, per chunk size
+SAVING = ((256, Coef(35e-6, 20e-6, 50e-6, "s")), (1024, Coef(150e-6, 100e-6, 200e-6, "s")))
+
+
 @pytest.mark.parametrize(
     "request_",
     [
@@ -38,8 +42,9 @@ WAIT = {
     ],
 )
 @pytest.mark.parametrize("waits", [False, True], ids=["merge-as-fetch", "merge-after-wait"])
-def test_phases_add_up_to_the_options_times(request_, waits):
-    device = PRIORS.device
+@pytest.mark.parametrize("saving", [(), SAVING], ids=["cold-fetch", "spliced-fetch"])
+def test_phases_add_up_to_the_options_times(request_, waits, saving):
+    device = dataclasses.replace(PRIORS.device, spliced_saving=saving)
     if waits:
         device = dataclasses.replace(device, **WAIT)
     for fabric in PRIORS.fabrics:
@@ -262,6 +267,31 @@ def test_merge_per_token_is_paid_by_route_and_fetch_not_local(tmp_path):
     # the term survives a profile's round trip, interval and all
     path = save_profile(dataclasses.replace(PRIORS, device=device), tmp_path / "p.toml")
     assert load_profile(path).device.merge_per_token == pytest.approx(tax)
+
+
+def test_a_fetch_attends_its_spliced_chunk_for_less_on_its_first_use_only():
+    """With spliced_saving, fetch's attention phase is T_c less the saving at the chunk,
+    spread over the uses one fetch serves; route's and local's times do not move; b* and u*
+    still say where route and fetch cross."""
+    from xbench.core.costmodel import thresholds
+
+    device = dataclasses.replace(PRIORS.device, spliced_saving=SAVING)
+    fabric = PRIORS.fabrics[0]
+    for chunk, saved in ((256, 35e-6), (640, 92.5e-6), (1024, 150e-6), (65536, 150e-6)):
+        for reuse in (0, 3):
+            r = Request(rows=4, heads=16, chunk_tokens=chunk, reuse=reuse)
+            assert device.saved_on_splice(chunk) == pytest.approx(saved)
+            cold, hot = times(fabric, PRIORS.device, r), times(fabric, device, r)
+            assert hot[0] == cold[0] and hot[2] == cold[2]
+            assert hot[1] == pytest.approx(cold[1] - saved / (1 + reuse), rel=1e-12)
+            attention = phase_times(fabric, device, r)["fetch"]["attention"]
+            assert attention == pytest.approx(device.compute(64, chunk) - saved / (1 + reuse))
+    shape = dict(heads=16, chunk_tokens=1024)
+    b_star, _ = thresholds(fabric, device, Request(rows=1, **shape))
+    assert b_star < thresholds(fabric, PRIORS.device, Request(rows=1, **shape))[0]
+    for rows in (max(1, math.floor(b_star * 0.99)), math.ceil(b_star * 1.01)):
+        route, fetch, _ = times(fabric, device, Request(rows=rows, **shape))
+        assert (route < fetch) == (rows < b_star)
 
 
 def test_route_merges_after_its_wait_for_the_answer(tmp_path):

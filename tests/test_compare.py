@@ -322,9 +322,11 @@ def test_check_a_kernel_baseline(xbench, tmp_path):
     assert r.returncode in (0, EXIT_REGRESSION), r.stderr
     cases = read_table([tmp_path / "knew" / "comparison.parquet"], COMPARISON)
     # every case of the baseline found again, merges told apart by the attention before
-    # them, attention after idle (1 row, 2 chunks, 3 idle times) by its idle time, merges
-    # after a wait (2 rows, 5 waits) by their wait
-    assert (cases.verdict != "not comparable").all() and len(cases) == 4 + 4 + 6 + 10
+    # them, attention after its chunk's splice (1 row, 2 chunks) by the splice, attention
+    # after idle (1 row, 2 chunks, 3 idle times) by its idle time, merges after a wait
+    # (2 rows, 5 waits) by their wait
+    assert (cases.verdict != "not comparable").all() and len(cases) == 4 + 2 + 4 + 6 + 10
+    assert cases.case.str.contains("after its splice").sum() == 2
     assert cases.case.str.contains("after 128").any()
     assert cases.case.str.contains("after 16000 us idle").sum() == 2
     assert cases.case.str.contains("after a 128000 us wait").sum() == 2

@@ -44,10 +44,12 @@ def one_segment_profile(
     spread=0.0,
     pages=None,
     wait=None,
+    saving=None,
 ):
     """One fabric, one device; ``splice`` = (t0, per_token) of T_splice, or None; ``pages``
     = (block_t0, block_beta) of a fetch page by page, or None; ``wait`` = (t0,
-    per_row_partial, tau) of route's merge after its wait, or None."""
+    per_row_partial, tau) of route's merge after its wait, or None; ``saving`` = [(tokens,
+    seconds)] a fetch's first attention saves on its spliced chunk (may be negative), or None."""
     fabric = Fabric(
         "ib",
         (Segment(0.0, c(alpha, spread), c(beta, spread, "B/s")),),
@@ -70,6 +72,10 @@ def one_segment_profile(
         merge_wait_t0=None if wait is None else c(wait[0], spread),
         merge_wait_per_row_partial=None if wait is None else c(wait[1], spread, "s/row-partial"),
         merge_wait_tau=None if wait is None else c(wait[2], spread),
+        spliced_saving=tuple(
+            (float(t), Coef(v, v - abs(v) * spread, v + abs(v) * spread, "s"))
+            for t, v in (saving or ())
+        ),
     )
     return Profile("p", (fabric,), device)
 
@@ -87,6 +93,13 @@ coefs = st.fixed_dictionaries(
         "splice": st.none() | st.tuples(st.floats(0, 1e-2), st.floats(0, 1e-7)),
         "pages": st.none() | st.tuples(st.floats(0, 1e-4), st.floats(1e8, 1e12)),
         "wait": st.none() | st.tuples(st.floats(0, 1e-3), st.floats(0, 1e-9), st.floats(1e-5, 0.1)),
+        "saving": st.none()
+        | st.lists(
+            st.tuples(st.integers(1, 65536), st.floats(-1e-4, 1e-3)),
+            min_size=1,
+            max_size=4,
+            unique_by=lambda point: point[0],
+        ),
     }
 )
 shapes = st.fixed_dictionaries(

@@ -207,6 +207,66 @@ def test_merge_wait_terms_are_fitted_from_merges_after_waits_and_kept_out_of_t_m
     assert without.merge_wait_tau is None and without.merge_wait_t0 is None
 
 
+def test_spliced_saving_is_fitted_per_chunk_kept_out_of_t_c_and_survives_a_file(tmp_path):
+    """Attention right after a splice of its chunk (kernel --in-context) against the same
+    shape from memory, pass by pass: the saving per chunk size, rising while the chunk
+    fits a cache and gone past it (so no straight line); T_c is fitted from the cold calls
+    only; the points survive a profile file; two points at one chunk are refused."""
+    import dataclasses
+
+    from xbench.core.profile import ProfileError, save_profile
+
+    rng = np.random.default_rng(8)
+    t0, a, k = 20e-6, 600e-9, 3e-11
+    saving = {256: 35e-6, 1024: 150e-6, 4096: 10e-6}
+    # at 8,192 tokens the passes disagree on the sign: noise, taken as no saving
+    unresolved = (300e-6, -500e-6, 200e-6)
+    rows = []
+    for passes in range(3):
+        drift = 1 + 0.1 * passes  # each pass slower as a whole: the pairing cancels it
+        for r in (1, 4, 16):
+            for ch in (256, 1024, 4096, 8192):
+                t_c = (t0 + ch * (a + 16 * r * k)) * drift
+                for v in noisy(t_c, rng, 9, noise=0.005):
+                    rows.append(_attention(r, ch, v, round=passes, after_splice_tokens=0))
+                if r == 1:
+                    saved = unresolved[passes] if ch == 8192 else saving[ch] * drift
+                    hot = t_c - saved
+                    for v in noisy(hot, rng, 9, noise=0.005):
+                        rows.append(_attention(r, ch, v, round=passes, after_splice_tokens=ch))
+    frame = pd.DataFrame(rows).assign(warmup=False, sparse=False, dtype="bf16", model="m")
+    base = load_profile("profiles/h100-priors.toml")
+    device, notes = fit_device(frame, base.device, "synthetic")
+    assert [t for t, _ in device.spliced_saving] == [256, 1024, 4096, 8192]
+    for ch, truth in saving.items():
+        coef = dict(device.spliced_saving)[ch]
+        assert coef.value == pytest.approx(truth * 1.1, abs=12e-6)  # the middle pass's scale
+        assert coef.low <= coef.value <= coef.high and not coef.prior
+    for ch in (256, 1024):  # passes that agree: the interval excludes no saving
+        assert dict(device.spliced_saving)[ch].low > 0
+    noise = dict(device.spliced_saving)[8192]
+    assert noise.value == 0 and noise.low < 0 < noise.high  # its interval kept as measured
+    # interpolated between the points, held flat beyond them
+    s256, s1024 = (dict(device.spliced_saving)[c].value for c in (256, 1024))
+    assert device.saved_on_splice(640) == pytest.approx((s256 + s1024) / 2)
+    assert device.saved_on_splice(64) == pytest.approx(s256)
+    assert device.saved_on_splice(65536) == 0.0  # flat beyond the last point
+    cold = fit_device(frame[frame.after_splice_tokens == 0], base.device, "x")[0]
+    assert not cold.spliced_saving and not cold.saves_on_splice
+    assert device.compute(16, 1024) == pytest.approx(cold.compute(16, 1024), rel=0.02)
+    assert "spliced_saving" in notes
+    path = save_profile(dataclasses.replace(base, device=device), tmp_path / "hot.toml")
+    back = load_profile(path).device
+    assert back.spliced_saving == device.spliced_saving
+    assert back.saved_on_splice(2000) == pytest.approx(device.saved_on_splice(2000))
+    from xbench.core.profile import parse_profile, tomllib  # (tomli before Python 3.11)
+
+    data = tomllib.loads(path.read_text())
+    data["device"]["spliced_saving"].append(data["device"]["spliced_saving"][0])
+    with pytest.raises(ProfileError, match="two points at one chunk size"):
+        parse_profile(data, "twice.toml")
+
+
 def _merge(rows: int, seconds: float, **more) -> dict:
     """One merge sample of two partials, 16 heads (value in us)."""
     return dict(kernel="merge", rows=rows, heads=16, chunk_tokens=0, partials=2, **more) | {

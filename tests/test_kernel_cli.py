@@ -77,6 +77,11 @@ def test_kernel_sweep_writes_samples_and_rates(xbench, tmp_path):
     assert set(waited.kernel) == {"merge"} and set(waited.rows) == {1, 2}
     assert (waited.after_tokens == 0).all() and (waited.idle_us == 0).all()
     assert {row["wait_us"] for row in summary if row["kernel"] == "merge"} >= {0, 32000}
+    # and the attention at the fewest rows right after a splice of its chunk, as a fetch's
+    spliced = samples[samples.after_splice_tokens > 0]
+    assert set(spliced.kernel) == {"partial_attention"} and set(spliced.rows) == {1}
+    assert (spliced.after_splice_tokens == spliced.chunk_tokens).all()
+    assert set(spliced.chunk_tokens) == {64, 256} and (spliced.idle_us == 0).all()
 
 
 def test_cpu_ceiling_is_the_dtype_the_kernels_multiply_in(monkeypatch):

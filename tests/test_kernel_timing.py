@@ -222,6 +222,68 @@ def test_a_slow_first_call_does_not_leave_samples_of_one_call():
     assert all(n > 100 for n, _, _ in timings[2:])
 
 
+def test_an_attention_after_its_splice_reads_the_pages_just_written(monkeypatch):
+    """A fetch's first use: each timed attention follows a splice of its chunk into the very
+    pages it attends (the real splice, recorded on the way through), so those pages hold
+    the landed tokens; only the attention is timed."""
+    from xbench.kernels.bench import KernelCase, time_case
+
+    torch_backend = backend.get_backend("torch")
+    real_splice = torch_backend.splice_kv
+    events = []
+
+    def splice(kv_cache, packed, free_pages, *rest):
+        events.append(("splice", kv_cache, list(free_pages), packed))
+        return real_splice(kv_cache, packed, free_pages, *rest)
+
+    def attend(inputs):
+        events.append(("attend", inputs["cache"], inputs["indices"].pages.tolist(), None))
+
+    monkeypatch.setattr(torch_backend, "splice_kv", splice)
+    case = KernelCase("partial_attention", 1, 16, 128, 576, 512, "bf16", False, after_splice=128)
+    timings = time_case(
+        case, "torch", "cpu", 1.0, samples=2, warmups=1, min_sample_s=0.001, runner=attend
+    )
+    assert len(timings) == 4 and all(t > 0 for _, _, t in timings)
+    assert [e[0] for e in events[:4]] == ["splice", "attend", "splice", "attend"]
+    for spliced, attended in zip(events[0::2], events[1::2], strict=True):
+        assert spliced[0] == "splice" and attended[0] == "attend"
+        assert spliced[1] is attended[1] and spliced[2] == attended[2]  # same cache, pages
+        landed = spliced[1][spliced[2]].reshape(-1, 576)[:128, :512]
+        assert torch.equal(landed, spliced[3][:, :512])  # the non-RoPE part copied exactly
+
+
+def test_an_attention_after_its_splice_is_timed_next_to_its_twin_on_its_rank():
+    """The pair the fit subtracts (cold attention, attention after a splice) is planned
+    back to back and takes the twin's turn, so both halves run on one core close in time,
+    whatever number of cases lie between (the sweep in validate_mape.py put 21 there, and
+    the two ranks took the halves)."""
+    from xbench.core.models import get_model
+    from xbench.kernels.bench import plan_cases, timing_turns
+
+    cases = plan_cases(
+        get_model("deepseek-v3"), ["partial_attention", "merge"], [1, 4, 16],
+        [128, 256, 512, 1024, 2048, 4096, 8192], "bf16", False, 16, 64, in_context=True,
+        idle_us=[1000],
+    )  # fmt: skip
+    turns = timing_turns(cases)
+    spliced = [i for i, case in enumerate(cases) if case.after_splice]
+    assert len(spliced) == 7
+    for i in spliced:
+        twin = cases[i - 1]
+        assert (twin.rows, twin.chunk, twin.after_splice, twin.idle_us) == (
+            1, cases[i].chunk, 0, 0
+        )  # fmt: skip
+        assert turns[i] == turns[i - 1] == i - 1
+    assert all(turns[i] == i for i, case in enumerate(cases) if not case.after_splice)
+    assert not any(
+        c.after_splice
+        for c in plan_cases(
+            get_model("deepseek-v3"), ["partial_attention"], [1], [256], "bf16", False, 16, 64
+        )
+    )  # back to back (a GPU's default): no splice before attention
+
+
 @pytest.mark.gpu
 def test_every_sweep_kernel_replays_from_a_cuda_graph(xbench, tmp_path):
     """The default sweep on a GPU: the splice copied its page list and RoPE frequencies from

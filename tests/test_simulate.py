@@ -193,6 +193,29 @@ def test_a_routed_merge_after_its_wait_pays_the_measured_extra():
     assert res.latency[0] == pytest.approx(answered + merge)
 
 
+def test_a_fetched_chunk_is_attended_for_less_right_after_its_splice():
+    """A device with spliced_saving: the fetch's first attention, on the chunk it has just
+    spliced, costs T_c less the saving, in the per-use price and in the engine; later uses
+    of the kept chunk pay T_c."""
+    from dataclasses import replace
+
+    from xbench.core.costmodel import Coef, Profile, Request, times
+
+    saved = 40e-6
+    device = replace(PRIORS.device, spliced_saving=((2048.0, Coef(saved, saved, saved, "s")),))
+    hot = Profile("hot", PRIORS.fabrics, device)
+    c, cold = _Costs(hot, W), _Costs(PRIORS, W)
+    assert c.fetch_attend == pytest.approx(cold.attend - saved) and c.attend == cold.attend
+    r = Request(rows=1, heads=16, chunk_tokens=2048, fabric="ib")
+    assert c.per_use()["fetch"] == pytest.approx(times(hot.fabric("ib"), device, r)[1])
+    assert c.per_use()["fetch"] == pytest.approx(cold.per_use()["fetch"] - saved)
+    trace = _trace((0.0, 0, 1), (1.0, 0, 1))  # the chunk fetched, then used again from cache
+    first, again = simulate(hot, W, trace, "fetch").latency
+    first_cold, again_cold = simulate(PRIORS, W, trace, "fetch").latency
+    assert first == pytest.approx(first_cold - saved)
+    assert again == pytest.approx(again_cold)
+
+
 def test_a_call_after_idle_pays_the_measured_extra():
     """A device with idle terms: a call that starts after g idle adds E (1 - exp(-g/tau));
     a call queued behind another (no idle) adds nothing; the first call of the trace starts

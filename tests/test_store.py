@@ -183,20 +183,24 @@ def test_kernel_v1_files_read_as_one_pass(tmp_path):
         after_tokens=1024,
         idle_us=4000,
         wait_us=2000,
+        after_splice_tokens=512,
     )
     path = write_table(tmp_path / "k.parquet", schema.KERNEL_SAMPLES, [row], {"run_id": "k"})
-    v3 = ("process_run", "timed_by", "after_tokens", "idle_us", "wait_us")
+    v3 = ("process_run", "timed_by", "after_tokens", "idle_us", "wait_us", "after_splice_tokens")
     old = _as_version(path, 1, tmp_path / "v1.parquet", ("round", *v3))
     v2 = _as_version(path, 2, tmp_path / "v2.parquet", v3)
-    v3_file = _as_version(path, 3, tmp_path / "v3.parquet", ("idle_us", "wait_us"))
-    v4 = _as_version(path, 4, tmp_path / "v4.parquet", ("wait_us",))
-    frame = read_table([old, v2, v3_file, v4, path], schema.KERNEL_SAMPLES)
-    assert frame["round"].tolist() == [0, 1, 1, 1, 1]
-    assert frame.process_run.tolist() == [0, 0, 2, 2, 2]
-    assert frame.timed_by.tolist() == [0, 0, 1, 1, 1]
-    assert frame.after_tokens.tolist() == [0, 0, 1024, 1024, 1024]  # v1-2: back to back
-    assert frame.idle_us.tolist() == [0, 0, 0, 4000, 4000]  # before v4 nothing after idle
-    assert frame.wait_us.tolist() == [0, 0, 0, 0, 2000]  # before v5 nothing after a wait
+    v3_file = _as_version(path, 3, tmp_path / "v3.parquet", v3[3:])
+    v4 = _as_version(path, 4, tmp_path / "v4.parquet", v3[4:])
+    v5 = _as_version(path, 5, tmp_path / "v5.parquet", v3[5:])
+    frame = read_table([old, v2, v3_file, v4, v5, path], schema.KERNEL_SAMPLES)
+    assert frame["round"].tolist() == [0, 1, 1, 1, 1, 1]
+    assert frame.process_run.tolist() == [0, 0, 2, 2, 2, 2]
+    assert frame.timed_by.tolist() == [0, 0, 1, 1, 1, 1]
+    assert frame.after_tokens.tolist() == [0, 0, 1024, 1024, 1024, 1024]  # v1-2: back to back
+    assert frame.idle_us.tolist() == [0, 0, 0, 4000, 4000, 4000]  # before v4 nothing after idle
+    assert frame.wait_us.tolist() == [0, 0, 0, 0, 2000, 2000]  # before v5 nothing after a wait
+    # before v6 no attention after a splice
+    assert frame.after_splice_tokens.tolist() == [0, 0, 0, 0, 0, 512]
 
 
 def test_migrations_chain_from_older_versions(tmp_path, monkeypatch):

@@ -104,8 +104,9 @@ def kernel(
         bool | None,
         typer.Option(
             "--in-context/--back-to-back",
-            help="Time merge, gather and splice right after an attention over the chunk, as "
-            "a route or fetch runs them (default on CPUs), or back to back (default on GPUs).",
+            help="Time merge, gather and splice right after an attention over the chunk, and "
+            "the attention at the fewest rows also right after a splice of its chunk, as a "
+            "route or fetch runs them (default on CPUs), or back to back (default on GPUs).",
         ),
     ] = None,
     idle: Annotated[
@@ -352,6 +353,8 @@ def _chunk(r) -> str:
         return f"{r.chunk_tokens} idle {format_duration(r.idle_us * 1e-6)}"
     if getattr(r, "wait_us", 0):
         return f"wait {format_duration(r.wait_us * 1e-6)}"
+    if getattr(r, "after_splice_tokens", 0):
+        return f"{r.chunk_tokens} spliced"
     if not r.after_tokens:
         return str(r.chunk_tokens)
     return f"after {r.after_tokens}" if not r.chunk_tokens else f"{r.chunk_tokens} after"
@@ -369,7 +372,8 @@ def _table(summary, out_dir) -> None:
         "both ceilings measured in this run, and the one that sets it  |  after: timed right "
         "after an attention over the chunk, as in a route or a fetch  |  idle T: each call "
         "after the device idled T  |  wait T: each call after spinning T, as a route's merge "
-        "follows its wait for the answer",
+        "follows its wait for the answer  |  spliced: an attention right after a splice of "
+        "its chunk into its pages, as a fetch's first use",
     )
     for col in (
         "kernel",

@@ -38,6 +38,7 @@ LABEL_KEYS = {
         "after_tokens",
         "idle_us",
         "wait_us",
+        "after_splice_tokens",
         "sparse",
     ],
     "validate": ["option", "fabric", "rows", "chunk_tokens", "segments"],
@@ -157,6 +158,9 @@ def label(command: str, row) -> str:
         elif key == "wait_us":
             if value:
                 parts.append(f"after a {value} us wait")
+        elif key == "after_splice_tokens":
+            if value:
+                parts.append("after its splice")
         elif key == "chunk_tokens" and command == "kernel" and not value:
             continue  # a merge has no chunk of its own
         elif key in ("rows", "heads", "chunk_tokens", "segments"):

@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import NamedTuple
 
 INF = math.inf
@@ -202,6 +203,15 @@ class Device:
     the simulator, which knows each instance's idle time, charges it and its predicate
     prices it (:meth:`after_idle`).
 
+    A fetch attends the chunk it has just spliced into its cache, part of it still in the
+    requester's caches, so its first use's attention takes T_c(R, c) - S(c), where
+    ``spliced_saving`` holds S measured at chunk sizes, ``((tokens, Coef), ...)`` (``xbench
+    kernel --in-context``: attention right after a splice of its chunk, against the same
+    attention over pages from memory; on a CPU VM about 150 us at 1,024 tokens, little past
+    the last cache); between them S is interpolated linearly and held flat beyond them (a
+    cache keeps no more of a longer chunk). It does not grow with the rows (the chunk is
+    read once whatever the rows), so it enters the closed forms as T_move does.
+
     T_c, T_move and T_splice may change slope where the chunk outgrows a cache (a CPU's
     L2/L3, a GPU's L2): ``compute_segments``, ``move_segments`` and ``splice_segments`` hold
     further pieces, each from a chunk size on, as ``(min_tokens, t0, per_token[,
@@ -229,20 +239,25 @@ class Device:
     merge_wait_t0: Coef | None = None
     merge_wait_per_row_partial: Coef | None = None
     merge_wait_tau: Coef | None = None
+    spliced_saving: tuple = ()
     _ends: tuple = field(init=False, repr=False, compare=False)
     _prior: bool = field(init=False, repr=False, compare=False)
     _rho: tuple = field(init=False, repr=False, compare=False)
     _prior_by_option: tuple = field(init=False, repr=False, compare=False)
+    _saves: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
+        object.__setattr__(self, "_saves", bool(self.spliced_saving))
         object.__setattr__(
             self,
             "compute_segments",
             tuple(sorted(self.compute_segments, key=lambda piece: piece[0])),
         )
-        for name in ("move_segments", "splice_segments"):
+        for name in ("move_segments", "splice_segments", "spliced_saving"):
             pieces = tuple(sorted(getattr(self, name), key=lambda piece: piece[0]))
             object.__setattr__(self, name, pieces)
+        if len({tokens for tokens, _ in self.spliced_saving}) < len(self.spliced_saving):
+            raise ValueError("spliced_saving has two points at one chunk size")
         if (self.splice_t0 is None) != (self.splice_per_token is None):
             raise ValueError("splice_t0 and splice_per_token come together")
         if (self.idle_extra is None) != (self.idle_tau is None):
@@ -269,7 +284,9 @@ class Device:
             c.prior
             for c in shared_coefs + [c for piece in self.compute_segments for c in piece[1:]]
         )
-        move = any(c.prior for c in self._move_coefs())
+        move = any(c.prior for c in self._move_coefs()) or any(
+            c.prior for _, c in self.spliced_saving
+        )
         recompute = any(c.prior for c in self._recompute_coefs())
         waited = any(c.prior for c in self._wait_coefs())
         object.__setattr__(
@@ -302,6 +319,13 @@ class Device:
     @property
     def prior(self) -> bool:
         return self._prior
+
+    @property
+    def saves_on_splice(self) -> bool:
+        """Whether a fetch's first attention is charged less than T_c (``spliced_saving``).
+        The cheap uncertainty bound assumes times are sums of positive terms; a fetch's
+        time then has one subtracted, so its decisions take the exact interval check."""
+        return self._saves
 
     @property
     def prior_by_option(self) -> tuple[bool, bool, bool]:
@@ -342,9 +366,10 @@ class Device:
     def _terms(self, end: str) -> tuple:
         """(compute breaks, compute pieces, m0, m1, move breaks, move pieces, recompute,
         splice breaks, splice pieces, has a splice term, merge per token, recompute per
-        token^2, merge wait t0, merge wait per row-partial, merge wait tau) at one end (the
-        wait's tau at the other end: a shorter tau is the slower merge; tau 0 without the
-        terms)."""
+        token^2, merge wait t0, merge wait per row-partial, merge wait tau, spliced saving
+        breaks, spliced saving pieces) at one end (the wait's tau and the saving at the
+        other end: a shorter tau is the slower merge, a smaller saving the slower fetch; tau
+        0 and a saving of 0 without the terms)."""
         compute = [
             (0.0, self.compute_t0, self.compute_per_token, self.compute_per_row_token),
             *self.compute_segments,
@@ -356,6 +381,7 @@ class Device:
 
         move, splice = self._move_pieces()
         move_end = at_end(move)
+        other = {"value": "value", "low": "high", "high": "low"}[end]
         return (
             *at_end(compute),
             getattr(self.merge_t0, end),
@@ -368,9 +394,8 @@ class Device:
             getattr(self.recompute_per_token2, end) if self.recompute_per_token2 else 0.0,
             getattr(self.merge_wait_t0, end) if self.merge_wait_tau else 0.0,
             getattr(self.merge_wait_per_row_partial, end) if self.merge_wait_tau else 0.0,
-            getattr(self.merge_wait_tau, {"value": "value", "low": "high", "high": "low"}[end])
-            if self.merge_wait_tau
-            else 0.0,
+            getattr(self.merge_wait_tau, other) if self.merge_wait_tau else 0.0,
+            *interpolation_pieces([(t, getattr(c, other)) for t, c in self.spliced_saving]),
         )
 
     def compute(self, rows: float, chunk: float) -> float:
@@ -405,6 +430,13 @@ class Device:
         if self.idle_extra is None or idle <= 0:
             return 0.0
         return self.idle_extra.value * -math.expm1(-idle / self.idle_tau.value)
+
+    def saved_on_splice(self, chunk: float) -> float:
+        """S(c): what a fetch's first attention saves over T_c by attending the chunk it
+        has just spliced (0 without ``spliced_saving``)."""
+        breaks, pieces = self._ends[0][15:17]
+        h0, h1 = pieces[bisect_right(breaks, chunk)] if breaks else pieces[0]
+        return h0 + chunk * h1
 
     def move(self, chunk: float, segments: int = 1) -> float:
         """T_move of a packed fetch (``segments`` 1), or of one message per block (T_splice)."""
@@ -579,17 +611,32 @@ def recompute_time(tokens, per_token: float, per_token2: float):
     return tokens * (per_token + tokens * per_token2)
 
 
+def interpolation_pieces(points) -> tuple:
+    """(breaks, pieces) of the line through ``points`` ((x, y), sorted by x), held flat
+    before the first and after the last, as the model's piecewise terms read them: piece i
+    is (y0, slope) with y = y0 + x * slope from breaks[i - 1] on. No points: 0 everywhere."""
+    if not points:
+        return (), ((0.0, 0.0),)
+    pieces = [(points[0][1], 0.0)]
+    for (x0, y0), (x1, y1) in pairwise(points):
+        slope = (y1 - y0) / (x1 - x0)
+        pieces.append((y0 - x0 * slope, slope))
+    pieces.append((points[-1][1], 0.0))
+    return tuple(float(x) for x, _ in points), tuple(pieces)
+
+
 def device_side(ops, terms: tuple, rows, chunk, reuse, segments, fetch_cost, blocks_local):
     """The fabric-free part of the times, shared by every fabric that competes.
 
     ``terms``: :meth:`Device.terms` at one end; ``rows`` = b*h query rows; ``fetch_cost``
     NaN where the device's T_move(c) applies. Returns (t_cm, fetch_base, per_use, local,
-    t_move, t_c, t_m0, wait_extra, wait_tau): t_cm = T_c + T_m(c), a fetch's attention and
-    merge; fetch_base = T_move + (1 + r) t_cm, since one fetch serves this use and r later
-    local uses; per_use = 1 / (1 + r); t_m0 = T_m(R, 2, 0), the merge route's wait adds
-    wait_extra to once it saturates (:func:`route_merge`).
+    t_move, t_c, t_m0, wait_extra, wait_tau, saved): t_cm = T_c + T_m(c), a fetch's
+    attention and merge; saved = S(c), what the fetch's first attention saves on the chunk
+    it has just spliced; fetch_base = T_move - S + (1 + r) t_cm, since one fetch serves
+    this use and r later local uses; per_use = 1 / (1 + r); t_m0 = T_m(R, 2, 0), the merge
+    route's wait adds wait_extra to once it saturates (:func:`route_merge`).
     """
-    cb, cp, m0, m1, mb, mp, rec, sb, sp, has_splice, m2, rec2, w0, w1, wtau = terms
+    cb, cp, m0, m1, mb, mp, rec, sb, sp, has_splice, m2, rec2, w0, w1, wtau, hb, hp = terms
     # (a term of one piece needs no lookup: the common case, and the hot path's)
     c0, c1, c2 = ops.piece(cb, cp, chunk) if cb else cp[0]
     t_c = c0 + chunk * (c1 + rows * c2)
@@ -606,8 +653,13 @@ def device_side(ops, terms: tuple, rows, chunk, reuse, segments, fetch_cost, blo
     local = recompute_time(chunk, rec, rec2) + t_c
     local = ops.where(blocks_local, t_c, local)
     wait_extra = w0 + rows * 2 * w1 if wtau else 0.0
-    fetch_base = t_move + (1.0 + reuse) * t_cm
-    return t_cm, fetch_base, 1.0 / (1.0 + reuse), local, t_move, t_c, t_m0, wait_extra, wtau
+    if len(hb) > 1:  # (none or one point: flat, no lookup, as on the hot path)
+        h0, h1 = ops.piece(hb, hp, chunk)
+        saved = h0 + chunk * h1
+    else:
+        saved = hp[0][0]
+    fetch_base = t_move - saved + (1.0 + reuse) * t_cm
+    return t_cm, fetch_base, 1.0 / (1.0 + reuse), local, t_move, t_c, t_m0, wait_extra, wtau, saved
 
 
 def route_merge(ops, dev: tuple, wire):
@@ -677,15 +729,16 @@ def closed_forms(ops, breaks, fabric_terms, heads, payload, ret, s_q, s_o, s_kv,
 
     From T_route = T_fetch with T_c cancelling (the same device on both sides), and dm =
     route's merge less fetch's (0 without the merge-wait terms; with them, taken at the
-    request's own rows, since it grows with them):
-    b* = (fetch wire + T_move - route's fixed wire - dm) / (h (P/beta_q + R/beta_o)),
-    u* = (fetch wire + T_move) / (route wire + dm).
+    request's own rows, since it grows with them), and S the fetch's saving on its spliced
+    chunk (0 without it; it does not grow with the rows):
+    b* = (fetch wire + T_move - S - route's fixed wire - dm) / (h (P/beta_q + R/beta_o)),
+    u* = (fetch wire + T_move - S) / (route wire + dm).
     """
     route_wire, fetch_wire, (route_fixed, ib_q, ib_o) = wire_costs(
         ops, breaks, fabric_terms, s_q, s_o, s_kv, n_seg
     )
     dm = route_merge(ops, dev, route_wire) - (dev[0] - dev[5])
-    moved = fetch_wire + dev[4]
+    moved = fetch_wire + dev[4] - dev[9]
     per_token = heads * (payload * ib_q + ret * ib_o)
     b_star = ops.where(per_token > 0, (moved - route_fixed - dm) / _nonzero(ops, per_token), INF)
     routed = route_wire + dm
@@ -741,7 +794,7 @@ def phase_times(f: Fabric, device: Device, r: Request, end: int = VALUE) -> dict
     ``include_probe`` route and fetch also carry the probe's round trip as ``probe``.
     """
     dev = _request_device(device.terms(end), r)
-    t_cm, per_use, local, t_move, t_c = dev[0], dev[2], dev[3], dev[4], dev[5]
+    t_cm, per_use, local, t_move, t_c, saved = dev[0], dev[2], dev[3], dev[4], dev[5], dev[9]
     s_q, s_o, s_kv = _request_sizes(r)
     send, ret, _, _ = route_legs(SCALAR, f.breaks, f.terms(end), s_q, s_o)
     _, fetch_wire, _ = wire_costs(SCALAR, f.breaks, f.terms(end), s_q, s_o, s_kv, r.segments)
@@ -750,7 +803,7 @@ def phase_times(f: Fabric, device: Device, r: Request, end: int = VALUE) -> dict
     fetch = {
         "transfer": fetch_wire * per_use,
         "move": t_move * per_use,
-        "attention": t_c,
+        "attention": t_c - saved * per_use,  # the first use's on its spliced chunk, amortised
         "merge": t_cm - t_c,
     }
     if r.include_probe:
@@ -828,7 +881,7 @@ def decide(profile: Profile, request: Request) -> Decision:
     # bound from the coefficients' relative spreads settles most cases; near-ties get the
     # exact interval evaluation.
     slow, fast = profile.spread(f.name)
-    if tw * slow < runner * fast:
+    if tw * slow < runner * fast and not (device._saves and (win == 1 or second == 1)):
         uncertain = False
     else:
         hi = times(f, device, request, HIGH)

@@ -333,6 +333,9 @@ def _decide_block(profile: Profile, cols, codes, n: int) -> dict:
     slow = np.array([profile.spread(f.name)[0] for f in fabrics])[best_f]
     fast = np.array([profile.spread(f.name)[1] for f in fabrics])[best_f]
     check = ~(winner * slow < runner * fast)
+    if dev.saves_on_splice:  # fetch's time has a term subtracted: the bound does not hold
+        # (fetch the winner or, as decide() ranks the runner-up, the second)
+        check |= is_fetch | np.where(is_route, fetch <= local, (choice == 2) & (fetch < route))
     uncertain = np.zeros(n, dtype=bool)
     for k, f in enumerate(fabrics):
         mine = check & (best_f == k) if nf > 1 else check

@@ -63,6 +63,8 @@ DEVICE_TERMS = {
 # idle_extra, idle_tau: a call after g idle adds idle_extra (1 - exp(-g / idle_tau))
 # merge_wait_*: a merge after a wait of g for a routed answer adds
 #   (merge_wait_t0 + R p merge_wait_per_row_partial) (1 - exp(-g / merge_wait_tau))
+# [[device.spliced_saving]] (tokens, saving): what a fetch's first attention saves on the
+#   chunk it has just spliced, interpolated between the points and flat beyond them
 OPTIONAL_TERMS = {
     "recompute_per_token",
     "recompute_per_token2",
@@ -82,9 +84,16 @@ class ProfileError(XbenchError):
 
 
 def _coef(
-    raw, where: str, kind: str, path: str, per: str | None = None, positive: bool = False
+    raw,
+    where: str,
+    kind: str,
+    path: str,
+    per: str | None = None,
+    positive: bool = False,
+    signed: bool = False,
 ) -> Coef:
-    """Parse one coefficient table; ``kind`` is 'time' or 'rate'."""
+    """Parse one coefficient table; ``kind`` is 'time' or 'rate'; ``signed``: a difference
+    of two times, which may be negative."""
     if not isinstance(raw, dict) or "value" not in raw:
         raise ProfileError(
             f"profile {path}: {where} must be a table with value and unit",
@@ -134,7 +143,7 @@ def _coef(
             f"profile {path}: {where} must be positive, got {raw['value']} {unit}",
             "a bandwidth is a positive rate",
         )
-    if min(value, low) < 0:
+    if min(value, low) < 0 and not signed:
         raise ProfileError(
             f"profile {path}: {where} is negative ({raw['value']} {unit})",
             "times and costs are non-negative",
@@ -175,6 +184,31 @@ def _pieces(dev: dict, kind: str, names: tuple, path: str) -> tuple:
         )
         for i, seg in enumerate(dev.get(f"{kind}_segment", []))
     )
+
+
+def _spliced_saving(dev: dict, path: str) -> tuple:
+    """[[device.spliced_saving]] points: what a fetch's first attention saves by attending
+    the chunk it has just spliced, at ``tokens`` (interpolated between, flat beyond)."""
+    points = []
+    for i, point in enumerate(dev.get("spliced_saving", [])):
+        where = f"device spliced_saving {i + 1}"
+        tokens = point.get("tokens") if isinstance(point, dict) else None
+        if not isinstance(tokens, (int, float)) or not math.isfinite(tokens) or tokens <= 0:
+            raise ProfileError(
+                f"profile {path}: {where} needs tokens > 0", "the chunk size it was measured at"
+            )
+        points.append(
+            (
+                float(tokens),
+                _coef(point.get("saving"), f"{where} saving", "time", path, signed=True),
+            )
+        )
+    if len({t for t, _ in points}) < len(points):
+        raise ProfileError(
+            f"profile {path}: device spliced_saving has two points at one chunk size",
+            "keep one point per tokens value",
+        )
+    return tuple(points)
 
 
 def parse_profile(data: dict, path: str = "<profile>") -> Profile:
@@ -278,6 +312,7 @@ def parse_profile(data: dict, path: str = "<profile>") -> Profile:
     terms["compute_segments"] = _pieces(dev, "compute", ("t0", "per_token", "per_row_token"), path)
     terms["move_segments"] = _pieces(dev, "move", ("t0", "per_token"), path)
     terms["splice_segments"] = _pieces(dev, "splice", ("t0", "per_token"), path)
+    terms["spliced_saving"] = _spliced_saving(dev, path)
     if (terms["splice_t0"] is None) != (terms["splice_per_token"] is None) or (
         terms["splice_segments"] and terms["splice_t0"] is None
     ):
@@ -388,6 +423,10 @@ def profile_to_toml_dict(profile: Profile) -> dict:
                 }
                 for m, t0, a in getattr(d, f"{kind}_segments")
             ]
+    if d.spliced_saving:
+        device["spliced_saving"] = [
+            {"tokens": int(t), "saving": _coef_table(c, "us", 1e-6)} for t, c in d.spliced_saving
+        ]
     return {
         "profile": {"name": profile.name, "schema_version": PROFILE_SCHEMA_VERSION},
         "provenance": profile.provenance,

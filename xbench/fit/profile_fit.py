@@ -16,7 +16,9 @@ Fabric (per fabric label, pair class and transport):
 Device (from ``xbench kernel`` samples, dense selections preferred):
 T_c = t0 + c*(a + R*k); T_m = m0 + R*p*m1 (+ c*m2 where the merges were timed after
 attentions over several chunks, ``--in-context``); T_move = gather + splice = g0 + c*g1; T_splice
-(a fetch sent block by block from the holder's cache, nothing packed) = s0 + c*s1. Where the
+(a fetch sent block by block from the holder's cache, nothing packed) = s0 + c*s1; where the
+sweep also timed attention right after a splice of its chunk (``--in-context``), what a
+fetch's first attention saves on the chunk it has just spliced, per chunk size. Where the
 sweep also timed attention after idle times (``--idle``), what a call pays for starting after
 g of idle, idle_extra * (1 - exp(-g / idle_tau)); where it timed merges after waits
 (``--merge-wait``), what a merge adds after its core waited g for a routed answer,
@@ -242,6 +244,50 @@ def _idle_extras(attn: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     return np.array(gaps), np.array(extras)
 
 
+def _fit_spliced_saving(
+    terms: dict, notes: dict, attn: pd.DataFrame, spliced: pd.DataFrame, boot: int = 200
+) -> None:
+    """spliced_saving: per chunk, attention over pages from memory less the same attention
+    right after a splice of its chunk, each pass's medians paired (launch, round and the
+    timing rank: drift and the two cores' speeds cancel; the sweep times a pair on one
+    rank), the median over passes; the interval from resampling the passes, then each
+    one's samples. A saving whose interval holds 0 is taken as none: on the 2-vCPU VM the
+    passes at 4,096 tokens and more differed by +-1 ms in sign (+586, -1,233, +397 us)
+    where validate's fetch saved nothing it could resolve either."""
+    keys = [k for k in (*PASS_KEYS, "timed_by") if k in attn.columns]
+    cold = {key: g.value.to_numpy(float) for key, g in attn.groupby(keys)}
+    rng = np.random.default_rng(0)
+    points = []
+    for chunk, at_chunk in spliced.groupby("chunk_tokens"):
+        pairs = [
+            (cold[key], g.value.to_numpy(float)) for key, g in at_chunk.groupby(keys) if key in cold
+        ]
+        if not pairs:
+            continue
+        value = np.median([np.median(c) - np.median(h) for c, h in pairs])
+        draws = []
+        for _ in range(boot):
+            passes = rng.integers(len(pairs), size=len(pairs))
+            draws.append(
+                np.median(
+                    [
+                        np.median(rng.choice(c, len(c))) - np.median(rng.choice(h, len(h)))
+                        for c, h in (pairs[i] for i in passes)
+                    ]
+                )
+            )
+        lo, hi = percentile_ci(np.array(draws), value)
+        if lo <= 0 <= hi:  # the passes do not agree on its sign: no saving established
+            value = 0.0
+        points.append((float(chunk), Coef(value * 1e-6, lo * 1e-6, hi * 1e-6, "s")))
+    if points:
+        terms["spliced_saving"] = tuple(points)
+        shown = ", ".join(
+            f"{int(t)}: {c.value * 1e6:.0f} us" if c.value else f"{int(t)}: none" for t, c in points
+        )
+        notes["spliced_saving"] = f"{len(spliced)} samples after a splice ({shown})"
+
+
 def _fit_saturating(gaps: np.ndarray, y: np.ndarray, per: np.ndarray | None = None):
     """Least squares of y = (e0 + per * e1) (1 - exp(-g / tau)) (without ``per``, y = e0 (1
     - exp(-g / tau))), e0, e1 >= 0; y may be negative (differences). Returns (the
@@ -343,7 +389,11 @@ def fit_device(samples: pd.DataFrame, base: Device | None, name: str) -> tuple[D
         measured = measured[~reference]
     if not measured.empty and (~measured["sparse"]).any():
         measured = measured[~measured["sparse"]]
-    terms: dict[str, Coef | None] = {}
+    terms: dict = {}
+    spliced = None
+    if "after_splice_tokens" in measured.columns and (measured.after_splice_tokens > 0).any():
+        spliced = measured[measured.after_splice_tokens > 0]  # a fetch's first attention
+        measured = measured[measured.after_splice_tokens == 0]
 
     def take(kernel):
         rows = measured[measured.kernel == kernel] if not measured.empty else measured
@@ -386,6 +436,8 @@ def fit_device(samples: pd.DataFrame, base: Device | None, name: str) -> tuple[D
         notes["compute"] = (
             f"{len(attn)} samples, {attn['dtype'].iloc[0]}, {attn['model'].iloc[0]}, {len(pieces)} piece(s)"
         )
+        if spliced is not None:
+            _fit_spliced_saving(terms, notes, attn, spliced)
     merge = measured[measured.kernel == "merge"] if not measured.empty else measured
     if len(merge) and merge.rows.nunique() >= 2:
         rp = (merge.rows * merge.heads * merge.partials).to_numpy(float)
@@ -444,6 +496,9 @@ def fit_device(samples: pd.DataFrame, base: Device | None, name: str) -> tuple[D
         terms["move_segments"] = base.move_segments
     if "splice_t0" not in terms and base is not None and base.splice_t0 is not None:
         terms["splice_segments"] = base.splice_segments
+    if "spliced_saving" not in terms and base is not None and base.spliced_saving:
+        terms["spliced_saving"] = base.spliced_saving
+        notes.setdefault("from_base", []).append("spliced_saving")
     for term in missing + [
         "recompute_per_token",
         "recompute_per_token2",

@@ -19,6 +19,7 @@ clocks around asynchronous work. Python's cyclic collector is off while a case i
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -64,6 +65,11 @@ class KernelCase:
     # route's requester polls MPI for its answer; 0: back to back. On this VM a 16-row merge
     # ran 280 us back to back, 330 / 430-570 / 680 us after spinning 2 / 7 / 30 ms.
     wait_us: int = 0
+    # Tokens a splice wrote into the attention's own pages just before each timed call (an
+    # attention only; 0: none). A fetch attends the chunk it has just spliced, partly still
+    # in cache: on this VM's C path 1,024 tokens attended so took 514-595 us where the same
+    # attention over pages from memory took 648-777 us (validate, three pipelines).
+    after_splice: int = 0
 
     @property
     def elem(self) -> int:
@@ -105,8 +111,9 @@ class KernelCase:
         after = f" after {self.after}" if self.after else ""
         idle = f" after {self.idle_us} us idle" if self.idle_us else ""
         wait = f" after a {self.wait_us} us wait" if self.wait_us else ""
+        spliced = " after its splice" if self.after_splice else ""
         return (
-            f"{self.kernel} rows={self.rows} chunk={self.chunk}{after}{idle}{wait} "
+            f"{self.kernel} rows={self.rows} chunk={self.chunk}{after}{idle}{wait}{spliced} "
             f"{kind} {self.dtype}"
         )
 
@@ -342,6 +349,10 @@ def _time_case(case, backend, device, scale, samples, warmups, min_sample_s, see
         return _time_after_idle(case, clock, sets, run, samples, warmups, min_sample_s)
     if case.wait_us:
         return _time_after_wait(case, clock, sets, run, samples, warmups, min_sample_s)
+    if case.after_splice:
+        return _time_after_splice(
+            case, backend, device, clock, sets, run, samples, warmups, min_sample_s
+        )
 
     def call(i):
         run(sets[i % len(sets)])
@@ -375,6 +386,27 @@ def _time_after_attention(case, backend, device, scale, sets, run, samples, warm
         t0 = time.perf_counter()
         run(sets[i % len(sets)])
         return time.perf_counter() - t0
+
+    return _samples_of_timed_calls(timed, samples, warmups, min_s)
+
+
+def _time_after_splice(case, backend, device, clock, sets, run, samples, warmups, min_s):
+    """Each call right after an untimed splice of the chunk into the very pages it attends
+    (from one landing buffer, as a fetch's transfer leaves it), as a fetch's first use runs;
+    only the call is timed (on CUDA: events around it, the splice queued before them)."""
+    splice = get_backend(backend).splice_kv
+    first = sets[0]
+    landing = torch.randn(
+        case.after_splice, case.dim, generator=torch.Generator().manual_seed(17)
+    ).to(dtype=first["cache"].dtype, device=first["cache"].device)
+    on_cpu = torch.device(device).type == "cpu"
+    # the pages each set's attention reads, as the splice takes them (a list on a CPU)
+    pages = [x["indices"].pages.tolist() if on_cpu else x["indices"].pages for x in sets]
+
+    def timed(i: int) -> float:
+        k = i % len(sets)
+        splice(sets[k]["cache"], landing, pages[k], 1024, case.rope_dim, None)
+        return clock.time(lambda _: run(sets[k]), 1)
 
     return _samples_of_timed_calls(timed, samples, warmups, min_s)
 
@@ -485,6 +517,8 @@ def plan_cases(
 ) -> list[KernelCase]:
     """The cases of a sweep. ``in_context``: merge, gather and splice each follow an attention
     over the chunk (a merge then has one case per rows and chunk, its own chunk 0).
+    With ``in_context`` a dense attention at the fewest rows and every chunk is also timed
+    right after a splice of its chunk into its pages, as a fetch's first use attends it.
     ``idle_us``: the attention at the fewest rows and every chunk is also timed after each
     of these idle times (its back-to-back case is the sweep's own). ``merge_wait_us``: the
     merge at every rows is also timed after each of these waits, after nothing else."""
@@ -525,6 +559,7 @@ def plan_cases(
                 for c in chunks
             ]
             continue
+        spliced = kernel == "partial_attention" and in_context and not sparse
         for r in rows if kernel in ("partial_attention", "merge") else [1]:
             merge = kernel == "merge"
             for c in chunks if not merge or in_context else [0]:
@@ -532,6 +567,8 @@ def plan_cases(
                 cases.append(
                     decode_case(kernel, r, 0 if merge else c, sparse and not merge, after=after)
                 )
+                if spliced and r == min(rows):  # right after its twin: a pair close in time
+                    cases.append(decode_case(kernel, r, c, False, after_splice=c))
         if kernel == "partial_attention":
             cases += [
                 decode_case(kernel, min(rows), c, sparse, idle_us=gap)
@@ -545,6 +582,18 @@ def plan_cases(
                 for r in rows
             ]
     return cases
+
+
+def timing_turns(cases: list[KernelCase]) -> list[int]:
+    """The turn that picks each case's timing rank (ranks take turns case by case): its own
+    index, but an attention after a splice takes its back-to-back twin's, so the pair the
+    fit subtracts is timed on one core (this VM's two vCPUs ran one case up to 1.4x apart
+    in a launch, more than the saving measured)."""
+    index = {case: i for i, case in enumerate(cases)}
+    return [
+        index.get(dataclasses.replace(case, after_splice=0), i) if case.after_splice else i
+        for i, case in enumerate(cases)
+    ]
 
 
 def default_device() -> str:
@@ -582,6 +631,7 @@ def sample_rows(
             "after_tokens": case.after,
             "idle_us": case.idle_us,
             "wait_us": case.wait_us,
+            "after_splice_tokens": case.after_splice,
         }
         for i, (calls, warm, seconds) in enumerate(timings)
     ]
@@ -610,6 +660,7 @@ def ceiling_rows(ceilings: dict, run_id: str, backend: str, device: str, dtype: 
         "after_tokens": 0,
         "idle_us": 0,
         "wait_us": 0,
+        "after_splice_tokens": 0,
     }
     n = ceilings["matmul_n"]
     return [

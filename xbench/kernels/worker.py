@@ -97,6 +97,7 @@ def run_sweep(cfg: SweepConfig, sink, comm=None) -> None:
         plan_cases,
         sample_rows,
         time_case,
+        timing_turns,
     )
     from xbench.results.metadata import run_metadata
     from xbench.results.schema import KERNEL_SAMPLES
@@ -121,6 +122,7 @@ def run_sweep(cfg: SweepConfig, sink, comm=None) -> None:
         idle_us=cfg.idle_us,
         merge_wait_us=cfg.merge_wait_us,
     )
+    turns = timing_turns(cases)
     store = None
     if rank == 0:
         extra = {}
@@ -171,7 +173,7 @@ def run_sweep(cfg: SweepConfig, sink, comm=None) -> None:
             sink.case_started(step, label)
         # Cases alternate the timing rank, so each shape is timed from both cores over the
         # rounds; the other rank waits in the broadcast below, as validate's peer waits.
-        timer = (index + round_ + cfg.process_run) % size
+        timer = (turns[index] + round_ + cfg.process_run) % size
         rows = None
         if rank == timer:
             timings = time_case(

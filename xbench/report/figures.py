@@ -75,8 +75,11 @@ def roofline_figure(summary: pd.DataFrame, ceilings: dict) -> plt.Figure | None:
     """The kernel sweep against the device's ceilings: attained FLOP/s against arithmetic
     intensity, with the measured copy bandwidth and matmul rate as the roof."""
     rows = summary[(summary.kernel == "partial_attention") & (summary.flops > 0)]
-    if "idle_us" in rows:  # the roofline is of calls back to back, not after idle
-        rows = rows[rows.idle_us == 0]
+    # the roofline is of calls back to back from memory, not after idle nor on a chunk that
+    # a splice has just left in cache
+    for column in ("idle_us", "after_splice_tokens"):
+        if column in rows:
+            rows = rows[rows[column] == 0]
     if rows.empty or not ceilings:
         return None
     intensity = rows.flops / rows.bytes_moved

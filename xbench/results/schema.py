@@ -45,6 +45,9 @@ kernel_samples v4: adds ``idle_us``, the microseconds the device idled before ea
 kernel_samples v5: adds ``wait_us``, the microseconds the timing thread spun before each
     timed call (``xbench kernel --merge-wait``: a merge as a route's requester runs it, after
     polling MPI for the answer); v4 files read as 0 (back to back).
+kernel_samples v6: adds ``after_splice_tokens``, the tokens a splice wrote into an
+    attention's own pages just before each timed call (``--in-context``: as a fetch's first
+    use attends the chunk it has just spliced); v5 files read as 0 (none).
 validate_samples v2: adds ``requester``, the rank that asked (and timed) the sample (the
     ranks take turns), and ``round`` as in kernel_samples; v1 files read as 0 and 0.
 """
@@ -128,6 +131,8 @@ KERNEL_SAMPLES_SCHEMA = pa.schema(
         pa.field("idle_us", pa.int32(), nullable=False),
         # v5: microseconds spent waiting (spinning) before each timed call (0: back to back)
         pa.field("wait_us", pa.int32(), nullable=False),
+        # v6: tokens spliced into the attention's own pages before each timed call (0: none)
+        pa.field("after_splice_tokens", pa.int32(), nullable=False),
     ]
 )
 
@@ -163,6 +168,7 @@ KERNEL_CASE_KEYS = [
     "after_tokens",
     "idle_us",
     "wait_us",
+    "after_splice_tokens",
     "sparse",
     "partials",
     "bytes_moved",
@@ -383,7 +389,7 @@ SCHEMAS = {
 }
 SCHEMA_VERSIONS = {
     PROBE_SAMPLES: 2,
-    KERNEL_SAMPLES: 5,
+    KERNEL_SAMPLES: 6,
     VALIDATE_SAMPLES: 4,
     DECISIONS: 2,
     VALIDATE_SUMMARY: 2,
@@ -459,6 +465,7 @@ MIGRATIONS: dict[str, dict[int, object]] = {
         ),  # v2: one launch, back to back
         3: _added_int_columns(idle_us=0),  # v3: no call after idle
         4: _added_int_columns(wait_us=0),  # v4: no call after a wait
+        5: _added_int_columns(after_splice_tokens=0),  # v5: no attention after a splice
     },
     VALIDATE_SUMMARY: {1: _added_summary_phase_columns},  # v1: no phases
     SIMULATION_VALIDATION: {

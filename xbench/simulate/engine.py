@@ -181,6 +181,8 @@ class _Costs:
         self.s_q, self.s_o = rh * w.payload_bytes, rh * w.return_bytes
         self.s_kv = w.chunk_tokens * w.kv_bytes_per_token
         self.attend = d.compute(rh, w.chunk_tokens)
+        # a fetch's first attention, on the chunk it has just spliced (partly in cache)
+        self.fetch_attend = self.attend - d.saved_on_splice(w.chunk_tokens)
         self.merge = d.merge(rh, 2, w.chunk_tokens)
         self.move = d.move(w.chunk_tokens, w.segments)
         # where the move runs on the compute (move_on_compute): the splice at the requester
@@ -241,7 +243,7 @@ class _Costs:
             + self.back_fly
             + self.route_merge
         )
-        fetch = self.kv_occ + self.kv_fly + self.move + self.attend + self.merge
+        fetch = self.kv_occ + self.kv_fly + self.move + self.fetch_attend + self.merge
         return {"route": route, "fetch": fetch, "local": self.recompute + self.attend}
 
 
@@ -362,14 +364,14 @@ def _predicate(
     route = per_use["route"] + link_me + wait_holder + wait_me + after_idle(idle_holder)
     route += lam * (wait_holder + holder_adds) * holder_adds + route_later
     first = link_holder + costs.fetch_once
-    here = costs.attend
+    here = costs.fetch_attend
     if costs.w.move_on_compute:  # the gather queues at the holder's compute, and loads it
         first += wait_holder
         fetch = lam * (wait_holder + costs.gather) * costs.gather
         here += costs.splice
     else:
         fetch = 0.0
-    fetch += first * (1 + joiners / 2) + costs.merge + wait_me + costs.attend
+    fetch += first * (1 + joiners / 2) + costs.merge + wait_me + costs.fetch_attend
     fetch += after_idle(idle_me + first) if idle_me else 0.0
     fetch += later * (costs.attend_here + queue_me)
     fetch += lam * (wait_me + here) * here
@@ -681,14 +683,14 @@ def simulate(
         elif step == "back":
             to_compute(i, ("done", r, costs.merge), now)
         elif step == "kv" and w.move_on_compute:  # splice, attend, merge on the compute
-            to_compute(i, ("fetched", r, costs.splice + costs.attend + costs.merge), now)
+            to_compute(i, ("fetched", r, costs.splice + costs.fetch_attend + costs.merge), now)
         elif step == "kv":  # the chunk arrived: T_move (gather + splice) is a delay on this
             # path, not a load on the requester's compute: the study's 3 ms is its software
             # stack; a splice kernel is microseconds and runs beside attention
             seq += 1
             push(events, (now + costs.move, seq, READY_C, i, ("moved", r)))
         else:  # moved into the cache: attend and merge here; keep it for later uses
-            to_compute(i, ("fetched", r, costs.attend + costs.merge), now)
+            to_compute(i, ("fetched", r, costs.fetch_attend + costs.merge), now)
 
     # Arrivals are already in time order: they are merged with the heap of the events they
     # cause instead of being pushed onto it (a million fewer heap operations per million).
