@@ -736,6 +736,51 @@ def test_the_replay_sees_at_once_a_message_that_came_while_it_computed(tmp_path)
     assert r.stdout.split() == ["seen"] * 6
 
 
+def test_the_replay_gathers_a_fetched_chunk_into_a_staging_buffer_it_sends_from():
+    """Built by the replay's code on one real rank (MPI_COMM_SELF): a gather packs the
+    request's number and then exactly the chunk's tokens into one of the buffers made
+    before the clock (the copy the sweep timed, no second one into a packet), the buffer is
+    sent as it is, and it goes back to the pool once the send completes."""
+    code = """
+import json, numpy as np, torch
+from mpi4py import MPI
+from xbench.kernels import gather_kv
+from xbench.simulate.replay import Instance, ReplayConfig, KV
+cfg = ReplayConfig(out_dir="-", run_id="-", policy="fetch", arrival=[0.0, 0.0],
+                   requester=[1, 1], chunk=[2, 4], chunk_tokens=256)
+me = Instance(cfg, MPI.COMM_SELF)
+made = {b.ctypes.data for b in me.staging}
+buf = me.staged_gather(7, 4)
+first = len(me.staging)
+me.send(buf, 0, KV, me.staging)
+got = np.empty(buf.size, np.uint8)
+MPI.COMM_SELF.Recv(got, source=0, tag=KV)
+while me.sends:
+    me.reap()
+tokens = torch.from_numpy(got[8:]).view(torch.bfloat16).view(256, cfg.dim)
+print(json.dumps({
+    "from_pool": buf.ctypes.data in made, "left": first, "back": len(me.staging),
+    "request": int(got[:8].view(np.int64)[0]),
+    "tokens": bool(torch.equal(tokens, gather_kv(me.home[4], me.sel))),
+    "other_chunk": bool(torch.equal(tokens, gather_kv(me.home[2], me.sel))),
+}))
+"""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got == {
+        "from_pool": True,
+        "left": 3,
+        "back": 4,
+        "request": 7,
+        "tokens": True,
+        "other_chunk": False,
+    }
+
+
 def test_validate_replays_the_trace_between_two_ranks(xbench, tmp_path):
     scenario = tmp_path / "small.toml"
     scenario.write_text(
