@@ -805,7 +805,7 @@ def test_validate_replays_the_trace_between_two_ranks(xbench, tmp_path):
         out,
     )
     assert r.returncode == 0, r.stderr
-    assert "floor" in r.stdout and "more replays" in " ".join(r.stdout.split())  # the table
+    assert "floor" in r.stdout and "over 2 rounds" in " ".join(r.stdout.split())  # the table
     assert "not fitted on CPU kernels" in r.stderr  # the priors: a warning, not a refusal
     from xbench.results.schema import SIMULATION_VALIDATION
 
@@ -835,17 +835,27 @@ def test_validate_replays_the_trace_between_two_ranks(xbench, tmp_path):
     # a stable replay keeps up with its arrivals: throughput near the offered rate
     assert ((frame.measured_throughput_per_s > 100) & (frame.measured_throughput_per_s < 400)).all()
     assert (frame.routed_instead[frame.policy != "predicate"] == 0).all()
-    # the floor: the trace's second replay against its first, the same on each costs row
-    assert (frame.replays == 2).all()
+    # two rounds, each a calibration replay and then the trace's: measured is the median
+    # of the trace's two replays, the floor how far each landed from it, on each costs row
+    assert (frame.replays == 2).all() and (frame.central == "median").all()
+    names = {p.name for p in replays.iterdir()}
     for policy, rows in frame.groupby("policy"):
-        first, again = (
+        assert f"replay-calibrate-{policy}-again-2.json" in names
+        runs = [
             np.array(json.loads((replays / f"replay-{name}.json").read_text())["latency"])
             for name in (policy, f"{policy}-again-2")
-        )
+        ]
         for stat, q in (("p50_us", 50), ("p99_us", 99)):
-            expected = abs(np.percentile(again, q) / np.percentile(first, q) - 1)
+            each = np.array([np.percentile(run, q) * 1e6 for run in runs])
+            middle = np.median(each)
+            assert rows[f"measured_{stat}"].to_numpy() == pytest.approx([middle] * 3)
+            expected = np.abs(each / middle - 1).max()
             assert rows[f"floor_{stat}"].to_numpy() == pytest.approx([expected] * 3)
         assert (rows.floor_throughput_per_s >= 0).all() and rows.floor_mean_us.notna().all()
+    for both in by_policy.values():  # each round's factors kept, the table's are medians
+        assert len(both["rounds"]) == 2
+        attention = [r["calibrated"]["attention"] for r in both["rounds"]]
+        assert both["calibrated"]["attention"] == pytest.approx(np.median(attention))
     r = xbench("simulate", SCENARIOS[0], "--validate", "--profile", "h100-priors")
     assert r.returncode == 2 and "no local fabric (shm)" in r.stderr
     span = [s for s in SCENARIOS if s.stem == "span-fanout"][0]

@@ -226,14 +226,15 @@ def _simulation_validation_row(costs: str, replays: int) -> dict:
     row = {"policy": "route", "costs": costs, "requests": 10, "rate_per_s": 5.0}
     kinds = ("simulated", "measured", "error", "floor")
     row.update({f"{kind}_{stat}": 1.0 for stat in SIM_STATS for kind in kinds})
-    return {**row, "routed_instead": 0, "replays": replays}
+    central = "median" if replays > 1 else "one"
+    return {**row, "routed_instead": 0, "replays": replays, "central": central}
 
 
 def test_simulation_validation_v1_files_read_as_the_profiles_costs(tmp_path):
     table = schema.SIMULATION_VALIDATION
     row = _simulation_validation_row("calibrated", 1)
     path = write_table(tmp_path / "v.parquet", table, [row], {"run_id": "v"})
-    old = _as_version(path, 1, tmp_path / "v1.parquet", ("costs", "replays", *FLOORS))
+    old = _as_version(path, 1, tmp_path / "v1.parquet", ("costs", "replays", *FLOORS, "central"))
     assert read_table([old, path], table).costs.tolist() == ["profile", "calibrated"]
 
 
@@ -242,10 +243,19 @@ def test_simulation_validation_v2_files_read_as_one_replay_without_a_floor(tmp_p
     path = write_table(
         tmp_path / "v.parquet", table, [_simulation_validation_row("profile", 3)], {"run_id": "v"}
     )
-    old = _as_version(path, 2, tmp_path / "v2.parquet", ("replays", *FLOORS))
+    old = _as_version(path, 2, tmp_path / "v2.parquet", ("replays", *FLOORS, "central"))
     frame = read_table([old, path], table)
     assert frame.replays.tolist() == [1, 3]
     assert frame.floor_p99_us.isna().tolist() == [True, False]
+
+
+def test_simulation_validation_v3_files_read_as_the_first_replay_compared(tmp_path):
+    table = schema.SIMULATION_VALIDATION
+    rows = [_simulation_validation_row("profile", n) for n in (1, 3)]
+    path = write_table(tmp_path / "v.parquet", table, rows, {"run_id": "v"})
+    old = _as_version(path, 3, tmp_path / "v3.parquet", ("central",))
+    frame = read_table([old, path], table)
+    assert frame.central.tolist() == ["one", "first", "one", "median"]
 
 
 def test_comparison_v1_files_read_without_a_detectable_change(tmp_path):

@@ -63,8 +63,9 @@ def simulate(
         int,
         typer.Option(
             min=1,
-            help="--validate: replays of the validated trace per policy; from 2 on the table "
-            "shows how far the others landed from the first (the machine against itself).",
+            help="--validate: rounds per policy, each a calibration replay then the trace's; "
+            "from 2 on the table compares medians over rounds and shows how far the replays "
+            "landed from theirs (the machine against itself).",
         ),
     ] = 1,
     out: Annotated[
@@ -403,19 +404,20 @@ def _validation_table(frame, spec, w, n: int, out_dir, calibration: dict, idle) 
     table = result_table(
         f"xbench simulate --validate: {spec['name']} on 2 instances ({n:,} requests, "
         f"{w.chunks} chunks, {w.rate_per_s:,.0f}/s)",
-        f"{out_dir}  |  sim: the simulation of the trace, with the profile's costs, "
+        f"{out_dir}  |  p50, p99: the simulation of the trace, with the profile's costs, "
         "those a replay of the policy on another trace measured just before (calibrated), "
         "or those this replay "
         "measured (own costs: the simulator's own error); real: the trace replayed "
-        "between two local ranks; err: sim / real - 1"
+        "between two local ranks; err: p50 / real - 1, and so on (req/s: throughput's)"
         + (
-            f"; floor: the largest |again / real - 1| over {replays - 1} more replays of the "
-            "trace (an err inside it is the machine's)"
+            f"; over {replays} rounds (a calibration replay, then the trace's) both "
+            "are medians; floor: the largest |replay / real - 1| (an err inside it is the "
+            "machine's)"
             if replays > 1
             else ""
         ),
     )
-    columns = ["policy", "p50 sim", "real", "err", "p99 sim", "real ", "err ", "req/s err"]
+    columns = ["policy", "p50", "real", "err", "p99", "real ", "err ", "req/s"]
     if replays > 1:
         columns[4:4] = ["floor"]
         columns.insert(8, "floor ")
@@ -443,12 +445,14 @@ def _validation_table(frame, spec, w, n: int, out_dir, calibration: dict, idle) 
         )
     console.print(table)
     by_policy = calibration.get("by_policy", {})
-    if not any(v for both in by_policy.values() for v in both.values()):
+    if not any(both.get(k) for both in by_policy.values() for k in ("calibrated", "replayed")):
         return
     costs = result_table(
         "measured costs against the profile's",
         f"calibrated: a replay of the same policy on another trace ({calibration['requests']:,} "
-        "requests) just before; own: the validated replay's; attention: back-to-back calls "
+        "requests) just before; own: the validated replay's"
+        + ("; medians over rounds" if replays > 1 else "")
+        + "; attention: back-to-back calls "
         "(their spread: robust sd); after idle: what a call adds after a long idle (the "
         f"profile's {'-' if idle is None else f'{num(idle.value * 1e6)} us'})"
         "; per item: core time to take an arrival or message in",
@@ -465,7 +469,8 @@ def _validation_table(frame, spec, w, n: int, out_dir, calibration: dict, idle) 
     ):
         costs.add_column(col, justify="left" if col in ("policy", "costs") else "right")
     for policy, both in by_policy.items():
-        for kind, c in both.items():
+        for kind in ("calibrated", "replayed"):
+            c = both.get(kind)
             if c is None:
                 continue
             costs.add_row(

@@ -32,6 +32,11 @@ validate_summary v2: adds, per phase, ``measured_<phase>_us`` and ``predicted_<p
 simulation v1: first version, written by ``xbench simulate --out``.
 simulation_validation v2: adds ``costs``: each policy simulated with the profile's costs
     and with those a calibration replay measured (v1 files read as the profile's).
+simulation_validation v3: adds ``replays`` and ``floor_*``: the validated trace replayed
+    several times in a row, the first compared, the others' largest distance from it.
+simulation_validation v4: adds ``central``: ``--replays N`` runs N rounds (a calibration
+    replay, then the trace's) and compares medians over them ("median"; "one" for a single
+    round); v3 files read as "first" (several replays) or "one".
 comparison v1: first version, written by ``xbench compare --out`` and ``xbench check``.
 validate_samples v3: adds ``segments``, the messages a fetch sent.
 validate_samples v4: adds ``process_run`` (``xbench validate --runs N``) and the sample's
@@ -373,6 +378,11 @@ SIMULATION_VALIDATION_SCHEMA = pa.schema(
         # (the largest |again / measured - 1|; null with one replay): the method's floor
         pa.field("replays", pa.int32(), nullable=False),
         *[pa.field(f"floor_{stat}", pa.float64()) for stat in REPLAY_STATS],
+        # v4: what measured and simulated are: "one" round's replay, the "median" over
+        # rounds (each a calibration replay, then the trace's; floor: the largest
+        # |replay / median - 1|), or the "first" of several replays in a row (v3, floor:
+        # the largest |again / first - 1|)
+        pa.field("central", pa.string(), nullable=False),
     ]
 )
 
@@ -396,7 +406,7 @@ SCHEMA_VERSIONS = {
     COMPARISON: 2,
     SIMULATION: 1,
     PREFILL_SIMULATION: 1,
-    SIMULATION_VALIDATION: 3,
+    SIMULATION_VALIDATION: 4,
 }
 
 
@@ -441,6 +451,15 @@ def _added_floor_columns(table: pa.Table) -> pa.Table:
     return table
 
 
+def _added_central_column(table: pa.Table) -> pa.Table:
+    """v3 compared the first of its replays (the only one where it had one)."""
+    replays = table.column("replays").to_pylist()
+    return table.append_column(
+        pa.field("central", pa.string(), nullable=False),
+        pa.array(["first" if n > 1 else "one" for n in replays], pa.string()),
+    )
+
+
 # MIGRATIONS[table][v] turns a pyarrow.Table of version v into version v + 1.
 def _added_int_columns(**defaults: int):
     """A migration for a version that added int32 columns: older rows held these values."""
@@ -471,6 +490,7 @@ MIGRATIONS: dict[str, dict[int, object]] = {
     SIMULATION_VALIDATION: {
         1: _added_costs_column,  # v1: the profile's costs only
         2: _added_floor_columns,  # v2: one replay of the validated trace
+        3: _added_central_column,  # v3: the first replay compared
     },
     COMPARISON: {1: _added_sensitivity_columns},  # v1: no detectable change
     VALIDATE_SAMPLES: {

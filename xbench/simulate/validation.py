@@ -3,12 +3,13 @@
 A decode scenario's workload, scaled to two instances (two local ranks, each on its own
 core), is simulated with the profile and replayed between the ranks (``replay``), policy by
 policy, on one trace; the result is each policy's p50, p99, mean and throughput, simulated
-and measured, with their errors. Each policy is simulated twice: with the profile's costs,
-with the costs a calibration replay of another trace measured (``calibration``), and with
-the costs the validated replay itself measured: the last is no prediction but the
+and measured, with their errors. Each policy is simulated three ways: with the profile's
+costs, with the costs a calibration replay of another trace measured (``calibration``), and
+with the costs the validated replay itself measured: the last is no prediction but the
 simulator's own error (its queueing, batching, cache and links given the true costs),
 which tells it from the error of the costs it was given and from the machine's drift
-between replays a minute apart (10-30 % on a shared VM). The profile must
+between replays a minute apart (10-30 % on a shared VM). With several rounds (a calibration
+replay, then the trace's) the figures compared are medians over rounds. The profile must
 have been fitted here (CPU kernels, the local fabric): the simulation then runs T_move on
 the compute, as the ranks do.
 """
@@ -52,6 +53,22 @@ def _stats(latency: np.ndarray, arrival: np.ndarray) -> dict:
     }
 
 
+def _median_stats(runs: list[dict]) -> dict:
+    """Each statistic's median over rounds."""
+    return {key: float(np.median([run[key] for run in runs])) for key in runs[0]}
+
+
+def _median_factors(found: list[dict]) -> dict | None:
+    """Each calibration factor's median over rounds (None where no round found one)."""
+    if not found:
+        return None
+    out = {}
+    for key in found[0]:
+        values = [f[key] for f in found if f[key] is not None]
+        out[key] = float(np.median(values)) if values else None
+    return out
+
+
 def _simulate(calibration, w: Workload, trace, policy: str, decisions):
     """The trace simulated with a calibration's costs, its calls varying as measured."""
     return simulate(
@@ -81,9 +98,10 @@ def validate_by_replay(
     same policy on another trace measured just before (calibrated) and those the replay
     itself measured (replayed); and both calibrations' factors per policy.
     ``launch(config_path, label)`` runs ``xbench.simulate.replay`` on two ranks.
-    ``replays`` > 1: the trace is replayed that many times in a row, the first measured
-    and compared; ``floor_*`` holds how far the others landed from it (the largest
-    |again / measured - 1|), the error the machine makes against itself."""
+    ``replays`` rounds each replay the calibration trace and then the trace; measured and
+    simulated (calibrated and own costs) are the medians over rounds, and ``floor_*`` holds
+    how far the rounds' replays landed from their median (the largest |replay / median - 1|;
+    NaN with one round), the error the machine makes against itself."""
     from xbench.simulate.calibration import calibrate
     from xbench.simulate.replay import ReplayConfig
 
@@ -123,38 +141,59 @@ def validate_by_replay(
             return None
 
     # another trace (seed + 1), so nothing validated is fitted to, replayed right before
-    # each policy's own (these VMs drift 10-30 % within a minute), as long as it: the tail
-    # is rare slow calls, and a replay half as long sampled too few (calibrated p99 within
-    # 20 % of measured in 2 of 9 cells, against 7 of 9; docs/measurements.md, session 15)
+    # each replay of the policy's own (these VMs drift 10-30 % within a minute), as long as
+    # it: the tail is rare slow calls, and a replay half as long sampled too few (calibrated
+    # p99 within 20 % of measured in 2 of 9 cells, against 7 of 9; docs/measurements.md,
+    # session 15)
     calibration_trace = make_trace(w, max(CALIBRATION_LEAST, requests), seed + 1)
     trace = make_trace(w, requests, seed)
     arrival = trace.arrival - trace.arrival[0]
     rows = []
     factors: dict = {"requests": len(calibration_trace), "by_policy": {}}
     for policy in policies:
-        label = f"calibrate-{policy}"
         _, calibration_decisions = simulated(calibration_trace, policy)
-        before = replay(label, policy, calibration_trace, calibration_decisions or ())
-        calibrated = calibrated_by(before, "calibrated")
         result, decisions = simulated(trace, policy)
-        measured = replay(policy, policy, trace, decisions or ())
-        own = calibrated_by(measured, "own")
-        real = _stats(np.asarray(measured["latency"]), arrival)
-        floor = dict.fromkeys(real, math.nan)
-        for k in range(2, replays + 1):  # the same trace again: the machine against itself
-            again = replay(f"{policy}-again-{k}", policy, trace, decisions or ())
-            for key, value in _stats(np.asarray(again["latency"]), arrival).items():
-                floor[key] = np.fmax(floor[key], abs(value / real[key] - 1))
-        sims = [("profile", result)]
-        for costs, calibration in (("calibrated", calibrated), ("replayed", own)):
-            if calibration is not None:
-                sims.append((costs, _simulate(calibration, w, trace, policy, decisions)))
-        factors["by_policy"][policy] = {
-            "calibrated": calibrated.factors if calibrated is not None else None,
-            "replayed": own.factors if own is not None else None,
+        # round by round, a calibration replay and then the trace's: a core of these VMs
+        # runs 1.3-1.7x slower for seconds at a time, so one replay's p99 is one draw of
+        # where those spells fell; the medians over rounds compare typical with typical
+        real_runs: list[dict] = []
+        sims: dict = {"calibrated": [], "replayed": []}
+        rounds = []
+        routed_instead = 0  # the most uses a round's replay could not follow
+        for k in range(1, replays + 1):
+            again = "" if k == 1 else f"-again-{k}"
+            before = replay(
+                f"calibrate-{policy}{again}", policy, calibration_trace, calibration_decisions or ()
+            )
+            measured = replay(f"{policy}{again}", policy, trace, decisions or ())
+            real_runs.append(_stats(np.asarray(measured["latency"]), arrival))
+            routed_instead = max(routed_instead, measured["routed_instead"])
+            found = {
+                "calibrated": calibrated_by(before, "calibrated"),
+                "replayed": calibrated_by(measured, "own"),
+            }
+            for costs, calibration in found.items():
+                if calibration is not None:
+                    sim = _simulate(calibration, w, trace, policy, decisions)
+                    sims[costs].append(_stats(sim.latency, arrival))
+            rounds.append({c: v.factors if v is not None else None for c, v in found.items()})
+        real = _median_stats(real_runs)
+        floor = {
+            key: (
+                max(abs(run[key] / real[key] - 1) for run in real_runs)
+                if len(real_runs) > 1
+                else math.nan
+            )
+            for key in real
         }
-        for costs, sim_result in sims:
-            sim = _stats(sim_result.latency, arrival)
+        factors["by_policy"][policy] = {
+            costs: _median_factors([r[costs] for r in rounds if r[costs] is not None])
+            for costs in ("calibrated", "replayed")
+        }
+        factors["by_policy"][policy]["rounds"] = rounds
+        compared = [("profile", _stats(result.latency, arrival))]
+        compared += [(costs, _median_stats(runs)) for costs, runs in sims.items() if runs]
+        for costs, sim in compared:
             row = {
                 "policy": policy,
                 "costs": costs,
@@ -165,8 +204,9 @@ def validate_by_replay(
                 row[f"simulated_{key}"] = sim[key]
                 row[f"measured_{key}"] = real[key]
                 row[f"error_{key}"] = sim[key] / real[key] - 1
-            row["routed_instead"] = measured["routed_instead"]
+            row["routed_instead"] = routed_instead
             row["replays"] = replays
+            row["central"] = "median" if replays > 1 else "one"
             row.update({f"floor_{key}": value for key, value in floor.items()})
             rows.append(row)
     return pd.DataFrame(rows), factors
