@@ -856,6 +856,13 @@ def test_validate_replays_the_trace_between_two_ranks(xbench, tmp_path):
         assert len(both["rounds"]) == 2
         attention = [r["calibrated"]["attention"] for r in both["rounds"]]
         assert both["calibrated"]["attention"] == pytest.approx(np.median(attention))
+    # xbench report draws it: replays with their floors, the simulations as markers
+    from test_report import coloured_share
+
+    r = xbench("report", out, "--out", tmp_path / "report")
+    assert r.returncode == 0, r.stderr
+    (png,) = (tmp_path / "report").glob("validation-*.png")
+    assert coloured_share(png) > 0.0005
     r = xbench("simulate", SCENARIOS[0], "--validate", "--profile", "h100-priors")
     assert r.returncode == 2 and "no local fabric (shm)" in r.stderr
     span = [s for s in SCENARIOS if s.stem == "span-fanout"][0]

@@ -40,12 +40,12 @@ def _kind(path: Path) -> str:
             table = (pq.read_schema(path).metadata or {}).get(b"xbench.table", b"").decode()
         except Exception:  # noqa: BLE001 - any unreadable file is reported below
             table = ""
-        if table in ("comparison", "simulation", "prefill_simulation"):
+        if table in ("comparison", "simulation", "prefill_simulation", "simulation_validation"):
             return table
     raise XbenchError(
         f"{path} is not something xbench report draws",
         "pass probe, kernel or validate run directories, a profile .toml, or a comparison or "
-        "simulation .parquet (xbench simulate --out)",
+        "simulation .parquet (xbench simulate --out, with or without --validate)",
     )
 
 
@@ -59,6 +59,7 @@ def build(paths, out_dir: Path, heads: int = 16) -> list[Figure]:
         PREFILL_SIMULATION,
         PROBE_SAMPLES,
         SIMULATION,
+        SIMULATION_VALIDATION,
         VALIDATE_SUMMARY,
     )
     from xbench.results.store import ensure_writable_dir, read_table
@@ -105,6 +106,13 @@ def build(paths, out_dir: Path, heads: int = 16) -> list[Figure]:
         elif kind == "simulation":
             frame = read_table([path], SIMULATION)
             save(figures.simulation_figure(frame), f"simulate-{tag}", f"Simulation ({path})")
+        elif kind == "simulation_validation":
+            frame = read_table([path], SIMULATION_VALIDATION)
+            save(
+                figures.simulation_validation_figure(frame),
+                f"validation-{tag}",
+                f"Simulated against replayed ({path})",
+            )
         elif kind == "prefill_simulation":
             frame = read_table([path], PREFILL_SIMULATION)
             save(figures.prefill_figure(frame), f"prefill-{tag}", f"Prefill offload ({path})")

@@ -244,6 +244,65 @@ def simulation_figure(frame: pd.DataFrame) -> plt.Figure | None:
     return fig
 
 
+VALIDATION_MARKERS = {
+    "profile": ("o", "#7f7f7f"),
+    "calibrated": ("s", "#9467bd"),
+    "replayed": ("D", "#d62728"),
+}
+VALIDATION_LABELS = {"profile": "profile", "calibrated": "calibrated", "replayed": "own costs"}
+
+
+def simulation_validation_figure(frame: pd.DataFrame) -> plt.Figure | None:
+    """``simulate --validate``: per policy and statistic (p50, p99), the replay's latency
+    as a bar with the machine's floor as its error bar and the 10 % band around it, and the
+    simulations (profile, calibrated, own costs) as markers on it."""
+    if frame.empty:
+        return None
+    policies = list(dict.fromkeys(frame.policy))
+    y = np.arange(len(policies))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 0.7 * len(policies) + 2.5))
+    for ax, stat in zip(axes, ("p50", "p99"), strict=True):
+        measured = frame.groupby("policy", sort=False)[f"measured_{stat}_us"].first()[policies]
+        floor = frame.groupby("policy", sort=False)[f"floor_{stat}_us"].first()[policies]
+        real = measured.to_numpy() / 1e3
+        spread = np.nan_to_num(floor.to_numpy()) * real
+        ax.barh(y, real, height=0.5, color="#c7c7c7", xerr=spread, capsize=3, label="replay")
+        for i, value in enumerate(real):
+            ax.fill_betweenx(
+                [i - 0.3, i + 0.3],
+                0.9 * value,
+                1.1 * value,
+                color="#2ca02c",
+                alpha=0.15,
+                lw=0,
+                label="within 10 %" if i == 0 else None,
+            )
+        for costs, (marker, colour) in VALIDATION_MARKERS.items():
+            rows = frame[frame.costs == costs].set_index("policy")
+            if rows.empty:
+                continue
+            at = [policies.index(p) for p in rows.index]
+            ax.plot(
+                rows[f"simulated_{stat}_us"] / 1e3,
+                at,
+                marker,
+                color=colour,
+                ms=7,
+                ls="none",
+                label=VALIDATION_LABELS[costs],
+            )
+        ax.set_yticks(y, policies)
+        ax.set_xlabel(f"{stat} latency, ms")
+        ax.grid(True, axis="x", alpha=0.3)
+    handles, labels = axes[0].get_legend_handles_labels()  # one legend, below the panels
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8)
+    replays = int(frame.replays.iloc[0])
+    how = f"medians of {replays} rounds, error bar: the floor" if replays > 1 else "one round"
+    fig.suptitle(f"Simulated against replayed ({how})")
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    return fig
+
+
 PREFILL_COLOURS = {"local": "#2ca02c", "offload": "#8c564b", "predicate": "#9467bd"}
 
 
