@@ -141,14 +141,17 @@ class Instance:
 
         np, torch = self.np, self.torch
         buf = self.staging.pop() if self.staging else np.empty(8 + self.chunk_bytes, np.uint8)
-        buf[:8] = np.array([r], dtype=np.int64).view(np.uint8)
+        buf[:8] = self.head(r)
         tokens = torch.from_numpy(buf[8:]).view(torch.bfloat16).view(-1, self.cfg.dim)
         gather_kv(self.home[k], self.sel, out=tokens)
         return buf
 
+    def head(self, r: int):
+        """A message's first 8 bytes: the request it belongs to."""
+        return self.np.array([r], dtype=self.np.int64).view(self.np.uint8)
+
     def packet(self, r: int, body) -> object:
-        head = self.np.array([r], dtype=self.np.int64).view(self.np.uint8)
-        return self.np.concatenate([head, body.reshape(-1)])
+        return self.np.concatenate([self.head(r), body.reshape(-1)])
 
     def query(self, r: int):
         """Request r's query rows."""

@@ -53,13 +53,9 @@ def _stats(latency: np.ndarray, arrival: np.ndarray) -> dict:
     }
 
 
-def _median_stats(runs: list[dict]) -> dict:
-    """Each statistic's median over rounds."""
-    return {key: float(np.median([run[key] for run in runs])) for key in runs[0]}
-
-
-def _median_factors(found: list[dict]) -> dict | None:
-    """Each calibration factor's median over rounds (None where no round found one)."""
+def _medians(found: list[dict]) -> dict | None:
+    """Each key's median over rounds, of the rounds that have a value for it (None where
+    none has, or where no round found anything)."""
     if not found:
         return None
     out = {}
@@ -177,7 +173,7 @@ def validate_by_replay(
                     sim = _simulate(calibration, w, trace, policy, decisions)
                     sims[costs].append(_stats(sim.latency, arrival))
             rounds.append({c: v.factors if v is not None else None for c, v in found.items()})
-        real = _median_stats(real_runs)
+        real = _medians(real_runs)
         floor = {
             key: (
                 max(abs(run[key] / real[key] - 1) for run in real_runs)
@@ -187,12 +183,12 @@ def validate_by_replay(
             for key in real
         }
         factors["by_policy"][policy] = {
-            costs: _median_factors([r[costs] for r in rounds if r[costs] is not None])
+            costs: _medians([r[costs] for r in rounds if r[costs] is not None])
             for costs in ("calibrated", "replayed")
         }
         factors["by_policy"][policy]["rounds"] = rounds
         compared = [("profile", _stats(result.latency, arrival))]
-        compared += [(costs, _median_stats(runs)) for costs, runs in sims.items() if runs]
+        compared += [(costs, _medians(runs)) for costs, runs in sims.items() if runs]
         for costs, sim in compared:
             row = {
                 "policy": policy,
