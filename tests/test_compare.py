@@ -13,7 +13,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from xbench.compare import EXIT_NOT_COMPARABLE, EXIT_REGRESSION, Gates, compare_frames
+from xbench.compare import (
+    EXIT_INCOMPLETE,
+    EXIT_NOT_COMPARABLE,
+    EXIT_REGRESSION,
+    Gates,
+    compare_frames,
+)
 from xbench.results.schema import COMPARISON, PROBE_SAMPLES
 from xbench.results.store import read_run_meta, read_table, write_table
 
@@ -60,11 +66,34 @@ def test_one_launch_falls_back_to_samples_and_small_changes_are_unchanged():
     far = _frame({0: [100.0, 180.0]})
     got = compare_frames(base, far, Gates()).iloc[0]
     assert got.verdict == "inconclusive"  # beyond the threshold, two samples prove nothing
-    # a case only one run has cannot be compared
+    # a case only the candidate has cannot be compared; one the candidate lost is missing
     extra = pd.concat([base, _frame({0: [5.0, 5.1]}, case="latency 16B")])
     got = compare_frames(base, extra).set_index("case")
     assert got.loc["latency 16B", "verdict"] == "not comparable"
     assert got.loc["latency 16B", "reason"] == "only in the candidate"
+    got = compare_frames(extra, base).set_index("case")
+    assert got.loc["latency 16B", "verdict"] == "missing"
+
+
+def test_unchanged_only_when_the_interval_lies_inside_the_threshold():
+    """An equivalence statement, not an absence of evidence: a ratio of 1.00 whose interval
+    reaches past 5 % is inconclusive (three noisy samples a side), the same ratio measured
+    tightly is unchanged."""
+    from xbench.compare.verdicts import verdict
+
+    gates = Gates()
+    noisy = compare_frames(_frame({0: [80.0, 100.0, 125.0]}), _frame({0: [80.0, 100.0, 125.0]}))
+    assert noisy.ratio.iloc[0] == 1.0 and noisy.verdict.iloc[0] == "inconclusive"
+    tight = compare_frames(
+        _frame({0: list(np.linspace(99.5, 100.5, 20))}),
+        _frame({0: list(np.linspace(99.5, 100.5, 20))}),
+    )
+    assert tight.verdict.iloc[0] == "unchanged"
+    assert verdict(1.0, 1.0, "us", gates, (0.96, 1.04)) == "unchanged"
+    assert verdict(1.0, 1.0, "us", gates, (0.94, 1.04)) == "inconclusive"
+    assert verdict(1.03, 0.001, "us", gates, (1.01, 1.06)) == "inconclusive"
+    assert verdict(1.2, 0.001, "us", gates, (1.1, 1.3)) == "slower"
+    assert verdict(1.2, 0.2, "us", gates, (0.9, 1.5)) == "inconclusive"
 
 
 def test_many_cases_are_corrected_for_multiplicity():
@@ -165,7 +194,9 @@ def test_compare_cli_verdicts_formats_and_exit_codes(xbench, probe_run, tmp_path
     same = xbench("compare", probe_run, probe_run, "--format", "json")
     assert same.returncode == 0, same.stderr
     rows = json.loads(same.stdout)
-    assert rows and {r["verdict"] for r in rows} == {"unchanged"}
+    # a run against itself: never slower or faster; unchanged where its samples are tight
+    # enough to say so, inconclusive where they are not
+    assert rows and {r["verdict"] for r in rows} <= {"unchanged", "inconclusive"}
     # The verdicts rest on the real launches' spread: 3x stays significant for launch sds
     # of log medians up to ~0.5 (measured on these VMs: 0.085-0.245; at 1.5x a spread of
     # 0.18 already left a case inconclusive)
@@ -353,3 +384,172 @@ def test_launches_started_one_by_one_append_to_one_run(xbench, tmp_path):
     # started from a shell, launches are --runs N
     r = xbench("probe", *quick, "--process-run", "1", "--out", tmp_path / "x")
     assert r.returncode == 2 and "--process-run is for launches" in r.stderr
+
+
+def test_threshold_is_a_percent_or_a_fraction_below_one(xbench, probe_run):
+    """--threshold 5 used to mean 500 %: a bare number is a fraction and must lie below 1."""
+    from xbench.cli.compare import _gates
+
+    assert _gates("5%", 0.05).threshold == pytest.approx(0.05)
+    assert _gates("0.1", 0.05).threshold == pytest.approx(0.1)
+    for bad, words in [
+        ("5", "a fraction must lie below 1 (5 would be 500%)"),
+        ("1", "would be 100%"),
+        ("150%", "below 100%"),
+        ("0%", "above 0%"),
+        ("-0.1", "above 0%"),
+    ]:
+        r = xbench("compare", probe_run, probe_run, "--threshold", bad)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert words in r.stderr, r.stderr
+
+
+def _lose(run, dst, *, part: int | None = None, **meta_changes):
+    """A copy of ``run`` that lost a part file, or whose run.json says something else."""
+    shutil.copytree(run, dst)
+    if part is not None:
+        (dst / PROBE_SAMPLES / f"part-{part:05d}.parquet").unlink()
+    if meta_changes:
+        meta = read_run_meta(dst)
+        meta.update(meta_changes)
+        (dst / "run.json").write_text(json.dumps(meta))
+    return dst
+
+
+def test_a_candidate_that_lost_cases_fails_the_gate(xbench, probe_run, tmp_path):
+    """A nightly run that was interrupted, or lost a part file, is a failure of the gate:
+    exit 5, a JUnit failure per missing case and one for the run, a Markdown line that says
+    which and why; --allow-missing lets it pass on purpose, still saying so."""
+    assert read_run_meta(probe_run)["planned_parts"] == {PROBE_SAMPLES: 8}
+    lost = _lose(probe_run, tmp_path / "lost", part=3)
+    r = xbench("compare", probe_run, lost, "--format", "junit")
+    assert r.returncode == EXIT_INCOMPLETE, r.stderr
+    root = ET.fromstring(r.stdout)
+    failed = {c.get("name"): c.find("failure") for c in root.findall("testcase")}
+    failed = {k: v for k, v in failed.items() if v is not None}
+    assert set(failed) == {"candidate run", "latency mpi shm 64B ranks 0-1"}, failed
+    assert "has 7 of the 8 probe_samples part files it planned" in failed["candidate run"].get(
+        "message"
+    )
+    assert_junit(r.stdout, failures=2, tests=9)
+    assert "gate failed" in r.stderr and "missing in the candidate" in r.stderr
+    r = xbench("compare", probe_run, lost, "--format", "markdown")
+    assert r.returncode == EXIT_INCOMPLETE
+    assert "- **gate failed**: the candidate run" in r.stdout
+    assert "**missing** (in the baseline, not in the candidate)" in r.stdout
+    r = xbench("compare", probe_run, lost, "--allow-missing", "--format", "junit")
+    assert r.returncode == 0, r.stderr
+    assert_junit(r.stdout, failures=0, tests=9)
+    assert "allowed by --allow-missing" in r.stderr
+    # a run marked partial (interrupted, terminated) fails though every part file is there
+    partial = _lose(probe_run, tmp_path / "partial", status="partial", stopped_because="terminated")
+    r = xbench("compare", probe_run, partial)
+    assert r.returncode == EXIT_INCOMPLETE and "is partial (terminated)" in r.stderr
+    # one still marked running was killed outright (or is not done): not whole either
+    killed = _lose(probe_run, tmp_path / "killed", status="running")
+    r = xbench("compare", probe_run, killed)
+    assert r.returncode == EXIT_INCOMPLETE and "never finished" in r.stderr
+    # a partial baseline is said, not failed: the candidate is whole
+    r = xbench("compare", partial, probe_run)
+    assert r.returncode == 0 and "the baseline run" in r.stderr and "not guarded" in r.stderr
+    # fit and report read the same runs and say so
+    r = xbench("fit", lost, "--base", "h100-priors", "--out", tmp_path / "p.toml")
+    assert "has 7 of the 8 probe_samples part files" in r.stderr
+    r = xbench("report", killed, "--out", tmp_path / "rep")
+    assert r.returncode == 0 and "never finished" in r.stderr
+
+
+def test_nothing_comparable_still_writes_reports_that_say_why(xbench, probe_run, tmp_path):
+    """Exit 4 never leaves a CI job an empty report: compare's Markdown and JUnit on stdout,
+    check's files, each with the reason."""
+    other = _scaled_copy(probe_run, tmp_path / "ompi", 1.0, mpi_library="Open MPI v5.0.11")
+    r = xbench("compare", probe_run, other, "--format", "junit")
+    assert r.returncode == EXIT_NOT_COMPARABLE
+    root = ET.fromstring(r.stdout)
+    assert root.get("errors") == "1" and "mpi_library" in root.find("testcase/error").get("message")
+    r = xbench("compare", probe_run, other, "--format", "markdown")
+    assert r.returncode == EXIT_NOT_COMPARABLE and "**gate failed**: runs are not comparable" in (
+        r.stdout
+    )
+    # check: the baseline was made with another MPI, so tonight's run cannot be compared
+    base = _scaled_copy(probe_run, tmp_path / "base", 1.0, mpi_library="Open MPI v5.0.11")
+    meta = read_run_meta(base)
+    meta["config"]["sweep"]["sizes"] = [8, 16]
+    (base / "run.json").write_text(json.dumps(meta))
+    r = xbench("check", "--baseline", base, "--out", tmp_path / "n", "--report-dir", tmp_path / "r")
+    assert r.returncode == EXIT_NOT_COMPARABLE, r.stderr
+    md = (tmp_path / "r" / "compare.md").read_text()
+    assert "gate failed" in md and "mpi_library" in md
+    junit = (tmp_path / "r" / "compare.junit.xml").read_text()
+    assert ET.fromstring(junit).get("errors") == "1"
+
+
+def test_runs_of_different_kinds_are_named_and_the_allow_advice_runs(xbench, probe_run, tmp_path):
+    kernel = tmp_path / "kernel"
+    r = xbench(
+        "kernel",
+        *("--threads", "1", "--heads", "4", "--rows", "1", "--chunk", "64", "--kernels", "merge"),
+        *("--samples", "2", "--min-sample-time", "1ms", "--no-ceilings", "--out", kernel),
+    )
+    assert r.returncode == 0, r.stderr
+    r = xbench("compare", probe_run, kernel)
+    assert r.returncode == EXIT_NOT_COMPARABLE
+    line = r.stderr.strip().splitlines()[-1]
+    assert "a probe run" in line and "a kernel run" in line and "--allow" not in line
+    r = xbench("compare", probe_run, probe_run, "--allow", "command")
+    assert r.returncode == 2 and "no such metadata field" in r.stderr
+    # two fields differ: the advice names both, and following it runs the comparison
+    moved = _scaled_copy(
+        probe_run, tmp_path / "moved", 1.0, hosts=["node-7", "node-8"], cpu_model="Other CPU"
+    )
+    r = xbench("compare", probe_run, moved)
+    assert r.returncode == EXIT_NOT_COMPARABLE
+    advice = r.stderr.split("pass --allow ")[1].split()[0]
+    assert set(advice.split(",")) == {"host", "cpu_model"}
+    r = xbench("compare", probe_run, moved, "--allow", advice)
+    assert r.returncode == 0, r.stderr
+
+
+def test_check_config_without_a_check_table_is_refused(xbench, probe_run, tmp_path):
+    config = tmp_path / "c.toml"
+    config.write_text('threshold = "5%"\n')
+    r = xbench("check", "--baseline", probe_run, "--config", config, "--out", tmp_path / "n")
+    assert r.returncode == 2 and f"{config} has no [check] table" in r.stderr
+    assert not (tmp_path / "n").exists()
+
+
+def test_sigterm_marks_the_run_partial_and_takes_the_ranks_down(tmp_path):
+    """A scheduler's cancel or a CI timeout sends SIGTERM: the run is marked partial as for
+    Ctrl-C, and no rank outlives xbench."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from conftest import BIN, ROOT
+
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [str(BIN / "xbench"), "probe", "-p", "latency", "--sizes", "8B:1MiB", "--samples", "50"]
+        + ["--out", str(out)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "COLUMNS": "160"},
+    )
+    deadline = time.monotonic() + 60
+    while not list((out / PROBE_SAMPLES).glob("part-*.parquet")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert proc.poll() is None, proc.communicate()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert "terminated; the cases finished so far are in" in err
+    meta = read_run_meta(out)
+    assert meta["status"] == "partial" and meta["stopped_because"] == "terminated"
+    time.sleep(0.5)
+    ranks = subprocess.run(
+        ["pgrep", "-f", str(out / "probe-config.json")], capture_output=True, text=True
+    )
+    assert ranks.stdout.strip() == "", "ranks outlived xbench"

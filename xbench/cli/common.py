@@ -72,6 +72,24 @@ def warn_conditions(profile, current: dict) -> None:
         warn(conditions.describe(profile.name, diffs))
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's cancel, ``kill``, a CI job's timeout), raised where the command
+    stands so that the clean-up Ctrl-C gets runs for it too: the ranks taken down, the run
+    marked partial."""
+
+
+def _terminate(signum, frame):
+    raise Terminated()
+
+
+def _catch_sigterm() -> None:
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():  # only there can Python set it
+        signal.signal(signal.SIGTERM, _terminate)
+
+
 _run_dir: list[Path] = []  # the run directory the running command writes, once it has one
 
 
@@ -86,6 +104,7 @@ def handles_errors(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         _run_dir.clear()
+        _catch_sigterm()
         try:
             return fn(*args, **kwargs)
         except XbenchError as exc:
@@ -100,16 +119,19 @@ def handles_errors(fn):
                 "ask for less (fewer --requests, smaller sizes, rows or chunks)",
                 2,
             ) from None
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
+            what, code = (
+                ("terminated", 143) if isinstance(exc, Terminated) else ("interrupted", 130)
+            )
             if not _run_dir:
-                raise fail("interrupted before anything was written", 130) from None
+                raise fail(f"{what} before anything was written", code) from None
             from xbench.results.store import mark_partial
 
-            mark_partial(_run_dir[0], "interrupted")
+            mark_partial(_run_dir[0], what)
             raise fail(
-                f"interrupted; the cases finished so far are in {_run_dir[0]} "
-                "(run.json marks the run partial; xbench fit says so when it reads it)",
-                130,
+                f"{what}; the cases finished so far are in {_run_dir[0]} "
+                "(run.json marks the run partial; fit, compare, check and report say so)",
+                code,
             ) from None
 
     return wrapper

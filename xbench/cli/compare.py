@@ -1,8 +1,10 @@
 """``xbench compare`` (two stored runs) and ``xbench check`` (a nightly job: re-run a
-baseline's sweep, compare, write Markdown and JUnit, fail only on a regression).
+baseline's sweep, compare, write Markdown and JUnit, fail on a regression or on cases lost).
 
 Exit codes: 0 nothing regressed; 1 a case is slower; 2 bad input; 3 the ranks failed;
-4 the runs cannot be compared (their metadata differs on a field not ``--allow``-ed).
+4 nothing can be compared (runs of different kinds, metadata that differs on a field not
+``--allow``-ed, or no case in common); 5 the candidate lacks cases of the baseline or is not
+a whole run (partial, interrupted, a part file lost), unless ``--allow-missing``.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from rich.table import Table
 from xbench.cli.common import (
     RunDirOption,
     console,
+    err_console,
     escape,
     handles_errors,
+    note_run_dir,
     strict_json,
     warn,
 )
@@ -36,7 +40,18 @@ class CompareFormat(str, Enum):
 
 ThresholdOption = Annotated[
     str,
-    typer.Option(help="Smallest change that counts, as a ratio of medians: 5% (default), 0.1."),
+    typer.Option(
+        help="Smallest change that counts: a percent (5%, the default) or a fraction below 1 "
+        "(0.05)."
+    ),
+]
+AllowMissingOption = Annotated[
+    bool,
+    typer.Option(
+        "--allow-missing",
+        help="Pass the gate although the candidate lacks cases of the baseline or is a "
+        "partial run (they are still reported).",
+    ),
 ]
 AlphaOption = Annotated[
     float,
@@ -49,7 +64,13 @@ AllowOption = Annotated[
         "mpi_thread_level, gpu, driver, torch, backend, cpu_attention, schema."
     ),
 ]
-COLOURS = {"slower": "red", "faster": "green", "unchanged": "", "inconclusive": "yellow"}
+COLOURS = {
+    "slower": "red",
+    "faster": "green",
+    "unchanged": "",
+    "inconclusive": "yellow",
+    "missing": "red",
+}
 
 
 def _gates(
@@ -62,13 +83,20 @@ def _gates(
     from xbench.compare import Gates
 
     text = threshold.strip()
+    percent = text.endswith("%")
     try:
-        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+        value = float(text[:-1]) / 100 if percent else float(text)
     except ValueError:
         raise XbenchError(f"{names[0]} {threshold!r} is not a ratio", "e.g. 5% or 0.05") from None
-    if not 0 < value < 10:
+    if not percent and value >= 1:  # "5" is 500 % read literally, and 5 % meant: ask
         raise XbenchError(
-            f"{names[0]} {threshold}: must be above 0 and below 10 (1000%)", "e.g. 5% or 0.05"
+            f"{names[0]} {threshold}: a fraction must lie below 1 ({threshold} would be "
+            f"{100 * value:g}%)",
+            f"write a percent ({threshold}%) or a fraction (e.g. 0.05)",
+        )
+    if not 0 < value < 1:
+        raise XbenchError(
+            f"{names[0]} {threshold}: must lie above 0% and below 100%", "e.g. 5% or 0.05"
         )
     if not 0 < alpha < 1:
         raise XbenchError(f"{names[1]} {alpha}: must lie between 0 and 1", "e.g. 0.05")
@@ -103,21 +131,36 @@ def _header(comparison, gates) -> list[str]:
     return lines + ([caught] if caught else [])
 
 
-def emit(comparison, gates, fmt: CompareFormat, title: str) -> None:
-    from xbench.compare.formats import junit, markdown
+def _report(comparison, gates, title: str, fmt: CompareFormat) -> str:
+    """The comparison as Markdown or JUnit XML, with why the gate failed if it did."""
+    from xbench.compare import formats
 
+    if fmt == CompareFormat.markdown:
+        write, head = formats.markdown, _header(comparison, gates)
+    else:
+        write, head = formats.junit, _properties(comparison, gates)
+    failed = not comparison.allow_missing
+    return write(comparison.cases, title, head, comparison.problems, failed=failed)
+
+
+def emit(comparison, gates, fmt: CompareFormat, title: str) -> None:
     cases = comparison.cases
     shown = cases.drop(columns=["case_key"])
+    for line in comparison.warnings:
+        warn(line)
     if fmt == CompareFormat.json:
         sys.stdout.write(strict_json(shown.to_dict(orient="records")) + "\n")
     elif fmt == CompareFormat.csv:
         sys.stdout.write(shown.to_csv(index=False))
-    elif fmt == CompareFormat.markdown:
-        sys.stdout.write(markdown(cases, title, _header(comparison, gates)))
-    elif fmt == CompareFormat.junit:
-        sys.stdout.write(junit(cases, title, _properties(comparison, gates)))
+    elif fmt in (CompareFormat.markdown, CompareFormat.junit):
+        sys.stdout.write(_report(comparison, gates, title, fmt))
     else:
         _table(comparison, gates, title)
+    if not comparison.allow_missing:
+        for line in comparison.problems:
+            err_console.print(
+                f"[red]xbench: gate failed: {escape(line)}[/red]", highlight=False, soft_wrap=True
+            )
 
 
 def _properties(comparison, gates) -> dict:
@@ -171,10 +214,8 @@ def _table(comparison, gates, title: str) -> None:
 
 
 def _exit(comparison) -> None:
-    from xbench.compare import EXIT_REGRESSION
-
-    if comparison.regressed:
-        raise typer.Exit(EXIT_REGRESSION)
+    if comparison.exit_code:
+        raise typer.Exit(comparison.exit_code)
 
 
 @handles_errors
@@ -184,6 +225,7 @@ def compare(
     threshold: ThresholdOption = "5%",
     alpha: AlphaOption = 0.05,
     allow: AllowOption = "",
+    allow_missing: AllowMissingOption = False,
     out: Annotated[
         Path | None, typer.Option("--out", "-o", help="Also write the verdicts as Parquet here.")
     ] = None,
@@ -192,15 +234,35 @@ def compare(
         CompareFormat, typer.Option("--format", help="table, json, csv, markdown or junit.")
     ] = CompareFormat.table,
 ) -> None:
-    """Compare two stored runs case by case: slower, faster, unchanged, inconclusive."""
+    """Compare two stored runs case by case: slower, faster, unchanged, inconclusive, missing."""
     from xbench.compare import compare_runs
+    from xbench.results.store import refuse_overwrite
 
     gates = _gates(threshold, alpha)
-    comparison = compare_runs(baseline, candidate, gates, _allowed(allow))
+    allowed = _allowed(allow)
+    if out is not None:  # before the comparison, not after it
+        refuse_overwrite(out, force)
+    try:
+        comparison = compare_runs(baseline, candidate, gates, allowed, allow_missing)
+    except XbenchError as exc:
+        # a report that a CI job publishes says why, never comes out empty
+        _error_report(
+            fmt, "xbench compare", str(exc), {"baseline": baseline, "candidate": candidate}
+        )
+        raise
     if out is not None:
         _write(comparison, out, force)
     emit(comparison, gates, fmt, f"xbench compare ({comparison.baseline.command})")
     _exit(comparison)
+
+
+def _error_report(fmt: CompareFormat, title: str, message: str, properties: dict) -> None:
+    from xbench.compare.formats import junit_error, markdown_error
+
+    if fmt == CompareFormat.markdown:
+        sys.stdout.write(markdown_error(title, message))
+    elif fmt == CompareFormat.junit:
+        sys.stdout.write(junit_error(title, {k: str(v) for k, v in properties.items()}, message))
 
 
 def _write(comparison, out: Path, force: bool) -> None:
@@ -241,6 +303,7 @@ def check(
     threshold: ThresholdOption = "5%",
     alpha: AlphaOption = 0.05,
     allow: AllowOption = "",
+    allow_missing: AllowMissingOption = False,
     out: RunDirOption = None,
     report_dir: Annotated[
         Path | None,
@@ -251,8 +314,7 @@ def check(
     ] = False,
 ) -> None:
     """Re-run the sweep BASELINE was made with, compare, write Markdown and JUnit XML."""
-    from xbench.compare import compare_runs
-    from xbench.compare.formats import junit, markdown
+    from xbench.compare import EXIT_INCOMPLETE, compare_runs
     from xbench.results.store import read_run_meta, refuse_overwrite
 
     settings = _check_settings(config)
@@ -278,25 +340,57 @@ def check(
     if report_dir is not None:  # refused before the sweep runs, not after
         for name in ("compare.md", "compare.junit.xml", "comparison.parquet"):
             refuse_overwrite(Path(report_dir) / name, force, "--report-dir")
-    new_dir = _rerun(Path(baseline), meta["command"], out, settings.get("runs"))
-    comparison = compare_runs(baseline, new_dir, gates, allowed)
+    title = f"xbench check ({meta['command']})"
+    run_id, new_dir = _new_run(meta["command"], out)
+    note_run_dir(new_dir)  # an interrupt or SIGTERM marks the re-run partial
+    try:
+        _rerun(Path(baseline), meta["command"], run_id, new_dir, settings.get("runs"))
+        comparison = compare_runs(baseline, new_dir, gates, allowed, allow_missing)
+    except (XbenchError, KeyboardInterrupt) as exc:
+        # the nightly job publishes these reports: they say why the run or the comparison
+        # failed, whatever stopped it
+        why = str(exc) if isinstance(exc, XbenchError) else "interrupted"
+        _write_error_reports(Path(report_dir or new_dir), title, why, {"baseline": baseline})
+        raise
     reports = Path(report_dir or new_dir)
     reports.mkdir(parents=True, exist_ok=True)
-    title = f"xbench check ({meta['command']})"
-    (reports / "compare.md").write_text(
-        markdown(comparison.cases, title, _header(comparison, gates))
-    )
+    (reports / "compare.md").write_text(_report(comparison, gates, title, CompareFormat.markdown))
     (reports / "compare.junit.xml").write_text(
-        junit(comparison.cases, title, _properties(comparison, gates))
+        _report(comparison, gates, title, CompareFormat.junit)
     )
     _write(comparison, reports / "comparison.parquet", force=True)
+    for line in comparison.warnings:
+        warn(line)
     _table(comparison, gates, title)
+    for line in [] if comparison.allow_missing else comparison.problems:
+        err_console.print(
+            f"[red]xbench: gate failed: {escape(line)}[/red]", highlight=False, soft_wrap=True
+        )
     console.print(f"reports: {reports}/compare.md, {reports}/compare.junit.xml", highlight=False)
     if update_baseline:
+        if comparison.problems:
+            raise XbenchError(
+                f"{new_dir} is not promoted: {comparison.problems[0]}",
+                "promote a whole run (run check again), or copy it by hand",
+                exit_code=comparison.exit_code or EXIT_INCOMPLETE,
+            )
         kept = _promote(new_dir, Path(baseline))
         warn(f"{new_dir} is now the baseline {baseline}; the previous one is in {kept}")
         return
     _exit(comparison)
+
+
+def _write_error_reports(reports: Path, title: str, why: str, properties: dict) -> None:
+    from xbench.compare.formats import junit_error, markdown_error
+
+    try:
+        reports.mkdir(parents=True, exist_ok=True)
+        (reports / "compare.md").write_text(markdown_error(title, why))
+        (reports / "compare.junit.xml").write_text(
+            junit_error(title, {k: str(v) for k, v in properties.items()}, why)
+        )
+    except OSError:
+        pass  # the error being reported is the one that counts
 
 
 def _check_settings(path: Path | None) -> dict:
@@ -310,7 +404,12 @@ def _check_settings(path: Path | None) -> dict:
         raise XbenchError(
             f"cannot read --config {path} ({exc})", "pass a TOML file with a [check] table"
         ) from None
-    settings = data.get("check", {})
+    if not isinstance(data.get("check"), dict):
+        raise XbenchError(
+            f"{path} has no [check] table",
+            'put the settings under [check], e.g. [check] threshold = "5%"',
+        )
+    settings = data["check"]
     unknown = set(settings) - {"threshold", "alpha", "allow", "runs"}
     if unknown:
         raise XbenchError(
@@ -336,16 +435,21 @@ def _check_settings(path: Path | None) -> dict:
     return settings
 
 
-def _rerun(baseline: Path, command: str, out: Path | None, runs: int | None) -> Path:
-    """The baseline's stored sweep, run again into a fresh run directory."""
-    from types import SimpleNamespace
-
+def _new_run(command: str, out: Path | None) -> tuple[str, Path]:
+    """A run id and a fresh run directory for the re-run (refused if it holds a run)."""
     from xbench.results.metadata import new_run_id
     from xbench.results.store import ensure_writable_dir, refuse_existing_run
 
     run_id = new_run_id(command)
     out_dir = ensure_writable_dir(out or Path("results") / run_id)
     refuse_existing_run(out_dir)
+    return run_id, out_dir
+
+
+def _rerun(baseline: Path, command: str, run_id: str, out_dir: Path, runs: int | None) -> None:
+    """The baseline's stored sweep, run again into ``out_dir``."""
+    from types import SimpleNamespace
+
     if command == "probe":
         from xbench.cli.common import OutputFormat
         from xbench.cli.probe import launch, stored_config
@@ -362,7 +466,6 @@ def _rerun(baseline: Path, command: str, out: Path | None, runs: int | None) -> 
         if runs:
             cfg.runs = runs
         run_configured(cfg)
-    return out_dir
 
 
 def _promote(new_dir: Path, baseline: Path) -> Path:

@@ -46,10 +46,11 @@ def fit(
     from xbench.resources import profile_path
     from xbench.results.schema import KERNEL_SAMPLES, PROBE_SAMPLES
     from xbench.results.store import (
+        incompleteness,
         read_run_meta,
         read_table,
         refuse_overwrite,
-        run_status,
+        run_dir_of,
         table_files,
     )
 
@@ -76,17 +77,16 @@ def fit(
     # only now (scipy and torch take seconds to import): a bad path is refused at once
     from xbench.fit import fit_profile
 
-    metas, warnings = [], []
+    metas, warnings, run_dirs = [], [], []
     for f in table_files(results, PROBE_SAMPLES) + table_files(results, KERNEL_SAMPLES):
         meta = read_run_meta(f)
         if meta and meta not in metas:
             metas.append(meta)
-            if run_status(meta) != "complete":
-                why = meta.get("stopped_because") or "it did not finish"
-                warnings.append(
-                    f"run {meta.get('run_id', f.parent.parent)} is partial ({why}): "
-                    "fitted from the cases it finished"
-                )
+        if run_dir_of(f) not in run_dirs:
+            run_dirs.append(run_dir_of(f))
+            why = incompleteness(run_dirs[-1])
+            if why:
+                warnings.append(f"{why}: fitted from the cases it holds")
     profile = fit_profile(
         probe,
         kernel,

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from xbench.cli.common import console, handles_errors
+from xbench.cli.common import console, handles_errors, warn
 from xbench.errors import XbenchError
 
 
@@ -31,6 +31,12 @@ def report(
     for path in results:
         if not path.exists():
             raise XbenchError(f"{path} does not exist", "pass results written by xbench")
+    from xbench.results.store import incompleteness
+
+    for path in results:
+        why = incompleteness(path) if path.is_dir() else None
+        if why:
+            warn(f"{why}: drawn from the cases it holds")
     figures = build(results, out, heads)
     for fig in figures:
         console.print(f"{fig.title}: {fig.path}", highlight=False)

@@ -147,7 +147,7 @@ def render(job: SlurmJob) -> str:
 def _check_lines(job: SlurmJob, ranks: str, one: str, extra: str) -> list[str]:
     """The baseline's sweep again (a probe's launches as separate srun steps into one run),
     then xbench compare into Markdown and JUnit; the job's exit status is compare's (0 no
-    regression, 1 a case is slower, 4 not comparable)."""
+    regression, 1 a case is slower, 4 nothing comparable, 5 cases of the baseline missing)."""
     run = f'"$RESULTS/{job.sweep}"'
     lines = [f"BASELINE={shlex.quote(job.baseline)}"]
     if job.sweep == "probe":

@@ -11,6 +11,7 @@ SYMBOL = {
     "faster": "faster",
     "unchanged": "unchanged",
     "inconclusive": "inconclusive",
+    "missing": "missing",
     "not comparable": "not comparable",
 }
 
@@ -41,22 +42,33 @@ def _cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def markdown(frame, title: str, header_lines: list[str]) -> str:
-    """A GitHub-flavoured Markdown page: what was compared, the counts, one table row per case
-    (regressions first)."""
+def gate_line(problems: list[str], failed: bool) -> list[str]:
+    """The Markdown lines that say why the gate failed (or what it was told to let pass)."""
+    if not problems:
+        return []
+    head = "**gate failed**" if failed else "allowed to pass (--allow-missing)"
+    return [f"- {head}: {p}" for p in problems]
+
+
+def markdown(
+    frame, title: str, header_lines: list[str], problems: list[str] = (), failed: bool = True
+) -> str:
+    """A GitHub-flavoured Markdown page: what was compared, the counts, why the gate failed
+    if it did for want of cases, one table row per case (regressions and missing first)."""
     coverage = frame.ci_coverage.dropna()
     label = f"{100 * coverage.iloc[0]:.0f}% CI" if len(coverage) else "CI"
-    order = {v: i for i, v in enumerate(SYMBOL)}
+    order = {v: i for i, v in enumerate(dict.fromkeys(["slower", "missing", *SYMBOL]))}
     rows = frame.sort_values("verdict", key=lambda s: s.map(order), kind="stable")
     lines = [f"## {title}", ""]
     lines += [f"- {line}" for line in header_lines]
-    lines += ["- " + ", ".join(f"{n} {v}" for v, n in counts(frame).items()), ""]
+    lines += ["- " + ", ".join(f"{n} {v}" for v, n in counts(frame).items())]
+    lines += gate_line(list(problems), failed) + [""]
     lines += [
         f"| case | unit | baseline | candidate | ratio ({label}) | q | detects | verdict |",
         "|---|---|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows.itertuples():
-        verdict = f"**{r.verdict}**" if r.verdict == "slower" else r.verdict
+        verdict = f"**{r.verdict}**" if r.verdict in ("slower", "missing") else r.verdict
         if r.reason:
             verdict += f" ({r.reason})"
         lines.append(
@@ -79,18 +91,14 @@ def markdown(frame, title: str, header_lines: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def junit(frame, suite: str, properties: dict[str, str]) -> str:
-    """JUnit XML (the testsuite / testcase / failure schema CI systems read): a regression is
-    a failure, a case that cannot be compared is skipped, the rest pass."""
-    failures = int((frame.verdict == "slower").sum())
-    skipped = int(frame.verdict.isin(["not comparable", "inconclusive"]).sum())
+def _suite(suite: str, properties: dict, tests: int, failures: int, errors: int, skipped: int):
     root = ET.Element(
         "testsuite",
         {
             "name": suite,
-            "tests": str(len(frame)),
+            "tests": str(tests),
             "failures": str(failures),
-            "errors": "0",
+            "errors": str(errors),
             "skipped": str(skipped),
             "time": "0",
         },
@@ -98,6 +106,38 @@ def junit(frame, suite: str, properties: dict[str, str]) -> str:
     props = ET.SubElement(root, "properties")
     for key, value in properties.items():
         ET.SubElement(props, "property", {"name": key, "value": str(value)})
+    return root
+
+
+def _xml(root) -> str:
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def junit(
+    frame, suite: str, properties: dict[str, str], problems: list[str] = (), failed: bool = True
+) -> str:
+    """JUnit XML (the testsuite / testcase / failure schema CI systems read): a regression is
+    a failure, and so is a case of the baseline missing in the candidate; a candidate that is
+    not a whole run is one more failed testcase (``candidate run``); an inconclusive case, or
+    one only the candidate has, is skipped; the rest pass. ``failed`` False (--allow-missing)
+    turns the missing ones into skips."""
+    missing = "failure" if failed else "skipped"
+    whole = [p for p in problems if p.startswith("the candidate")]
+    failures = int((frame.verdict == "slower").sum())
+    failures += int((frame.verdict == "missing").sum()) if failed else 0
+    failures += int(bool(whole) and failed)
+    skipped = int(frame.verdict.isin(["not comparable", "inconclusive"]).sum())
+    skipped += 0 if failed else int((frame.verdict == "missing").sum()) + int(bool(whole))
+    root = _suite(suite, properties, len(frame) + int(bool(whole)), failures, 0, skipped)
+    if whole:
+        case = ET.SubElement(root, "testcase", {"classname": suite, "name": "candidate run"})
+        if failed:
+            ET.SubElement(
+                case, "failure", {"message": whole[0], "type": "incomplete"}
+            ).text = f"{whole[0]}: the cases it lacks were not checked"
+        else:
+            ET.SubElement(case, "skipped", {"message": f"{whole[0]} (--allow-missing)"})
     for r in frame.itertuples():
         case = ET.SubElement(root, "testcase", {"classname": suite, "name": r.case, "time": "0"})
         detail = (
@@ -109,10 +149,29 @@ def junit(frame, suite: str, properties: dict[str, str]) -> str:
                 case, "failure", {"message": f"slower: {detail}", "type": "regression"}
             )
             failure.text = f"{r.case}: {detail} ({r.test})"
+        elif r.verdict == "missing":
+            ET.SubElement(
+                case, missing, {"message": f"missing: {r.reason}", "type": "missing"}
+            ).text = f"{r.case}: {r.reason}"
+            if not failed:
+                del case[-1].attrib["type"]
         elif r.verdict in ("not comparable", "inconclusive"):
             ET.SubElement(case, "skipped", {"message": f"{r.verdict}: {r.reason or detail}"})
         else:
             out = ET.SubElement(case, "system-out")
             out.text = f"{r.verdict}: {detail}"
-    ET.indent(root)
-    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+    return _xml(root)
+
+
+def markdown_error(title: str, message: str) -> str:
+    """The Markdown page of a comparison that could not be made, saying why."""
+    return f"## {title}\n\n- **gate failed**: {message}\n"
+
+
+def junit_error(suite: str, properties: dict[str, str], message: str) -> str:
+    """JUnit XML of a comparison that could not be made: one testcase in error, saying why
+    (a CI system then shows a red job with the reason, never an empty report)."""
+    root = _suite(suite, properties, 1, 0, 1, 0)
+    case = ET.SubElement(root, "testcase", {"classname": suite, "name": "comparison"})
+    ET.SubElement(case, "error", {"message": message, "type": "not comparable"}).text = message
+    return _xml(root)

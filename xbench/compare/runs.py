@@ -17,7 +17,10 @@ from xbench.results.schema import (
     VALIDATE_CASE_KEYS,
     VALIDATE_SAMPLES,
 )
-from xbench.results.store import read_run_meta, read_table, table_files
+from xbench.results.store import incompleteness, read_run_meta, read_table, table_files
+
+# Exit code of compare and check when nothing can be compared (documented in the README).
+EXIT_NOT_COMPARABLE = 4
 
 # Per command: its samples table and the columns that name one case.
 CASE_KEYS = {
@@ -52,6 +55,7 @@ class StoredRun:
     meta: dict
     samples: pd.DataFrame  # measured samples only, with a ``launch`` column
     schema_version: int
+    incomplete: str | None = None  # why the run lacks cases it planned (partial, lost files)
 
 
 def load_run(path) -> StoredRun:
@@ -82,7 +86,7 @@ def load_run(path) -> StoredRun:
         samples = samples[samples.pattern != "overhead"]
     samples = samples[samples.value > 0]  # compared on a log scale
     samples["launch"] = samples["process_run"] if "process_run" in samples else 0
-    return StoredRun(path, command, meta, samples, version)
+    return StoredRun(path, command, meta, samples, version, incompleteness(path))
 
 
 def _hosts(meta: dict) -> str | None:
@@ -96,9 +100,10 @@ def _gpus(meta: dict, key: str) -> str | None:
 
 
 # The metadata that must agree for two runs' figures to be compared; --allow names the ones
-# a comparison means to cross (a nightly job after a driver update allows "driver").
+# a comparison means to cross (a nightly job after a driver update allows "driver"). Which
+# command made a run is not among them: a probe and a kernel run share no case, whatever
+# is allowed.
 COMPARED_FIELDS = {
-    "command": lambda m: m.get("command"),
     "host": _hosts,
     "cpu_model": lambda m: m.get("cpu_model"),
     "mpi_library": lambda m: m.get("mpi_library"),
@@ -112,7 +117,17 @@ COMPARED_FIELDS = {
 
 
 def differences(base: StoredRun, cand: StoredRun) -> list[tuple[str, object, object]]:
-    """(field, baseline value, candidate value) for each compared field that differs."""
+    """(field, baseline value, candidate value) for each compared field that differs.
+
+    Runs of different commands are refused first, in their own words: no field to allow
+    would make them comparable."""
+    if base.command != cand.command:
+        raise XbenchError(
+            f"{base.path} is a {base.command} run and {cand.path} a {cand.command} run: "
+            "runs of different kinds share no case",
+            f"compare {base.command} runs with {base.command} runs",
+            exit_code=EXIT_NOT_COMPARABLE,
+        )
     found = [
         (name, get(base.meta), get(cand.meta))
         for name, get in COMPARED_FIELDS.items()

@@ -1,5 +1,5 @@
-"""Case-by-case verdicts between two runs: faster, slower, unchanged, inconclusive, or not
-comparable.
+"""Case-by-case verdicts between two runs: faster, slower, unchanged, inconclusive, missing
+or not comparable.
 
 A case is slower (or faster) only when it passes two gates:
 
@@ -7,6 +7,12 @@ A case is slower (or faster) only when it passes two gates:
    (Benjamini-Hochberg: a nightly sweep compares tens of cases, and uncorrected tests at
    5 % would flag one of every twenty by chance);
 2. a median ratio beyond ``threshold`` (5 % by default) in that direction.
+
+A case is unchanged only when the data say so: its ratio's interval lies inside
+``1 +- threshold`` (on the log scale, an equivalence statement). A ratio near 1 whose interval
+reaches past the threshold is inconclusive: the runs could not tell. A case of the baseline
+that the candidate lacks is missing (a gate fails on it); one only the candidate has is not
+comparable.
 
 The test respects how the runs were made. Where each run holds at least ``MIN_LAUNCHES``
 process launches (``--runs``), the unit of replication is the launch: Welch's t-test on the
@@ -31,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-VERDICTS = ("slower", "faster", "unchanged", "inconclusive", "not comparable")
+VERDICTS = ("slower", "faster", "unchanged", "inconclusive", "missing", "not comparable")
 MIN_LAUNCHES = 3
 POWER = 0.8  # the chance of catching a change of the detectable size (the usual design figure)
 
@@ -136,11 +142,12 @@ def compare_frames(base: pd.DataFrame, cand: pd.DataFrame, gates: Gates = Gates(
             "launches_baseline": 0 if b is None else b.launch.nunique(),
             "launches_candidate": 0 if c is None else c.launch.nunique(),
         }
-        if b is None or c is None:
-            row.update(
-                verdict="not comparable",
-                reason="only in the " + ("candidate" if b is None else "baseline"),
-            )
+        if c is None:
+            row.update(verdict="missing", reason="in the baseline, not in the candidate")
+            rows.append(row)
+            continue
+        if b is None:
+            row.update(verdict="not comparable", reason="only in the candidate")
             rows.append(row)
             continue
         by_launch = min(b.launch.nunique(), c.launch.nunique()) >= gates.min_launches
@@ -184,7 +191,8 @@ def compare_frames(base: pd.DataFrame, cand: pd.DataFrame, gates: Gates = Gates(
             frame.loc[tested, "p_value"].to_numpy()
         )
     frame.loc[tested, "verdict"] = [
-        verdict(r.ratio, r.q_value, r.unit, gates) for r in frame[tested].itertuples()
+        verdict(r.ratio, r.q_value, r.unit, gates, (r.ratio_low, r.ratio_high))
+        for r in frame[tested].itertuples()
     ]
     frame["change"] = [
         _change(r.ratio, r.unit) if r.ratio == r.ratio else math.nan for r in frame.itertuples()
@@ -216,11 +224,14 @@ def _change(ratio: float, unit: str) -> float:
     return (1 / ratio - 1) if higher_is_better(unit) else ratio - 1
 
 
-def verdict(ratio: float, q_value: float, unit: str, gates: Gates) -> str:
-    worse = _change(ratio, unit)
-    beyond = abs(math.log(ratio)) > math.log1p(gates.threshold)
-    if not beyond:
+def verdict(
+    ratio: float, q_value: float, unit: str, gates: Gates, interval: tuple[float, float]
+) -> str:
+    """Slower or faster past both gates; unchanged when the ratio's interval lies within the
+    threshold either way; else inconclusive."""
+    bound = math.log1p(gates.threshold)
+    if abs(math.log(ratio)) > bound and q_value < gates.alpha:
+        return "slower" if _change(ratio, unit) > 0 else "faster"
+    if all(abs(math.log(end)) <= bound for end in interval):
         return "unchanged"
-    if q_value < gates.alpha:
-        return "slower" if worse > 0 else "faster"
     return "inconclusive"

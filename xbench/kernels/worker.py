@@ -150,6 +150,7 @@ def run_sweep(cfg: SweepConfig, sink, comm=None) -> None:
                 **extra,
             ),
         )
+        store.plan(KERNEL_SAMPLES, cfg.total_steps(len(cases)))  # one part file a step
         sink.start(cfg.total_steps(len(cases)), cfg.out_dir, "python")
     step = 0
     if cfg.ceilings and cfg.process_run == 0:

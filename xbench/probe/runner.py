@@ -278,6 +278,7 @@ def run_probe(cfg: ProbeConfig, sink, comm=None) -> None:
     total = len(pairs) * len(cases)
     loop_name = "c" if cfg.loop != "python" else "python"
     if rank == 0:
+        store.plan(PROBE_SAMPLES, total)  # one part file a case
         sink.start(total, cfg.out_dir, loop_name)
     index = 0
     for a, b in pairs:

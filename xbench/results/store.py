@@ -122,18 +122,40 @@ def mark_partial(out_dir: Path, reason: str) -> None:
 
 
 class RunStore:
-    """Writer for one run directory."""
+    """Writer for one run directory.
+
+    A run may take several launches (``--runs N``, or one srun step each): each launch opens
+    the same run again. What earlier launches planned is carried over, and a launch that
+    stopped early leaves the whole run partial, whatever the launches after it do.
+    """
 
     def __init__(self, out_dir: Path, run_meta: dict):
         self.out_dir = ensure_writable_dir(Path(out_dir))
         refuse_existing_run(self.out_dir, run_meta.get("run_id"))
+        before = read_run_meta(self.out_dir)  # an earlier launch of this run, or {}
+        self._planned_before = dict(before.get("planned_parts") or {})
         self.run_meta = {**run_meta, "status": RUNNING}
+        if run_status(before) == PARTIAL:
+            self.run_meta["stopped_before"] = before.get("stopped_because", "an earlier launch")
+        self.run_meta["planned_parts"] = dict(self._planned_before)
         self._next_part: dict[str, int] = {}
         _write_meta(self.out_dir, self.run_meta)
 
+    def plan(self, table_name: str, parts: int) -> None:
+        """Record that this launch will write ``parts`` part files of ``table_name``, so a
+        reader can tell a run that lost a case from one that never planned it."""
+        planned = self._planned_before.get(table_name, 0) + parts
+        self.run_meta["planned_parts"] = {**self.run_meta["planned_parts"], table_name: planned}
+        _write_meta(self.out_dir, self.run_meta)
+
     def finish(self) -> None:
-        """Every case is written: mark the run complete."""
-        self.run_meta["status"] = COMPLETE
+        """Every case of this launch is written: the run is complete, unless an earlier
+        launch of it stopped early."""
+        if "stopped_before" in self.run_meta:
+            self.run_meta["status"] = PARTIAL
+            self.run_meta["stopped_because"] = self.run_meta["stopped_before"]
+        else:
+            self.run_meta["status"] = COMPLETE
         _write_meta(self.out_dir, self.run_meta)
 
     def append(self, table_name: str, rows) -> Path:
@@ -227,3 +249,31 @@ def read_run_meta(path: Path) -> dict:
 
 def run_status(meta: dict) -> str:
     return meta.get("status", COMPLETE)
+
+
+def run_dir_of(path: Path) -> Path:
+    """The run directory a run directory or one of its part files belongs to."""
+    path = Path(path)
+    return path if path.is_dir() else path.parent.parent
+
+
+def incompleteness(run_dir: Path) -> str | None:
+    """Why the run in ``run_dir`` does not hold every case it planned, in a phrase; None
+    when it does (or when it predates the status and the plan, which read as complete).
+
+    Three ways: run.json says partial (interrupted, terminated, a rank died, a case hung);
+    it still says running (the writer was killed outright, or is still at work); or a
+    table has fewer part files than the run planned (one was deleted or lost)."""
+    run_dir = Path(run_dir)
+    meta = read_run_meta(run_dir)
+    name = f"run {meta.get('run_id', run_dir)}"
+    status = run_status(meta)
+    if status == PARTIAL:
+        return f"{name} is partial ({meta.get('stopped_because') or 'it stopped early'})"
+    if status == RUNNING:
+        return f"{name} never finished (run.json still says running: killed, or still at work)"
+    for table_name, planned in sorted((meta.get("planned_parts") or {}).items()):
+        found = len(list((run_dir / table_name).glob("part-*.parquet")))
+        if found < planned:
+            return f"{name} has {found} of the {planned} {table_name} part files it planned"
+    return None

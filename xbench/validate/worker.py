@@ -397,6 +397,7 @@ def run_validate(cfg: ValidateConfig, sink) -> None:
         ),
     )
     if rank == 0:
+        store.plan(VALIDATE_SAMPLES, len(cases) * cfg.rounds)  # one part file a pass
         sink.start(len(cases) * cfg.rounds, cfg.out_dir, "python")
     passes = [(r, b, c) for r in range(cfg.rounds) for b, c in cases]
     for index, (round_, b, c) in enumerate(passes):
