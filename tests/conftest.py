@@ -46,6 +46,19 @@ def run_xbench(*args, env=None, timeout=180, launcher=None):
     )
 
 
+def drop_key(src: Path, dst: Path, table: str, key: str, fabric: str | None = None) -> Path:
+    """A copy of the profile ``src`` without ``key`` in ``[table]`` (or in the ``[[fabric]]``
+    named ``fabric``): a profile that lacks a term, as a hand edit leaves it."""
+    import tomli_w
+    import tomllib
+
+    data = tomllib.loads(Path(src).read_text())
+    where = next(f for f in data["fabric"] if f["name"] == fabric) if fabric else data[table]
+    del where[key]
+    dst.write_text(tomli_w.dumps(data))
+    return dst
+
+
 @pytest.fixture
 def xbench():
     return run_xbench

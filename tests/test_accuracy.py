@@ -10,6 +10,7 @@ import os
 
 import pandas as pd
 import pytest
+from conftest import drop_key
 
 from xbench.core import conditions
 from xbench.core.costmodel import Coef, Request, phase_times, times
@@ -318,7 +319,6 @@ def test_route_merges_after_its_wait_for_the_answer(tmp_path):
     back = load_profile(path).device
     for term, coef in WAIT.items():
         assert getattr(back, term) == pytest.approx(coef)
-    text = path.read_text()
-    (tmp_path / "part.toml").write_text(text.replace("merge_wait_tau", "merge_wait_taus"))
+    drop_key(path, tmp_path / "part.toml", "device", "merge_wait_tau")
     with pytest.raises(ProfileError, match="part of the merge-wait term"):
         load_profile(tmp_path / "part.toml")

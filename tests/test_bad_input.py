@@ -180,8 +180,10 @@ def test_decide_refuses_meaningless_shapes(xbench, tmp_path, args, option):
 def test_decide_refuses_shapes_beyond_any_request(xbench, tmp_path):
     """99999 TiB a query row: a traceback from the table's integer column once."""
     out = tmp_path / "d.parquet"
+    line = one_line(xbench("decide", "--payload", "999TiB", "--out", out))
+    assert "--payload 999TiB is beyond any request" in line and "at or below 1TiB" in line
     line = one_line(xbench("decide", "--payload", "99999TiB", "--out", out))
-    assert "--payload 99999TiB is beyond any request" in line and "at or below 1TiB" in line
+    assert "bad size '99999TiB': beyond any size xbench handles" in line
     line = one_line(xbench("decide", "--payload", "1KB", "--reuse", str(2**41)))
     assert f"--reuse {2**41} is beyond any request" in line
     assert not out.exists()
@@ -221,16 +223,22 @@ def _interruptible():
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def test_an_interrupted_probe_says_where_its_results_are(tmp_path):
-    out = tmp_path / "run"
-    proc = subprocess.Popen(
-        [str(BIN / "xbench"), "probe", "--np", "2", "--sizes", "8B:16MiB", "--samples", "40"]
-        + ["--out", str(out)],
+def _start_probe(out, *args, **popen) -> subprocess.Popen:
+    """``xbench probe ARGS --out OUT`` in the background, as a user's second terminal."""
+    return subprocess.Popen(
+        [str(BIN / "xbench"), "probe", *map(str, args), "--out", str(out)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         cwd=ROOT,
-        preexec_fn=_interruptible,
+        **popen,
+    )
+
+
+def test_an_interrupted_probe_says_where_its_results_are(tmp_path):
+    out = tmp_path / "run"
+    proc = _start_probe(
+        out, "--np", "2", "--sizes", "8B:16MiB", "--samples", "40", preexec_fn=_interruptible
     )
     deadline = time.monotonic() + 120
     while not list((out / PROBE_SAMPLES).glob("part-*.parquet")):  # a case finished
@@ -325,3 +333,190 @@ def test_a_scenario_that_is_no_file_is_one_line(xbench, tmp_path):
         line = one_line(xbench(*command, "agentic-codebook"))
         assert "agentic-codebook is neither a file nor one xbench ships" in line
         assert "agentic-codebase" in line and "span-fanout" in line
+
+
+# --- issue 38: inputs that broke or lost data ---------------------------------------------
+
+
+def test_a_cache_folder_that_is_a_file(xbench, tmp_path):
+    """XDG_CACHE_HOME pointing at a file: env reports the cache as unusable and exits 0;
+    probe refuses in one line and writes nothing."""
+    blocker = tmp_path / "cache-file"
+    blocker.write_text("")
+    env = {"XDG_CACHE_HOME": str(blocker), "XBENCH_CACHE_DIR": ""}
+    r = xbench("env", "--format", "json", env=env)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    caps = {c["capability"]: c for c in json.loads(r.stdout)}
+    assert caps["cache folder"]["ok"] is False and "unusable" in caps["cache folder"]["detail"]
+    out = tmp_path / "run"
+    line = one_line(xbench("probe", "--np", "2", "--out", out, env=env))
+    assert "the cache folder" in line and "is unusable (Not a directory)" in line
+    assert "XBENCH_CACHE_DIR" in line and not out.exists()
+
+
+def test_paths_and_numbers_too_long_for_the_system_are_one_line(xbench, tmp_path):
+    long = "x" * 5000
+    for args in (
+        ["decide", "--payload", "1KB", "--profile", tmp_path / long],
+        ["decide", "--payload", "1KB", "--out", tmp_path / long / "d.parquet"],
+        ["probe", "--np", "2", "--out", tmp_path / long],
+        ["simulate", tmp_path / f"{long}.toml"],
+    ):
+        line = one_line(xbench(*args))
+        assert "File name too long" in line and len(line) < 400, line
+    line = one_line(xbench("decide", "--payload", "9" * 400 + "B"))
+    assert "beyond any size xbench handles" in line and "(400 characters)" not in line
+
+
+def test_markup_in_user_strings_prints_as_written(xbench, tmp_path):
+    """A profile named with Rich markup, a scenario described with it, an --out path holding
+    brackets: printed as written (it raised MarkupError), and decide writes its table once."""
+    profile = tmp_path / "p.toml"
+    profile.write_text(
+        PRIORS.read_text().replace('name = "h100-priors"', 'name = "lab [/red] [bold]x"', 1)
+    )
+    r = xbench("decide", "--payload", "1KB", "--profile", profile, "--rows", "1", "--chunk", "64")
+    assert r.returncode == 0 and "lab [/red] [bold]x" in r.stdout, r.stderr
+    scenario = tmp_path / "s.toml"
+    shipped = (ROOT / "scenarios" / "agentic-codebase.toml").read_text()
+    scenario.write_text(
+        "\n".join(
+            'description = "a [/red] b"' if ln.startswith("description") else ln
+            for ln in shipped.splitlines()
+        )
+    )
+    out = tmp_path / "d.parquet"
+    r = xbench("decide", "--scenario", scenario, "--out", out)
+    assert r.returncode == 0 and "a [/red] b" in r.stdout, r.stderr
+    r = xbench("simulate", scenario, "--requests", "300")
+    assert r.returncode == 0, r.stderr
+    r = xbench("report", profile, "--out", tmp_path / "rep[/red]")
+    assert r.returncode == 0 and "rep[/red]/index.html" in r.stdout, r.stderr
+
+
+def test_two_probes_into_one_directory_the_second_is_refused(xbench, tmp_path):
+    out = tmp_path / "run"
+    first = _start_probe(out, "-p", "latency", "--sizes", "8B:64KiB", "--samples", "8")
+    deadline = time.monotonic() + 60
+    while not (out / "run.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    second = xbench("probe", "-p", "latency", "--sizes", "8B:64KiB", "--out", out)
+    assert "is in use by another xbench" in one_line(second)
+    _, err = first.communicate(timeout=120)
+    assert first.returncode == 0, err
+    meta = json.loads((out / "run.json").read_text())
+    parts = list((out / PROBE_SAMPLES).glob("part-*.parquet"))
+    assert meta["status"] == "complete" and len(parts) == meta["planned_parts"][PROBE_SAMPLES]
+    # once it finished, the directory holds a run: refused as before
+    assert "already holds run" in one_line(xbench("probe", "--out", out))
+
+
+def test_a_probe_writes_run_json_before_its_ranks_start(xbench, tmp_path):
+    """Ranks that never start (here mpiexec is /bin/false) still leave a run that says so."""
+    out = tmp_path / "run"
+    r = xbench("probe", "--np", "2", "--out", out, env={"XBENCH_MPIEXEC": "false"})
+    assert r.returncode == 3, r.stderr
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["command"] == "probe" and meta["status"] == "partial" and meta["ranks"] == 2
+
+
+def test_more_ranks_or_threads_than_cores_are_refused(xbench, tmp_path):
+    import os
+
+    cores = len(os.sched_getaffinity(0))
+    out = tmp_path / "run"
+    line = one_line(xbench("probe", "--np", "1000", "--out", out))
+    assert f"--np 1000 starts 1000 ranks on this machine's {cores} cores" in line
+    assert "--oversubscribe" in line and not out.exists()
+    line = one_line(xbench("kernel", "--threads", "999", "--out", out))
+    assert f"--threads 999 is more than this machine's {cores} cores" in line
+    assert not out.exists()
+
+
+def test_report_replaces_a_report_only_with_force_and_leaves_no_stale_figures(xbench, tmp_path):
+    out = tmp_path / "rep"
+    r = xbench("report", PRIORS, "--out", out)
+    assert r.returncode == 0, r.stderr
+    stale = out / "fabrics-9-old.png"
+    stale.write_bytes(b"old figure")
+    mine = out / "notes.png"
+    mine.write_bytes(b"not the report's")
+    before = (out / "index.html").read_text()
+    line = one_line(xbench("report", PRIORS, "--out", out))
+    assert f"{out} already holds a report" in line and "--force" in line
+    assert (out / "index.html").read_text() == before
+    r = xbench("report", PRIORS, "--out", out, "--force")
+    assert r.returncode == 0, r.stderr
+    assert not stale.exists() and mine.exists() and "1 figure," in r.stdout
+
+
+def test_fit_refuses_a_run_given_twice(xbench, tmp_path):
+    run = probe_run(tmp_path / "run")
+    copy = tmp_path / "copy"
+    import shutil
+
+    shutil.copytree(run, copy)
+    for second in (run, copy):
+        line = one_line(xbench("fit", run, second, "--out", tmp_path / "p.toml"))
+        assert "hold the same run" in line and "would count twice" in line
+    assert not (tmp_path / "p.toml").exists()
+
+
+def test_profiles_with_unknown_keys_or_two_segments_from_one_size(xbench, tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text(PRIORS.read_text().replace("overhead = {", "overhed = {", 1))
+    line = one_line(xbench("decide", "--payload", "1KB", "--profile", bad))
+    assert "fabric 1 has unknown key overhed" in line and "overhead" in line
+    bad.write_text(PRIORS.read_text().replace('unit = "us", prior', 'unti = "us", prior', 1))
+    line = one_line(xbench("decide", "--payload", "1KB", "--profile", bad))
+    assert "overhead has unknown key unti" in line
+    segment = "[[fabric.segment]]\nmin_bytes = 0\n"
+    text = PRIORS.read_text()
+    first = text.index(segment) + len(segment)
+    end = text.index("[[fabric]]", first)
+    bad.write_text(text[:end] + segment + text[first:end] + text[end:])
+    line = one_line(xbench("decide", "--payload", "1KB", "--profile", bad))
+    assert "fabric nvlink has two segments from one min_bytes" in line
+
+
+def test_slurm_parses_what_it_forwards_before_writing(xbench, tmp_path):
+    script = tmp_path / "job.sbatch"
+    for forwarded, words in [
+        (["--np", "abc"], "the options for probe after -- are refused"),
+        (["--sizes", "1kb"], "unknown unit 'kb'"),
+        (["-p", "latency,,bandwidth"], "empty item"),
+        (["--no-such"], "No such option"),
+    ]:
+        line = one_line(xbench("slurm", "probe", "--out", script, "--", *forwarded))
+        assert words in line, line
+        assert not script.exists()
+    line = one_line(xbench("slurm", "probe", "--srun-mpi", "openmpi", "--out", script))
+    assert "--srun-mpi 'openmpi' is not an srun MPI plugin" in line and "pmi2" in line
+    r = xbench("slurm", "probe", "--srun-mpi", "pmi2", "--out", script, "--", "--sizes", "1KB")
+    assert r.returncode == 0 and script.exists(), r.stderr
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["decide", "--payload", "1KB", "--fabric", "ib,ib"], "names ib twice"),
+        (["decide", "--scenario", "agentic-codebase", "--rows", "1,2"], "--rows would be ignored"),
+        (["decide", "--payload", "1KB", "--rows", "1,,4"], "empty item"),
+        (["probe", "-p", "latency,,bandwidth"], "empty item"),
+        (["probe", "-p", "latency,latency"], "names latency twice"),
+        (["decide", "--payload", "1KB", "--chunk", "550000000000"], "--chunk 550000000000 is"),
+        (["kernel", "--chunk", "550000000000"], "beyond a chunk one device holds"),
+        (["decide", "--payload", "1KB", "--rows", "-1"], "--rows -1 is not a request shape"),
+        (["compare", ROOT, ROOT, "--threshold", "5"], "(5 would be 500%)"),
+    ],
+)
+def test_lists_and_shapes_that_mean_nothing(xbench, tmp_path, args, words):
+    line = one_line(xbench(*args, "--out", tmp_path / "out"))
+    assert words in line, line
+    assert not (tmp_path / "out").exists()
+
+
+def test_bare_xbench_prints_its_help(xbench):
+    r = xbench()
+    assert r.returncode == 0 and r.stderr == "" and r.stdout.startswith("Usage: xbench")
+    assert "error" not in r.stdout

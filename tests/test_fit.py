@@ -3,6 +3,7 @@
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import drop_key
 
 from xbench.core.profile import load_profile
 from xbench.fit.profile_fit import fit_device, fit_fabrics, wire_regimes
@@ -160,7 +161,7 @@ def test_idle_terms_are_fitted_from_idle_cases_and_kept_out_of_t_c(tmp_path):
     path = save_profile(dataclasses.replace(base, device=device), tmp_path / "idle.toml")
     back = load_profile(path).device
     assert back.after_idle(4e-3) == pytest.approx(device.after_idle(4e-3))
-    (tmp_path / "half.toml").write_text(path.read_text().replace("idle_tau", "idle_taus"))
+    drop_key(path, tmp_path / "half.toml", "device", "idle_tau")
     with pytest.raises(ProfileError, match="one of idle_extra and idle_tau"):
         load_profile(tmp_path / "half.toml")
     assert fit_device(frame[frame.idle_us == 0], base.device, "x")[0].idle_extra is None
@@ -293,8 +294,7 @@ def test_splice_terms_survive_a_profile_file_and_half_of_one_is_refused(tmp_path
     assert back.move(8192, segments=8) == pytest.approx(9e-6 + 8192 * 2e-9)
     assert back.move(1024, segments=8) == pytest.approx(4e-6 + 1024 * 2e-9)
     assert back.splice_t0.low == pytest.approx(3e-6)
-    half = path.read_text().replace("splice_per_token", "splice_per_tokens")
-    (tmp_path / "half.toml").write_text(half)
+    drop_key(path, tmp_path / "half.toml", "device", "splice_per_token")
     with pytest.raises(ProfileError, match="part of the splice term"):
         load_profile(tmp_path / "half.toml")
 
@@ -393,6 +393,6 @@ def test_page_terms_survive_a_profile_file_and_half_of_them_is_refused(tmp_path)
     )
     assert back.wire(64 * 73728, 64) == pytest.approx(ib.wire(64 * 73728, 64))
     assert load_profile(path).fabric("nvlink").block_t0 is None
-    (tmp_path / "half.toml").write_text(path.read_text().replace("block_beta", "block_betas"))
+    drop_key(path, tmp_path / "half.toml", "fabric", "block_beta", fabric="ib")
     with pytest.raises(ProfileError, match="one of block_t0 and block_beta"):
         load_profile(tmp_path / "half.toml")

@@ -517,7 +517,7 @@ def test_simulate_cli_bad_input(xbench, tmp_path):
         ((agentic, "--rate", "fast"), "--rate 'fast' is not a rate"),
         ((agentic, "--rate", "0/s"), "--rate '0/s' is not a rate"),
         ((agentic, "--seed", "-1"), "--seed -1"),
-        ((agentic, "--fabric", ","), "names no fabric"),
+        ((agentic, "--fabric", ","), "empty item"),
         ((agentic, "--replays", "2"), "--replays counts --validate's replays"),
         ((agentic, "--validate", "--replays", "0"), "'--replays'"),
         ((tmp_path / "none.toml",), "does not exist"),

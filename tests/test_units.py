@@ -3,6 +3,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from xbench.core.units import (
+    MOST_BYTES,
     SIZE_UNITS,
     format_size,
     parse_duration,
@@ -20,7 +21,11 @@ def test_format_then_parse_is_identity(n):
 
 @given(st.integers(min_value=0, max_value=10**6), st.sampled_from(sorted(SIZE_UNITS)))
 def test_number_and_unit(n, unit):
-    assert parse_size(f"{n}{unit}") == n * SIZE_UNITS[unit]
+    if n * SIZE_UNITS[unit] > MOST_BYTES:  # past any size xbench handles: refused, one line
+        with pytest.raises(XbenchError, match="beyond any size xbench handles"):
+            parse_size(f"{n}{unit}")
+    else:
+        assert parse_size(f"{n}{unit}") == n * SIZE_UNITS[unit]
 
 
 def test_decimal_and_binary_are_distinct():

@@ -13,6 +13,8 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
+from xbench.errors import XbenchError
+
 
 @dataclass(frozen=True)
 class Capability:
@@ -44,12 +46,23 @@ def check_mpiexec() -> Capability:
     )
 
 
+def check_cache() -> Capability:
+    from xbench.native import cache_dir
+
+    try:
+        return Capability("cache folder", True, f"{cache_dir()} (compiled loops and kernels)")
+    except XbenchError as exc:
+        return Capability("cache folder", False, f"{exc}; nothing can be compiled")
+
+
 def check_compiled_loop() -> Capability:
     from xbench.fabric.cloop import LoopUnavailable, build_loops, find_mpicc
 
     try:
         path = build_loops()
         return Capability("compiled probe loop", True, f"built with {find_mpicc()} -> {path.name}")
+    except XbenchError as exc:
+        return Capability("compiled probe loop", False, str(exc))
     except (LoopUnavailable, OSError) as exc:
         return Capability(
             "compiled probe loop", False, f"{exc}; probes fall back to the Python loop"
@@ -146,7 +159,10 @@ def check_cpu_bf16() -> Capability:
             False,
             "no avx512_bf16 on this CPU: bf16 attention uses fp32 products",
         )
-    ok = cpu_bf16.load() is not None
+    try:
+        ok = cpu_bf16.load() is not None
+    except XbenchError as exc:
+        return Capability("CPU bf16 attention kernel", False, str(exc))
     return Capability(
         "CPU bf16 attention kernel",
         ok,
@@ -328,6 +344,7 @@ def all_capabilities() -> list[Capability]:
         Capability("python", True, f"{platform.python_version()} on {platform.machine()}"),
         check_mpi(),
         check_mpiexec(),
+        check_cache(),
         check_compiled_loop(),
         check_tcp(),
         check_torch(),

@@ -24,6 +24,8 @@ app = typer.Typer(
     help="Route the query or fetch the cache: probe fabrics, time MLA kernels, fit a cost model, decide.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    # help texts hold brackets ([check], [workload]) that are words, not markup
+    rich_markup_mode=None,
 )
 
 
@@ -76,9 +78,15 @@ def main() -> None:
         if not (hasattr(exc, "format_message") and hasattr(exc, "exit_code")):
             raise
         ctx = getattr(exc, "ctx", None)
+        if type(exc).__name__ == "NoArgsIsHelpError" and ctx is not None:
+            # bare `xbench` (or a group with no command): the help, as asked, not an error
+            sys.stdout.write(ctx.get_help() + "\n")
+            sys.exit(0)
         hint = f"; see {ctx.command_path} --help" if ctx is not None else ""
+        # one sentence: no full stop before the hint, no validator's "Value error, " prefix
+        message = exc.format_message().replace("Value error, ", "").strip().rstrip(".")
         try:
-            raise fail(f"{exc.format_message()}{hint}", exc.exit_code) from None
+            raise fail(f"{message}{hint}", exc.exit_code) from None
         except typer.Exit as done:
             code = done.exit_code
     sys.exit(code if isinstance(code, int) else 0)

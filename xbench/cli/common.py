@@ -12,12 +12,20 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.markup import escape
+from rich.text import Text
 
 from xbench.errors import XbenchError
 
-console = Console()
-err_console = Console(stderr=True)
+# Markup off: what xbench prints holds the user's strings (paths, profile and scenario names,
+# descriptions) where "[/red]" must print as written, not raise or vanish. Colour is given
+# as styles (Text, style=), never as markup in a string.
+console = Console(markup=False)
+err_console = Console(stderr=True, markup=False)
+
+
+def coloured(text: str, style: str) -> Text:
+    """``text`` in ``style`` (a table cell, a line), never read as markup."""
+    return Text(str(text), style=style)
 
 
 class OutputFormat(str, Enum):
@@ -40,6 +48,47 @@ RoundsOption = Annotated[
 ]
 
 
+OversubscribeOption = Annotated[
+    bool,
+    typer.Option(
+        "--oversubscribe",
+        help="Start more ranks than this machine has cores (each busy-polls one: the times "
+        "then measure the scheduler).",
+    ),
+]
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity, as a container or cgroup sets it)."""
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def check_rank_count(np: int, spread: bool, oversubscribe: bool) -> None:
+    """Refuse more local ranks than cores unless asked: every rank busy-polls a core, and a
+    thousand of them on two cores take the machine down before the first sample."""
+    cores = usable_cores()
+    if np > cores and not spread and not oversubscribe:
+        raise XbenchError(
+            f"--np {np} starts {np} ranks on this machine's {cores} cores",
+            f"pass --np {cores} or fewer, --hostfile to spread them, or --oversubscribe",
+        )
+
+
+def check_threads(threads: int | None, option: str = "--threads") -> None:
+    """Refuse more torch threads than cores: they would time the scheduler, not the kernel."""
+    cores = usable_cores()
+    if threads is not None and threads > cores:
+        raise XbenchError(
+            f"{option} {threads} is more than this machine's {cores} cores",
+            f"pass {option} {cores} or fewer",
+        )
+
+
 def check_repeats(rounds: int, samples: int) -> None:
     """Refuse a sweep that would measure nothing."""
     if rounds < 1 or samples < 1:
@@ -49,9 +98,22 @@ def check_repeats(rounds: int, samples: int) -> None:
         )
 
 
+def _shorten(message: str, longest: int = 80) -> str:
+    """Any word (a path, a value) longer than ``longest`` cut in its middle, so a one-line
+    message stays one line a person can read."""
+    import re
+
+    def cut(match) -> str:
+        word = match.group(0)
+        return f"{word[:40]}...{word[-30:]} ({len(word)} characters)"
+
+    return re.sub(rf"\S{{{longest + 1},}}", cut, message)
+
+
 def fail(message: str, code: int = 2) -> typer.Exit:
+    message = _shorten(message)
     err_console.print(
-        f"[bold red]xbench: error:[/bold red] {escape(message)}", highlight=False, soft_wrap=True
+        Text.assemble(("xbench: error:", "bold red"), " ", message), highlight=False, soft_wrap=True
     )
     return typer.Exit(code)
 
@@ -59,7 +121,7 @@ def fail(message: str, code: int = 2) -> typer.Exit:
 def warn(line: str) -> None:
     """One warning line on stderr (output on stdout stays parseable)."""
     err_console.print(
-        f"[yellow]xbench: warning: {escape(line)}[/yellow]", highlight=False, soft_wrap=True
+        f"xbench: warning: {_shorten(line)}", style="yellow", highlight=False, soft_wrap=True
     )
 
 
@@ -109,6 +171,13 @@ def handles_errors(fn):
             return fn(*args, **kwargs)
         except XbenchError as exc:
             raise fail(str(exc), exc.exit_code) from None
+        except OSError as exc:  # a path the system refuses (too long, a file as a folder)
+            where = str(exc.filename) if exc.filename else ""
+            raise fail(
+                f"cannot use {where or 'a path'}: {exc.strerror or exc}; "
+                "pass a path the file system accepts (a shorter name, a folder you can write)",
+                2,
+            ) from None
         except MemoryError:  # what was asked for (requests, sizes, shapes) outgrew the machine
             if _run_dir:
                 from xbench.results.store import mark_partial

@@ -19,9 +19,9 @@ from rich.table import Table
 
 from xbench.cli.common import (
     RunDirOption,
+    coloured,
     console,
     err_console,
-    escape,
     handles_errors,
     note_run_dir,
     strict_json,
@@ -105,8 +105,11 @@ def _gates(
 
 def _allowed(text: str, name: str = "--allow") -> list[str]:
     from xbench.compare.runs import COMPARED_FIELDS
+    from xbench.core.units import parse_name_list
 
-    names = [a.strip() for a in text.split(",") if a.strip()]
+    if not text.strip():
+        return []
+    names = parse_name_list(text, name)
     bad = [a for a in names if a not in COMPARED_FIELDS and a != "schema"]
     if bad:
         raise XbenchError(
@@ -159,7 +162,7 @@ def emit(comparison, gates, fmt: CompareFormat, title: str) -> None:
     if not comparison.allow_missing:
         for line in comparison.problems:
             err_console.print(
-                f"[red]xbench: gate failed: {escape(line)}[/red]", highlight=False, soft_wrap=True
+                f"xbench: gate failed: {line}", style="red", highlight=False, soft_wrap=True
             )
 
 
@@ -179,21 +182,17 @@ def _table(comparison, gates, title: str) -> None:
     cases = comparison.cases
     coverage = cases.ci_coverage.dropna()
     label = f"ratio ({100 * coverage.iloc[0]:.0f}% CI)" if len(coverage) else "ratio"
-    table = Table(
-        title=title, caption="\n".join(escape(line) for line in _header(comparison, gates))
-    )
+    table = Table(title=title, caption="\n".join(_header(comparison, gates)))
     for col in ("case", "unit", "baseline", "candidate", label, "q", "detects", "verdict"):
         table.add_column(col, justify="left" if col in ("case", "unit", "verdict") else "right")
     for r in cases.itertuples():
         colour = COLOURS.get(r.verdict, "dim")
-        verdict = f"[{colour}]{r.verdict}[/{colour}]" if colour else r.verdict
-        if r.reason:
-            verdict += f" ({escape(r.reason)})"
+        verdict = coloured(r.verdict + (f" ({r.reason})" if r.reason else ""), colour)
         ratio = (
             "-" if r.ratio != r.ratio else f"{r.ratio:.3f} ({r.ratio_low:.3f}-{r.ratio_high:.3f})"
         )
         table.add_row(
-            escape(r.case),
+            r.case,
             r.unit,
             "-" if r.baseline != r.baseline else f"{r.baseline:,.4g}",
             "-" if r.candidate != r.candidate else f"{r.candidate:,.4g}",
@@ -364,7 +363,7 @@ def check(
     _table(comparison, gates, title)
     for line in [] if comparison.allow_missing else comparison.problems:
         err_console.print(
-            f"[red]xbench: gate failed: {escape(line)}[/red]", highlight=False, soft_wrap=True
+            f"xbench: gate failed: {line}", style="red", highlight=False, soft_wrap=True
         )
     console.print(f"reports: {reports}/compare.md, {reports}/compare.junit.xml", highlight=False)
     if update_baseline:
@@ -438,12 +437,10 @@ def _check_settings(path: Path | None) -> dict:
 def _new_run(command: str, out: Path | None) -> tuple[str, Path]:
     """A run id and a fresh run directory for the re-run (refused if it holds a run)."""
     from xbench.results.metadata import new_run_id
-    from xbench.results.store import ensure_writable_dir, refuse_existing_run
+    from xbench.results.store import claim_run_dir
 
     run_id = new_run_id(command)
-    out_dir = ensure_writable_dir(out or Path("results") / run_id)
-    refuse_existing_run(out_dir)
-    return run_id, out_dir
+    return run_id, claim_run_dir(out or Path("results") / run_id)
 
 
 def _rerun(baseline: Path, command: str, run_id: str, out_dir: Path, runs: int | None) -> None:

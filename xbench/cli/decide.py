@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.text import Text
 
 from xbench.cli.common import (
     FormatOption,
@@ -22,6 +23,7 @@ from xbench.errors import XbenchError
 
 @handles_errors
 def decide(
+    ctx: typer.Context,
     scenario: Annotated[
         Path | None,
         typer.Option(
@@ -107,7 +109,7 @@ def decide(
     from xbench.core.grid import decide_grid, expand
     from xbench.core.models import get_model
     from xbench.core.profile import load_profile
-    from xbench.core.units import parse_duration, parse_int_list, parse_size
+    from xbench.core.units import parse_duration, parse_int_list, parse_name_list, parse_size
     from xbench.resources import DEFAULT_PROFILE, profile_path
     from xbench.results.store import refuse_overwrite
 
@@ -120,6 +122,7 @@ def decide(
     if out is not None:
         refuse_overwrite(out, force)
     if scenario is not None:
+        _refuse_overridden(ctx)
         return _decide_scenario(scenario, prof, out, fmt)
     preset = get_model(model) if model else None
     if preset is None and payload is None:
@@ -135,15 +138,17 @@ def decide(
     )
     kvb = parse_size(kv_bytes) if kv_bytes else (preset.kv_bytes_per_token() if preset else 1152)
     h = heads if heads is not None else (preset.q_heads if preset else 1)
-    # zero rows or tokens are refused below with the scenario files' shapes, by name
-    chunks = parse_int_list(chunk, "--chunk", least=0)
-    reuses = parse_int_list(reuse, "--reuse", least=0)
-    row_list = parse_int_list(rows, "--rows", least=0)
+    # zero or negative rows and tokens are refused below with the scenario files' shapes, by
+    # name and with the bound that holds for each
+    anything = -(2**62)
+    chunks = parse_int_list(chunk, "--chunk", least=anything)
+    reuses = parse_int_list(reuse, "--reuse", least=anything)
+    row_list = parse_int_list(rows, "--rows", least=anything)
     names = [f.name for f in prof.fabrics]
     if fabric == "all":
         fabrics = [None]
     else:
-        fabrics = [x.strip() for x in fabric.split(",")]
+        fabrics = parse_name_list(fabric, "--fabric")
         bad = [x for x in fabrics if x not in names]
         if bad:
             raise XbenchError(
@@ -182,6 +187,39 @@ def decide(
         prof, row_list, chunks, h, pay, ret, kvb, segments, settings["fetch_cost_s"], fabrics
     )
     emit_frame(table, fmt, lambda f: _render(f, thresholds, prof, settings, path))
+
+
+# What a scenario file sets in place of the grid options (its request and its axes)
+_SCENARIO_SETS = (
+    "payload",
+    "return_",
+    "fetch_cost",
+    "model",
+    "heads",
+    "rows",
+    "chunk",
+    "reuse",
+    "kv_bytes",
+    "segments",
+    "probe_phase",
+    "fabric",
+)
+
+
+def _refuse_overridden(ctx) -> None:
+    """A grid option given with --scenario would be silently replaced by the scenario's
+    value: refused, naming it."""
+    flags = {p.name: p.opts[0] for p in ctx.command.params}
+    given = [
+        flags[name]
+        for name in _SCENARIO_SETS
+        if getattr(ctx.get_parameter_source(name), "name", "") in ("COMMANDLINE", "ENVIRONMENT")
+    ]
+    if given:
+        raise XbenchError(
+            f"--scenario sets the request and the grid itself; {', '.join(given)} would be ignored",
+            "drop " + ", ".join(given) + ", or edit a copy of the scenario file",
+        )
 
 
 def _decide_scenario(path: Path, prof, out, fmt) -> None:
@@ -232,34 +270,38 @@ def _decide_scenario(path: Path, prof, out, fmt) -> None:
     )
     if fmt == OutputFormat.table:
         console.print(
-            f"[bold]scenario {sc['name']}[/bold] ({sc['source']}): {sc['description']}",
+            Text.assemble(
+                (f"scenario {sc['name']}", "bold"), f" ({sc['source']}): {sc['description']}"
+            ),
             highlight=False,
         )
     emit_frame(table, fmt, lambda f: _render(f, thresholds, prof, settings, written))
 
 
-# Each request field, the option that sets it, and the least value that means something.
-_SHAPES = (
-    ("rows", "--rows", 1),
-    ("heads", "--heads", 1),
-    ("chunk_tokens", "--chunk", 1),
-    ("payload_bytes", "--payload", 1),
-    ("return_bytes", "--return", 1),
-    ("kv_bytes_per_token", "--kv-bytes", 1),
-    ("segments", "--segments", 1),
-    ("reuse", "--reuse", 0),
-)
-
-
-# Above this no request shape means anything (a tebibyte a query row, 10^12 tokens); past 2^53
-# the table's integer columns cannot hold a value computed in floats (99999 TiB did not)
+# Above this no request shape means anything (a tebibyte a query row); past 2^53 the table's
+# integer columns cannot hold a value computed in floats (99999 TiB did not)
 _MOST = 2**40
+# No context comes near 2^30 tokens (a billion; the longest windows are ~10^7)
+_MOST_TOKENS = 2**30
+
+# Each request field, the option that sets it, and the least and most values that mean
+# something.
+_SHAPES = (
+    ("rows", "--rows", 1, _MOST),
+    ("heads", "--heads", 1, _MOST),
+    ("chunk_tokens", "--chunk", 1, _MOST_TOKENS),
+    ("payload_bytes", "--payload", 1, _MOST),
+    ("return_bytes", "--return", 1, _MOST),
+    ("kv_bytes_per_token", "--kv-bytes", 1, _MOST),
+    ("segments", "--segments", 1, _MOST),
+    ("reuse", "--reuse", 0, _MOST),
+)
 
 
 def check_shapes(grid, where: str = "") -> None:
     """Refuse request shapes the model cannot mean: no rows, no tokens, no bytes, or more
     than any request holds."""
-    for column, option, least in _SHAPES:
+    for column, option, least, most in _SHAPES:
         if column not in grid.columns or not len(grid):
             continue
         source = f"{where}: {column}" if where else option
@@ -268,13 +310,13 @@ def check_shapes(grid, where: str = "") -> None:
                 f"{source} {grid[column].min():g} is not a request shape (at least {least})",
                 f"give {option} of {least} or more",
             )
-        if float(grid[column].max()) > _MOST:
+        if float(grid[column].max()) > most:
             from xbench.core.units import format_size
 
             show = format_size if column.endswith(("bytes", "per_token")) else str
             raise XbenchError(
                 f"{source} {show(int(grid[column].max()))} is beyond any request",
-                f"keep {option} at or below {show(_MOST)}",
+                f"keep {option} at or below {show(most)}",
             )
 
 
@@ -368,7 +410,7 @@ def _render(f, thresholds, prof, settings, path) -> None:
             str(r.rows),
             str(r.chunk_tokens),
             str(r.reuse),
-            f"[{style}]{r.decision}[/{style}]{flags}",
+            Text.assemble((r.decision, style), flags),
             str(r.fabric_chosen),
             "lat" if r.ranked_by == "latency" else "bw",
             _us(r.t_route),

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from xbench.cli.common import FormatOption, OutputFormat, console, emit_frame, handles_errors
+from xbench.cli.common import (
+    FormatOption,
+    OutputFormat,
+    coloured,
+    console,
+    emit_frame,
+    handles_errors,
+)
 
 
 @handles_errors
@@ -27,6 +34,8 @@ def _table(frame) -> None:
     table.add_column("detail", overflow="fold")
     for cap in frame.itertuples():
         table.add_row(
-            cap.capability, "[green]yes[/green]" if cap.ok else "[red]no[/red]", cap.detail
+            cap.capability,
+            coloured("yes", "green") if cap.ok else coloured("no", "red"),
+            cap.detail,
         )
     console.print(table)

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from xbench.cli.common import (
     FormatOption,
@@ -60,6 +61,7 @@ def fit(
                 f"results path {path} does not exist",
                 "pass directories written by xbench probe / xbench kernel",
             )
+    _refuse_repeats(results)
     base_path = profile_path(base) if base else None
     if base_path is not None and base_path.resolve() == out.resolve():
         raise XbenchError(
@@ -99,6 +101,23 @@ def fit(
     for line in warnings:
         warn(line)
     emit_frame(coefficient_frame(profile), fmt, lambda f: _table(f, profile.name, out))
+
+
+def _refuse_repeats(results: list[Path]) -> None:
+    """A run given twice (by two paths, or two copies of one run) would count its samples
+    twice and narrow every interval: refused, naming both."""
+    from xbench.results.store import read_run_meta
+
+    seen: dict[str, Path] = {}
+    for path in results:
+        meta = read_run_meta(path) if path.is_dir() else {}
+        key = meta.get("run_id") or str(path.resolve())
+        if key in seen:
+            raise XbenchError(
+                f"{seen[key]} and {path} hold the same run ({key}): its samples would count twice",
+                "pass each run once",
+            )
+        seen[key] = path
 
 
 _DEVICE_TERMS = (
@@ -181,7 +200,7 @@ def _table(frame, name: str, out: Path) -> None:
         table.add_column(col, justify="left" if col in ("term", "unit") else "right")
     for group, rows in frame.groupby("group", sort=False):
         note = rows.note.iloc[0]
-        table.add_row(f"[bold]{group}[/bold]" + (f" {note}" if note else ""), "", "", "")
+        table.add_row(Text.assemble((group, "bold"), f" {note}" if note else ""), "", "", "")
         for r in rows.itertuples():
             table.add_row(
                 f"  {r.term}" + ("*" if r.prior else ""),

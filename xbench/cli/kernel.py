@@ -13,6 +13,7 @@ from xbench.cli.common import (
     RoundsOption,
     RunDirOption,
     check_repeats,
+    check_threads,
     console,
     emit_frame,
     handles_errors,
@@ -20,7 +21,7 @@ from xbench.cli.common import (
     note_run_dir,
 )
 from xbench.cli.render import num, result_table
-from xbench.core.units import format_duration, parse_duration, parse_int_list
+from xbench.core.units import format_duration, parse_duration, parse_int_list, parse_name_list
 from xbench.errors import XbenchError
 
 
@@ -166,8 +167,10 @@ def kernel(
         raise XbenchError(f"--np {np}: the sweep runs alone or beside one peer", "pass --np 1 or 2")
     if runs < 1:
         raise XbenchError(f"--runs {runs} launches nothing", "pass --runs 1 or more")
-    chunks = parse_int_list(chunk, "--chunk")
-    row_list = parse_int_list(rows, "--rows")
+    # 2^26 tokens is 77 GB of one layer's KV: more than any GPU's memory holds for one chunk
+    chunks = parse_int_list(chunk, "--chunk", most=2**26, what="a chunk one device holds")
+    row_list = parse_int_list(rows, "--rows", most=2**16, what="rows in one decode call")
+    check_threads(threads)
     if launch not in ("auto", "graph", "eager"):
         raise XbenchError(f"unknown --launch {launch!r}", "pick auto, graph or eager")
     for option, text, auto_cpu in (
@@ -184,14 +187,9 @@ def kernel(
     from xbench.kernels.worker import SweepConfig
     from xbench.results.metadata import new_run_id
     from xbench.results.schema import KERNEL_SAMPLES
-    from xbench.results.store import ensure_writable_dir, read_table, refuse_existing_run
+    from xbench.results.store import claim_run_dir, read_table
 
-    names = [k.strip() for k in kernels.split(",") if k.strip()]
-    bad = [k for k in names if k not in KERNELS]
-    if bad or not names:
-        raise XbenchError(
-            f"unknown kernel {', '.join(bad) or repr(kernels)}", f"pick from {', '.join(KERNELS)}"
-        )
+    names = parse_name_list(kernels, "--kernels", KERNELS, "kernel")
     dev = device or default_device()
     if dev not in ("cpu", "cuda") and not dev.startswith("cuda:"):
         raise XbenchError(f"unknown device {dev!r}", "pick cpu or cuda")
@@ -240,8 +238,7 @@ def kernel(
     if config_from is not None:
         cfg = stored_config(config_from, cfg)
     # only now: a refused command leaves no empty run directory behind
-    ensure_writable_dir(out_dir)
-    refuse_existing_run(out_dir)
+    claim_run_dir(out_dir)
     run_configured(cfg)
     summary = summarize_kernels(read_table(out_dir, KERNEL_SAMPLES))
     emit_frame(summary, fmt, lambda f: _table(f, out_dir))

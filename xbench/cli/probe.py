@@ -10,14 +10,22 @@ import typer
 from xbench.cli.common import (
     FormatOption,
     OutputFormat,
+    OversubscribeOption,
     RunDirOption,
+    check_rank_count,
     console,
     emit_frame,
-    err_console,
     handles_errors,
     note_run_dir,
+    warn,
 )
-from xbench.core.units import parse_duration, parse_int_list, parse_size, parse_size_list
+from xbench.core.units import (
+    parse_duration,
+    parse_int_list,
+    parse_name_list,
+    parse_size,
+    parse_size_list,
+)
 from xbench.errors import XbenchError
 from xbench.fabric.registry import TRANSPORTS, check_fabric
 from xbench.probe.patterns import DEFAULT_PATTERNS, PATTERNS, SweepSpec
@@ -26,14 +34,28 @@ from xbench.probe.patterns import DEFAULT_PATTERNS, PATTERNS, SweepSpec
 def _patterns(text: str) -> tuple[str, ...]:
     if text == "all":
         return PATTERNS
-    names = tuple(p.strip() for p in text.split(",") if p.strip())
-    bad = [p for p in names if p not in PATTERNS]
-    if bad or not names:
-        raise XbenchError(
-            f"unknown pattern {', '.join(bad) or repr(text)}",
-            f"pick from {', '.join(PATTERNS)} or all",
-        )
-    return names
+    return tuple(parse_name_list(text, "--pattern", PATTERNS, "pattern"))
+
+
+def check_sweep_values(params: dict) -> None:
+    """Parse the text options of a probe, kernel or validate command line as the command
+    will (sizes, lists, durations, patterns): ``xbench slurm`` checks what it forwards."""
+    parsers = {
+        "sizes": parse_size_list,
+        "payload": parse_size,
+        "return_": parse_size,
+        "block_size": parse_size,
+        "kv_bytes": parse_size,
+        "pattern": _patterns,
+        "min_sample_time": parse_duration,
+        "rows": lambda text: parse_int_list(text, "--rows"),
+        "chunk": lambda text: parse_int_list(text, "--chunk"),
+        "blocks": lambda text: parse_int_list(text, "--blocks"),
+    }
+    for name, parse in parsers.items():
+        value = params.get(name)
+        if isinstance(value, str):
+            parse(value)
 
 
 def _seconds(text: str) -> float:
@@ -148,6 +170,7 @@ def probe(
         Path | None,
         typer.Option(help="Hosts file for the launched mpiexec/mpirun (-f / --hostfile)."),
     ] = None,
+    oversubscribe: OversubscribeOption = False,
     device: Annotated[
         str, typer.Option(help="Buffers on host or cuda (mpi --device cuda: CUDA-aware MPI).")
     ] = "host",
@@ -179,7 +202,7 @@ def probe(
     from xbench.fabric.presets import preset_env
     from xbench.probe.runner import ProbeConfig
     from xbench.results.metadata import new_run_id
-    from xbench.results.store import ensure_writable_dir, refuse_existing_run
+    from xbench.results.store import announce_run, claim_run_dir
 
     spec = SweepSpec(
         patterns=_patterns(pattern),
@@ -284,12 +307,28 @@ def probe(
         from xbench.probe.runner import parse_pairs
 
         parse_pairs(cfg.pairs, np)  # as the ranks will, but before any starts
+        check_rank_count(np, hostfile is not None, oversubscribe)
+        _build_loop(cfg)  # a loop that cannot be built is refused before --out exists
         # only now: a refused command leaves no empty run directory behind (under a
         # launcher, rank 0 alone creates it)
-        ensure_writable_dir(out_dir)
-        refuse_existing_run(out_dir)
+        claim_run_dir(out_dir)
+        announce_run(out_dir, _announced(cfg, np))
         note_run_dir(out_dir)
         launch(cfg, np, fmt, hostfile, runs)
+
+
+def _announced(cfg, np: int) -> dict:
+    """What run.json says before the ranks start (rank 0 writes the full metadata)."""
+    import datetime
+    import json
+
+    return {
+        "run_id": cfg.run_id,
+        "command": "probe",
+        "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "ranks": np,
+        "config": json.loads(cfg.to_json()),
+    }
 
 
 def _continued(cfg, out_dir: Path, process_run: int, launched: bool):
@@ -368,21 +407,10 @@ def launch(
     report: bool = True,
 ) -> None:
     from xbench.cli.progress import EventProgress, make_progress
-    from xbench.fabric.cloop import LoopUnavailable, build_loops
     from xbench.fabric.launch import run_ranks
 
     out_dir = Path(cfg.out_dir)
-    if cfg.loop != "python":
-        try:
-            build_loops()  # once here, not racing in every rank
-        except LoopUnavailable as exc:
-            if cfg.loop == "c":
-                raise XbenchError(
-                    str(exc), "use --loop python, or install an MPI with mpicc"
-                ) from None
-            err_console.print(
-                f"[yellow]xbench: compiled loop unavailable ({exc}); timing in Python[/yellow]"
-            )
+    _build_loop(cfg)
     stall = cfg.timeout_s + 60.0
     for process_run in range(runs):  # separate process sets: placement and start-up state vary
         cfg.process_run = process_run
@@ -402,6 +430,21 @@ def launch(
     _check_preset(cfg, out_dir / "launcher.log")
     if report:
         _report(out_dir, fmt)
+
+
+def _build_loop(cfg) -> None:
+    """The compiled timing loop, built once here rather than racing in every rank; without
+    it the Python loop times, with a warning (an error when --loop c asked for it)."""
+    from xbench.fabric.cloop import LoopUnavailable, build_loops
+
+    if cfg.loop == "python":
+        return
+    try:
+        build_loops()
+    except LoopUnavailable as exc:
+        if cfg.loop == "c":
+            raise XbenchError(str(exc), "use --loop python, or install an MPI with mpicc") from None
+        warn(f"compiled loop unavailable ({exc}); timing in Python")
 
 
 def _check_preset(cfg, log_path: Path) -> None:

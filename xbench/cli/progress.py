@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
-from xbench.cli.common import err_console, escape
+from xbench.cli.common import err_console
 from xbench.events import NullSink
 
 
@@ -12,7 +13,7 @@ def make_progress() -> Progress:
     # Redrawn only when an event arrives: a timer thread would wake on the cores the
     # ranks are busy-polling and show up as latency.
     return Progress(
-        TextColumn("{task.description}"),
+        TextColumn("{task.description}", markup=False),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
@@ -42,7 +43,7 @@ class RichSink(NullSink):
     def error(self, message):
         self.progress.stop()
         err_console.print(
-            f"[bold red]xbench: error:[/bold red] {escape(message)}",
+            Text.assemble(("xbench: error:", "bold red"), " ", message),
             highlight=False,
             soft_wrap=True,
         )

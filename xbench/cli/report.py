@@ -22,6 +22,10 @@ def report(
     ],
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder for the PNGs and index.html.")],
     heads: Annotated[int, typer.Option(help="Heads per device for the decision map.")] = 16,
+    force: Annotated[
+        bool,
+        typer.Option("--force", help="Replace the report already in --out (its PNGs too)."),
+    ] = False,
 ) -> None:
     """Draw what the results hold: fabric curves, roofline, decision map, validate, comparison."""
     from xbench.report import build
@@ -37,9 +41,15 @@ def report(
         why = incompleteness(path) if path.is_dir() else None
         if why:
             warn(f"{why}: drawn from the cases it holds")
+    if (out / "index.html").exists() and not force:
+        raise XbenchError(
+            f"{out} already holds a report", "pass another --out, or --force to replace it"
+        )
     figures = build(results, out, heads)
     for fig in figures:
         console.print(f"{fig.title}: {fig.path}", highlight=False)
     console.print(
-        f"report: {out / 'index.html'} ({len(figures)} figures, self-contained)", highlight=False
+        f"report: {out / 'index.html'} ({len(figures)} figure{'s' if len(figures) > 1 else ''}, "
+        "self-contained)",
+        highlight=False,
     )

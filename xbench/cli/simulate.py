@@ -16,7 +16,7 @@ from xbench.cli.common import (
     warn,
 )
 from xbench.cli.render import num, result_table
-from xbench.core.units import format_duration
+from xbench.core.units import format_duration, parse_name_list
 from xbench.errors import XbenchError
 
 
@@ -97,9 +97,7 @@ def simulate(
     if seed < 0:  # numpy's generators take none
         raise XbenchError(f"--seed {seed}: seeds are 0 or more", "pass e.g. --seed 0")
     if fabric is not None:
-        spec["fabrics"] = [f.strip() for f in fabric.split(",") if f.strip()]
-        if not spec["fabrics"]:
-            raise XbenchError(f"--fabric {fabric!r} names no fabric", "write e.g. --fabric shm,ib")
+        spec["fabrics"] = parse_name_list(fabric, "--fabric")
     if rate is not None:
         try:
             per_s = float(rate.strip().removesuffix("/s"))
@@ -109,13 +107,9 @@ def simulate(
             raise XbenchError(f"--rate {rate!r} is not a rate", "write e.g. --rate 50/s")
         spec["fields"]["rate_per_s"] = per_s
     known = PREFILL_POLICIES if spec["kind"] == "prefill" else POLICIES
-    policies = list(known) if policy == "all" else [p.strip() for p in policy.split(",")]
-    bad = [p for p in policies if p not in known]
-    if bad or not policies:
-        raise XbenchError(
-            f"unknown policy {', '.join(bad) or policy!r} for a {spec['kind']} workload",
-            f"pick {', '.join(known)} or all",
-        )
+    policies = (
+        list(known) if policy == "all" else parse_name_list(policy, "--policy", known, "policy")
+    )
     if spec["kind"] == "prefill" and prof.device.recompute_per_token is None:
         raise XbenchError(
             f"profile {prof.name} has no prefill cost (recompute_per_token) to simulate {scenario}",

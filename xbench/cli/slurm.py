@@ -73,6 +73,7 @@ def slurm(
     from xbench.results.store import refuse_overwrite
 
     job.validate()
+    _check_forwarded(job.sweep if kind == "check" else kind, job.xbench_args)
     refuse_overwrite(out, force)
     out.write_text(render(job))
     out.chmod(0o755)
@@ -85,6 +86,33 @@ def slurm(
         print(strict_json({"script": str(out), "submitted": submitted}))
     else:
         print(f"script,submitted\n{out},{submitted or ''}")
+
+
+def _check_forwarded(command: str | None, args: list[str]) -> None:
+    """Parse the options forwarded to the sweep as the nodes' xbench will, before the script
+    is written: a typo fails here in a second, not on the cluster after the queue."""
+    import typer.main
+
+    from xbench.cli.kernel import kernel
+    from xbench.cli.probe import check_sweep_values, probe
+    from xbench.cli.validate import validate
+    from xbench.errors import XbenchError
+
+    if command is None or not args:
+        return
+    one = typer.Typer()  # the sweep's own command line, as the app defines it
+    one.command()({"probe": probe, "kernel": kernel, "validate": validate}[command])
+    sweep = typer.main.get_command(one)
+    try:
+        ctx = sweep.make_context(f"xbench {command}", list(args))
+    except Exception as exc:  # click's usage errors (click may be vendored: matched by shape)
+        if not hasattr(exc, "format_message"):
+            raise
+        raise XbenchError(
+            f"the options for {command} after -- are refused: {exc.format_message()}",
+            f"fix them (xbench {command} --help lists them)",
+        ) from None
+    check_sweep_values(ctx.params)
 
 
 def _baseline(baseline: str | None, sweep: str | None, launches: int | None):

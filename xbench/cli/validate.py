@@ -14,6 +14,8 @@ from xbench.cli.common import (
     RoundsOption,
     RunDirOption,
     check_repeats,
+    check_threads,
+    coloured,
     console,
     emit_frame,
     handles_errors,
@@ -88,13 +90,7 @@ def validate(
     from xbench.resources import profile_path
     from xbench.results.metadata import new_run_id
     from xbench.results.schema import VALIDATE_SAMPLES, VALIDATE_SUMMARY
-    from xbench.results.store import (
-        ensure_writable_dir,
-        read_run_meta,
-        read_table,
-        refuse_existing_run,
-        write_table,
-    )
+    from xbench.results.store import claim_run_dir, read_run_meta, read_table, write_table
     from xbench.validate import FETCH_LAYOUTS, ValidateConfig, summarize_validation
 
     prof = load_profile(profile_path(profile))
@@ -107,6 +103,7 @@ def validate(
         )
     if np != 2:
         raise XbenchError(f"--np {np}: validate runs one requester and one holder", "pass --np 2")
+    check_threads(threads)
     check_repeats(rounds, samples)
     if dtype not in ("bf16", "fp32"):
         raise XbenchError(f"unknown dtype {dtype!r}", "pick bf16 or fp32")
@@ -141,8 +138,7 @@ def validate(
         runs=runs,
     )
     # only now: a refused command leaves no empty run directory behind
-    ensure_writable_dir(out_dir)
-    refuse_existing_run(out_dir)
+    claim_run_dir(out_dir)
     note_run_dir(out_dir)
     config_path = out_dir / "validate-config.json"
     for process_run in range(runs):  # separate process sets, appending to one run
@@ -199,7 +195,7 @@ def _table(summary, profile: str, fabric: str, out_dir, wire: str | None = None)
             f"{r.ci_low_us:,.1f}-{r.ci_high_us:,.1f}",
             f"{r.predicted_us:,.1f}",
             f"{100 * r.error:+.1f}%",
-            "[green]matches[/green]" if r.correct else "[red]differs[/red]",
+            coloured("matches", "green") if r.correct else coloured("differs", "red"),
         )
     console.print(table)
     from xbench.validate import validation_errors

@@ -24,7 +24,8 @@ SLURM_TIME = re.compile(r"\d+(:\d+){0,2}|\d+-\d+(:\d+){0,2}|unlimited|infinite",
 # (pmix, pmix_v4, pmi2, none...): anything else would be misread by sbatch in a #SBATCH line
 # or, for the plugin, run by the shell as part of the srun command line.
 SLURM_NAME = re.compile(r"[A-Za-z0-9_.+-]+(,[A-Za-z0-9_.+-]+)*")
-SRUN_MPI = re.compile(r"[a-z0-9_]+")
+# srun's MPI plugins (srun --mpi=list; pmix_vN by PMIx version): anything else fails the job
+SRUN_MPI = ("pmix", "pmix_v2", "pmix_v3", "pmix_v4", "pmix_v5", "pmi2", "cray_shasta", "none")
 # The results folder is written inside double quotes so $SLURM_JOB_ID expands; a quote, a
 # backslash, a line break or a command substitution would end that string or run something.
 RESULTS_UNSAFE = re.compile(r'["\\`\n\r]|\$\(')
@@ -67,10 +68,10 @@ class SlurmJob:
                     f"{option} {value!r} is not a Slurm name",
                     f"write {option} with letters, digits, _ . + - (a comma list for partitions)",
                 )
-        if not SRUN_MPI.fullmatch(self.srun_mpi):
+        if self.srun_mpi not in SRUN_MPI:
             raise XbenchError(
                 f"--srun-mpi {self.srun_mpi!r} is not an srun MPI plugin",
-                "pass pmix, pmi2 or another name `srun --mpi=list` prints",
+                f"pass one of {', '.join(SRUN_MPI)} (`srun --mpi=list` shows the cluster's)",
             )
         if not self.results or RESULTS_UNSAFE.search(self.results):
             raise XbenchError(

@@ -83,6 +83,32 @@ class ProfileError(XbenchError):
     pass
 
 
+def _known(table, allowed, where: str, path: str) -> None:
+    """Refuse keys a profile table does not have: a misspelt ``overhed`` would otherwise be
+    dropped without a word, and the default used in its place."""
+    if not isinstance(table, dict):
+        return
+    unknown = sorted(set(table) - set(allowed))
+    if unknown:
+        raise ProfileError(
+            f"profile {path}: {where} has unknown key {', '.join(unknown)}",
+            f"use {', '.join(sorted(allowed))}",
+        )
+
+
+COEF_KEYS = ("value", "low", "high", "unit", "prior")
+FABRIC_KEYS = (
+    "name",
+    "pair_class",
+    "transport",
+    "overhead",
+    "heldout_mape",
+    "block_t0",
+    "block_beta",
+    "segment",
+)
+
+
 def _coef(
     raw,
     where: str,
@@ -99,6 +125,7 @@ def _coef(
             f"profile {path}: {where} must be a table with value and unit",
             'write it as { value = 1.5, unit = "us" }',
         )
+    _known(raw, COEF_KEYS, where, path)
     unit = raw.get("unit")
     if not unit:
         hint = (
@@ -168,6 +195,8 @@ def _min_tokens(seg, where: str, path: str) -> float:
 
 def _pieces(dev: dict, kind: str, names: tuple, path: str) -> tuple:
     """Further pieces of a device term: [[device.<kind>_segment]] tables, from min_tokens on."""
+    for i, seg in enumerate(dev.get(f"{kind}_segment", [])):
+        _known(seg, ("min_tokens", *names), f"device {kind}_segment {i + 1}", path)
     return tuple(
         (
             _min_tokens(seg, f"device {kind}_segment {i + 1}", path),
@@ -192,6 +221,7 @@ def _spliced_saving(dev: dict, path: str) -> tuple:
     points = []
     for i, point in enumerate(dev.get("spliced_saving", [])):
         where = f"device spliced_saving {i + 1}"
+        _known(point, ("tokens", "saving"), where, path)
         tokens = point.get("tokens") if isinstance(point, dict) else None
         if not isinstance(tokens, (int, float)) or not math.isfinite(tokens) or tokens <= 0:
             raise ProfileError(
@@ -213,7 +243,9 @@ def _spliced_saving(dev: dict, path: str) -> tuple:
 
 def parse_profile(data: dict, path: str = "<profile>") -> Profile:
     """Build a Profile from parsed TOML, or raise a one-line ProfileError."""
+    _known(data, ("profile", "provenance", "fabric", "device"), "the top level", path)
     head = data.get("profile", {})
+    _known(head, ("name", "schema_version"), "[profile]", path)
     version = head.get("schema_version", PROFILE_SCHEMA_VERSION)
     if version != PROFILE_SCHEMA_VERSION:
         raise ProfileError(
@@ -228,6 +260,7 @@ def parse_profile(data: dict, path: str = "<profile>") -> Profile:
             "add at least one fabric, or fit one with xbench fit",
         )
     for i, raw in enumerate(raw_fabrics):
+        _known(raw, FABRIC_KEYS, f"fabric {i + 1}", path)
         name = raw.get("name")
         if name not in FABRICS:
             raise ProfileError(
@@ -243,6 +276,7 @@ def parse_profile(data: dict, path: str = "<profile>") -> Profile:
         segments = []
         for j, seg in enumerate(segs):
             where = f"fabric {name} segment {j + 1}"
+            _known(seg, ("min_bytes", "alpha", "beta"), where, path)
             min_bytes = seg.get("min_bytes", 0)
             if (
                 not isinstance(min_bytes, (int, float))
@@ -260,7 +294,13 @@ def parse_profile(data: dict, path: str = "<profile>") -> Profile:
                     _coef(seg.get("beta"), f"{where} beta", "rate", path, positive=True),
                 )
             )
-        if sorted(s.min_bytes for s in segments)[0] != 0:
+        starts = [s.min_bytes for s in segments]
+        if len(set(starts)) < len(starts):
+            raise ProfileError(
+                f"profile {path}: fabric {name} has two segments from one min_bytes",
+                "give each segment its own min_bytes",
+            )
+        if sorted(starts)[0] != 0:
             raise ProfileError(
                 f"profile {path}: fabric {name} has no segment starting at min_bytes = 0",
                 "the first segment must cover the smallest messages",
@@ -298,6 +338,9 @@ def parse_profile(data: dict, path: str = "<profile>") -> Profile:
             f"profile {path} has no [device] table",
             "add the compute, merge and move terms (see profiles/h100-priors.toml)",
         )
+    device_keys = ["name", *DEVICE_TERMS]
+    device_keys += ["compute_segment", "move_segment", "splice_segment", "spliced_saving"]
+    _known(dev, device_keys, "[device]", path)
     terms = {}
     for term, per in DEVICE_TERMS.items():
         if term not in dev:

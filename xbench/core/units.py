@@ -12,6 +12,7 @@ inclusive, ``1KiB:1MiB:x4`` multiplies by 4 instead.
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 
 from xbench.errors import XbenchError
 
@@ -27,6 +28,9 @@ SIZE_UNITS = {
     "TiB": 2**40,
 }
 DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+# No message, payload or buffer of any sweep or request comes near a pebibyte; past 2^53 a
+# size no longer survives the float columns it is stored in
+MOST_BYTES = 2**50
 
 _NUMBER_UNIT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
 _SIZE_HELP = "write sizes like 8B, 1KB (1000 B), 64KiB (1024 B), 16MiB or a range 8B:16MiB"
@@ -41,9 +45,15 @@ def parse_size(text: str) -> int:
     unit = unit or "B"
     if unit not in SIZE_UNITS:
         raise XbenchError(f"bad size {text!r}: unknown unit {unit!r}", _SIZE_HELP)
-    value = float(number) * SIZE_UNITS[unit]
-    if value != int(value):
+    # exact arithmetic: a float of 400 digits is infinite, and 1.1KB is not a float's 1100.0000x
+    value = Fraction(number) * SIZE_UNITS[unit]
+    if value.denominator != 1:
         raise XbenchError(f"bad size {text!r}: not a whole number of bytes", _SIZE_HELP)
+    if value > MOST_BYTES:
+        raise XbenchError(
+            f"bad size {text!r}: beyond any size xbench handles",
+            f"keep sizes at or below {format_size(MOST_BYTES)}",
+        )
     return int(value)
 
 
@@ -83,12 +93,19 @@ def parse_size_list(text: str, *, allow_zero: bool = False) -> list[int]:
     return sorted(sizes)
 
 
-def parse_int_list(text: str, name: str, least: int = 1) -> list[int]:
+def parse_int_list(
+    text: str, name: str, least: int = 1, most: int | None = None, what: str = ""
+) -> list[int]:
     """Parse ``1,8,64`` or a doubling range ``1:64`` of integers of at least ``least``
-    (rows, tokens and blocks count from 1; a reuse may be 0)."""
+    (rows, tokens and blocks count from 1; a reuse may be 0) and, if given, at most ``most``
+    (``what`` says why, e.g. "tokens in any context")."""
     values: set[int] = set()
     for item in str(text).split(","):
         item = item.strip()
+        if not item:
+            raise XbenchError(
+                f"bad {name} {text!r}: empty item", f"write {name} as 1,8,64 or a range 1:64"
+            )
         try:
             if ":" in item:
                 lo, hi = (int(p) for p in item.split(":"))
@@ -105,7 +122,32 @@ def parse_int_list(text: str, name: str, least: int = 1) -> list[int]:
             ) from None
     if not values or min(values) < least:
         raise XbenchError(f"bad {name} {text!r}", f"{name} must be integers of {least} or more")
+    if most is not None and max(values) > most:
+        raise XbenchError(
+            f"bad {name} {text!r}: {max(values)} is beyond {what or 'what this option takes'}",
+            f"keep {name} at or below {most}",
+        )
     return sorted(values)
+
+
+def parse_name_list(text: str, name: str, choices=None, noun: str = "") -> list[str]:
+    """Parse ``a,b,c``: no empty item, no item twice, each among ``choices`` if given
+    (``noun`` names one item in the message: "unknown pattern x")."""
+    items = [item.strip() for item in str(text).split(",")]
+    if not all(items):
+        raise XbenchError(f"bad {name} {text!r}: empty item", f"write {name} as a,b with no gaps")
+    twice = sorted({item for item in items if items.count(item) > 1})
+    if twice:
+        raise XbenchError(
+            f"{name} {text!r} names {', '.join(twice)} twice", f"name each once in {name}"
+        )
+    if choices is not None:
+        bad = [item for item in items if item not in choices]
+        if bad:
+            raise XbenchError(
+                f"unknown {noun or name} {', '.join(bad)}", f"pick from {', '.join(choices)}"
+            )
+    return items
 
 
 def parse_duration(text: str) -> float:

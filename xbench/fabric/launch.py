@@ -102,7 +102,11 @@ def launch_worker(
         hosts = ["-f", str(converted)] if hydra else ["--hostfile", str(converted)]
     else:
         hosts = []
-    cmd = [mpiexec, *binding, *hosts, "-n", str(np), sys.executable, "-u", "-m", module, *args]
+    # more local ranks than cores only when asked (the CLI refuses it otherwise): Open MPI
+    # then needs telling too, as it counts one slot a core
+    over = ["--oversubscribe"] if not hydra and not hostfile and np > (os.cpu_count() or 1) else []
+    cmd = [mpiexec, *binding, *over, *hosts, "-n", str(np), sys.executable, "-u", "-m", module]
+    cmd += args
     result = LaunchResult(returncode=0)
     with open(log_path, "a") as log:
         log.write(f"$ {' '.join(cmd)}\n")

@@ -16,6 +16,18 @@ from pathlib import Path
 
 from xbench.errors import XbenchError
 
+# The first word of each figure's file name (fabrics-1-run.png): what a report writes
+FIGURE_KINDS = (
+    "fabrics",
+    "roofline",
+    "validate",
+    "compare",
+    "simulate",
+    "validation",
+    "prefill",
+    "decisions",
+)
+
 
 @dataclass
 class Figure:
@@ -68,6 +80,9 @@ def build(paths, out_dir: Path, heads: int = 16) -> list[Figure]:
     profiles = [load_profile(p) for p, kind in inputs if kind == "profile"]
     # only once the inputs are known good: a refused report leaves no empty folder behind
     out_dir = ensure_writable_dir(Path(out_dir))
+    for old in out_dir.glob("*.png"):  # an earlier report's figures, not left beside these
+        if old.name.split("-")[0] in FIGURE_KINDS:
+            old.unlink()
     made: list[Figure] = []
 
     def save(fig, name: str, title: str) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import pandas as pd
@@ -23,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from xbench.errors import XbenchError
+from xbench.native import prove_writable
 from xbench.results.schema import MIGRATIONS, SCHEMA_VERSIONS, SCHEMAS
 
 
@@ -30,15 +30,47 @@ def ensure_writable_dir(path: Path) -> Path:
     """Create ``path`` if needed and prove it is writable, or raise a one-line error."""
     path = Path(path)
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
-            pass
+        return prove_writable(path)
     except OSError as exc:
         raise XbenchError(
             f"cannot write results to {path} ({exc.strerror or exc})",
             "pass --out with a directory you can write",
         ) from None
-    return path
+
+
+_held_locks: list = []  # open lock files: each holds its run directory until the process ends
+
+
+def claim_run_dir(out_dir: Path) -> Path:
+    """Make ``out_dir`` this command's run directory: writable, not another run's, and
+    locked, so that a second xbench started on it at the same time is refused instead of
+    interleaving its part files with this one's (the lock goes with the process)."""
+    import fcntl
+
+    out_dir = ensure_writable_dir(Path(out_dir))
+    handle = open(out_dir / ".xbench.lock", "a+")  # noqa: SIM115 - held until exit
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "?"
+        handle.close()
+        raise XbenchError(
+            f"{out_dir} is in use by another xbench (pid {holder})",
+            "wait for it to finish, or pass another --out",
+        ) from None
+    refuse_existing_run(out_dir)
+    handle.truncate(0)
+    handle.write(str(os.getpid()))
+    handle.flush()
+    _held_locks.append(handle)
+    return out_dir
+
+
+def announce_run(out_dir: Path, meta: dict) -> None:
+    """Write run.json before any rank starts: a launch that never gets going (killed, or
+    ranks that cannot start) still leaves a run that says it did not finish."""
+    _write_meta(Path(out_dir), {**meta, "status": RUNNING})
 
 
 def _atomic_write(path: Path, write) -> None:
