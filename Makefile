@@ -37,14 +37,21 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[test,$(MPI)]'
 	touch $(STAMP)
 
+# Each command is split so that make's echo of it fits 80 columns, as the output does.
 demo: $(STAMP)
 	rm -rf $(DEMO)
 	$(BIN)/xbench env
-	$(BIN)/xbench probe --np 2 --sizes 8B:4MiB --pattern latency,bandwidth,rtt,gather,offcache --samples 5 --out $(DEMO)/probe
-	$(BIN)/xbench kernel --threads 1 --heads 16 --rows 1,4,16 --chunk 128:4096 --samples 3 --out $(DEMO)/kernel
-	$(BIN)/xbench fit $(DEMO)/probe $(DEMO)/kernel --base profiles/h100-priors.toml --out $(DEMO)/profile.toml
-	$(BIN)/xbench decide --profile $(DEMO)/profile.toml --payload 1152B --return 1028B --heads 16 --rows 1,4,16 --chunk 256,1024,4096 --reuse 0,10 --out $(DEMO)/decisions.parquet
-	$(BIN)/xbench report $(DEMO)/probe $(DEMO)/kernel $(DEMO)/profile.toml --out $(DEMO)/report
+	$(BIN)/xbench probe --np 2 --sizes 8B:4MiB --samples 5 \
+	    --pattern latency,bandwidth,rtt,gather,offcache --out $(DEMO)/probe
+	$(BIN)/xbench kernel --threads 1 --heads 16 --rows 1,4,16 \
+	    --chunk 128:4096 --samples 3 --out $(DEMO)/kernel
+	$(BIN)/xbench fit $(DEMO)/probe $(DEMO)/kernel \
+	    --base profiles/h100-priors.toml --out $(DEMO)/profile.toml
+	$(BIN)/xbench decide --profile $(DEMO)/profile.toml \
+	    --payload 1152B --return 1028B --heads 16 --rows 1,4,16 \
+	    --chunk 256,1024,4096 --reuse 0,10 --out $(DEMO)/decisions.parquet
+	$(BIN)/xbench report $(DEMO)/probe $(DEMO)/kernel \
+	    $(DEMO)/profile.toml --out $(DEMO)/report
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -120,9 +120,8 @@ def fail(message: str, code: int = 2) -> typer.Exit:
 
 def warn(line: str) -> None:
     """One warning line on stderr (output on stdout stays parseable)."""
-    err_console.print(
-        f"xbench: warning: {_shorten(line)}", style="yellow", highlight=False, soft_wrap=True
-    )
+    # wrapped between words at the terminal's width (an error stays one line: scripts grep it)
+    err_console.print(f"xbench: warning: {_shorten(line)}", style="yellow", highlight=False)
 
 
 def warn_conditions(profile, current: dict) -> None:

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from xbench.cli.common import (
     RunDirOption,
@@ -161,9 +160,7 @@ def emit(comparison, gates, fmt: CompareFormat, title: str) -> None:
         _table(comparison, gates, title)
     if not comparison.allow_missing:
         for line in comparison.problems:
-            err_console.print(
-                f"xbench: gate failed: {line}", style="red", highlight=False, soft_wrap=True
-            )
+            err_console.print(f"xbench: gate failed: {line}", style="red", highlight=False)
 
 
 def _properties(comparison, gates) -> dict:
@@ -176,40 +173,77 @@ def _properties(comparison, gates) -> dict:
     }
 
 
+def shared_words(labels) -> list[str]:
+    """The words every label holds (transport, fabric, ranks...), in the first label's order:
+    said once in the title instead of on every row."""
+    words = [str(label).split() for label in labels]
+    if len(words) < 2:
+        return []
+    common = set(words[0]).intersection(*map(set, words[1:]))
+    shared = [w for w in dict.fromkeys(words[0]) if w in common]
+    if any(not [w for w in ws if w not in common] for ws in words):  # a label would vanish
+        return []
+    return shared
+
+
+def _short(label: str, shared: list[str]) -> str:
+    return " ".join(w for w in str(label).split() if w not in shared)
+
+
 def _table(comparison, gates, title: str) -> None:
+    from xbench.cli.render import add_columns, notes, result_table
     from xbench.compare.formats import counts
 
     cases = comparison.cases
     coverage = cases.ci_coverage.dropna()
-    label = f"ratio ({100 * coverage.iloc[0]:.0f}% CI)" if len(coverage) else "ratio"
-    table = Table(title=title, caption="\n".join(_header(comparison, gates)))
-    for col in ("case", "unit", "baseline", "candidate", label, "q", "detects", "verdict"):
-        table.add_column(col, justify="left" if col in ("case", "unit", "verdict") else "right")
+    label = f"{100 * coverage.iloc[0]:.0f}% CI" if len(coverage) else "CI"
+    shared = shared_words(cases.case)
+    if shared:
+        title += ": " + " ".join(shared)
+    units = list(dict.fromkeys(cases.unit))
+    if len(units) == 1:  # one unit for every case: said once
+        title += f" ({units[0]})"
+    table = result_table(title)
+    detects = bool(cases.detectable.notna().any())
+    columns = ["case", *(["unit"] if len(units) > 1 else []), "base", "new", "ratio", label, "q"]
+    add_columns(
+        table,
+        [*columns, *(["detects"] if detects else []), "verdict"],
+        left=("case", "unit", "verdict"),
+        wraps=("case",),  # a long label wraps between its words; the numbers never do
+    )
+    reasons = {}
     for r in cases.itertuples():
-        colour = COLOURS.get(r.verdict, "dim")
-        verdict = coloured(r.verdict + (f" ({r.reason})" if r.reason else ""), colour)
-        ratio = (
-            "-" if r.ratio != r.ratio else f"{r.ratio:.3f} ({r.ratio_low:.3f}-{r.ratio_high:.3f})"
-        )
-        table.add_row(
-            r.case,
-            r.unit,
+        name = _short(r.case, shared)
+        if r.reason:
+            reasons.setdefault(r.reason, []).append(name)
+        row = [
+            name,
+            *([r.unit] if len(units) > 1 else []),
             "-" if r.baseline != r.baseline else f"{r.baseline:,.4g}",
             "-" if r.candidate != r.candidate else f"{r.candidate:,.4g}",
-            ratio,
+            "-" if r.ratio != r.ratio else f"{r.ratio:.3f}",
+            "-" if r.ratio != r.ratio else f"{r.ratio_low:.3f}-{r.ratio_high:.3f}",
             "-" if r.q_value != r.q_value else f"{r.q_value:.2g}",
-            "-" if r.detectable != r.detectable else f"{100 * r.detectable:.0f}%",
-            verdict,
-        )
+        ]
+        if detects:
+            row.append("-" if r.detectable != r.detectable else f"{100 * r.detectable:.0f}%")
+        table.add_row(*row, coloured(r.verdict, COLOURS.get(r.verdict, "dim")))
     console.print(table)
     console.print(", ".join(f"{n} {v}" for v, n in counts(cases).items()), highlight=False)
-    tests = set(cases.test.dropna())
-    if "mann-whitney on samples" in tests:
-        console.print(
+    lines = [f"{reason}: {', '.join(names)}" for reason, names in reasons.items()]
+    lines += _header(comparison, gates)
+    lines.append(
+        f"ratio: candidate / baseline medians, {label}: its interval; unchanged only when the "
+        "interval lies within the threshold"
+        + ("; detects: the least change the case could catch (80% power)" if detects else "")
+    )
+    if "mann-whitney on samples" in set(cases.test.dropna()):
+        lines.append(
             "one launch or two: samples were tested as independent, so launch-to-launch drift "
-            "is not accounted for; make runs with --runs 3 or more",
-            style="dim",
+            "is not accounted for; make runs with --runs 3 or more"
         )
+    notes(*lines)
 
 
 def _exit(comparison) -> None:
@@ -362,9 +396,7 @@ def check(
         warn(line)
     _table(comparison, gates, title)
     for line in [] if comparison.allow_missing else comparison.problems:
-        err_console.print(
-            f"xbench: gate failed: {line}", style="red", highlight=False, soft_wrap=True
-        )
+        err_console.print(f"xbench: gate failed: {line}", style="red", highlight=False)
     console.print(f"reports: {reports}/compare.md, {reports}/compare.junit.xml", highlight=False)
     if update_baseline:
         if comparison.problems:

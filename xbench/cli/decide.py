@@ -17,7 +17,7 @@ from xbench.cli.common import (
     handles_errors,
     warn_conditions,
 )
-from xbench.cli.render import result_table
+from xbench.cli.render import notes, result_table
 from xbench.errors import XbenchError
 
 
@@ -374,16 +374,14 @@ def _us(x: float) -> str:
 
 
 def _render(f, thresholds, prof, settings, path) -> None:
+    heads = settings["heads"]
     title = (
-        f"xbench decide (times in us): profile {prof.name}, {settings['heads']} rows/token x {settings['payload_bytes']} B out, "
-        f"{settings['return_bytes']} B back, {settings['kv_bytes_per_token']} B/token KV"
+        f"xbench decide on profile '{prof.name}' (times in us): {heads} "
+        f"{'row' if heads == 1 else 'rows'} a token, {settings['payload_bytes']} B out and "
+        f"{settings['return_bytes']} B back a row, {settings['kv_bytes_per_token']} B of KV a token"
     )
     any_prior = bool(f["prior"].any())
-    caption = f"written to {path}" + (
-        "  |  * rests on datasheet priors: measure and xbench fit to replace them"
-        if any_prior
-        else ""
-    )
+    caption = None
     table = result_table(title, caption)
     for col in (
         "rows",
@@ -419,9 +417,15 @@ def _render(f, thresholds, prof, settings, path) -> None:
             _us(r.margin),
         )
     console.print(table)
-    console.print(
-        "? = uncertain (the coefficients' 95% intervals allow another answer); by: latency or bandwidth ranked the fabric",
-        style="dim",
+    notes(
+        f"written to {path}",
+        "? = uncertain (the coefficients' 95% intervals allow another answer); by: latency "
+        "or bandwidth ranked the fabric"
+        + (
+            "; * rests on datasheet priors: measure and xbench fit to replace them"
+            if any_prior
+            else ""
+        ),
     )
     th = result_table("closed-form thresholds (at the smallest batch)")
     for col in (

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
-from rich.text import Text
 
 from xbench.cli.common import (
     FormatOption,
@@ -181,31 +180,91 @@ def coefficient_frame(profile):
         if c is not None:
             add(group, term, c, scale, unit)
     for start, t0, a, k in d.compute_segments:
-        add(group, f"compute from {int(start)} tokens: t0", t0, 1e-6, "us")
-        add(group, f"compute from {int(start)} tokens: per_token", a, 1e-9, "ns/token")
-        add(group, f"compute from {int(start)} tokens: per_row_token", k, 1e-12, "ps/row-token")
+        piece = f"{group}, compute from {int(start)} tokens"
+        add(piece, "compute_t0", t0, 1e-6, "us")
+        add(piece, "compute_per_token", a, 1e-9, "ns/token")
+        add(piece, "compute_per_row_token", k, 1e-12, "ps/row-token")
     for kind in ("move", "splice"):
         for start, t0, a in getattr(d, f"{kind}_segments"):
-            add(group, f"{kind} from {int(start)} tokens: t0", t0, 1e-6, "us")
-            add(group, f"{kind} from {int(start)} tokens: per_token", a, 1e-9, "ns/token")
+            piece = f"{group}, {kind} from {int(start)} tokens"
+            add(piece, f"{kind}_t0", t0, 1e-6, "us")
+            add(piece, f"{kind}_per_token", a, 1e-9, "ns/token")
     return pd.DataFrame(rows)
 
 
+# A rate the fit could not bound from above is stored as 1e15 B/s (1e6 GB/s): unbounded
+UNBOUNDED_GB_S = 0.999e6
+# A fitted time below this (in the unit shown: us, ns, ps) whose interval reaches zero is
+# zero: the fit sat at its bound (1e-3 us is a nanosecond, far inside any such interval)
+ZERO = 1e-3
+# A held-out error above this says the segments do not describe the samples
+LARGE_HELDOUT = 0.25
+
+
+def _at_zero(value: float, low: float) -> bool:
+    """A time the fit pressed against its lower bound 0: tiny, its interval reaching 0."""
+    return abs(value) < ZERO and low <= ZERO
+
+
+def shown(value: float, low: float, high: float, unit: str) -> tuple[str, str]:
+    """(value, interval) as printed: to the precision the interval allows, zeros as 0, an
+    end the fit could not bound as unbounded, the interval in brackets (a dash would read
+    as a minus beside exponents)."""
+    rate = unit.endswith("/s")
+    finite = [x for x in (low, high) if not (rate and x >= UNBOUNDED_GB_S)]
+    step = (max(finite) - min(finite)) if len(finite) == 2 else abs(value)
+    step = step if step > 0 else abs(value) / 100
+
+    def fmt(x: float) -> str:
+        if rate and x >= UNBOUNDED_GB_S:
+            return "unbounded"
+        if abs(x) < ZERO and low <= ZERO:
+            return "0"
+        if abs(x) >= 1e7 or abs(x) < 1e-3:
+            return f"{x:.3g}"
+        decimals = max(0, 1 - math.floor(math.log10(step))) if step > 0 else 3
+        return f"{x:,.{min(decimals, 4)}f}"
+
+    if rate and low >= UNBOUNDED_GB_S:
+        return fmt(value), "unbounded"
+    return fmt(value), f"[{fmt(low)}, {fmt(high)}]"
+
+
+def fit_warnings(frame) -> list[str]:
+    """What a reader must not miss: terms at a bound of their fit, large held-out errors."""
+    found = []
+    for r in frame.itertuples():
+        if r.prior:
+            continue
+        rate = r.unit.endswith("/s")
+        if (rate and r.high >= UNBOUNDED_GB_S) or (not rate and _at_zero(r.value, r.low)):
+            where = "has no upper bound" if rate else "sat at zero, its bound"
+            found.append(f"{r.group}: {r.term} {where}; measure more sizes to pin it")
+    for group, note in frame.groupby("group", sort=False).note.first().items():
+        if "held-out error" in str(note):
+            error = float(str(note).rsplit("held-out error ", 1)[1].rstrip("%")) / 100
+            if error > LARGE_HELDOUT:
+                found.append(
+                    f"{group}: held-out error {100 * error:.0f}%: the segments do not describe "
+                    "the samples (probe more sizes, or check the fabric label)"
+                )
+    return found
+
+
 def _table(frame, name: str, out: Path) -> None:
-    table = Table(
-        title=f"xbench fit: {name}",
-        caption=f"written to {out}; intervals are 95% bootstrap; * = prior, not measured",
-    )
-    for col in ("term", "value", "95% CI", "unit"):
-        table.add_column(col, justify="left" if col in ("term", "unit") else "right")
+    """One table per fabric and per piece of the device: each group's description is its
+    title, so labels stay one per row at 80 columns."""
+    from xbench.cli.render import add_columns, notes, result_table
+
+    console.print(f"xbench fit: {name}", style="bold", highlight=False)
     for group, rows in frame.groupby("group", sort=False):
         note = rows.note.iloc[0]
-        table.add_row(Text.assemble((group, "bold"), f" {note}" if note else ""), "", "", "")
+        table = result_table(f"{group}" + (f": {note}" if note else ""))
+        add_columns(table, ("term", "value", "95% CI", "unit"), left=("term", "unit"))
         for r in rows.itertuples():
-            table.add_row(
-                f"  {r.term}" + ("*" if r.prior else ""),
-                f"{r.value:.4g}",
-                f"{r.low:.4g}-{r.high:.4g}",
-                r.unit,
-            )
-    console.print(table)
+            value, interval = shown(r.value, r.low, r.high, r.unit)
+            table.add_row(r.term + ("*" if r.prior else ""), value, interval, r.unit)
+        console.print(table)
+    notes(f"written to {out}; intervals are 95% bootstrap; * = prior, not measured")
+    for line in fit_warnings(frame):
+        warn(line)

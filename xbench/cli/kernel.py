@@ -20,7 +20,7 @@ from xbench.cli.common import (
     interval_label,
     note_run_dir,
 )
-from xbench.cli.render import num, result_table
+from xbench.cli.render import add_columns, notes, num, result_table
 from xbench.core.units import format_duration, parse_duration, parse_int_list, parse_name_list
 from xbench.errors import XbenchError
 
@@ -334,15 +334,11 @@ SHORT = {
 
 
 def _bound(r) -> str:
-    """The share of the bound, and which ceiling sets it (copy or matmul)."""
+    """The share of the bound, and which ceiling sets it: m the matmul rate, c the copy."""
     if r.bound_share != r.bound_share:
         return "-"
-    which = (
-        "mm"
-        if r.flops and r.matmul_share >= (r.copy_share if r.copy_share == r.copy_share else 0)
-        else "copy"
-    )
-    return f"{100 * r.bound_share:.0f} {which}"
+    matmul = r.flops and r.matmul_share >= (r.copy_share if r.copy_share == r.copy_share else 0)
+    return f"{100 * r.bound_share:.0f} {'m' if matmul else 'c'}"
 
 
 def _chunk(r) -> str:
@@ -362,29 +358,17 @@ def _table(summary, out_dir) -> None:
     if len(summary):
         first = summary.iloc[0]
         selection = "sparse" if first["sparse"] else "dense"
-        title += f": {first['backend']} on {first['device']}, {first['model']}, {first['heads']} heads, {first['dtype']}, {selection}"
-    table = result_table(
-        title,
-        f"{out_dir}  |  %bound = max(bytes / copy bandwidth, FLOPs / matmul rate) / time, "
-        "both ceilings measured in this run, and the one that sets it  |  after: timed right "
-        "after an attention over the chunk, as in a route or a fetch  |  idle T: each call "
-        "after the device idled T  |  wait T: each call after spinning T, as a route's merge "
-        "follows its wait for the answer  |  spliced: an attention right after a splice of "
-        "its chunk into its pages, as a fetch's first use",
-    )
-    for col in (
-        "kernel",
-        "rows",
-        "chunk",
-        "median us",
-        interval_label(summary.ci_coverage),
-        "GB/s",
-        "GFLOP/s",
-        "%bound",
-    ):
-        table.add_column(
-            col, justify="left" if col == "kernel" else "right", no_wrap=True, min_width=len(col)
+        title += (
+            f": {first['backend']} on {first['device']}, {first['model']}, "
+            f"{first['heads']} heads, {first['dtype']}, {selection}"
         )
+    table = result_table(title)
+    label = interval_label(summary.ci_coverage)
+    add_columns(
+        table,
+        ("kernel", "rows", "chunk", "us", label, "GB/s", "GFLOP/s", "%bound"),
+        left=("kernel",),
+    )
     for r in summary.itertuples():
         table.add_row(
             SHORT[r.kernel],
@@ -397,3 +381,14 @@ def _table(summary, out_dir) -> None:
             _bound(r),
         )
     console.print(table)
+    notes(
+        f"us: the median time a call, {label}: its interval. %bound: max(bytes / copy "
+        "bandwidth, FLOPs / matmul rate) / time, both ceilings measured in this run; m: the "
+        "matmul rate sets it, c: the copy bandwidth. Above 100: faster than this run's own "
+        "ceiling measurement, which is a lower bound of the hardware's.",
+        "after: timed right after an attention over the chunk, as in a route or a fetch; "
+        "idle T: each call after the device idled T; wait T: each call after spinning T, as "
+        "a route's merge follows its wait; spliced: an attention right after a splice of its "
+        "chunk into its pages, as a fetch's first use.",
+        f"samples: {out_dir}/",
+    )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pandas as pd
-from rich.table import Table
 
 from xbench.cli.common import FormatOption, OutputFormat, console, emit_frame, handles_errors
 
@@ -18,17 +17,15 @@ def models(
     frame = pd.DataFrame([p.as_row() for p in PRESETS.values()])
 
     def render(f):
-        table = Table(
-            title="xbench models",
-            caption="S_q, S_o: bytes per query row (one head of one token); KV: bytes per token per layer",
+        from xbench.cli.render import add_columns, notes, result_table
+
+        table = result_table("xbench models")
+        add_columns(
+            table,
+            ("model", "heads", "qk/v/rope", "top-k", "layers", "S_q B", "S_o B", "KV B"),
+            left=("model", "KV B"),
+            wraps=("KV B",),
         )
-        for col in ("model", "heads", "qk/v/rope", "top-k", "layers", "S_q", "S_o", "KV"):
-            table.add_column(
-                col,
-                justify="left" if col in ("model", "KV") else "right",
-                no_wrap=col != "KV",
-                overflow="fold",
-            )
         for r in f.itertuples():
             kv = " ".join(f"{k}:{v}" for k, v in r.kv_formats.items())
             topk = (
@@ -47,5 +44,9 @@ def models(
                 kv,
             )
         console.print(table)
+        notes(
+            "S_q, S_o: bytes per query row (one head of one token), routed and returned; "
+            "KV: bytes per token per layer, by cache format"
+        )
 
     emit_frame(frame, fmt, render)

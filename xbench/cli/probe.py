@@ -475,9 +475,11 @@ def _report(out_dir: Path, fmt: OutputFormat) -> None:
     config = read_run_meta(out_dir).get("config", {})
     fixed = bool(config.get("osu_compat") or config.get("iterations"))
     loops = ", ".join(f"{k} loop {v * 1e3:.2f} ns/iter" for k, v in overhead(samples).items())
-    caption = f"{out_dir}  |  one-way latency = half round trip; MB = 10^6 B  |  overhead: {loops or 'n/a'}"
+    caption = (
+        f"one-way latency = half round trip; MB = 10^6 B; timing loop overhead: {loops or 'n/a'}"
+    )
     if fixed:
-        caption += "  |  fixed iterations (OSU's method): mean = total time / total iterations"
+        caption += "; fixed iterations (OSU's method): mean = total time / total iterations"
     emit_frame(
         summary,
         fmt,

@@ -31,6 +31,27 @@ def result_table(title: str, caption: str | None = None) -> Table:
     )
 
 
+def add_columns(table: Table, names, left=(), wraps=()) -> None:
+    """Columns that never wrap a cell (numbers and labels stay on one line), except those in
+    ``wraps``, which wrap between words; ``left`` are the text columns, the rest are
+    right-aligned numbers."""
+    for name in names:
+        table.add_column(
+            name,
+            justify="left" if name in left else "right",
+            no_wrap=name not in wraps,
+            overflow="fold" if name in wraps else "ellipsis",
+            min_width=len(name),
+        )
+
+
+def notes(*lines: str) -> None:
+    """What a table's symbols and columns mean: after the table, wrapped between words at the
+    terminal's width (a table's caption is centred and cut mid-word when it wraps)."""
+    for line in lines:
+        console.print(line, style="dim", highlight=False)
+
+
 def _constant(frame, column):
     values = frame[column].dropna().unique()
     return values[0] if len(values) == 1 else None
@@ -45,7 +66,7 @@ def probe_table(
         value = _constant(summary, column)
         if value is not None:
             shared.append(f"{column}={value}" if column in ("loop", "pair") else str(value))
-    table = Table(title=f"{title}: {' '.join(shared)}" if shared else title, caption=caption)
+    table = result_table(f"{title}: {' '.join(shared)}" if shared else title)
     many_pairs = _constant(summary, "pair") is None
     columns = (
         ["pattern"]
@@ -59,10 +80,7 @@ def probe_table(
             "unit",
         ]
     )
-    for name in columns:
-        table.add_column(
-            name, justify="left" if name in ("pattern", "pair", "detail", "unit") else "right"
-        )
+    add_columns(table, columns, left=("pattern", "pair", "detail", "unit"))
     for r in summary.itertuples():
         detail = ""
         if r.pattern in ("bandwidth", "bibw"):
@@ -87,3 +105,5 @@ def probe_table(
         )
         table.add_row(*cells)
     console.print(table)
+    if caption:
+        notes(caption)

@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from xbench.cli.common import (
     FormatOption,
@@ -171,21 +170,15 @@ def validate(
 
 
 def _table(summary, profile: str, fabric: str, out_dir, wire: str | None = None) -> None:
-    table = Table(
-        title=f"xbench validate: measured vs profile {profile} on {fabric}",
-        caption=f"{out_dir}  |  error = (predicted - measured) / measured",
+    from xbench.cli.render import add_columns, notes, result_table
+
+    table = result_table(f"xbench validate: measured against profile {profile} on {fabric}")
+    label = interval_label(summary.ci_coverage)
+    add_columns(
+        table,
+        ("option", "rows", "chunk", "measured us", label, "model us", "error", "output"),
+        left=("option", "output"),
     )
-    for col in (
-        "option",
-        "rows",
-        "chunk",
-        "measured us",
-        interval_label(summary.ci_coverage),
-        "predicted us",
-        "error",
-        "output",
-    ):
-        table.add_column(col, justify="left" if col in ("option", "output") else "right")
     for r in summary.itertuples():
         table.add_row(
             r.option,
@@ -198,6 +191,7 @@ def _table(summary, profile: str, fabric: str, out_dir, wire: str | None = None)
             coloured("matches", "green") if r.correct else coloured("differs", "red"),
         )
     console.print(table)
+    notes(f"error = (model - measured) / measured; samples: {out_dir}/")
     from xbench.validate import validation_errors
 
     errors = validation_errors(summary)
@@ -213,8 +207,9 @@ def _table(summary, profile: str, fabric: str, out_dir, wire: str | None = None)
     moved = summary[summary.option != "local"]
     comp = moved.composition_error.abs()
     console.print(
-        f"diagnostic, not held out: with this run's measured T_c in place of the fitted one, route/fetch error {100 * comp.mean():.1f}% "
-        f"(worst {100 * comp.max():.1f}%): what is left is the composition of the phases, not the compute fit",
+        f"diagnostic, not held out: with this run's measured T_c in place of the fitted one, "
+        f"route/fetch error {100 * comp.mean():.1f}% (worst {100 * comp.max():.1f}%): what is "
+        "left is the composition of the phases, not the compute fit",
         style="dim",
     )
     if wire == "latency":
@@ -232,12 +227,14 @@ def _phase_table(summary) -> None:
     phases = phase_errors(summary)
     if phases.empty or phases.measured_us.isna().all():
         return
-    table = Table(
-        title="by phase (summed over the cases)",
-        caption="error of total = mean over cases of (predicted - measured phase) / measured option time",
+    from xbench.cli.render import add_columns, result_table
+
+    table = result_table("by phase, summed over the cases")
+    add_columns(
+        table,
+        ("option", "phase", "measured us", "model us", "error of total"),
+        left=("option", "phase"),
     )
-    for col in ("option", "phase", "measured us", "predicted us", "error of total"):
-        table.add_column(col, justify="left" if col in ("option", "phase") else "right")
     for r in phases.itertuples():
         table.add_row(
             r.option,
@@ -247,3 +244,6 @@ def _phase_table(summary) -> None:
             f"{100 * r.error_of_total:+.1f}%" if r.error_of_total == r.error_of_total else "-",
         )
     console.print(table)
+    from xbench.cli.render import notes
+
+    notes("error of total: the mean over cases of (model - measured phase) / measured time")

@@ -178,6 +178,8 @@ def label(command: str, row) -> str:
                 parts.append("after its splice")
         elif key == "chunk_tokens" and command == "kernel" and not value:
             continue  # a merge has no chunk of its own
+        elif key in ("rows", "heads") and command == "kernel" and not value:
+            continue  # a ceiling has neither
         elif key in ("rows", "heads", "chunk_tokens", "segments"):
             parts.append(f"{key.split('_')[0]}={value}")
         else:
