@@ -59,6 +59,51 @@ def drop_key(src: Path, dst: Path, table: str, key: str, fabric: str | None = No
     return dst
 
 
+_RULES = set("─━│┃┏┓┗┛┡┩┣┫╇╋┳┻└┘┌┐├┤┼┬┴ ")
+
+
+def _words(text: str) -> set[str]:
+    """The words a person reads (box-drawing rules left out)."""
+    return {w for w in text.split() if not set(w) <= _RULES}
+
+
+def assert_fits_80(text: str, wide: str | None = None) -> None:
+    """Every line at most 80 characters, nothing cut with an ellipsis, and, given the same
+    output rendered 250 wide, no word at 80 columns that the wide one does not have (a word
+    cut by wrapping shows up as two words the wide rendering lacks)."""
+    lines = text.splitlines()
+    assert max(map(len, lines)) <= 80, [ln for ln in lines if len(ln) > 80]
+    assert "…" not in text, [ln for ln in lines if "…" in ln]
+    if wide is not None:
+        assert _words(text) <= _words(wide), sorted(_words(text) - _words(wide))
+
+
+def render_at(width: int, draw) -> str:
+    """What ``draw()`` prints through xbench's console, rendered ``width`` columns wide."""
+    import importlib
+
+    from rich.console import Console
+
+    from xbench.cli import common
+
+    saved = common.console
+    console = Console(width=width, markup=False, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
+    modules = [
+        importlib.import_module(f"xbench.cli.{name}")
+        for name in ("common", "render", "kernel", "probe", "validate", "compare", "fit")
+    ]
+    held = {m: m.console for m in modules}
+    for module in modules:
+        module.console = console
+    try:
+        draw()
+    finally:
+        for module, before in held.items():
+            module.console = before
+        common.console = saved
+    return console.export_text()
+
+
 @pytest.fixture
 def xbench():
     return run_xbench

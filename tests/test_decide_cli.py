@@ -204,6 +204,16 @@ def test_probe_kernel_fit_validate_end_to_end(xbench, tmp_path):
     )
     assert all(row["predicted_us"] > 0 and row["measured_us"] > 0 for row in summary)
     assert (tmp_path / "v" / "validate_summary.parquet").exists()
+    # the table a person reads: 80 columns, nothing cut
+    from conftest import assert_fits_80, render_at
+
+    from xbench.cli.validate import _table
+    from xbench.results.schema import VALIDATE_SUMMARY
+
+    frame = read_table([tmp_path / "v" / "validate_summary.parquet"], VALIDATE_SUMMARY)
+    shown = [render_at(w, lambda: _table(frame, "here", "shm", tmp_path / "v")) for w in (80, 250)]
+    assert_fits_80(*shown)
+    assert "measured us" in shown[0] and "matches" in shown[0]
     samples = pd.read_parquet(tmp_path / "v" / "validate_samples")
     assert set(samples.requester) == {0, 1}  # the ranks took turns asking
     assert set(samples.process_run) == {0, 1}

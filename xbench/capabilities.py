@@ -14,6 +14,7 @@ import sys
 from dataclasses import dataclass
 
 from xbench.errors import XbenchError
+from xbench.ranks import mpi_library
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ def check_mpi() -> Capability:
         mpi4py.rc.finalize = False
         from mpi4py import MPI
 
-        lib = MPI.Get_library_version().strip().splitlines()[0]
+        lib = mpi_library(MPI)
         return Capability("MPI", True, f"{lib} (mpi4py {mpi4py.__version__})")
     except Exception as exc:  # noqa: BLE001 - any failure here means "no usable MPI"
         return Capability("MPI", False, f"mpi4py cannot load an MPI library: {exc}")

@@ -18,3 +18,14 @@ def ask_thread_level() -> None:
 
     if "MPI4PY_RC_THREAD_LEVEL" not in os.environ:
         mpi4py.rc.thread_level = THREAD_LEVEL
+
+
+def mpi_library(MPI) -> str:
+    """The MPI library's first version line, as run.json records it. Open MPI ends its
+    string with a NUL, which no JSON reader minds and no XML or terminal accepts."""
+    return clean_library(MPI.Get_library_version().strip().splitlines()[0])
+
+
+def clean_library(text: str | None) -> str | None:
+    """A library version line without NULs (runs recorded before they were dropped)."""
+    return None if text is None else text.replace("\x00", "").strip()

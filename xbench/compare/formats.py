@@ -4,6 +4,7 @@ report: each case a testcase, each regression a failure)."""
 from __future__ import annotations
 
 import math
+import re
 import xml.etree.ElementTree as ET
 
 SYMBOL = {
@@ -109,7 +110,16 @@ def _suite(suite: str, properties: dict, tests: int, failures: int, errors: int,
     return root
 
 
+# Characters XML 1.0 forbids (a NUL from a library's version string, say): dropped, else a
+# CI system cannot read the report at all
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f]")
+
+
 def _xml(root) -> str:
+    for element in root.iter():
+        element.attrib.update({k: _NOT_XML.sub("", v) for k, v in element.attrib.items()})
+        if element.text:
+            element.text = _NOT_XML.sub("", element.text)
     ET.indent(root)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from xbench.errors import XbenchError
+from xbench.ranks import clean_library
 from xbench.results.schema import (
     KERNEL_CASE_KEYS,
     KERNEL_SAMPLES,
@@ -106,7 +107,7 @@ def _gpus(meta: dict, key: str) -> str | None:
 COMPARED_FIELDS = {
     "host": _hosts,
     "cpu_model": lambda m: m.get("cpu_model"),
-    "mpi_library": lambda m: m.get("mpi_library"),
+    "mpi_library": lambda m: clean_library(m.get("mpi_library")),
     "mpi_thread_level": lambda m: m.get("mpi_thread_level"),
     "gpu": lambda m: _gpus(m, "name"),
     "driver": lambda m: _gpus(m, "driver"),

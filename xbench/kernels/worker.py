@@ -17,6 +17,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from xbench.ranks import mpi_library
+
 LAYOUTS = {1: "alone", 2: "peer waiting in MPI"}
 
 
@@ -129,7 +131,7 @@ def run_sweep(cfg: SweepConfig, sink, comm=None) -> None:
         if comm is not None:
             from mpi4py import MPI
 
-            extra["mpi_library"] = MPI.Get_library_version().strip().splitlines()[0]
+            extra["mpi_library"] = mpi_library(MPI)
         store = RunStore(
             cfg.out_dir,
             run_metadata(

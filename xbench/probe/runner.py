@@ -28,6 +28,7 @@ from xbench.fabric.registry import infer_fabric, make_transport
 from xbench.fabric.transport import Pair
 from xbench.fabric.watchdog import EXIT_TIMEOUT, Watchdog
 from xbench.probe.patterns import Case, SweepSpec, buffer_plan, osu_counts, plan_cases
+from xbench.ranks import mpi_library
 from xbench.results.schema import PROBE_SAMPLES
 
 
@@ -226,7 +227,7 @@ def run_probe(cfg: ProbeConfig, sink, comm=None) -> None:
                 "probe",
                 hosts=hosts,
                 ranks=size,
-                mpi_library=MPI.Get_library_version().strip().splitlines()[0],
+                mpi_library=mpi_library(MPI),
                 mpi_vendor="{} {}".format(
                     MPI.get_vendor()[0], ".".join(map(str, MPI.get_vendor()[1]))
                 ),

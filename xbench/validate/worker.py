@@ -30,6 +30,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from xbench.ranks import mpi_library
+
 OPTIONS = ("route", "fetch", "local")
 # The phases each option's time is split into, as the model splits it (costmodel.phase_times).
 PHASES = {
@@ -374,7 +376,7 @@ def run_validate(cfg: ValidateConfig, sink) -> None:
                 "validate",
                 ranks=size,
                 hosts=comm.allgather(os.uname().nodename),
-                mpi_library=MPI.Get_library_version().splitlines()[0],
+                mpi_library=mpi_library(MPI),
                 mpi_thread_level=thread_level_name(MPI),
                 runs=cfg.runs,
                 conditions={
