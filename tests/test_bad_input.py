@@ -396,7 +396,8 @@ def test_markup_in_user_strings_prints_as_written(xbench, tmp_path):
 
 def test_two_probes_into_one_directory_the_second_is_refused(xbench, tmp_path):
     out = tmp_path / "run"
-    first = _start_probe(out, "-p", "latency", "--sizes", "8B:64KiB", "--samples", "8")
+    # long enough (18 cases of 22 samples) that the second starts while the first still runs
+    first = _start_probe(out, "-p", "latency", "--sizes", "8B:1MiB", "--samples", "20")
     deadline = time.monotonic() + 60
     while not (out / "run.json").exists() and time.monotonic() < deadline:
         time.sleep(0.05)

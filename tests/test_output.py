@@ -181,3 +181,32 @@ def test_probe_and_kernel_tables_fit_80_columns(runs):
     rendered = [render_at(width, both) for width in (80, 250)]
     assert_fits_80(*rendered)
     assert "%bound" in rendered[0] and "wait 128ms" in rendered[0]
+
+
+def test_fit_values_are_shown_to_their_interval_and_bounds_are_said():
+    """Zeros as 0 (3.655e-25 us was printed), an unbounded end as unbounded (1e+06 GB/s
+    was), brackets around intervals; a term at its bound and a large held-out error warn."""
+    import pandas as pd
+
+    from xbench.cli.fit import fit_warnings, shown
+
+    assert shown(3.655e-25, 0.0, 2e-4, "us")[0] == "0"
+    assert shown(5.32, 5.26, 5.93, "us") == ("5.32", "[5.26, 5.93]")
+    assert shown(1.511, 1.2, 1e6, "GB/s") == ("1.5", "[1.2, unbounded]")
+    assert shown(1e6, 1e6, 1e6, "GB/s") == ("unbounded", "unbounded")
+    assert shown(11297.0, 11044.0, 11490.0, "ps/row-token") == ("11,297", "[11,044, 11,490]")
+    assert shown(-2.5, -3.1, -1.9, "us") == ("-2.5", "[-3.1, -1.9]")
+    frame = pd.DataFrame(
+        [
+            {"group": "fabric ib", "term": "beta (>= 0 B)", "value": 1e6, "low": 2.0,
+             "high": 1e6, "unit": "GB/s", "prior": False,
+             "note": "inter-node mpi, held-out error 174.6%"},
+            {"group": "device x", "term": "move_t0", "value": 1e-12, "low": 0.0,
+             "high": 3.0, "unit": "us", "prior": False, "note": ""},
+            {"group": "device x", "term": "merge_t0", "value": 0.0, "low": 0.0,
+             "high": 0.0, "unit": "us", "prior": True, "note": ""},
+        ]
+    )  # fmt: skip
+    said = " | ".join(fit_warnings(frame))
+    assert "beta (>= 0 B) has no upper bound" in said and "move_t0 sat at zero" in said
+    assert "held-out error 175%" in said and "merge_t0" not in said  # priors are not fits
