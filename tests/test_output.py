@@ -210,3 +210,20 @@ def test_fit_values_are_shown_to_their_interval_and_bounds_are_said():
     said = " | ".join(fit_warnings(frame))
     assert "beta (>= 0 B) has no upper bound" in said and "move_t0 sat at zero" in said
     assert "held-out error 175%" in said and "merge_t0" not in said  # priors are not fits
+
+
+def test_help_and_titles_read_as_written(xbench, tmp_path):
+    """Bracketed words in help survive (Rich markup ate [check]), flags show no <bool>, help
+    is short enough to read at 80 columns, and titles say what they mean."""
+    r = _at(xbench, 80, "check", "--help")
+    assert "TOML with a [check] table" in r.stdout and "<bool>" not in r.stdout
+    assert len(_at(xbench, 80, "kernel", "--help").stdout.splitlines()) <= 100
+    r = _at(xbench, 80, "kernel", "--threads", "0")
+    line = r.stderr.strip()
+    assert "--threads" in line and ".; see" not in line and "Value error" not in line
+    r = _at(
+        xbench, 80, "decide", "--payload", "1KB", "--heads", "1", "--rows", "1", "--chunk", "64",
+        "--out", tmp_path / "d.parquet",
+    )  # fmt: skip
+    assert "profile 'h100-priors'" in r.stdout and "1 row a token" in r.stdout
+    assert "rows/token" not in r.stdout
