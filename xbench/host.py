@@ -102,6 +102,14 @@ def llc_bytes() -> int:
     return best or 32 * 2**20
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity, as a container or cgroup sets it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def host_metadata() -> dict:
     """What this process can say about its host (stored with every run)."""
     return {

@@ -58,19 +58,11 @@ OversubscribeOption = Annotated[
 ]
 
 
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity, as a container or cgroup sets it)."""
-    import os
-
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def check_rank_count(np: int, spread: bool, oversubscribe: bool) -> None:
     """Refuse more local ranks than cores unless asked: every rank busy-polls a core, and a
     thousand of them on two cores take the machine down before the first sample."""
+    from xbench.host import usable_cores
+
     cores = usable_cores()
     if np > cores and not spread and not oversubscribe:
         raise XbenchError(
@@ -81,6 +73,8 @@ def check_rank_count(np: int, spread: bool, oversubscribe: bool) -> None:
 
 def check_threads(threads: int | None, option: str = "--threads") -> None:
     """Refuse more torch threads than cores: they would time the scheduler, not the kernel."""
+    from xbench.host import usable_cores
+
     cores = usable_cores()
     if threads is not None and threads > cores:
         raise XbenchError(

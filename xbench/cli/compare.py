@@ -158,9 +158,14 @@ def emit(comparison, gates, fmt: CompareFormat, title: str) -> None:
         sys.stdout.write(_report(comparison, gates, title, fmt))
     else:
         _table(comparison, gates, title)
-    if not comparison.allow_missing:
-        for line in comparison.problems:
-            err_console.print(f"xbench: gate failed: {line}", style="red", highlight=False)
+    _say_gate(comparison)
+
+
+def _say_gate(comparison) -> None:
+    """Why the gate fails for want of cases, one line each on stderr (said once, by compare
+    and check alike)."""
+    for line in [] if comparison.allow_missing else comparison.problems:
+        err_console.print(f"xbench: gate failed: {line}", style="red", highlight=False)
 
 
 def _properties(comparison, gates) -> dict:
@@ -395,8 +400,7 @@ def check(
     for line in comparison.warnings:
         warn(line)
     _table(comparison, gates, title)
-    for line in [] if comparison.allow_missing else comparison.problems:
-        err_console.print(f"xbench: gate failed: {line}", style="red", highlight=False)
+    _say_gate(comparison)
     console.print(f"reports: {reports}/compare.md, {reports}/compare.junit.xml", highlight=False)
     if update_baseline:
         if comparison.problems:

@@ -78,16 +78,15 @@ def fit(
     # only now (scipy and torch take seconds to import): a bad path is refused at once
     from xbench.fit import fit_profile
 
-    metas, warnings, run_dirs = [], [], []
-    for f in table_files(results, PROBE_SAMPLES) + table_files(results, KERNEL_SAMPLES):
-        meta = read_run_meta(f)
+    files = table_files(results, PROBE_SAMPLES) + table_files(results, KERNEL_SAMPLES)
+    metas, warnings = [], []
+    for run_dir in dict.fromkeys(run_dir_of(f) for f in files):  # each run once, not per part
+        meta = read_run_meta(run_dir)
         if meta and meta not in metas:
             metas.append(meta)
-        if run_dir_of(f) not in run_dirs:
-            run_dirs.append(run_dir_of(f))
-            why = incompleteness(run_dirs[-1])
-            if why:
-                warnings.append(f"{why}: fitted from the cases it holds")
+        why = incompleteness(run_dir)
+        if why:
+            warnings.append(f"{why}: fitted from the cases it holds")
     profile = fit_profile(
         probe,
         kernel,
@@ -218,7 +217,7 @@ def shown(value: float, low: float, high: float, unit: str) -> tuple[str, str]:
     def fmt(x: float) -> str:
         if rate and x >= UNBOUNDED_GB_S:
             return "unbounded"
-        if abs(x) < ZERO and low <= ZERO:
+        if _at_zero(x, low):
             return "0"
         if abs(x) >= 1e7 or abs(x) < 1e-3:
             return f"{x:.3g}"

@@ -37,27 +37,6 @@ def _patterns(text: str) -> tuple[str, ...]:
     return tuple(parse_name_list(text, "--pattern", PATTERNS, "pattern"))
 
 
-def check_sweep_values(params: dict) -> None:
-    """Parse the text options of a probe, kernel or validate command line as the command
-    will (sizes, lists, durations, patterns): ``xbench slurm`` checks what it forwards."""
-    parsers = {
-        "sizes": parse_size_list,
-        "payload": parse_size,
-        "return_": parse_size,
-        "block_size": parse_size,
-        "kv_bytes": parse_size,
-        "pattern": _patterns,
-        "min_sample_time": parse_duration,
-        "rows": lambda text: parse_int_list(text, "--rows"),
-        "chunk": lambda text: parse_int_list(text, "--chunk"),
-        "blocks": lambda text: parse_int_list(text, "--blocks"),
-    }
-    for name, parse in parsers.items():
-        value = params.get(name)
-        if isinstance(value, str):
-            parse(value)
-
-
 def _seconds(text: str) -> float:
     try:
         return float(text)

@@ -94,7 +94,7 @@ def _check_forwarded(command: str | None, args: list[str]) -> None:
     import typer.main
 
     from xbench.cli.kernel import kernel
-    from xbench.cli.probe import check_sweep_values, probe
+    from xbench.cli.probe import probe
     from xbench.cli.validate import validate
     from xbench.errors import XbenchError
 
@@ -112,7 +112,31 @@ def _check_forwarded(command: str | None, args: list[str]) -> None:
             f"the options for {command} after -- are refused: {exc.format_message()}",
             f"fix them (xbench {command} --help lists them)",
         ) from None
-    check_sweep_values(ctx.params)
+    _check_values(ctx.params)
+
+
+def _check_values(params: dict) -> None:
+    """Parse the text options of a probe, kernel or validate command line as the command
+    will (sizes, lists, durations, patterns)."""
+    from xbench.cli.probe import _patterns
+    from xbench.core.units import parse_duration, parse_int_list, parse_size, parse_size_list
+
+    parsers = {
+        "sizes": parse_size_list,
+        "payload": parse_size,
+        "return_": parse_size,
+        "block_size": parse_size,
+        "kv_bytes": parse_size,
+        "pattern": _patterns,
+        "min_sample_time": parse_duration,
+        "rows": lambda text: parse_int_list(text, "--rows"),
+        "chunk": lambda text: parse_int_list(text, "--chunk"),
+        "blocks": lambda text: parse_int_list(text, "--blocks"),
+    }
+    for name, parse in parsers.items():
+        value = params.get(name)
+        if isinstance(value, str):
+            parse(value)
 
 
 def _baseline(baseline: str | None, sweep: str | None, launches: int | None):

@@ -160,11 +160,8 @@ def junit(
             )
             failure.text = f"{r.case}: {detail} ({r.test})"
         elif r.verdict == "missing":
-            ET.SubElement(
-                case, missing, {"message": f"missing: {r.reason}", "type": "missing"}
-            ).text = f"{r.case}: {r.reason}"
-            if not failed:
-                del case[-1].attrib["type"]
+            attrs = {"message": f"missing: {r.reason}", **({"type": "missing"} if failed else {})}
+            ET.SubElement(case, missing, attrs).text = f"{r.case}: {r.reason}"
         elif r.verdict in ("not comparable", "inconclusive"):
             ET.SubElement(case, "skipped", {"message": f"{r.verdict}: {r.reason or detail}"})
         else:

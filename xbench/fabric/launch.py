@@ -23,6 +23,7 @@ from pathlib import Path
 
 from xbench.errors import RankFailure, XbenchError
 from xbench.events import EVENT_PREFIX
+from xbench.host import usable_cores
 from xbench.results.store import mark_partial
 
 # Variables that a process manager sets in each rank it starts.
@@ -104,7 +105,7 @@ def launch_worker(
         hosts = []
     # more local ranks than cores only when asked (the CLI refuses it otherwise): Open MPI
     # then needs telling too, as it counts one slot a core
-    over = ["--oversubscribe"] if not hydra and not hostfile and np > (os.cpu_count() or 1) else []
+    over = ["--oversubscribe"] if not hydra and not hostfile and np > usable_cores() else []
     cmd = [mpiexec, *binding, *over, *hosts, "-n", str(np), sys.executable, "-u", "-m", module]
     cmd += args
     result = LaunchResult(returncode=0)
