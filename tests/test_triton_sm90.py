@@ -2,8 +2,8 @@
 
 Triton compiles a kernel down to a cubin with its own ptxas and no GPU driver; what the
 interpreter tests cannot see, this does: a tile that needs more shared memory than an H100
-has fails on the GPU at its first call, and one that spills registers runs from local
-memory. Each candidate of ``triton_mla.GPU_TILES`` is compiled as a launch specializes it
+has fails on the GPU at its first call, and one that spills registers runs partly from local
+memory (a bounded spill is allowed where the GPU timed it faster). Each candidate of ``triton_mla.GPU_TILES`` is compiled as a launch specializes it
 (16-byte aligned tensors, every integer but the selection's length a multiple of 16) in a
 process without the interpreter, and its resource use read back from the cubin.
 """
@@ -74,12 +74,23 @@ def compiled_tiles():
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
 
-def test_every_gpu_tile_fits_an_h100_and_spills_nothing(compiled_tiles):
+# What a thread of a candidate may spill (to L1 through local memory): the preferred tile
+# holds the whole 64 x 512 accumulator and spills a few hundred bytes, and on an H200 that
+# beat every tile that spills nothing (tests cannot time; benchmarks/triton_tiles.py does)
+MOST_SPILLED = 512
+
+
+def test_every_gpu_tile_fits_an_h100_within_the_registers_and_a_bounded_spill(compiled_tiles):
     from xbench.kernels import triton_mla
 
     assert [tuple(t["tile"]) for t in compiled_tiles] == list(triton_mla.GPU_TILES)
     for tile in compiled_tiles:
         assert 0 < tile["shared"] <= H100_SHARED, tile
-        assert tile["reg"] <= 255 and tile["stack"] == 0 and tile["local"] == 0, tile
-    # the preferred tile, 128 query rows, runs on Hopper's warpgroup MMA
-    assert compiled_tiles[0]["tile"][0] == 128 and compiled_tiles[0]["wgmma"]
+        assert tile["reg"] <= 255 and tile["local"] == 0, tile
+        assert tile["stack"] <= MOST_SPILLED, tile
+    # the preferred tile: 64 query rows with the whole 512-wide accumulator (the score once),
+    # on Hopper's warpgroup MMA
+    preferred = compiled_tiles[0]
+    assert preferred["tile"][0] == 64 and preferred["tile"][4] == 1 and preferred["wgmma"]
+    # the small tile for a decode row's few heads spills nothing
+    assert compiled_tiles[1]["stack"] == 0, compiled_tiles[1]

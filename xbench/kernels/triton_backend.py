@@ -7,7 +7,8 @@ reads each selected cache row once per tile, not once per head. The key tile is 
 64 (latent + RoPE); V is the latent part of the key tile already loaded. Tokens are split
 over programs (split-KV) so a single decode row still fills the GPU; each split keeps an fp32
 online softmax and writes a normalised fp32 partial with its LSE, and a second kernel
-combines the splits by LSE, writing the caller's ``out`` (fp32 or bf16) and ``lse``.
+combines the splits by LSE (rows x column chunks), writing the caller's ``out`` (fp32 or
+bf16) and ``lse``; with one split the split kernel writes them itself and nothing combines.
 
 The split count is the one with the least estimated time: the products take whole waves
 of programs over the SMs, and every split adds fp32 partials written and read back (with
@@ -65,8 +66,9 @@ def _host_time(kernel_call, quantiles=None):
 @functools.cache
 def _kernels(tiles: tuple):
     """(split kernel, combine kernel), defined on first use (see ``triton_mla``). The split
-    kernel chooses its tile among ``tiles`` on its first call per shape (triton.autotune;
-    one candidate under the interpreter, so nothing is timed there)."""
+    kernel chooses its tile among ``tiles``, the combine among ``COMBINE_TILES``, on their
+    first call per shape (triton.autotune; one candidate each under the interpreter, so
+    nothing is timed there)."""
     import triton
 
     from xbench.kernels import triton_mla
@@ -81,7 +83,17 @@ def _kernels(tiles: tuple):
         key=list(triton_mla.TUNED_FOR),
         do_bench=_host_time if interpreting() else None,  # None: Triton's, on the GPU
     )(triton_mla.split_kernel)
-    return split, triton_mla.combine_kernel
+    combine = triton.autotune(
+        configs=[
+            triton.Config({"BLOCK_C": c, "BLOCK_S": s}, num_warps=warps)
+            for c, s, warps in (
+                triton_mla.INTERPRETER_COMBINE_TILES if interpreting() else triton_mla.COMBINE_TILES
+            )
+        ],
+        key=list(triton_mla.COMBINE_TUNED_FOR),
+        do_bench=_host_time if interpreting() else None,
+    )(triton_mla.combine_kernel)
+    return split, combine
 
 
 @functools.lru_cache(maxsize=4096)  # a scan over every count: once per shape, not per call
@@ -109,6 +121,20 @@ def choose_splits(
         return products + partials
 
     return min(range(1, tiles + 1), key=estimate)
+
+
+def describe_plan(split_config, splits: int, combine, combined: bool) -> str:
+    """What a call ran: the split kernel's tile (query rows x tokens, warps, stages, output
+    parts), the split count and, with several splits, the combine's layout."""
+    k = split_config.kwargs
+    plan = (
+        f"tile {k['BLOCK_M']}x{k['BLOCK_N']} w{split_config.num_warps} "
+        f"s{split_config.num_stages} p{k['VSPLIT']}, {splits} split{'s' * (splits > 1)}"
+    )
+    if combined:
+        c = combine.best_config
+        plan += f", combine {c.kwargs['BLOCK_C']}x{c.kwargs['BLOCK_S']} w{c.num_warps}"
+    return plan
 
 
 class TritonBackend(TorchFallbacks):
@@ -188,8 +214,23 @@ class TritonBackend(TorchFallbacks):
         kv_flat = kv_cache.reshape(-1, dim)
         if not kv_flat.is_contiguous():
             kv_flat = kv_flat.contiguous()
-        part_out = torch.empty(splits, total_rows, LATENT, device=dev, dtype=torch.float32)
-        part_lse = torch.empty(splits, total_rows, device=dev, dtype=torch.float32)
+        result = (
+            out
+            if out is not None
+            else torch.empty(rows, heads, LATENT, device=dev, dtype=torch.float32)
+        )
+        result_lse = (
+            lse if lse is not None else torch.empty(rows, heads, device=dev, dtype=torch.float32)
+        )
+        out_view = result if result.is_contiguous() else torch.empty_like(result)
+        lse_view = result_lse if result_lse.is_contiguous() else torch.empty_like(result_lse)
+        # bf16 under the interpreter: converted by hand to nearest even (a GPU's is native)
+        round_out = interpreting() and out_view.dtype != torch.float32
+        if splits == 1:  # the split kernel writes the caller's output and LSE: no combine
+            part_out, part_lse = out_view, lse_view
+        else:
+            part_out = torch.empty(splits, total_rows, LATENT, device=dev, dtype=torch.float32)
+            part_lse = torch.empty(splits, total_rows, device=dev, dtype=torch.float32)
         split_kernel, combine_kernel = _kernels(tiles)
 
         def grid(meta):  # the tuner picks the tile, so the grid follows it
@@ -212,30 +253,23 @@ class TritonBackend(TorchFallbacks):
             # fp32 operands (the interpreter's upcast, or an fp32 cache) multiply in IEEE
             # fp32: Triton's default for them is TF32, 10 mantissa bits
             PRECISION="ieee" if interpreting() or q.dtype == torch.float32 else "tf32",
+            ROUND_OUT=splits == 1 and round_out,
             DIM=dim,
             LAT=LATENT,
             RP=ROPE,
         )
-        result = (
-            out
-            if out is not None
-            else torch.empty(rows, heads, LATENT, device=dev, dtype=torch.float32)
-        )
-        result_lse = (
-            lse if lse is not None else torch.empty(rows, heads, device=dev, dtype=torch.float32)
-        )
-        out_view = result if result.is_contiguous() else torch.empty_like(result)
-        lse_view = result_lse if result_lse.is_contiguous() else torch.empty_like(result_lse)
-        combine_kernel[(total_rows,)](
-            part_out,
-            part_lse,
-            out_view,
-            lse_view,
-            splits,
-            total_rows,
-            LAT=LATENT,
-            UPCAST=interpreting() and out_view.dtype != torch.float32,
-        )
+        if splits > 1:  # query rows x column chunks, the tuner's choice of chunk
+            combine_kernel[lambda meta: (total_rows, LATENT // meta["BLOCK_C"])](
+                part_out,
+                part_lse,
+                out_view,
+                lse_view,
+                splits,
+                total_rows,
+                LAT=LATENT,
+                UPCAST=round_out,
+            )
+        self.last_plan = describe_plan(split_kernel.best_config, splits, combine_kernel, splits > 1)
         if out_view is not result:
             result.copy_(out_view)
         if lse_view is not result_lse:

@@ -9,23 +9,29 @@ import triton
 import triton.language as tl
 
 # The split kernel's tiles a GPU chooses among on its first call per shape (triton.autotune):
-# (query rows, tokens, warps, pipeline stages, output column parts). Each compiles for sm_90
-# within Hopper's shared memory and spills no registers (tests/test_triton_sm90.py compiles
-# them with Triton's own ptxas, no GPU needed). A 64 x 512 fp32 accumulator takes 128
-# registers a thread at 8 warps, so with 64 rows a whole-width tile holds only 16 tokens;
-# split over two programs (VSPLIT 2, each recomputing the scores) 128 rows x 32 tokens fit.
-# The first is the preferred tile (the split count is chosen for it): on an H100 it was
-# the fastest at every shape timed but one decode row of a 2,048-token sparse selection,
-# where 16 x 64 won (session 20, docs/measurements.md).
+# (query rows, tokens, warps, pipeline stages, output column parts). The first is the
+# preferred tile (the split count is chosen for it): one program per 64 query rows holds the
+# whole 64 x 512 fp32 accumulator (128 registers a thread at 8 warps), so the 576-wide score
+# is computed once. It spills a few hundred bytes a thread (to L1) beside its query tile,
+# which costs less than computing the score twice: on an H200 (session 28) it was the
+# fastest tile at every shape timed but one decode row (583 against 678 us for 128 x 32 in
+# two output parts at 64 rows x 8K, 2,269 against 2,759 at 32K); 16 x 64 won one decode row
+# over 8K dense or 2,048 sparse tokens (34 against 37 us, 16 against 21). Their sm_90
+# compile facts (registers, spills, shared memory) are checked by tests/test_triton_sm90.py
+# with Triton's own ptxas, no GPU needed; benchmarks/triton_tiles.py times candidates.
 GPU_TILES = (
-    (128, 32, 8, 2, 2),
+    (64, 64, 8, 2, 1),
     (16, 64, 4, 2, 1),
-    (32, 64, 8, 2, 1),
-    (64, 16, 8, 2, 1),
 )
 # under TRITON_INTERPRET (warps and stages mean nothing there): one tile, so nothing is
 # tuned, and small, so the tests stay quick; two output parts, so both halves' code runs
 INTERPRETER_TILES = ((16, 16, 4, 1, 2),)
+# the combine's candidates on a GPU: (output columns a program, splits a step, warps). The
+# first is the kernel that session 20 measured (one program per row, the splits one by
+# one); the others split the columns over programs or read several splits at once
+COMBINE_TILES = ((512, 1, 4), (128, 1, 1), (128, 1, 4), (64, 8, 2), (32, 16, 1), (128, 16, 4))
+INTERPRETER_COMBINE_TILES = ((128, 4, 4),)
+COMBINE_TUNED_FOR = ("splits", "total_rows")
 # what a tuned tile is chosen for: the shape (dtypes count too)
 TUNED_FOR = ("rows_per_group", "idx_group_stride", "n_selected", "tokens_per_split", "total_rows")
 
@@ -56,6 +62,7 @@ def split_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     VSPLIT: tl.constexpr,
+    ROUND_OUT: tl.constexpr,
     DIM: tl.constexpr,
     LAT: tl.constexpr,
     RP: tl.constexpr,
@@ -70,7 +77,8 @@ def split_kernel(
     split = tl.program_id(2)
     local = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = local < rows_per_group
-    rows = group * rows_per_group + local  # flattened (decode row, head) query rows
+    # flattened (decode row, head) query rows; int64, so offsets past 2^31 elements do not wrap
+    rows = (group * rows_per_group + local).to(tl.int64)
     own = v_part * (LAT // VSPLIT) + tl.arange(0, LAT // VSPLIT)  # columns accumulated here
     rp = tl.arange(0, RP)
     q_own = tl.load(q_ptr + rows[:, None] * DIM + own[None, :], mask=row_ok[:, None], other=0.0)
@@ -134,9 +142,15 @@ def split_kernel(
         m_i = m_new
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    if ROUND_OUT:  # one split writes the caller's bf16 output: rounded as the combine does
+        out = _round_to_bf16(out)
     lse = tl.where(empty, float("-inf"), m_i + tl.log(tl.where(empty, 1.0, l_i)))
-    base = split * total_rows + rows
-    tl.store(part_out_ptr + base[:, None] * LAT + own[None, :], out, mask=row_ok[:, None])
+    base = split.to(tl.int64) * total_rows + rows  # one split: the caller's output and LSE
+    tl.store(
+        part_out_ptr + base[:, None] * LAT + own[None, :],
+        out.to(part_out_ptr.dtype.element_ty),
+        mask=row_ok[:, None],
+    )
     # one part writes the LSE (the parts add the score's halves in different orders)
     tl.store(part_lse_ptr + base, lse, mask=row_ok & (local * 0 + v_part == 0))
 
@@ -150,24 +164,42 @@ def combine_kernel(
     splits,
     total_rows,
     LAT: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    BLOCK_S: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
-    row = tl.program_id(0)
-    lat = tl.arange(0, LAT)
-    m = tl.full([1], float("-inf"), tl.float32)
-    for s in range(0, splits):
-        m = tl.maximum(m, tl.load(part_lse_ptr + s * total_rows + row + tl.arange(0, 1)))
+    # one program per query row and BLOCK_C output columns. BLOCK_S 1: the splits one after
+    # another, each a row of BLOCK_C partial columns; otherwise BLOCK_S splits at a time as a
+    # [BLOCK_S, BLOCK_C] tile (more loads in flight, a reduction across the splits)
+    row = tl.program_id(0).to(tl.int64)  # offsets past 2^31 elements do not wrap
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    s_off = tl.arange(0, BLOCK_S).to(tl.int64)
+    m = float("-inf")
+    for s0 in range(0, splits, BLOCK_S):
+        s = s0 + s_off
+        lse_s = tl.load(part_lse_ptr + s * total_rows + row, mask=s < splits, other=float("-inf"))
+        m = tl.maximum(m, tl.max(lse_s, 0))
     m_safe = tl.where(m == float("-inf"), 0.0, m)
-    total = tl.full([1], 0.0, tl.float32)
-    acc = tl.full([LAT], 0.0, tl.float32)
-    for s in range(0, splits):
-        w = tl.exp(tl.load(part_lse_ptr + s * total_rows + row + tl.arange(0, 1)) - m_safe)
-        total += w
-        acc += tl.sum(w) * tl.load(part_out_ptr + (s * total_rows + row) * LAT + lat)
+    total = 0.0
+    acc = tl.zeros([BLOCK_C], tl.float32)
+    for s0 in range(0, splits, BLOCK_S):
+        s = s0 + s_off
+        ok = s < splits
+        w = tl.exp(
+            tl.load(part_lse_ptr + s * total_rows + row, mask=ok, other=float("-inf")) - m_safe
+        )
+        total += tl.sum(w, 0)
+        part = tl.load(
+            part_out_ptr + ((s * total_rows + row) * LAT)[:, None] + cols[None, :],
+            mask=ok[:, None],
+            other=0.0,
+        )
+        acc += tl.sum(w[:, None] * part, 0)
     empty = total == 0.0
-    acc = acc / tl.sum(tl.where(empty, 1.0, total))
-    lse = tl.where(empty, float("-inf"), m_safe + tl.log(tl.where(empty, 1.0, total)))
+    acc = acc / tl.where(empty, 1.0, total)
     if UPCAST:  # rounded by hand to nearest even, as the GPU's conversion does
         acc = _round_to_bf16(acc)
-    tl.store(out_ptr + row * LAT + lat, acc.to(out_ptr.dtype.element_ty))
-    tl.store(lse_ptr + row + tl.arange(0, 1), lse)
+    tl.store(out_ptr + row * LAT + cols, acc.to(out_ptr.dtype.element_ty))
+    if tl.program_id(1) == 0:
+        lse = tl.where(empty, float("-inf"), m_safe + tl.log(tl.where(empty, 1.0, total)))
+        tl.store(lse_ptr + row, lse)
