@@ -5,7 +5,7 @@
 // IPC handles or peer access over NVLink or PCIe). The nvshmem_* kernels issue NVSHMEM
 // puts from the device (over NVLink, or InfiniBand with IBGDA when NVSHMEM is configured
 // for it); they are compiled only with -DXBENCH_WITH_NVSHMEM and NVSHMEM's headers and
-// device library (relocatable device code), which a GPU machine provides.
+// device library (relocatable device code, nvcc -rdc), as probe_device_main.cu is.
 #include "common.cuh"
 
 __device__ __forceinline__ unsigned long long global_ns() {
@@ -59,6 +59,38 @@ extern "C" __global__ void nvshmem_put_loop(void* dst, const void* src, size_t b
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     const unsigned long long t0 = global_ns();
     for (long long i = 0; i < iters; i++) nvshmem_putmem_nbi(dst, src, bytes, pe);
+    nvshmem_quiet();
+    *elapsed_ns = global_ns() - t0;
+}
+
+// Bandwidth: every block puts its share of `bytes` with the block-wide call, `iters` times,
+// then waits for completion; timed from the host (events), as NVSHMEM's shmem_put_bw is.
+extern "C" __global__ void nvshmem_put_bw(char* dst, const char* src, size_t bytes, int pe, long long iters) {
+    const size_t share = (bytes + gridDim.x - 1) / gridDim.x;
+    const size_t begin = share * blockIdx.x;
+    const size_t n = begin >= bytes ? 0 : (bytes - begin < share ? bytes - begin : share);
+    for (long long i = 0; i < iters; i++) {
+        if (n) nvshmemx_putmem_nbi_block(dst + begin, src + begin, n, pe);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) nvshmem_quiet();
+}
+
+// Put-with-signal ping-pong: the message and the signal that it has landed are one call,
+// so nothing can overtake the payload; each side waits for the other's count.
+extern "C" __global__ void nvshmem_putsig_pingpong(void* dst, const void* src, size_t bytes, uint64_t* signal, int pe,
+                                                   int initiator, long long iters, unsigned long long* elapsed_ns) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    const unsigned long long t0 = global_ns();
+    for (long long i = 1; i <= iters; i++) {
+        if (initiator) {
+            nvshmem_putmem_signal_nbi(dst, src, bytes, signal, (uint64_t)i, NVSHMEM_SIGNAL_SET, pe);
+            nvshmem_signal_wait_until(signal, NVSHMEM_CMP_GE, (uint64_t)i);
+        } else {
+            nvshmem_signal_wait_until(signal, NVSHMEM_CMP_GE, (uint64_t)i);
+            nvshmem_putmem_signal_nbi(dst, src, bytes, signal, (uint64_t)i, NVSHMEM_SIGNAL_SET, pe);
+        }
+    }
     nvshmem_quiet();
     *elapsed_ns = global_ns() - t0;
 }

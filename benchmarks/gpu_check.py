@@ -1,0 +1,358 @@
+"""Everything one GPU can tell about xbench, in one command with a time budget.
+
+    python benchmarks/gpu_check.py OUT_DIR [--budget 480]
+
+Runs, in order of what matters most if time runs out, each step in its own process under its
+own time limit (never past the budget), each step's output in ``OUT_DIR/STEP.log``:
+
+1. ``env``: versions, the GPU, its clocks and power, ``xbench env``.
+2. ``sweep``: the ceilings (copy, matmul) and every attention backend that runs here against
+   plain torch in a CUDA graph, rows 1 / 8 / 64 x 1K-64K tokens dense and top-2048 sparse
+   (``gpu_kernels.py``).
+3. ``tiles``: the triton tile and split candidates, timed one by one (``triton_tiles.py``).
+   ``triton-tests``: the triton backend's numerics on this GPU's tensor cores.
+4. ``device-probe``: ``cuda/probe_device_main.cu`` built with nvcc against NVSHMEM's wheel
+   and run: device-initiated put, put-with-signal ping-pong and block-wide put bandwidth on
+   one PE (to itself, every byte checked), and the peer loops on one GPU.
+5. ``profile``: the triton backend's kernels one by one (torch.profiler), to see what the
+   split kernel, the combine and the index preparation each cost.
+6. ``nvshmem``: nvshmem4py on one PE through the calls the nvshmem transport makes
+   (put-with-signal, non-blocking put, quiet), 8 B and 256 MiB, bytes checked.
+7. ``refusals``: what ``xbench probe`` says to GPU transports it cannot run on one GPU.
+8. ``pytest-gpu``: ``pytest -m gpu``.
+9. ``kernel-cli``: ``xbench kernel`` on CUDA (gather, splice, merge and attention).
+
+Writes ``OUT_DIR/summary.md`` (each step's status and its figures) and prints it. Steps that
+cannot run here (no nvcc, no NVSHMEM wheel, one GPU) say why in their log and the summary.
+``--steps`` runs a subset; ``--device cpu`` runs the script's own plumbing on tiny shapes
+under the Triton interpreter (what the test suite does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+PY = sys.executable
+
+# the tiles scanned: the shipped candidates (triton_mla.GPU_TILES), the tile they replaced
+# (128 x 32 in two output parts) and neighbours of the preferred one (session 28)
+TILES = "64,64,8,2,1 16,64,4,2,1 128,32,8,2,2 64,32,8,2,1 64,32,8,3,1"
+
+
+def steps(out: Path, cpu: bool) -> list[tuple[str, int, str]]:
+    """Each step: (name, limit in seconds, shell command); the most important first."""
+    q = shlex.quote
+    xb = f"{q(PY)} -m xbench.cli.app"
+    if cpu:  # tiny shapes, the interpreter: the plumbing, not figures
+        shapes = "--device cpu --rows 1 --tokens 64 --topk 32 --heads 16"
+        sweep = f"{q(PY)} {HERE}/gpu_kernels.py {shapes} --backends triton,torch --samples 1 --min-sample-time 0 --out {q(str(out / 'gpu-kernels'))}"
+        tiles = f"{q(PY)} {HERE}/triton_tiles.py {shapes} --tiles 16,16,4,1,1 --samples 1 --min-sample-time 0 --out {q(str(out / 'tiles.json'))}"
+    else:
+        sweep = (
+            f"{q(PY)} {HERE}/gpu_kernels.py --samples 3 --out {q(str(out / 'gpu-kernels'))} "
+            "--backends triton,torch,flashmla,flashinfer,plain-torch-graph"
+        )
+        tiles = (
+            f"{q(PY)} {HERE}/triton_tiles.py --rows 64,1,8 --tokens 8192,32768 --samples 3 "
+            f"--tiles {TILES} --out {q(str(out / 'tiles.json'))}"
+        )
+    return [
+        (
+            "env",
+            40,
+            "nvidia-smi; nvidia-smi -q -d CLOCK,POWER,PERFORMANCE | head -80; "
+            f'{q(PY)} -c \'import sys, torch, triton; print(sys.version); print("torch", torch.__version__, torch.version.cuda); print("triton", triton.__version__)\'; '
+            f"{xb} env",
+        ),
+        ("sweep", 170, sweep),
+        ("tiles", 130, tiles),
+        (
+            "triton-tests",
+            120,
+            f"{q(PY)} -m pytest -q -x -p no:cacheprovider {ROOT / 'tests' / 'test_triton_kernels.py'}",
+        ),
+        ("device-probe", 60, f"{q(PY)} {HERE}/gpu_check.py --step device-probe {q(str(out))}"),
+        ("nvshmem", 45, f"{q(PY)} {HERE}/gpu_check.py --step nvshmem {q(str(out))}"),
+        (
+            "profile",
+            45,
+            f"{q(PY)} {HERE}/gpu_check.py --step profile {q(str(out))}"
+            + (" --device cpu" if cpu else ""),
+        ),
+        (
+            "refusals",
+            40,
+            f"i=0; for t in 'mpi --device cuda' nccl nvshmem; do i=$((i+1)); "
+            f'echo "== xbench probe --np 2 --transport $t"; '
+            f"{xb} probe --np 2 --transport $t --sizes 8B:1KiB --out {q(str(out / 'refused'))}-$i; "
+            'echo "exit $?"; done',
+        ),
+        ("pytest-gpu", 90, f"{q(PY)} -m pytest -q -m gpu -p no:cacheprovider {ROOT / 'tests'}"),
+        (
+            "kernel-cli",
+            60,
+            f"{xb} kernel --rows 1,64 --chunk 8192 --samples 3 --out {q(str(out / 'kernel'))}"
+            + (" --device cpu" if cpu else ""),
+        ),
+    ]
+
+
+def run_steps(out: Path, budget: float, wanted: set[str] | None, cpu: bool) -> list[dict]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TRITON_PRINT_AUTOTUNING": "1"}
+    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    if cpu:
+        env["TRITON_INTERPRET"] = "1"
+    start = time.monotonic()
+    done = []
+    for name, limit, command in steps(out, cpu):
+        if wanted and name not in wanted:
+            continue
+        left = budget - (time.monotonic() - start)
+        if left < 5:
+            done.append({"step": name, "status": "not run (budget spent)", "seconds": 0})
+            continue
+        allowed = min(limit, left)
+        log = out / f"{name}.log"
+        t0 = time.monotonic()
+        with log.open("w") as fh:
+            fh.write(f"$ {command}\n")
+            fh.flush()
+            proc = subprocess.Popen(
+                command, shell=True, stdout=fh, stderr=subprocess.STDOUT, env=env,
+                cwd=ROOT, start_new_session=True,
+            )  # fmt: skip
+            try:
+                rc = proc.wait(timeout=allowed)
+                status = "ok" if rc == 0 else f"exit {rc}"
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, 9)
+                proc.wait()
+                status = f"stopped at its limit ({allowed:.0f} s)"
+        seconds = time.monotonic() - t0
+        done.append({"step": name, "status": status, "seconds": round(seconds, 1)})
+        print(f"{name:13} {status:28} {seconds:6.1f} s", flush=True)
+    return done
+
+
+def _tail(path: Path, start_marker: str | None = None, lines: int = 40) -> str:
+    if not path.exists():
+        return "(no log)"
+    text = path.read_text(errors="replace").splitlines()
+    if start_marker:
+        hits = [i for i, line in enumerate(text) if start_marker in line]
+        if hits:
+            return "\n".join(text[hits[-1] :][: lines * 2])
+    return "\n".join(text[-lines:])
+
+
+def summary(out: Path, done: list[dict]) -> str:
+    parts = ["# gpu-check summary", "", "| step | status | seconds |", "|---|---|---|"]
+    parts += [f"| {d['step']} | {d['status']} | {d['seconds']} |" for d in done]
+    sections = {
+        "sweep": ("bound = max", 60),
+        "tiles": ("best ", 30),
+        "device-probe": (None, 40),
+        "profile": (None, 60),
+        "nvshmem": (None, 20),
+        "refusals": (None, 20),
+        "pytest-gpu": (None, 12),
+        "triton-tests": (None, 12),
+        "kernel-cli": (None, 40),
+    }
+    for name, (marker, lines) in sections.items():
+        if not any(d["step"] == name and d["seconds"] for d in done):
+            continue
+        body = _tail(out / f"{name}.log", marker, lines)
+        if name == "tiles":
+            body = "\n".join(
+                line
+                for line in (out / "tiles.log").read_text(errors="replace").splitlines()
+                if line.startswith("best ")
+            )
+        parts += ["", f"## {name}", "", "```", body, "```"]
+    return "\n".join(parts) + "\n"
+
+
+# ----- steps that are a few lines of Python of their own -----
+
+
+def step_device_probe(out: Path) -> int:
+    """Builds cuda/probe_device_main.cu with nvcc against NVSHMEM's wheel, runs it on one PE
+    and once with the peer loops alone."""
+    from xbench.errors import XbenchError
+    from xbench.fabric import device_probe
+
+    build = out / "build"
+    build.mkdir(exist_ok=True)
+    exe = build / "xbench-device-probe"
+    home = device_probe.nvshmem_home()
+    if home is None:
+        print("device-probe: no NVSHMEM wheel (pip install nvidia-nvshmem-cu13): peer loops only")
+    t0 = time.monotonic()
+    try:
+        device_probe.build(exe, ROOT / "cuda", with_nvshmem=home is not None)
+    except XbenchError as exc:
+        print(f"device-probe: {exc}")
+        return 2
+    print(f"nvcc: built in {time.monotonic() - t0:.1f} s", flush=True)
+    rc = 0
+    for args in ([], ["--peer-only"]) if home else ([],):
+        print("$", exe, *args, flush=True)
+        try:
+            ran = subprocess.run([str(exe), *args], timeout=25)
+            print(f"exit {ran.returncode}", flush=True)
+            rc = rc or ran.returncode
+        except subprocess.TimeoutExpired:
+            print("stopped after 25 s", flush=True)
+            rc = 124
+    return rc
+
+
+def step_profile(out: Path, device: str) -> int:
+    """The triton backend's kernels at a few shapes, one by one (torch.profiler)."""
+    import torch
+
+    from xbench.core.models import get_model
+    from xbench.kernels.backend import get_backend
+    from xbench.kernels.bench import make_inputs, plan_cases
+
+    model = get_model("deepseek-v3.2")
+    backend = get_backend("triton")
+    cpu = device == "cpu"
+    shapes = [(1, 64, False)] if cpu else [(1, 32768, False), (64, 8192, False), (8, 2048, True)]
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if not cpu:
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    for rows, tokens, sparse in shapes:
+        (case,) = plan_cases(
+            model, ["partial_attention"], [rows], [tokens], "bf16", sparse, 16 if cpu else None, 64
+        )
+        x = make_inputs(case, device, seed=0)
+
+        def call(x=x, v_dim=case.v_dim):
+            return backend.partial_attention(
+                x["q"], x["cache"], x["indices"], model.softmax_scale, v_dim
+            )
+
+        for _ in range(3):  # tuned and warm before the profile
+            call()
+        if not cpu:
+            torch.cuda.synchronize()
+        with torch.profiler.profile(activities=activities) as prof:
+            for _ in range(10):
+                call()
+            if not cpu:
+                torch.cuda.synchronize()
+        print(f"\n== {case.label}: 10 calls", flush=True)
+        sort = "self_cpu_time_total" if cpu else "self_device_time_total"
+        print(prof.key_averages().table(sort_by=sort, row_limit=12, max_name_column_width=48))
+    return 0
+
+
+def step_nvshmem(out: Path) -> int:
+    """nvshmem4py on one PE through the transport's own calls: every byte checked."""
+    try:
+        import numpy as np
+        import nvshmem.core
+        import torch
+        from cuda.core import Device
+        from nvshmem import bindings
+    except ImportError as exc:
+        print(f"nvshmem: not importable ({exc}); carry nvshmem4py-cu13")
+        return 3
+    from xbench.fabric.nvshmem import CMP_GE, SIGNAL_SET, allocate_symmetric, release_symmetric
+
+    dev = Device(0)
+    dev.set_current()
+    torch.cuda.set_device(0)
+    uid = nvshmem.core.get_unique_id()
+    nvshmem.core.init(device=dev, uid=uid, rank=0, nranks=1, initializer_method="uid")
+    sizes = [8, 256 << 20]
+    world = allocate_symmetric(nvshmem.core, bindings, sizes + sizes)
+    dsts, srcs, signal = world["buffers"][:2], world["buffers"][2:], world["signal"]
+    stream = torch.cuda.current_stream().cuda_stream
+    rc = 0
+    for n, dst, src in zip(sizes, dsts, srcs, strict=True):
+        src.copy_(torch.randint(0, 256, (n,), dtype=torch.uint8, device="cuda"))
+        dst.zero_()
+        signal.zero_()
+        torch.cuda.synchronize()
+        for kind in ("putmem_signal_on_stream", "putmem_nbi_on_stream"):
+            dst.zero_()
+            torch.cuda.synchronize()
+            iters = 200 if n <= 8 else 5
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for i in range(1, iters + 1):
+                if kind == "putmem_signal_on_stream":
+                    bindings.putmem_signal_on_stream(
+                        dst.data_ptr(),
+                        src.data_ptr(),
+                        n,
+                        signal.data_ptr(),
+                        i,
+                        SIGNAL_SET,
+                        0,
+                        stream,
+                    )
+                    bindings.signal_wait_until_on_stream(signal.data_ptr(), CMP_GE, i, stream)
+                else:
+                    bindings.putmem_nbi_on_stream(dst.data_ptr(), src.data_ptr(), n, 0, stream)
+            bindings.quiet_on_stream(stream)
+            end.record()
+            torch.cuda.synchronize()
+            ok = bool(torch.equal(dst, src))
+            us = start.elapsed_time(end) * 1e3 / iters
+            print(json.dumps({"call": kind, "bytes": n, "iters": iters, "us": round(us, 3),
+                              "gb_per_s": round(n / us / 1e3, 3), "bytes_checked": ok}), flush=True)  # fmt: skip
+            rc = rc or (0 if ok else 1)
+    del np
+    release_symmetric(world)
+    return rc
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("out", type=Path, help="folder for every log and figure (created)")
+    ap.add_argument("--budget", type=float, default=480, help="seconds for all steps together")
+    ap.add_argument("--steps", default=None, help="comma list of steps to run (default: all)")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    ap.add_argument("--step", default=None, help=argparse.SUPPRESS)  # one step's own code
+    args = ap.parse_args(argv)
+    if args.step is None and args.out.exists() and any(args.out.iterdir()):
+        ap.error(f"{args.out} is not empty: pass a new folder (nothing there is overwritten)")
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.step == "device-probe":
+        return step_device_probe(args.out)
+    if args.step == "profile":
+        return step_profile(args.out, args.device)
+    if args.step == "nvshmem":
+        return step_nvshmem(args.out)
+    wanted = set(args.steps.split(",")) if args.steps else None
+    known = {name for name, _, _ in steps(args.out, False)}
+    if wanted and wanted - known:
+        ap.error(
+            f"unknown step {', '.join(sorted(wanted - known))}; pick from {', '.join(sorted(known))}"
+        )
+    done = run_steps(args.out, args.budget, wanted, args.device == "cpu")
+    text = summary(args.out, done)
+    (args.out / "summary.md").write_text(text)
+    (args.out / "steps.json").write_text(json.dumps(done, indent=1))
+    print(text)
+    return 0 if all(d["status"] == "ok" for d in done) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

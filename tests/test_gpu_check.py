@@ -1,0 +1,55 @@
+"""benchmarks/gpu_check.py, the one prepared GPU run, on tiny shapes under the Triton
+interpreter: its steps run in their own processes, each under its limit, and it writes a
+summary with each step's status and figures. (Its figures come from a GPU: docs/measurements.md.)"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton", reason="triton is not installed (pip install '.[test]')")
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py"
+
+
+def _run(*args, timeout=300):
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_tiles_and_profile_on_tiny_shapes_write_a_summary(tmp_path):
+    out = tmp_path / "gc"
+    done = _run(str(out), "--device", "cpu", "--steps", "tiles,profile")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    steps = json.loads((out / "steps.json").read_text())
+    assert [(s["step"], s["status"]) for s in steps] == [("tiles", "ok"), ("profile", "ok")]
+    summary = (out / "summary.md").read_text()
+    assert "| tiles | ok |" in summary and "best partial_attention" in summary
+    # the profile's table per shape (on a GPU its rows are the split and combine kernels)
+    assert (
+        "== partial_attention rows=1 chunk=64 dense bf16: 10 calls"
+        in (out / "profile.log").read_text()
+    )
+    timings = json.loads((out / "tiles.json").read_text())["timings"]
+    assert {tuple(t["tile"]) for t in timings} == {(16, 16, 4, 1, 1)}
+
+
+def test_a_step_past_the_budget_is_reported_not_run(tmp_path):
+    out = tmp_path / "gc"
+    done = _run(str(out), "--device", "cpu", "--steps", "refusals", "--budget", "1")
+    steps = json.loads((out / "steps.json").read_text())
+    assert steps == [{"step": "refusals", "status": "not run (budget spent)", "seconds": 0}]
+    assert done.returncode == 1
+
+
+def test_a_used_folder_and_an_unknown_step_are_refused(tmp_path):
+    (tmp_path / "old.log").write_text("kept")
+    done = _run(str(tmp_path), "--device", "cpu")
+    assert done.returncode == 2 and "not empty" in done.stderr
+    assert (tmp_path / "old.log").read_text() == "kept"
+    done = _run(str(tmp_path / "new"), "--steps", "sweep,warp")
+    assert done.returncode == 2 and "unknown step warp" in done.stderr
