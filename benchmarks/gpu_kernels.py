@@ -29,11 +29,13 @@ from xbench.core.models import get_model
 from xbench.errors import XbenchError
 from xbench.kernels.backend import BACKENDS, BackendUnavailable, get_backend
 from xbench.kernels.bench import (
+    backend_plan,
     ceiling_rows,
     measure_ceilings,
     plan_cases,
     sample_rows,
     time_case,
+    timed_launch,
 )
 from xbench.kernels.selection import DensePages
 from xbench.kernels.summary import summarize_kernels
@@ -175,9 +177,12 @@ def main(argv=None) -> int:
                 print(f"{backend:18} out of GPU memory at rows={case.rows} tokens={case.chunk}")
                 torch.cuda.empty_cache()
                 continue
-            store.append(
-                KERNEL_SAMPLES, sample_rows(case, timings, run_id, backend, device, model.name, 0)
-            )
+            rows = sample_rows(
+                case, timings, run_id, backend, device, model.name, 0,
+                launch=timed_launch(device, "graph" if backend == "plain-torch-graph" else ("eager" if plain else launch)),
+                plan="" if plain else backend_plan(backend),
+            )  # fmt: skip
+            store.append(KERNEL_SAMPLES, rows)
     store.finish()
     summary = summarize_kernels(read_table(out_dir, KERNEL_SAMPLES))
     print(

@@ -54,8 +54,8 @@ def test_kernel_cli_resolves_auto_and_refuses_graphs_on_cpu(xbench, tmp_path):
     assert r.returncode == 0, r.stderr
     samples = read_table(out, KERNEL_SAMPLES)
     assert set(samples.backend) == {"torch"}
-    import json
-
+    # every sample says how its calls ran and what the backend chose (torch: nothing)
+    assert set(samples.launch) == {"eager"} and set(samples.plan) == {""}
     meta = json.loads((out / "run.json").read_text())
     assert meta["backend"] == "torch" and meta["launch"] == "eager"
 
@@ -188,6 +188,10 @@ def test_gpu_benchmark_script_runs_on_a_cpu(tmp_path):
     assert set(timed.backend) == expected
     assert {"ceiling_copy", "ceiling_matmul"} <= set(samples.kernel)
     assert "bound" in r.stdout and "%" in r.stdout
+    # the triton samples name the tile and split count that ran, the others nothing
+    plans = timed.groupby("backend").plan.agg(set)
+    assert all(p.startswith("tile 16x16 w4 s1 p2, ") for p in plans.get("triton", set()))
+    assert plans["torch"] == {""} and set(timed.launch) == {"eager"}
 
 
 def _has_triton() -> bool:
@@ -318,3 +322,85 @@ def test_the_tile_benchmark_times_each_tile_and_split_count(tmp_path):
     assert all(t["us"] > 0 and t["splits"] >= 1 for t in timings)
     r = subprocess.run([*script, "--tiles", "16,16,4"], capture_output=True, text=True, env=env)
     assert r.returncode == 2 and "five integers" in r.stderr
+
+
+class _FakeGpuClock:
+    """A GPU's clock without a GPU: records what the timing asked of it (captures, replays,
+    calls timed), so the launch of each timed call can be checked."""
+
+    cuda = True
+
+    def __init__(self):
+        self.log = []
+
+    def capture(self, body):
+        self.log.append("capture")
+        body()  # capture runs the body once (its eager warm-up)
+        log = self.log
+
+        class Graph:
+            def replay(self):
+                log.append("replay")
+                body()
+
+        return Graph()
+
+    def time(self, fn, calls):
+        self.log.append("timed")
+        for i in range(calls):
+            fn(i)
+        return 1e-6
+
+
+@pytest.mark.parametrize("launch", ["graph", "eager"])
+def test_a_call_after_idle_on_a_gpu_is_launched_as_its_back_to_back_twin(launch):
+    """On a GPU the back-to-back samples are graph replays: a call after idle, a wait, an
+    attention or a splice is then the replay of a graph holding that one call (captured
+    once per input set, untimed), not an eager call whose launch would pass for idle."""
+    from xbench.kernels.bench import _SingleCalls
+
+    clock, ran = _FakeGpuClock(), []
+    sets = [{"k": 0}, {"k": 1}]
+    one = _SingleCalls(clock, sets, lambda x: ran.append(x["k"]), launch)
+    for i in range(4):
+        assert one.timed(i % 2) == 1e-6
+    if launch == "graph":
+        # each set captured (and replayed) once, untimed, before its first timed call;
+        # every timed call a replay
+        first = ["capture", "replay", "timed", "replay"]
+        assert clock.log == first + first + ["timed", "replay"] * 2
+        assert ran == [0, 0, 0, 1, 1, 1, 0, 1]
+    else:
+        assert clock.log == ["timed"] * 4 and ran == [0, 1, 0, 1]
+
+
+def test_a_sparse_attentions_rows_select_from_contexts_of_their_own():
+    """Each decode row's selection comes from a region of its own, so the rows x chunk tokens
+    the bound counts are distinct (one shared pool of 4 x chunk stayed in a GPU's L2)."""
+    from xbench.kernels.bench import SPARSE_CONTEXT, KernelCase, make_inputs
+
+    case = KernelCase("partial_attention", 3, 16, 64, 576, 512, "bf16", True)
+    x = make_inputs(case, "cpu", seed=0)
+    region = SPARSE_CONTEXT * case.chunk
+    assert x["cache"].shape[0] * x["cache"].shape[1] == 3 * region
+    idx = x["indices"]
+    assert idx.shape == (3, 64)
+    for row in range(3):
+        assert (idx[row] >= row * region).all() and (idx[row] < (row + 1) * region).all()
+    assert len(set(idx.flatten().tolist())) == 3 * 64  # every token read once
+
+
+def test_the_triton_backend_says_which_tile_and_splits_it_ran(monkeypatch):
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    from xbench.kernels.triton_backend import TritonBackend
+
+    b = TritonBackend()
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 16, 576, generator=gen).bfloat16()
+    cache = torch.randn(4, 64, 576, generator=gen).bfloat16()
+    idx = torch.arange(200, dtype=torch.int32)
+    b.partial_attention(q, cache, idx, 0.04, 512, tile=(16, 16, 4, 1, 1), splits=3)
+    assert b.last_plan == "tile 16x16 w4 s1 p1, 3 splits, combine 128x4 w4"
+    b.partial_attention(q, cache, idx, 0.04, 512, tile=(16, 16, 4, 1, 2), splits=1)
+    assert b.last_plan == "tile 16x16 w4 s1 p2, 1 split"  # one split: no combine ran

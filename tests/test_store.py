@@ -184,23 +184,30 @@ def test_kernel_v1_files_read_as_one_pass(tmp_path):
         idle_us=4000,
         wait_us=2000,
         after_splice_tokens=512,
+        launch="graph",
+        plan="tile 64x64 w8 s2 p1, 66 splits",
     )
     path = write_table(tmp_path / "k.parquet", schema.KERNEL_SAMPLES, [row], {"run_id": "k"})
     v3 = ("process_run", "timed_by", "after_tokens", "idle_us", "wait_us", "after_splice_tokens")
-    old = _as_version(path, 1, tmp_path / "v1.parquet", ("round", *v3))
-    v2 = _as_version(path, 2, tmp_path / "v2.parquet", v3)
-    v3_file = _as_version(path, 3, tmp_path / "v3.parquet", v3[3:])
-    v4 = _as_version(path, 4, tmp_path / "v4.parquet", v3[4:])
-    v5 = _as_version(path, 5, tmp_path / "v5.parquet", v3[5:])
-    frame = read_table([old, v2, v3_file, v4, v5, path], schema.KERNEL_SAMPLES)
-    assert frame["round"].tolist() == [0, 1, 1, 1, 1, 1]
-    assert frame.process_run.tolist() == [0, 0, 2, 2, 2, 2]
-    assert frame.timed_by.tolist() == [0, 0, 1, 1, 1, 1]
-    assert frame.after_tokens.tolist() == [0, 0, 1024, 1024, 1024, 1024]  # v1-2: back to back
-    assert frame.idle_us.tolist() == [0, 0, 0, 4000, 4000, 4000]  # before v4 nothing after idle
-    assert frame.wait_us.tolist() == [0, 0, 0, 0, 2000, 2000]  # before v5 nothing after a wait
+    v7 = ("launch", "plan")
+    old = _as_version(path, 1, tmp_path / "v1.parquet", ("round", *v3, *v7))
+    v2 = _as_version(path, 2, tmp_path / "v2.parquet", (*v3, *v7))
+    v3_file = _as_version(path, 3, tmp_path / "v3.parquet", (*v3[3:], *v7))
+    v4 = _as_version(path, 4, tmp_path / "v4.parquet", (*v3[4:], *v7))
+    v5 = _as_version(path, 5, tmp_path / "v5.parquet", (*v3[5:], *v7))
+    v6 = _as_version(path, 6, tmp_path / "v6.parquet", v7)
+    frame = read_table([old, v2, v3_file, v4, v5, v6, path], schema.KERNEL_SAMPLES)
+    assert frame["round"].tolist() == [0, 1, 1, 1, 1, 1, 1]
+    assert frame.process_run.tolist() == [0, 0, 2, 2, 2, 2, 2]
+    assert frame.timed_by.tolist() == [0, 0, 1, 1, 1, 1, 1]
+    assert frame.after_tokens.tolist() == [0, 0] + [1024] * 5  # v1-2: back to back
+    assert frame.idle_us.tolist() == [0, 0, 0] + [4000] * 4  # before v4 nothing after idle
+    assert frame.wait_us.tolist() == [0, 0, 0, 0] + [2000] * 3  # before v5 nothing after a wait
     # before v6 no attention after a splice
-    assert frame.after_splice_tokens.tolist() == [0, 0, 0, 0, 0, 512]
+    assert frame.after_splice_tokens.tolist() == [0, 0, 0, 0, 0, 512, 512]
+    # before v7 neither the launch nor the backend's choice was recorded
+    assert frame.launch.tolist() == [""] * 6 + ["graph"]
+    assert frame.plan.tolist() == [""] * 6 + ["tile 64x64 w8 s2 p1, 66 splits"]
 
 
 def test_migrations_chain_from_older_versions(tmp_path, monkeypatch):

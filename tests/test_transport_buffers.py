@@ -86,3 +86,88 @@ def test_worker_reserves_before_loading_pyarrow():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == str(sorted({1 << 20, 8 * 4096, 4 * 4096}))
+
+
+class _FakeCudaTorch:
+    """What a device transport's flush asks of torch: the L2's size, one device buffer
+    twice that, written, then waited for (no GPU here)."""
+
+    uint8 = "uint8"
+
+    def __init__(self):
+        self.asked: list = []
+        torch = self
+
+        class Buffer:
+            def add_(self, value):
+                torch.asked.append(("add_", value))
+
+        class Cuda:
+            @staticmethod
+            def current_device():
+                return 0
+
+            @staticmethod
+            def get_device_properties(index):
+                torch.asked.append(("properties", index))
+                return type("Props", (), {"L2_cache_size": 50 * 2**20})()
+
+            @staticmethod
+            def synchronize():
+                torch.asked.append(("synchronize",))
+
+        self.cuda = Cuda
+        self._buffer = Buffer
+
+    def empty(self, n, dtype, device):
+        self.asked.append(("empty", n, dtype, device))
+        return self._buffer()
+
+
+class _Barrier:
+    def __init__(self, log):
+        self.log = log
+
+    def Barrier(self):
+        self.log.append(("barrier",))
+
+
+def test_offcache_on_a_device_transport_flushes_the_gpus_l2_not_the_hosts(monkeypatch):
+    from xbench.fabric import gpu
+
+    fake = _FakeCudaTorch()
+    monkeypatch.setattr(gpu, "torch_module", lambda: fake)
+
+    class OnDevice(HostBuffersOnly):
+        device = "cuda"
+
+        def exchange(self, send_n, recv_n, iters):
+            fake.asked.append(("exchange", send_n))
+            return 1e-6
+
+    t = OnDevice(dataclasses.replace(PAIR, comm=_Barrier(fake.asked)), buffer_plan(SPEC))
+    assert t.exchange_offcache(64, 2) == pytest.approx(2e-6)
+    flush = [("add_", 1), ("synchronize",), ("barrier",), ("exchange", 64)]
+    assert fake.asked == [
+        ("properties", 0),
+        ("empty", 2 * 50 * 2**20, "uint8", "cuda"),  # twice the L2, allocated once
+        *flush,
+        *flush,
+    ]
+
+
+def test_offcache_on_a_host_transport_writes_a_line_of_twice_the_llc(monkeypatch):
+    from xbench import host
+
+    monkeypatch.setattr(host, "llc_bytes", lambda: 1 << 16)
+    log = []
+
+    class OnHost(HostBuffersOnly):
+        def exchange(self, send_n, recv_n, iters):
+            log.append(("exchange", send_n))
+            return 1e-6
+
+    t = OnHost(dataclasses.replace(PAIR, comm=_Barrier(log)), buffer_plan(SPEC))
+    t.exchange_offcache(8, 3)
+    assert t._flush.nbytes == 2 << 16 and set(t._flush[::64]) == {3}  # every line, 3 times
+    assert log == [("barrier",), ("exchange", 8)] * 3

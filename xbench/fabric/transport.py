@@ -101,7 +101,7 @@ class Transport(ABC):
         k, s = plan.blocks, plan.block_bytes
         # Blocks sit at scattered pages of the cache, as a selection would find them.
         self.offsets = (rng.permutation(2 * k)[:k] * s).astype(np.int64)
-        self._flush = None  # the offcache pattern's flush buffer, allocated on first use
+        self._flush = None  # the offcache patterns' flush buffer (host or GPU), on first use
 
     @staticmethod
     def _host_buffer(nbytes: int, fill: int) -> np.ndarray:
@@ -167,10 +167,9 @@ class Transport(ABC):
         the last-level cache (dirty lines push the message buffers out), then meet at a
         barrier so neither times the other's flush.
         """
-        flush = self._flush_buffer()
         total = 0.0
         for _ in range(iters):
-            flush[::64] += 1
+            self._flush_caches()
             self.pair.comm.Barrier()
             total += self.exchange(nbytes, nbytes, 1)
         return total
@@ -180,20 +179,33 @@ class Transport(ABC):
         holder's pages and the requester's free pages out of cache, as a fetch that follows
         attention finds them (over this VM's shared memory, 64 pages of 72 KiB took about
         twice as long so as from pages the previous fetch had left in cache)."""
-        flush = self._flush_buffer()
         total = 0.0
         for _ in range(iters):
-            flush[::64] += 1
+            self._flush_caches()
             self.pair.comm.Barrier()
             total += self.fetch(mode, k, block, 1)
         return total
 
-    def _flush_buffer(self) -> np.ndarray:
+    def _flush_caches(self) -> None:
+        """Push the message buffers out of the cache in front of them: the host's last-level
+        cache (one byte a line of a buffer twice its size, written), or, for buffers on a
+        GPU, its L2 (a device buffer twice the L2 written, then waited for); a flush of
+        the host's caches leaves a GPU's L2 as it was."""
+        if self.device == "cuda":
+            from xbench.fabric.gpu import torch_module
+
+            torch = torch_module()
+            if self._flush is None:
+                l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+                self._flush = torch.empty(2 * max(int(l2), 1), dtype=torch.uint8, device="cuda")
+            self._flush.add_(1)
+            torch.cuda.synchronize()
+            return
         if self._flush is None:
             from xbench.host import llc_bytes
 
             self._flush = self._host_buffer(2 * llc_bytes(), fill=0)
-        return self._flush
+        self._flush[::64] += 1
 
     def empty_loop(self, iters: int) -> float:
         """The timed loop with nothing in it: the tool's own per-iteration overhead."""

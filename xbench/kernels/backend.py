@@ -52,6 +52,9 @@ class KernelBackend(Protocol):
     """
 
     name: str
+    # what the last attention call chose where a backend chooses (tile, splits), stored with
+    # every sample; "" where it chooses nothing
+    last_plan: str
 
     def partial_attention(self, q, kv_cache, indices, scale, v_dim, *, out=None, lse=None): ...
 
@@ -76,6 +79,8 @@ def write_into(out, lse, result):
 
 class TorchFallbacks:
     """merge, gather and splice through the torch backend, for attention-only adapters."""
+
+    last_plan = ""  # the adapters' libraries choose their own tiles, unseen
 
     def merge_partials(self, outs, lses):
         return get_backend("torch").merge_partials(outs, lses)

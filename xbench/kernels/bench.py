@@ -35,6 +35,8 @@ from xbench.kernels.api import gather_kv, get_backend
 from xbench.kernels.selection import DensePages, random_topk
 
 KERNELS = ("partial_attention", "merge", "gather", "splice", "prefill")
+# a sparse attention's rows each select their chunk out of this many times as many tokens
+SPARSE_CONTEXT = 2
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
@@ -209,19 +211,23 @@ def make_inputs(case: KernelCase, device: str, seed: int):
             "target": torch.zeros(2 * pages, bs, case.dim, dtype=dt, device=device),
             "pages": free_list.tolist() if on_cpu else free_list.to(device),
         }
-    pool = case.chunk * (4 if case.sparse else 1)  # sparse selections come out of a larger cache
+    per_row = case.sparse and case.kernel == "partial_attention"
+    if per_row:
+        # each decode row selects from a context of its own (a batch's rows are different
+        # requests): one region of SPARSE_CONTEXT x chunk tokens a row, so no row reads
+        # another's tokens from cache and the rows x chunk tokens the bound counts are read
+        # from memory (one pool of 4 x chunk for every row stayed in a GPU's L2)
+        region = SPARSE_CONTEXT * case.chunk
+        pool = region * case.rows
+    else:
+        pool = case.chunk * (4 if case.sparse else 1)  # a gather's selection: a larger cache
     blocks = max(1, -(-pool // bs))
     cache = torch.randn(blocks, bs, case.dim, generator=gen).to(dt).to(device)
-    if case.sparse:
-        indices = random_topk(
-            blocks * bs,
-            case.chunk,
-            case.rows if case.kernel == "partial_attention" else 1,
-            generator=gen,
-        )
-        if case.kernel != "partial_attention":
-            indices = indices[0]
-        indices = indices.to(device)
+    if per_row:
+        offsets = torch.arange(case.rows).unsqueeze(1) * region
+        indices = (random_topk(region, case.chunk, case.rows, generator=gen) + offsets).to(device)
+    elif case.sparse:
+        indices = random_topk(blocks * bs, case.chunk, 1, generator=gen)[0].to(device)
     else:
         pages = torch.randperm(blocks, generator=gen)[: -(-case.chunk // bs)]
         indices = DensePages(pages.to(device), case.chunk)
@@ -282,7 +288,8 @@ def input_sets(case: KernelCase, device: str, seed: int) -> list[dict]:
             inputs["packed"] = first["packed"]
     if case.kernel in COLD_PAGES_KERNELS:
         own = input_bytes({k: v for k, v in first.items() if k not in shared})
-        count = cold_set_count(case.chunk * case.dim * case.elem, own, cache)
+        touched = case.chunk * (case.rows if case.sparse else 1) * case.dim * case.elem
+        count = cold_set_count(touched, own, cache)
         for i in range(fresh, count):
             sets.append(
                 {
@@ -341,17 +348,21 @@ def _time_case(case, backend, device, scale, samples, warmups, min_sample_s, see
     sets = input_sets(case, device, seed)
     run = runner or case_runner(case, backend, scale)  # a runner: a reference timed alike
     clock = Clock(device)
-    if case.after and not clock.cuda:
-        return _time_after_attention(
-            case, backend, device, scale, sets, run, samples, warmups, min_sample_s, seed
-        )
-    if case.idle_us:
-        return _time_after_idle(case, clock, sets, run, samples, warmups, min_sample_s)
-    if case.wait_us:
-        return _time_after_wait(case, clock, sets, run, samples, warmups, min_sample_s)
-    if case.after_splice:
+    if case.after or case.idle_us or case.wait_us or case.after_splice:
+        # each call timed alone after what precedes it; on a GPU as the back-to-back twin
+        # is launched (a graph replay of the one call, or the call itself), so the launch's
+        # cost does not pass for the effect of what came before
+        one = _SingleCalls(clock, sets, run, launch)
+        if case.after:
+            return _time_after_attention(
+                case, backend, device, scale, clock, one, samples, warmups, min_sample_s, seed
+            )
+        if case.idle_us:
+            return _time_after_idle(case, clock, one, samples, warmups, min_sample_s)
+        if case.wait_us:
+            return _time_after_wait(case, clock, one, samples, warmups, min_sample_s)
         return _time_after_splice(
-            case, backend, device, clock, sets, run, samples, warmups, min_sample_s
+            case, backend, device, clock, sets, one, samples, warmups, min_sample_s
         )
 
     def call(i):
@@ -374,23 +385,48 @@ def _time_case(case, backend, device, scale, samples, warmups, min_sample_s, see
     return results
 
 
-def _time_after_attention(case, backend, device, scale, sets, run, samples, warmups, min_s, seed):
+class _SingleCalls:
+    """One call on input set ``k``, as the back-to-back samples launch it: eager, or (GPU,
+    graph launches) the replay of a graph holding that one call, captured on first use."""
+
+    def __init__(self, clock: Clock, sets: list, run, launch: str):
+        self.clock, self.sets, self.run = clock, sets, run
+        self.graphs = {} if clock.cuda and launch == "graph" else None
+
+    def __len__(self) -> int:
+        return len(self.sets)
+
+    def __call__(self, k: int) -> None:
+        if self.graphs is None:
+            self.run(self.sets[k])
+            return
+        if k not in self.graphs:
+            self.graphs[k] = self.clock.capture(lambda: self.run(self.sets[k]))
+        self.graphs[k].replay()
+
+    def timed(self, k: int) -> float:
+        """Seconds of the call alone (on a GPU: events around it, queued after what was
+        queued before, so only the call is counted)."""
+        if self.graphs is not None and k not in self.graphs:
+            self(k)  # captured (and run once) untimed
+        return self.clock.time(lambda _: self(k), 1)
+
+
+def _time_after_attention(case, backend, device, scale, clock, one, samples, warmups, min_s, seed):
     """Each call right after an untimed attention over ``case.after`` tokens; only the call
-    is timed (host clock around it: these are CPU-only cases)."""
+    is timed (on a GPU: events around it, the attention queued before them)."""
     context = case.context()
     context_sets = input_sets(context, device, seed + 7)
     attend = case_runner(context, backend, scale)
 
     def timed(i: int) -> float:
         attend(context_sets[i % len(context_sets)])
-        t0 = time.perf_counter()
-        run(sets[i % len(sets)])
-        return time.perf_counter() - t0
+        return one.timed(i % len(one))
 
     return _samples_of_timed_calls(timed, samples, warmups, min_s)
 
 
-def _time_after_splice(case, backend, device, clock, sets, run, samples, warmups, min_s):
+def _time_after_splice(case, backend, device, clock, sets, one, samples, warmups, min_s):
     """Each call right after an untimed splice of the chunk into the very pages it attends
     (from one landing buffer, as a fetch's transfer leaves it), as a fetch's first use runs;
     only the call is timed (on CUDA: events around it, the splice queued before them)."""
@@ -406,7 +442,7 @@ def _time_after_splice(case, backend, device, clock, sets, run, samples, warmups
     def timed(i: int) -> float:
         k = i % len(sets)
         splice(sets[k]["cache"], landing, pages[k], 1024, case.rope_dim, None)
-        return clock.time(lambda _: run(sets[k]), 1)
+        return one.timed(k)
 
     return _samples_of_timed_calls(timed, samples, warmups, min_s)
 
@@ -425,13 +461,13 @@ def _samples_of_timed_calls(timed, samples: int, warmups: int, min_s: float):
     return results
 
 
-def _time_after_idle(case, clock, sets, run, samples, warmups, min_s):
+def _time_after_idle(case, clock, one, samples, warmups, min_s):
     """Each call after ``case.idle_us`` of the timing thread asleep."""
     idle = case.idle_us * 1e-6
-    return _time_after(lambda: time.sleep(idle), clock, sets, run, samples, warmups, min_s)
+    return _time_after(lambda: time.sleep(idle), clock, one, samples, warmups, min_s)
 
 
-def _time_after_wait(case, clock, sets, run, samples, warmups, min_s):
+def _time_after_wait(case, clock, one, samples, warmups, min_s):
     """Each call after ``case.wait_us`` of the timing thread spinning on the clock, as a
     rank polling MPI for a message does (the core busy, touching almost no memory)."""
     wait = case.wait_us * 1e-6
@@ -441,18 +477,21 @@ def _time_after_wait(case, clock, sets, run, samples, warmups, min_s):
         while time.perf_counter() < until:
             pass
 
-    return _time_after(spin, clock, sets, run, samples, warmups, min_s)
+    return _time_after(spin, clock, one, samples, warmups, min_s)
 
 
-def _time_after(pause, clock, sets, run, samples, warmups, min_s):
+def _time_after(pause, clock, one, samples, warmups, min_s):
     """Each call after ``pause()``; only the call is timed (on CUDA: events around it, the
     device drained before the pause)."""
 
     def timed(i: int) -> float:
+        k = i % len(one)
+        if one.graphs is not None and k not in one.graphs:
+            one(k)  # captured untimed, before the device drains and the pause begins
         if clock.cuda:
             torch.cuda.synchronize()
         pause()
-        return clock.time(lambda _: run(sets[i % len(sets)]), 1)
+        return one.timed(k)
 
     return _samples_of_timed_calls(timed, samples, warmups, min_s)
 
@@ -601,9 +640,20 @@ def default_device() -> str:
 
 
 def sample_rows(
-    case: KernelCase, timings, run_id: str, backend: str, device: str, model: str, round_: int = 0
+    case: KernelCase,
+    timings,
+    run_id: str,
+    backend: str,
+    device: str,
+    model: str,
+    round_: int = 0,
+    *,
+    launch: str = "eager",
+    plan: str = "",
 ) -> list[dict]:
-    """kernel_samples rows of one case in one pass over the cases (time per call in us)."""
+    """kernel_samples rows of one case in one pass over the cases (time per call in us).
+    ``launch``: as timed (:func:`timed_launch`); ``plan``: the backend's choice
+    (:func:`backend_plan`)."""
     return [
         {
             "run_id": run_id,
@@ -632,9 +682,21 @@ def sample_rows(
             "idle_us": case.idle_us,
             "wait_us": case.wait_us,
             "after_splice_tokens": case.after_splice,
+            "launch": launch,
+            "plan": plan,
         }
         for i, (calls, warm, seconds) in enumerate(timings)
     ]
+
+
+def timed_launch(device: str, launch: str) -> str:
+    """How :func:`time_case` launches the calls it times: graphs only on a GPU."""
+    return launch if device.startswith("cuda") else "eager"
+
+
+def backend_plan(backend: str) -> str:
+    """What the backend chose for its last attention call (tile, splits), or ""."""
+    return getattr(get_backend(backend), "last_plan", "")
 
 
 def ceiling_rows(ceilings: dict, run_id: str, backend: str, device: str, dtype: str) -> list[dict]:
@@ -661,6 +723,8 @@ def ceiling_rows(ceilings: dict, run_id: str, backend: str, device: str, dtype: 
         "idle_us": 0,
         "wait_us": 0,
         "after_splice_tokens": 0,
+        "launch": "",
+        "plan": "",
     }
     n = ceilings["matmul_n"]
     return [

@@ -123,6 +123,7 @@ class CudaBackend:
     """Loads the cubins on the current device and launches them on torch's stream."""
 
     name = "cuda-ref"
+    last_plan = ""  # one block per head and row, nothing chosen per shape
 
     def __init__(self):
         try:

@@ -317,6 +317,7 @@ class TorchBackend:
     """The reference backend behind the registry: this module's functions."""
 
     name = "torch"
+    last_plan = ""  # one formulation, nothing chosen per shape
 
     def partial_attention(self, q, kv_cache, indices, scale, v_dim, *, out=None, lse=None):
         return partial_attention(q, kv_cache, indices, scale, v_dim, out=out, lse=lse)

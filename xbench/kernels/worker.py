@@ -94,11 +94,13 @@ def run_sweep(cfg: SweepConfig, sink, comm=None) -> None:
     from xbench.host import steady_allocator
     from xbench.kernels import cpu_bf16
     from xbench.kernels.bench import (
+        backend_plan,
         ceiling_rows,
         measure_ceilings,
         plan_cases,
         sample_rows,
         time_case,
+        timed_launch,
         timing_turns,
     )
     from xbench.results.metadata import run_metadata
@@ -191,7 +193,15 @@ def run_sweep(cfg: SweepConfig, sink, comm=None) -> None:
                 launch=cfg.launch,
             )
             rows = sample_rows(
-                case, timings, cfg.run_id, cfg.backend, cfg.device, preset.name, round_
+                case,
+                timings,
+                cfg.run_id,
+                cfg.backend,
+                cfg.device,
+                preset.name,
+                round_,
+                launch=timed_launch(cfg.device, cfg.launch),
+                plan=backend_plan(cfg.backend) if case.kernel == "partial_attention" else "",
             )
         if comm is not None:
             rows = comm.bcast(rows, root=timer)

@@ -27,6 +27,10 @@ kernel_samples v3: adds ``process_run`` (``xbench kernel --runs N`` launches the
     beside a peer waiting in MPI, cases alternating the rank), and ``after_tokens``, the
     tokens an attention read just before each timed call of a merge, gather or splice
     (``--in-context``: as a route or fetch runs them); v2 files read as 0, 0 and 0.
+kernel_samples v7: adds ``launch`` (graph or eager: how the timed calls ran; a GPU's calls
+    after idle, a wait, an attention or a splice were eager before, their twins graph
+    replays) and ``plan`` (what the backend chose: the triton backend's tile, split count
+    and combine); v6 files read as "" for both (not recorded).
 validate_summary v2: adds, per phase, ``measured_<phase>_us`` and ``predicted_<phase>_us``
     (v1 files read with them null).
 simulation v1: first version, written by ``xbench simulate --out``.
@@ -138,6 +142,10 @@ KERNEL_SAMPLES_SCHEMA = pa.schema(
         pa.field("wait_us", pa.int32(), nullable=False),
         # v6: tokens spliced into the attention's own pages before each timed call (0: none)
         pa.field("after_splice_tokens", pa.int32(), nullable=False),
+        # v7: how the timed calls were launched (graph: CUDA graph replays; eager), and what
+        # the backend chose for them (the triton backend: tile, splits, combine; "": nothing)
+        pa.field("launch", pa.string(), nullable=False),
+        pa.field("plan", pa.string(), nullable=False),
     ]
 )
 
@@ -399,7 +407,7 @@ SCHEMAS = {
 }
 SCHEMA_VERSIONS = {
     PROBE_SAMPLES: 2,
-    KERNEL_SAMPLES: 6,
+    KERNEL_SAMPLES: 7,
     VALIDATE_SAMPLES: 4,
     DECISIONS: 2,
     VALIDATE_SUMMARY: 2,
@@ -461,18 +469,23 @@ def _added_central_column(table: pa.Table) -> pa.Table:
 
 
 # MIGRATIONS[table][v] turns a pyarrow.Table of version v into version v + 1.
-def _added_int_columns(**defaults: int):
-    """A migration for a version that added int32 columns: older rows held these values."""
+def _added_columns(arrow_type, **defaults):
+    """A migration for a version that added columns of one type: older rows read as these."""
 
     def migrate(table: pa.Table) -> pa.Table:
         for name, value in defaults.items():
             table = table.append_column(
-                pa.field(name, pa.int32(), nullable=False),
-                pa.array([value] * table.num_rows, pa.int32()),
+                pa.field(name, arrow_type, nullable=False),
+                pa.array([value] * table.num_rows, arrow_type),
             )
         return table
 
     return migrate
+
+
+def _added_int_columns(**defaults: int):
+    """A migration for a version that added int32 columns: older rows held these values."""
+    return _added_columns(pa.int32(), **defaults)
 
 
 MIGRATIONS: dict[str, dict[int, object]] = {
@@ -485,6 +498,7 @@ MIGRATIONS: dict[str, dict[int, object]] = {
         3: _added_int_columns(idle_us=0),  # v3: no call after idle
         4: _added_int_columns(wait_us=0),  # v4: no call after a wait
         5: _added_int_columns(after_splice_tokens=0),  # v5: no attention after a splice
+        6: _added_columns(pa.string(), launch="", plan=""),  # v6: neither recorded ("")
     },
     VALIDATE_SUMMARY: {1: _added_summary_phase_columns},  # v1: no phases
     SIMULATION_VALIDATION: {
