@@ -18,6 +18,8 @@ own time limit (never past the budget), each step's output in ``OUT_DIR/STEP.log
    split kernel, the combine and the index preparation each cost.
 6. ``nvshmem``: nvshmem4py on one PE through the calls the nvshmem transport makes
    (put-with-signal, non-blocking put, quiet), 8 B and 256 MiB, bytes checked.
+   ``validate``: route, fetch and local on the GPU, two ranks sharing it, messages staged
+   through host buffers, checked against one-instance attention (predictions: the priors).
 7. ``refusals``: what ``xbench probe`` says to GPU transports it cannot run on one GPU.
 8. ``pytest-gpu``: ``pytest -m gpu``.
 9. ``kernel-cli``: ``xbench kernel`` on CUDA (gather, splice, merge and attention).
@@ -41,6 +43,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+PRIORS = ROOT / "profiles" / "h100-priors.toml"
 PY = sys.executable
 
 # the tiles scanned: the shipped candidates (triton_mla.GPU_TILES), the tile they replaced
@@ -52,6 +55,10 @@ def steps(out: Path, cpu: bool) -> list[tuple[str, int, str]]:
     """Each step: (name, limit in seconds, shell command); the most important first."""
     q = shlex.quote
     xb = f"{q(PY)} -m xbench.cli.app"
+    # validate on this device: route, fetch and local checked, the priors predicting
+    validate_device, validate_chunks, validate_heads = (
+        ("cpu", "128", 4) if cpu else ("cuda", "1024,8192", 128)
+    )
     if cpu:  # tiny shapes, the interpreter: the plumbing, not figures
         shapes = "--device cpu --rows 1 --tokens 64 --topk 32 --heads 16"
         sweep = f"{q(PY)} {HERE}/gpu_kernels.py {shapes} --backends triton,torch --samples 1 --min-sample-time 0 --out {q(str(out / 'gpu-kernels'))}"
@@ -82,6 +89,13 @@ def steps(out: Path, cpu: bool) -> list[tuple[str, int, str]]:
         ),
         ("device-probe", 60, f"{q(PY)} {HERE}/gpu_check.py --step device-probe {q(str(out))}"),
         ("nvshmem", 45, f"{q(PY)} {HERE}/gpu_check.py --step nvshmem {q(str(out))}"),
+        (
+            "validate",
+            90,
+            f"{xb} validate --device {validate_device} --profile {q(str(PRIORS))} "
+            f"--fabric nvlink --rows 1,16 --chunk {validate_chunks} --heads {validate_heads} "
+            f"--samples 3 --rounds 1 --out {q(str(out / 'validate'))}",
+        ),
         (
             "profile",
             45,
@@ -164,6 +178,7 @@ def summary(out: Path, done: list[dict]) -> str:
         "device-probe": (None, 40),
         "profile": (None, 60),
         "nvshmem": (None, 20),
+        "validate": (None, 30),
         "refusals": (None, 20),
         "pytest-gpu": (None, 12),
         "triton-tests": (None, 12),

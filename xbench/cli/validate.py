@@ -77,6 +77,21 @@ def validate(
     timeout: Annotated[
         float, typer.Option(min=1e-3, help="Seconds before a case is declared hung.")
     ] = 300.0,
+    device: Annotated[
+        str,
+        typer.Option(
+            help="cpu, or cuda: tensors and kernels on the GPU of each rank (two ranks may "
+            "share one)."
+        ),
+    ] = "cpu",
+    wire: Annotated[
+        str,
+        typer.Option(
+            help="How messages cross: host (MPI on the tensors' memory; CPU only) or staged "
+            "(copied through host buffers around MPI, for GPU tensors); default: host on "
+            "cpu, staged on cuda."
+        ),
+    ] = "auto",
     out: RunDirOption = None,
     fmt: FormatOption = OutputFormat.table,
 ) -> None:
@@ -114,6 +129,7 @@ def validate(
         cpu_bf16.choose_path(cpu_attention)
     except ValueError as exc:
         raise XbenchError(str(exc), "pass --cpu-attention torch or auto") from None
+    wire = _check_device(device, wire)
     if fetch_layout not in FETCH_LAYOUTS:
         raise XbenchError(
             f"unknown --fetch-layout {fetch_layout!r}", f"pick {' or '.join(FETCH_LAYOUTS)}"
@@ -135,6 +151,8 @@ def validate(
         fabric=fab,
         cpu_attention=cpu_attention,
         runs=runs,
+        device=device,
+        wire=wire,
     )
     # only now: a refused command leaves no empty run directory behind
     claim_run_dir(out_dir)
@@ -167,6 +185,31 @@ def validate(
             "a path's output differs from one-instance attention beyond tolerance",
             f"see {out_dir}/validate_summary.parquet",
         )
+
+
+def _check_device(device: str, wire: str) -> str:
+    """The wire to use, or a one-line refusal (before anything is launched or written)."""
+    from xbench.validate.wire import WIRES
+
+    if device not in ("cpu", "cuda"):
+        raise XbenchError(f"unknown --device {device!r}", "pick cpu or cuda")
+    if wire not in (*WIRES, "auto"):
+        raise XbenchError(f"unknown --wire {wire!r}", f"pick auto, {' or '.join(WIRES)}")
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise XbenchError(
+                "--device cuda needs a CUDA GPU, and torch sees none here",
+                "run on a GPU machine, or use --device cpu",
+            )
+        if wire == "host":
+            raise XbenchError(
+                "--wire host hands MPI the tensors' memory, which is on the GPU with --device cuda",
+                "pass --wire staged (copies through host buffers), or leave --wire auto",
+            )
+        return "staged"
+    return "host" if wire == "auto" else wire
 
 
 def _table(summary, profile: str, fabric: str, out_dir, wire: str | None = None) -> None:

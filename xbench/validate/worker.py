@@ -72,6 +72,8 @@ class ValidateConfig:
     runs: int = 1
     timeout_s: float = 300.0
     fabric: str | None = None
+    device: str = "cpu"  # where the tensors and kernels are: cpu or cuda
+    wire: str = "host"  # how messages cross (xbench.validate.wire): host or staged
     scale: float = 1 / math.sqrt(576)
     extra: dict = field(default_factory=dict)
 
@@ -85,13 +87,6 @@ class ValidateConfig:
         return cls(**data)
 
 
-def _bytes_view(t):
-    """A uint8 numpy view of a contiguous CPU tensor (bf16 has no numpy dtype)."""
-    import torch
-
-    return t.contiguous().view(torch.uint8).numpy()
-
-
 class Peer:
     """Both ranks' state for one (rows, chunk) case."""
 
@@ -99,8 +94,11 @@ class Peer:
         import torch
 
         from xbench.kernels import DensePages
+        from xbench.validate.wire import byte_view, make_wire
 
         self.cfg, self.rows, self.chunk, self.comm = cfg, rows, chunk, comm
+        self.wire = make_wire(cfg.wire, comm, cfg.device)
+        dev = torch.device(cfg.device)
         self.rank = comm.Get_rank()
         self.other = 1 - self.rank
         self.requester = 0  # which rank asks; samples alternate it (see run_validate)
@@ -113,10 +111,11 @@ class Peer:
 
         for s in range(min(sets, FRESH_SETS)):  # identical on both ranks: same seeds
             gen = torch.Generator().manual_seed(1000 * rows + chunk + 7919 * s)
-            holder = torch.randn(2 * pages, bs, cfg.dim, generator=gen).to(dt)
+            holder = torch.randn(2 * pages, bs, cfg.dim, generator=gen).to(dt).to(dev)
             sel = DensePages(torch.randperm(2 * pages, generator=gen)[:pages], chunk)
-            local = torch.randn(-(-cfg.local_tokens // bs), bs, cfg.dim, generator=gen).to(dt)
-            q = torch.randn(rows, cfg.heads, cfg.dim, generator=gen).to(dt)
+            local = torch.randn(-(-cfg.local_tokens // bs), bs, cfg.dim, generator=gen)
+            local = local.to(dt).to(dev)
+            q = torch.randn(rows, cfg.heads, cfg.dim, generator=gen).to(dt).to(dev)
             self.sets.append((holder, sel, local, q))
         for s in range(FRESH_SETS, sets):  # more memory to rotate over: copies, not draws
             holder, sel, local, q = self.sets[s % FRESH_SETS]
@@ -127,33 +126,36 @@ class Peer:
         # ran up to 25 % faster here (1 row, 256 tokens) than over the scattered pages the
         # kernel sweep times it on
         gen = torch.Generator().manual_seed(1000 * rows + chunk + 1)
-        self.targets = [torch.zeros(2 * pages, bs, cfg.dim, dtype=dt) for _ in range(sets)]
+        self.targets = [
+            torch.zeros(2 * pages, bs, cfg.dim, dtype=dt, device=dev) for _ in range(sets)
+        ]
         free = [torch.randperm(2 * pages, generator=gen)[:pages] for _ in range(sets)]
         self.free_pages = [f.tolist() for f in free]  # a list, as the kernel sweep passes
         # where each set's fetch puts the chunk, in the chunk's token order
         self.spliced = [DensePages(f, chunk) for f in free]
-        self.sq = torch.empty(rows, cfg.heads, cfg.dim, dtype=dt)
+        self.sq = torch.empty(rows, cfg.heads, cfg.dim, dtype=dt, device=dev)
         # What the holder returns, as one message of S_o bytes per query row (the model's
         # S_o): the partial output in the cache dtype, then its fp32 LSE.
         n_out = rows * cfg.heads * cfg.v_dim * torch.finfo(dt).bits // 8
-        self.ret = torch.empty(n_out + rows * cfg.heads * 4, dtype=torch.uint8)
+        self.ret = torch.empty(n_out + rows * cfg.heads * 4, dtype=torch.uint8, device=dev)
         self.ret_out = self.ret[:n_out].view(dt).view(rows, cfg.heads, cfg.v_dim)
         self.ret_lse = self.ret[n_out:].view(torch.float32).view(rows, cfg.heads)
-        self.skv = torch.empty(chunk, cfg.dim, dtype=dt)  # the requester receives the chunk here
-        self.staging = torch.empty(chunk, cfg.dim, dtype=dt)  # the holder packs it here
+        # the requester receives the chunk here; the holder packs it here
+        self.skv = torch.empty(chunk, cfg.dim, dtype=dt, device=dev)
+        self.staging = torch.empty(chunk, cfg.dim, dtype=dt, device=dev)
         # a per-page fetch sends each selected page from where it lies in the holder's cache
         # and lands it at its place in skv; the last page may be partly selected
-        landing = _bytes_view(self.skv).reshape(-1)
+        landing = byte_view(self.skv)
         page_bytes = bs * cfg.dim * torch.finfo(dt).bits // 8
         self.landing = [landing[j : j + page_bytes] for j in range(0, len(landing), page_bytes)]
         self.page_views = [
             [
-                _bytes_view(holder[int(p)]).reshape(-1)[: len(land)]
+                byte_view(holder[int(p)])[: len(land)]
                 for p, land in zip(sel.pages, self.landing, strict=True)
             ]
             for holder, sel, _, _ in self.sets
         ]
-        self.req = bytearray(1)
+        self.req = bytearray(1)  # a fetch's request: one byte through host MPI
         self.stamps: list[float] = []  # phase boundaries of the iterations being timed
         # A's local partials are computed once: route and fetch both need them equally.
         from xbench.kernels import mla_partial_attention
@@ -166,24 +168,29 @@ class Peer:
         ]
         self.local_partials *= -(-len(self.sets) // FRESH_SETS)  # a copy's are its source's
 
+    def stamp(self) -> None:
+        """A phase boundary: the device's queued work done, then the clock read."""
+        self.wire.ready()
+        self.stamps.append(now())
+
     # ---- the three paths; A's side returns the merged (out, lse) ----
     def route(self, i: int):
         from xbench.kernels import merge_partials, mla_partial_attention
 
         holder, sel, _, q = self.sets[i % len(self.sets)]
-        c, stamp = self.comm, self.stamps.append
+        wire, stamp = self.wire, self.stamp
         if self.rank == self.requester:
-            stamp(now())
-            c.Send(_bytes_view(q), dest=self.other, tag=1)
-            c.Recv(self.ret.numpy(), source=self.other, tag=2)
-            stamp(now())
+            stamp()
+            wire.send(q, self.other, 1)
+            wire.recv(self.ret, self.other, 2)
+            stamp()
             # the received partial is merged where it lies, bf16, with no unpacking copy
             out, lse = self.local_partials[i % len(self.sets)]
             merged = merge_partials([self.ret_out, out], [self.ret_lse, lse])
-            stamp(now())
+            stamp()
             return merged
-        c.Recv(_bytes_view(self.sq), source=self.other, tag=1)
-        stamp(now())
+        wire.recv(self.sq, self.other, 1)
+        stamp()
         # attention writes its partial straight into the message, in the wire format
         mla_partial_attention(
             self.sq,
@@ -194,8 +201,8 @@ class Peer:
             out=self.ret_out,
             lse=self.ret_lse,
         )
-        stamp(now())
-        c.Send(self.ret.numpy(), dest=self.other, tag=2)
+        stamp()
+        wire.send(self.ret, self.other, 2)
         return None
 
     @property
@@ -204,42 +211,39 @@ class Peer:
         return len(self.landing) if self.cfg.fetch_layout == "pages" else 1
 
     def fetch(self, i: int):
-        from mpi4py import MPI
-
         from xbench.kernels import gather_kv, merge_partials, mla_partial_attention, splice_kv
 
         holder, sel, _, q = self.sets[i % len(self.sets)]
-        c, stamp = self.comm, self.stamps.append
+        c, wire, stamp = self.comm, self.wire, self.stamp
         pages = self.cfg.fetch_layout == "pages"
         if self.rank == self.requester:
-            stamp(now())
+            stamp()
             c.Send(self.req, dest=self.other, tag=4)
             if pages:
-                MPI.Request.Waitall([c.Irecv(v, source=self.other, tag=5) for v in self.landing])
+                wire.recv_all(self.landing, self.other, 5)
             else:
-                c.Recv(_bytes_view(self.skv), source=self.other, tag=5)
-            stamp(now())
+                wire.recv(self.skv, self.other, 5)
+            stamp()
             k = i % len(self.sets)
             splice_kv(self.targets[k], self.skv, self.free_pages[k], 0)
-            stamp(now())
+            stamp()
             out, lse = mla_partial_attention(
                 q, self.targets[k], self.spliced[k], self.cfg.scale, v_dim=self.cfg.v_dim
             )
-            stamp(now())
+            stamp()
             local_out, local_lse = self.local_partials[i % len(self.sets)]
             merged = merge_partials([out, local_out], [lse, local_lse])
-            stamp(now())
+            stamp()
             return merged
         c.Recv(self.req, source=self.other, tag=4)
-        stamp(now())
+        stamp()
         if pages:
-            stamp(now())  # nothing to pack: the pages leave from where they lie
-            views = self.page_views[i % len(self.sets)]
-            MPI.Request.Waitall([c.Isend(v, dest=self.other, tag=5) for v in views])
+            stamp()  # nothing to pack: the pages leave from where they lie
+            wire.send_all(self.page_views[i % len(self.sets)], self.other, 5)
         else:
             gather_kv(holder, sel, out=self.staging)
-            stamp(now())
-            c.Send(_bytes_view(self.staging), dest=self.other, tag=5)
+            stamp()
+            wire.send(self.staging, self.other, 5)
         return None
 
     def local(self, i: int):
@@ -247,9 +251,9 @@ class Peer:
 
         holder, sel, _, q = self.sets[i % len(self.sets)]
         if self.rank == self.requester:
-            self.stamps.append(now())
+            self.stamp()
             result = mla_partial_attention(q, holder, sel, self.cfg.scale, v_dim=self.cfg.v_dim)
-            self.stamps.append(now())
+            self.stamp()
             return result
         return None
 
@@ -260,8 +264,9 @@ class Peer:
         if option == "local":
             holder, sel, _, q = self.sets[0]
             ref = mla_partial_attention(
-                q.double(), holder.double(), sel, self.cfg.scale, v_dim=self.cfg.v_dim
-            )[0]
+                q.double(), holder.double(), sel, self.cfg.scale, v_dim=self.cfg.v_dim,
+                backend="torch",
+            )[0]  # fmt: skip
         else:
             ref = self.reference(0)[0]
         err = (result[0].double() - ref).abs()
@@ -295,6 +300,7 @@ class Peer:
             DensePages(torch.tensor([0]), tokens.shape[0]),
             self.cfg.scale,
             v_dim=self.cfg.v_dim,
+            backend="torch",  # fp64, on any device: the reference, not a backend under test
         )
 
 
@@ -334,15 +340,14 @@ def _sets_needed(cfg, chunk: int, rows: int) -> int:
     cache, as the kernel sweep's attention and splice rotate (``cold_set_count``): every
     option reads its chunk from memory and a fetch splices into cold pages (then attends
     the chunk it has just spliced, in cache, as a serving instance would)."""
-    from xbench.host import llc_bytes
-    from xbench.kernels.bench import cold_set_count
+    from xbench.kernels.bench import cache_bytes, cold_set_count
 
     elem = 2 if cfg.dtype == "bf16" else 4
     pages = -(-chunk // cfg.block_size) * cfg.block_size
     # a copy holds the holder's cache and the requester's target (twice the chunk each)
     # and the query
     copy = (4 * pages * cfg.dim + rows * cfg.heads * cfg.dim) * elem
-    return cold_set_count(chunk * cfg.dim * elem, copy, llc_bytes())
+    return cold_set_count(chunk * cfg.dim * elem, copy, cache_bytes(cfg.device))
 
 
 def run_validate(cfg: ValidateConfig, sink) -> None:
@@ -360,6 +365,12 @@ def run_validate(cfg: ValidateConfig, sink) -> None:
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     from xbench.host import steady_allocator
+    from xbench.validate.wire import transport_label
+
+    device_name = None
+    if cfg.device == "cuda":  # the ranks take the GPUs in turn (two may share one)
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+        device_name = torch.cuda.get_device_name()
 
     allocator = steady_allocator()  # the state the kernel sweep measured in (see host.py)
     torch.set_num_threads(cfg.threads)
@@ -379,6 +390,9 @@ def run_validate(cfg: ValidateConfig, sink) -> None:
                 mpi_library=mpi_library(MPI),
                 mpi_thread_level=thread_level_name(MPI),
                 runs=cfg.runs,
+                device=cfg.device,
+                device_name=device_name,
+                wire=cfg.wire,
                 conditions={
                     "cpu_attention": cpu_bf16.active_path() if cfg.dtype == "bf16" else None,
                     "torch_threads": torch.get_num_threads(),
@@ -466,7 +480,7 @@ def run_validate(cfg: ValidateConfig, sink) -> None:
                     {
                         "run_id": cfg.run_id,
                         "option": option,
-                        "transport": "mpi",
+                        "transport": transport_label(cfg.wire),
                         "fabric": cfg.fabric or "shm",
                         "rows": b,
                         "heads": cfg.heads,

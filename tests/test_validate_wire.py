@@ -1,0 +1,129 @@
+"""validate's wires: MPI on the tensors' memory (host), or through host buffers around MPI
+(staged, for GPU tensors with an MPI that is not CUDA-aware). The staged wire runs here on
+CPU tensors through the same code, against a fake communicator that records what MPI was
+handed, and end to end between two real ranks."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from xbench.validate.wire import HostWire, StagedWire, byte_view, make_wire, transport_label
+
+
+class _Comm:
+    """MPI's point-to-point calls, recording the buffers they are handed; a receive fills
+    its buffer with the next of ``incoming``."""
+
+    def __init__(self, incoming=()):
+        self.calls, self.incoming = [], list(incoming)
+
+    def Send(self, buf, dest, tag):
+        self.calls.append(("Send", buf.copy(), dest, tag, buf.ctypes.data))
+
+    def Recv(self, buf, source, tag):
+        buf[:] = self.incoming.pop(0)
+        self.calls.append(("Recv", len(buf), source, tag, buf.ctypes.data))
+
+    def Isend(self, buf, dest, tag):
+        self.calls.append(("Isend", buf.copy(), dest, tag, buf.ctypes.data))
+        return None
+
+    def Irecv(self, buf, source, tag):
+        buf[:] = self.incoming.pop(0)
+        self.calls.append(("Irecv", len(buf), source, tag, buf.ctypes.data))
+        return None
+
+
+@pytest.fixture(autouse=True)
+def no_waitall(monkeypatch):
+    """The fake's requests complete at once: nothing to wait for."""
+    from xbench.validate import wire
+
+    monkeypatch.setattr(wire, "_waitall", lambda requests: None)
+
+
+def test_the_staged_wire_hands_mpi_a_host_copy_of_exactly_the_messages_bytes():
+    t = torch.arange(12, dtype=torch.float32).reshape(3, 4).bfloat16()
+    comm = _Comm()
+    wire = StagedWire(comm, "cpu")
+    wire.send(t, 1, 7)
+    (call,) = comm.calls
+    assert call[0] == "Send" and call[2:4] == (1, 7)
+    assert np.array_equal(call[1], byte_view(t).numpy())  # the bytes, bf16 as sent
+    assert call[4] != t.data_ptr()  # a host buffer of its own, not the tensor's memory
+    wire.send(t, 1, 7)
+    assert comm.calls[1][4] == call[4]  # registered once, reused for the next message
+
+
+def test_the_staged_wire_lands_received_bytes_in_the_tensor():
+    t = torch.zeros(2, 3, dtype=torch.bfloat16)
+    expected = torch.randn(2, 3).bfloat16()
+    comm = _Comm([byte_view(expected).numpy()])
+    StagedWire(comm, "cpu").recv(t, 0, 2)
+    assert torch.equal(t, expected) and comm.calls[0][4] != t.data_ptr()
+
+
+def test_pages_go_as_one_message_each_and_land_where_they_belong():
+    skv = torch.zeros(4, 8, dtype=torch.bfloat16)
+    pages = [byte_view(skv)[:24], byte_view(skv)[24:]]  # a partly selected last page
+    sent = torch.randn(4, 8).bfloat16()
+    comm = _Comm([byte_view(sent).numpy()[:24], byte_view(sent).numpy()[24:]])
+    StagedWire(comm, "cpu").recv_all(pages, 1, 5)
+    assert [c[:4] for c in comm.calls] == [("Irecv", 24, 1, 5), ("Irecv", 40, 1, 5)]
+    assert torch.equal(skv, sent)
+    out = _Comm()
+    StagedWire(out, "cpu").send_all([sent[0], sent[1]], 0, 5)
+    assert [np.array_equal(c[1], byte_view(sent[i]).numpy()) for i, c in enumerate(out.calls)] == [
+        True,
+        True,
+    ]
+
+
+def test_the_host_wire_hands_mpi_the_tensors_own_memory_and_refuses_gpu_tensors():
+    t = torch.ones(4, dtype=torch.float32)
+    comm = _Comm()
+    HostWire(comm).send(t, 1, 3)
+    assert comm.calls[0][4] == t.data_ptr()  # in place, no copy
+    with pytest.raises(ValueError, match="staged"):
+        make_wire("host", comm, "cuda")
+    assert transport_label("host") == "mpi" and transport_label("staged") == "mpi-staged"
+
+
+def test_validate_over_the_staged_wire_between_two_ranks(xbench, tmp_path):
+    """Every path's output through host buffers still matches one-instance attention, and
+    the samples say which wire carried them."""
+    out = tmp_path / "v"
+    r = xbench(
+        "validate", "--profile", "profiles/h100-priors.toml", "--fabric", "ib",
+        "--wire", "staged", "--rows", "1", "--chunk", "128", "--heads", "4",
+        "--samples", "2", "--rounds", "1", "--cpu-attention", "torch",
+        "--out", out, "--format", "json",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert all(row["correct"] for row in json.loads(r.stdout))
+    from xbench.results.schema import VALIDATE_SAMPLES
+    from xbench.results.store import read_run_meta, read_table
+
+    samples = read_table(out, VALIDATE_SAMPLES)
+    assert set(samples.transport) == {"mpi-staged"} and samples.correct.all()
+    meta = read_run_meta(out)
+    assert meta["wire"] == "staged" and meta["device"] == "cpu"
+
+
+def test_validate_refuses_a_gpu_it_cannot_use_in_one_line(xbench, tmp_path):
+    base = ["validate", "--profile", "profiles/h100-priors.toml", "--fabric", "ib"]
+    for args, words in (
+        (["--device", "tpu"], "pick cpu or cuda"),
+        (["--wire", "rdma"], "pick auto, host or staged"),
+        (["--device", "cuda"], "torch sees none here")
+        if not torch.cuda.is_available()
+        else (["--device", "cuda", "--wire", "host"], "pass --wire staged"),
+    ):
+        r = xbench(*base, *args, "--out", tmp_path / "never")
+        assert r.returncode == 2 and words in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "never").exists()

@@ -1,0 +1,125 @@
+"""How validate's messages cross between its two ranks: MPI on the tensors' own memory, or
+through host buffers around MPI for tensors on a GPU.
+
+``host``: CPU tensors; MPI sends and receives their bytes in place (no copies). ``staged``:
+each message is copied to a host buffer (page-locked where CUDA is there) before MPI sends
+it and from one after MPI receives it, as a serving engine whose MPI is not CUDA-aware (the
+PyPI MPICH and Debian's Open MPI are not) moves a GPU's bytes; the copies are part of the
+send, return and transfer phases they belong to, and the run says so (transport
+``mpi-staged``). On a CPU the same staged path runs with plain host buffers, which is how the
+tests check it without a GPU.
+"""
+
+from __future__ import annotations
+
+WIRES = ("host", "staged")
+
+
+def transport_label(wire: str) -> str:
+    """The samples' ``transport``: what the bytes went through."""
+    return "mpi" if wire == "host" else "mpi-staged"
+
+
+def _waitall(requests) -> None:
+    from mpi4py import MPI
+
+    MPI.Request.Waitall(requests)
+
+
+def byte_view(t):
+    """A flat uint8 view of a contiguous tensor (any device): a message's bytes."""
+    import torch
+
+    return t.contiguous().view(-1).view(torch.uint8)
+
+
+class HostWire:
+    """MPI on the tensors' memory: CPU tensors only."""
+
+    name = "host"
+
+    def __init__(self, comm, device: str = "cpu"):
+        if device != "cpu":
+            raise ValueError("the host wire moves CPU tensors; GPU tensors take the staged wire")
+        self.comm = comm
+
+    def ready(self) -> None:
+        """Work queued on the device is done (a phase boundary): nothing is queued on a CPU."""
+
+    def send(self, t, dest: int, tag: int) -> None:
+        self.comm.Send(byte_view(t).numpy(), dest=dest, tag=tag)
+
+    def recv(self, t, source: int, tag: int) -> None:
+        self.comm.Recv(byte_view(t).numpy(), source=source, tag=tag)
+
+    def send_all(self, tensors, dest: int, tag: int) -> None:
+        """One message per tensor, all in flight at once (a per-page fetch)."""
+        _waitall([self.comm.Isend(byte_view(t).numpy(), dest, tag) for t in tensors])
+
+    def recv_all(self, tensors, source: int, tag: int) -> None:
+        _waitall([self.comm.Irecv(byte_view(t).numpy(), source, tag) for t in tensors])
+
+
+class StagedWire:
+    """Device tensors through host buffers around MPI (an MPI that is not CUDA-aware).
+
+    One host buffer per message shape and role, allocated on first use and reused, as an
+    engine registers its staging buffers once; page-locked on a GPU host, so the copies run
+    at the link's rate. A send waits for its copy to the host before MPI takes the buffer; a
+    receive copies to the device and waits for it, so the bytes are in place when it returns.
+    """
+
+    name = "staged"
+
+    def __init__(self, comm, device: str = "cpu"):
+        import torch
+
+        self.comm, self.torch = comm, torch
+        self.cuda = torch.device(device).type == "cuda"
+        self._buffers: dict = {}
+
+    def _host(self, key, nbytes: int):
+        buf = self._buffers.get((key, nbytes))
+        if buf is None:
+            buf = self.torch.empty(nbytes, dtype=self.torch.uint8, pin_memory=self.cuda)
+            self._buffers[(key, nbytes)] = buf
+        return buf
+
+    def ready(self) -> None:
+        if self.cuda:
+            self.torch.cuda.synchronize()
+
+    def _to_host(self, t, key):
+        src = byte_view(t)
+        host = self._host(key, src.numel())
+        host.copy_(src)
+        return host
+
+    def send(self, t, dest: int, tag: int) -> None:
+        host = self._to_host(t, ("send", tag))
+        self.ready()  # the copy has landed before MPI reads the buffer
+        self.comm.Send(host.numpy(), dest=dest, tag=tag)
+
+    def recv(self, t, source: int, tag: int) -> None:
+        dst = byte_view(t)
+        host = self._host(("recv", tag), dst.numel())
+        self.comm.Recv(host.numpy(), source=source, tag=tag)
+        dst.copy_(host)
+        self.ready()
+
+    def send_all(self, tensors, dest: int, tag: int) -> None:
+        hosts = [self._to_host(t, ("send", tag, i)) for i, t in enumerate(tensors)]
+        self.ready()
+        _waitall([self.comm.Isend(h.numpy(), dest, tag) for h in hosts])
+
+    def recv_all(self, tensors, source: int, tag: int) -> None:
+        views = [byte_view(t) for t in tensors]
+        hosts = [self._host(("recv", tag, i), v.numel()) for i, v in enumerate(views)]
+        _waitall([self.comm.Irecv(h.numpy(), source, tag) for h in hosts])
+        for view, host in zip(views, hosts, strict=True):
+            view.copy_(host)
+        self.ready()
+
+
+def make_wire(name: str, comm, device: str):
+    return {"host": HostWire, "staged": StagedWire}[name](comm, device)
