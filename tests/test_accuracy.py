@@ -86,11 +86,15 @@ def test_validate_rotates_chunks_over_twice_the_cache_as_the_sweep_does(monkeypa
     attention sets do, so the model's attention and validate's are both timed from memory."""
     from xbench.validate.worker import ValidateConfig, _sets_needed
 
-    monkeypatch.setattr("xbench.host.llc_bytes", lambda: 8 * 2**20)
+    asked = []
+    monkeypatch.setattr(
+        "xbench.kernels.bench.cache_bytes", lambda device: asked.append(device) or 8 * 2**20
+    )
     cfg = ValidateConfig(out_dir="-", run_id="-")
     for chunk in (64, 256, 1024, 4096):
         sets, chunk_bytes = _sets_needed(cfg, chunk, 4), chunk * cfg.dim * 2
         assert (sets - 1) * chunk_bytes < 2 * 8 * 2**20 <= sets * chunk_bytes
+    assert set(asked) == {"cpu"}  # the last cache of the device the ranks run on
 
 
 def test_validate_sets_past_the_fresh_ones_are_copies_in_their_own_memory():
