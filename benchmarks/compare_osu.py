@@ -12,10 +12,14 @@ OSU without ``-m``.
 Why many short rounds rather than a few long ones: on these VMs launches of the same tool
 differ more than the samples inside one launch (xbench at 4 MiB: 378-470 us one-way within
 a launch, 420-800 us between launches), so the figure of one launch is one draw. The
-comparison is therefore between the two tools' medians over launches, with a 95 % bootstrap interval over rounds (resampled in
-pairs, so a slow phase of the machine moves both); the paired per-round ratio is printed
+comparison is therefore between the two tools' medians over launches, with a 95 % bootstrap
+interval over rounds (resampled in pairs, so a slow phase of the machine moves both); the paired per-round ratio is printed
 too. The verdict uses the issue's tolerances: latency within 10 % up to 1 KB, latency and
-bandwidth within 5 % from 64 KB to 16 MB (no target for bandwidth below 64 KB). xbench
+bandwidth within 5 % from 64 KB to 16 MB (no target for bandwidth below 64 KB); it is judged
+on the interval: "agrees" when all of it lies within the tolerance, "outside" when all of it
+lies beyond, "inconclusive" when it crosses the tolerance or there is none (under 3 rounds).
+Each round rotates which tool goes first (with --variant and --osu-again, every launch
+takes each place in turn). xbench
 takes each launch's figure as the median of its samples; OSU prints the aggregate of its loop
 (total time over total iterations, total bytes over total time). Both xbench figures are
 compared: its median, and the same aggregate over its measured samples (read back from the
@@ -145,13 +149,20 @@ def compare(osu: list[float], xbench: list[float], seed: int = 0) -> dict:
 
 
 def verdict(size: int, row: dict, pattern: str = "latency") -> str:
+    """Judged on the ratio's interval, not its point: agrees when the whole interval lies
+    within the tolerance, outside when the whole interval lies beyond it, inconclusive when
+    it crosses the tolerance or there is none (fewer than 3 rounds): more rounds decide."""
     tol = tolerance(size, pattern)
     if tol is None:
         return "-"
-    if abs(row["ratio"] - 1) > tol:
+    low, high = row["ci_low"], row["ci_high"]
+    if not (low == low and high == high):  # NaN: no interval
+        return "inconclusive (no interval)"
+    if 1 - tol <= low and high <= 1 + tol:
+        return "agrees"
+    if low > 1 + tol or high < 1 - tol:
         return "outside"
-    inside = 1 - tol <= row["ci_low"] and row["ci_high"] <= 1 + tol
-    return "agrees" if inside else "agrees (CI wider)"
+    return "inconclusive"
 
 
 def main() -> int:

@@ -40,13 +40,25 @@ def test_a_constant_factor_is_recovered_and_judged():
 
 
 def test_noisy_launches_widen_the_interval():
-    """Launches spread +-20 % around the same median: the point agrees, the interval does not."""
+    """Launches spread +-20 % around the same median: the point agrees, the interval crosses
+    the tolerance, so the verdict is inconclusive (it said "agrees (CI wider)")."""
     osu = np.ones(9)
     xb = np.array([0.8, 1.2, 0.85, 1.15, 1.0, 0.9, 1.1, 0.95, 1.05])
     row = compare_osu.compare(osu, xb)
     assert row["ratio"] == pytest.approx(1.0)
     assert row["ci_low"] < 0.95 and row["ci_high"] > 1.05
-    assert compare_osu.verdict(1 << 20, row) == "agrees (CI wider)"
+    assert compare_osu.verdict(1 << 20, row) == "inconclusive"
+
+
+def test_a_point_outside_with_an_interval_crossing_the_tolerance_is_inconclusive():
+    """1.07 at 1 MiB (5 % allowed) with launches spread around it: the interval reaches back
+    inside the tolerance, so neither outside nor agrees can be said."""
+    osu = np.ones(9)
+    xb = 1.07 * np.array([0.9, 1.1, 0.92, 1.08, 1.0, 0.95, 1.05, 0.97, 1.03])
+    row = compare_osu.compare(osu, xb)
+    assert row["ratio"] == pytest.approx(1.07)
+    assert row["ci_low"] < 1.05 < row["ci_high"]
+    assert compare_osu.verdict(1 << 20, row) == "inconclusive"
 
 
 def test_bandwidth_has_no_target_below_64kb():
@@ -88,4 +100,4 @@ def test_variant_names_an_environment_for_one_more_xbench_launch():
 def test_fewer_than_three_rounds_give_no_interval():
     row = compare_osu.compare([1.0, 1.1], [1.0, 1.2])
     assert np.isnan(row["ci_low"]) and np.isnan(row["ci_high"])
-    assert compare_osu.verdict(65536, row) == "agrees (CI wider)"
+    assert compare_osu.verdict(65536, row) == "inconclusive (no interval)"
