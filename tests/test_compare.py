@@ -314,6 +314,18 @@ def test_compare_bad_input(xbench, probe_run, tmp_path):
         assert words in r.stderr.strip().splitlines()[-1]
 
 
+def _assert_verdict_is_the_cases(r, reports, threshold: float, alpha: float) -> int:
+    """check's exit is 1 exactly when some case is slower, and every slower case passed both
+    gates (its ratio past the threshold, its corrected q-value under alpha); 0 otherwise.
+    Returns the count of slower cases (``reports``: where check wrote comparison.parquet)."""
+    cases = read_table([reports / "comparison.parquet"], COMPARISON)
+    slower = cases[cases.verdict == "slower"]
+    assert r.returncode == (EXIT_REGRESSION if len(slower) else 0), r.stdout + r.stderr
+    assert (slower.change > threshold).all() and (slower.q_value < alpha).all(), slower
+    assert set(cases.verdict) <= {"slower", "faster", "unchanged", "inconclusive"}
+    return len(slower)
+
+
 def test_check_reruns_the_baseline_and_writes_reports(xbench, probe_run, tmp_path):
     baseline = tmp_path / "baseline"
     shutil.copytree(probe_run, baseline)
@@ -330,7 +342,10 @@ def test_check_reruns_the_baseline_and_writes_reports(xbench, probe_run, tmp_pat
         "--report-dir",
         tmp_path / "rep",
     )
-    assert r.returncode in (0, EXIT_REGRESSION), r.stderr
+    # an A/A rerun on a shared VM: how often it passes is a rate (benchmarks/compare_rates.py
+    # measures it); what must hold every time is that the exit, the reports and the cases
+    # say the same thing, each slower case past both gates
+    slower = _assert_verdict_is_the_cases(r, tmp_path / "rep", 0.20, 0.01)
     new = read_table([tmp_path / "night"], PROBE_SAMPLES)
     old = read_table([baseline], PROBE_SAMPLES)
     assert set(new.size_bytes) == set(old.size_bytes) and set(new.process_run) == {0, 1, 2}
@@ -340,8 +355,10 @@ def test_check_reruns_the_baseline_and_writes_reports(xbench, probe_run, tmp_pat
     )
     text = (tmp_path / "rep" / "compare.junit.xml").read_text()
     root = ET.fromstring(text)
-    assert_junit(text, failures=int(root.get("failures")), tests=int(root.get("tests")))
-    assert (tmp_path / "rep" / "compare.md").read_text().startswith("## xbench check (probe)")
+    assert_junit(text, failures=slower, tests=int(root.get("tests")))  # one per slower case
+    markdown = (tmp_path / "rep" / "compare.md").read_text()
+    assert markdown.startswith("## xbench check (probe)")
+    assert ("**slower**" in markdown) == bool(slower)  # slower rows first, in bold
     # the reports are outputs like any other: replaced only with --force, refused before
     # the sweep runs
     again = xbench(
@@ -392,7 +409,7 @@ def test_check_a_kernel_baseline(xbench, tmp_path):
     )
     assert r.returncode == 0, r.stderr
     r = xbench("check", "--baseline", base, "--out", tmp_path / "knew")
-    assert r.returncode in (0, EXIT_REGRESSION), r.stderr
+    _assert_verdict_is_the_cases(r, tmp_path / "knew", 0.05, 0.05)
     cases = read_table([tmp_path / "knew" / "comparison.parquet"], COMPARISON)
     # every case of the baseline found again, merges told apart by the attention before
     # them, attention after its chunk's splice (1 row, 2 chunks) by the splice, attention

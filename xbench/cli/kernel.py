@@ -383,9 +383,9 @@ def _table(summary, out_dir) -> None:
     console.print(table)
     notes(
         f"us: the median time a call, {label}: its interval. %bound: max(bytes / copy "
-        "bandwidth, FLOPs / matmul rate) / time, both ceilings measured in this run; m: the "
-        "matmul rate sets it, c: the copy bandwidth. Above 100: faster than this run's own "
-        "ceiling measurement, which is a lower bound of the hardware's.",
+        "bandwidth, FLOPs / matmul rate) / time, with the rates torch's copy and GEMM reached "
+        "in this run (m: the matmul rate sets it, c: the copy bandwidth): a share of what the "
+        "library reached here, not of the hardware's peak; above 100, the kernel passed it.",
         "after: timed right after an attention over the chunk, as in a route or a fetch; "
         "idle T: each call after the device idled T; wait T: each call after spinning T, as "
         "a route's merge follows its wait; spliced: an attention right after a splice of its "

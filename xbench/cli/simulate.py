@@ -449,6 +449,7 @@ def _validation_table(frame, spec, w, n: int, out_dir, calibration: dict, idle) 
         + "; attention: back-to-back calls "
         "(their spread: robust sd); after idle: what a call adds after a long idle (the "
         f"profile's {'-' if idle is None else f'{num(idle.value * 1e6)} us'})"
+        "; gather: the splice is scaled alike (assumed, not measured)"
         "; per item: core time to take an arrival or message in",
     )
     for col in (

@@ -55,6 +55,7 @@ def summarize_kernels(samples: pd.DataFrame) -> pd.DataFrame:
     frame = pd.DataFrame(rows)
     if not frame.empty:
         # bound / time, with bound = max(bytes / copy bandwidth, FLOPs / matmul rate), both
-        # ceilings measured in the same run: 1 is as fast as this device allows
+        # the rates torch's copy and GEMM reached in the same run: a share of what the
+        # library reached here, not of the hardware's peak (a kernel can pass it: above 1)
         frame["bound_share"] = frame[["copy_share", "matmul_share"]].max(axis=1, skipna=True)
     return frame

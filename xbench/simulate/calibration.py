@@ -13,8 +13,9 @@ what they measured.
   scaled by the median of measured / modelled over those calls, batched or not;
 - attention after idle: the extra over the scaled T_c, fitted as E (1 - exp(-g / tau)) with
   the profile's tau (a one-parameter least squares);
-- merge and gather: each scaled by its median ratio, the splice (a copy on the same core)
-  by the gather's;
+- merge and gather: each scaled by its median ratio; the splice (a copy on the same core) by
+  the gather's, assumed, not measured (``simulate --validate`` says so under its costs): a
+  replay's fetched jobs hold it beside an attention that varies by more than it costs;
 - the spread of attention calls about their scaled time (back to back, the same shape ran
   from 0.7x to 2.5x its median in a replay here, slow calls in runs): each rank's factors
   in the order they ran, which the simulation's instance takes call by call, as a
@@ -157,7 +158,7 @@ def calibrate(profile, w, jobs_by_rank: list) -> Calibration:
         "idle_extra_us": None if extra is None else extra * 1e6,
         "merge": f_merge,
         "gather": f_gather,
-        "splice": f_splice,
+        "splice": f_splice,  # the gather's: assumed, not measured (see the docstring)
         # the calls' spread: robust sd of log(measured / modelled)
         "attention_spread": float(1.4826 * np.median(np.abs(np.log(warm / f_attend)))),
     }
