@@ -227,6 +227,10 @@ def test_missing_results_path(tmp_path):
 
 SIM_STATS = ("p50_us", "p99_us", "mean_us", "throughput_per_s")
 FLOORS = tuple(f"floor_{stat}" for stat in SIM_STATS)  # v3
+INTERVALS = (  # v5
+    *(f"error_{end}_{stat}" for stat in SIM_STATS for end in ("low", "high")),
+    "error_coverage",
+)
 
 
 def _simulation_validation_row(costs: str, replays: int) -> dict:
@@ -241,7 +245,9 @@ def test_simulation_validation_v1_files_read_as_the_profiles_costs(tmp_path):
     table = schema.SIMULATION_VALIDATION
     row = _simulation_validation_row("calibrated", 1)
     path = write_table(tmp_path / "v.parquet", table, [row], {"run_id": "v"})
-    old = _as_version(path, 1, tmp_path / "v1.parquet", ("costs", "replays", *FLOORS, "central"))
+    old = _as_version(
+        path, 1, tmp_path / "v1.parquet", ("costs", "replays", *FLOORS, "central", *INTERVALS)
+    )
     assert read_table([old, path], table).costs.tolist() == ["profile", "calibrated"]
 
 
@@ -250,7 +256,7 @@ def test_simulation_validation_v2_files_read_as_one_replay_without_a_floor(tmp_p
     path = write_table(
         tmp_path / "v.parquet", table, [_simulation_validation_row("profile", 3)], {"run_id": "v"}
     )
-    old = _as_version(path, 2, tmp_path / "v2.parquet", ("replays", *FLOORS, "central"))
+    old = _as_version(path, 2, tmp_path / "v2.parquet", ("replays", *FLOORS, "central", *INTERVALS))
     frame = read_table([old, path], table)
     assert frame.replays.tolist() == [1, 3]
     assert frame.floor_p99_us.isna().tolist() == [True, False]
@@ -260,9 +266,20 @@ def test_simulation_validation_v3_files_read_as_the_first_replay_compared(tmp_pa
     table = schema.SIMULATION_VALIDATION
     rows = [_simulation_validation_row("profile", n) for n in (1, 3)]
     path = write_table(tmp_path / "v.parquet", table, rows, {"run_id": "v"})
-    old = _as_version(path, 3, tmp_path / "v3.parquet", ("central",))
+    old = _as_version(path, 3, tmp_path / "v3.parquet", ("central", *INTERVALS))
     frame = read_table([old, path], table)
     assert frame.central.tolist() == ["one", "first", "one", "median"]
+
+
+def test_simulation_validation_v4_files_read_without_an_errors_interval(tmp_path):
+    table = schema.SIMULATION_VALIDATION
+    row = {**_simulation_validation_row("profile", 3), "error_low_p50_us": -0.1}
+    row.update(error_high_p50_us=0.2, error_coverage=0.95)
+    path = write_table(tmp_path / "v.parquet", table, [row], {"run_id": "v"})
+    old = _as_version(path, 4, tmp_path / "v4.parquet", INTERVALS)
+    frame = read_table([old, path], table)
+    assert frame.error_low_p50_us.tolist()[1] == -0.1 and frame.error_coverage.tolist()[1] == 0.95
+    assert frame[list(INTERVALS)].iloc[0].isna().all()  # v4 said nothing of it
 
 
 def test_comparison_v1_files_read_without_a_detectable_change(tmp_path):

@@ -391,6 +391,13 @@ def _validate(
 COSTS_LABELS = {"calibrated": "calibrated", "replayed": "own costs"}
 
 
+def _interval(low: float, high: float) -> str:
+    """An error's interval, e.g. -12/+20%; "-" where there is none."""
+    if not (low == low and high == high):
+        return "-"
+    return f"{100 * low:+.0f}/{100 * high:+.0f}%"
+
+
 def _validation_table(frame, spec, w, n: int, out_dir, calibration: dict, idle) -> None:
     """The simulated against the measured, then the measured costs against the profile's
     (``idle``: its idle extra, a Coef or None)."""
@@ -405,16 +412,18 @@ def _validation_table(frame, spec, w, n: int, out_dir, calibration: dict, idle) 
         "between two local ranks; err: p50 / real - 1, and so on (req/s: throughput's)"
         + (
             f"; over {replays} rounds (a calibration replay, then the trace's) both "
-            "are medians; floor: the largest |replay / real - 1| (an err inside it is the "
-            "machine's)"
+            "are medians; CI: err's interval, Student's t at "
+            f"{100 * frame.error_coverage.iloc[0]:.0f} % (nominal) on the rounds' paired log "
+            "errors (one that holds 0: the rounds cannot tell the simulation from the "
+            "machine's drift; wide with few rounds)"
             if replays > 1
             else ""
         ),
     )
     columns = ["policy", "p50", "real", "err", "p99", "real ", "err ", "req/s"]
     if replays > 1:
-        columns[4:4] = ["floor"]
-        columns.insert(8, "floor ")
+        columns[4:4] = ["CI"]
+        columns.insert(8, "CI ")
     for col in columns:
         table.add_column(col, justify="left" if col == "policy" else "right", no_wrap=True)
     for r in frame.itertuples():
@@ -429,8 +438,8 @@ def _validation_table(frame, spec, w, n: int, out_dir, calibration: dict, idle) 
             f"{100 * r.error_p99_us:+.0f}%",
         ]
         if replays > 1:
-            p50.append(f"±{100 * r.floor_p50_us:.0f}%")
-            p99.append(f"±{100 * r.floor_p99_us:.0f}%")
+            p50.append(_interval(r.error_low_p50_us, r.error_high_p50_us))
+            p99.append(_interval(r.error_low_p99_us, r.error_high_p99_us))
         table.add_row(
             r.policy if r.costs == "profile" else f"  {COSTS_LABELS[r.costs]}",
             *p50,

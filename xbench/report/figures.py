@@ -254,8 +254,10 @@ VALIDATION_LABELS = {"profile": "profile", "calibrated": "calibrated", "replayed
 
 def simulation_validation_figure(frame: pd.DataFrame) -> plt.Figure | None:
     """``simulate --validate``: per policy and statistic (p50, p99), the replay's latency
-    as a bar with the machine's floor as its error bar and the 10 % band around it, and the
-    simulations (profile, calibrated, own costs) as markers on it."""
+    as a bar with one replay's largest distance from the median over rounds as its error bar
+    (how far one replay strays: not the interval of a median's error, which the table
+    gives) and the 10 % band around it, and the simulations (profile, calibrated, own
+    costs) as markers on it."""
     if frame.empty:
         return None
     policies = list(dict.fromkeys(frame.policy))
@@ -297,7 +299,11 @@ def simulation_validation_figure(frame: pd.DataFrame) -> plt.Figure | None:
     handles, labels = axes[0].get_legend_handles_labels()  # one legend, below the panels
     fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8)
     replays = int(frame.replays.iloc[0])
-    how = f"medians of {replays} rounds, error bar: the floor" if replays > 1 else "one round"
+    how = (
+        f"medians of {replays} rounds, error bar: one replay's largest distance from them"
+        if replays > 1
+        else "one round"
+    )
     fig.suptitle(f"Simulated against replayed ({how})")
     fig.tight_layout(rect=(0, 0.08, 1, 1))
     return fig

@@ -38,6 +38,9 @@ simulation_validation v2: adds ``costs``: each policy simulated with the profile
     and with those a calibration replay measured (v1 files read as the profile's).
 simulation_validation v3: adds ``replays`` and ``floor_*``: the validated trace replayed
     several times in a row, the first compared, the others' largest distance from it.
+simulation_validation v5: adds ``error_low_*``, ``error_high_*`` and ``error_coverage``:
+    each error's interval over the paired rounds (Student's t on their log errors, 95 %
+    nominal); v4 files read with them null.
 simulation_validation v4: adds ``central``: ``--replays N`` runs N rounds (a calibration
     replay, then the trace's) and compares medians over them ("median"; "one" for a single
     round); v3 files read as "first" (several replays) or "one".
@@ -391,6 +394,15 @@ SIMULATION_VALIDATION_SCHEMA = pa.schema(
         # |replay / median - 1|), or the "first" of several replays in a row (v3, floor:
         # the largest |again / first - 1|)
         pa.field("central", pa.string(), nullable=False),
+        # v5: each error's interval over the paired rounds (Student's t on the rounds' log
+        # errors; null with one round) and its nominal coverage: the floor (one replay's
+        # largest distance from the median) is not the spread of a median's error
+        *[
+            pa.field(f"error_{end}_{stat}", pa.float64())
+            for stat in REPLAY_STATS
+            for end in ("low", "high")
+        ],
+        pa.field("error_coverage", pa.float64()),
     ]
 )
 
@@ -414,7 +426,7 @@ SCHEMA_VERSIONS = {
     COMPARISON: 2,
     SIMULATION: 1,
     PREFILL_SIMULATION: 1,
-    SIMULATION_VALIDATION: 4,
+    SIMULATION_VALIDATION: 5,
 }
 
 
@@ -457,6 +469,18 @@ def _added_floor_columns(table: pa.Table) -> pa.Table:
             pa.field(f"floor_{stat}", pa.float64()), pa.nulls(table.num_rows, pa.float64())
         )
     return table
+
+
+def _added_error_intervals(table: pa.Table) -> pa.Table:
+    for stat in REPLAY_STATS:
+        for end in ("low", "high"):
+            table = table.append_column(
+                pa.field(f"error_{end}_{stat}", pa.float64()),
+                pa.nulls(table.num_rows, pa.float64()),
+            )
+    return table.append_column(
+        pa.field("error_coverage", pa.float64()), pa.nulls(table.num_rows, pa.float64())
+    )
 
 
 def _added_central_column(table: pa.Table) -> pa.Table:
@@ -505,6 +529,7 @@ MIGRATIONS: dict[str, dict[int, object]] = {
         1: _added_costs_column,  # v1: the profile's costs only
         2: _added_floor_columns,  # v2: one replay of the validated trace
         3: _added_central_column,  # v3: the first replay compared
+        4: _added_error_intervals,  # v4: no interval of the error
     },
     COMPARISON: {1: _added_sensitivity_columns},  # v1: no detectable change
     VALIDATE_SAMPLES: {

@@ -43,6 +43,28 @@ def replay_workload(spec: dict, fabric: str, rate: float | None, profile) -> Wor
     return Workload(**fields, fabric=fabric)
 
 
+ERROR_COVERAGE = 0.95  # nominal coverage of an error's interval over rounds
+
+
+def error_interval(simulated: list[float], measured: list[float], coverage: float = ERROR_COVERAGE):
+    """The interval of a simulation's error over paired rounds, or (nan, nan) under two.
+
+    Each round pairs a simulation with the replay it is compared with; the rounds' log
+    errors log(simulated / measured) are taken as draws around the simulator's bias, and
+    the interval is Student's t at ``coverage`` on their mean, back on the ratio scale
+    (exp - 1). An interval that holds 0 says the rounds cannot tell the simulation from
+    the machine's drift between replays; it is wide with few rounds (t has rounds - 1
+    degrees of freedom), which is what few rounds can say. The comparison it belongs to
+    is of the same paired rounds (the median error's sign and size sit inside it)."""
+    from scipy import stats
+
+    d = np.log(np.asarray(simulated, float) / np.asarray(measured, float))
+    if len(d) < 2 or not np.isfinite(d).all():
+        return math.nan, math.nan
+    half = stats.t.ppf(0.5 + coverage / 2, len(d) - 1) * d.std(ddof=1) / math.sqrt(len(d))
+    return math.expm1(d.mean() - half), math.expm1(d.mean() + half)
+
+
 def _stats(latency: np.ndarray, arrival: np.ndarray) -> dict:
     span = float((arrival + latency).max() - arrival.min())
     return {
@@ -153,6 +175,7 @@ def validate_by_replay(
         # runs 1.3-1.7x slower for seconds at a time, so one replay's p99 is one draw of
         # where those spells fell; the medians over rounds compare typical with typical
         real_runs: list[dict] = []
+        # per costs, (round, simulated stats): a round whose calibration failed has none
         sims: dict = {"calibrated": [], "replayed": []}
         rounds = []
         routed_instead = 0  # the most uses a round's replay could not follow
@@ -171,7 +194,7 @@ def validate_by_replay(
             for costs, calibration in found.items():
                 if calibration is not None:
                     sim = _simulate(calibration, w, trace, policy, decisions)
-                    sims[costs].append(_stats(sim.latency, arrival))
+                    sims[costs].append((k - 1, _stats(sim.latency, arrival)))
             rounds.append({c: v.factors if v is not None else None for c, v in found.items()})
         real = _medians(real_runs)
         floor = {
@@ -187,8 +210,12 @@ def validate_by_replay(
             for costs in ("calibrated", "replayed")
         }
         factors["by_policy"][policy]["rounds"] = rounds
-        compared = [("profile", _stats(result.latency, arrival))]
-        compared += [(costs, _medians(runs)) for costs, runs in sims.items() if runs]
+        profile_sim = _stats(result.latency, arrival)
+        paired = {"profile": [(k, profile_sim) for k in range(len(real_runs))], **sims}
+        compared = [("profile", profile_sim)]
+        compared += [
+            (costs, _medians([s for _, s in runs])) for costs, runs in sims.items() if runs
+        ]
         for costs, sim in compared:
             row = {
                 "policy": policy,
@@ -200,9 +227,14 @@ def validate_by_replay(
                 row[f"simulated_{key}"] = sim[key]
                 row[f"measured_{key}"] = real[key]
                 row[f"error_{key}"] = sim[key] / real[key] - 1
+                row[f"error_low_{key}"], row[f"error_high_{key}"] = error_interval(
+                    [s[key] for _, s in paired[costs]],
+                    [real_runs[k][key] for k, _ in paired[costs]],
+                )
             row["routed_instead"] = routed_instead
             row["replays"] = replays
             row["central"] = "median" if replays > 1 else "one"
+            row["error_coverage"] = ERROR_COVERAGE if replays > 1 else math.nan
             row.update({f"floor_{key}": value for key, value in floor.items()})
             rows.append(row)
     return pd.DataFrame(rows), factors
