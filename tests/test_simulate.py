@@ -837,7 +837,7 @@ def test_validate_replays_the_trace_between_two_ranks(xbench, tmp_path):
     )
     assert r.returncode == 0, r.stderr
     text = " ".join(r.stdout.split())
-    assert "over 2 rounds" in text and "Student's t at 95 % (nominal)" in text  # the table
+    assert "over 2 rounds" in text and "err's interval over the 2 rounds (95 % nominal)" in text
     assert "not fitted on CPU kernels" in r.stderr  # the priors: a warning, not a refusal
     from xbench.results.schema import SIMULATION_VALIDATION
 

@@ -398,6 +398,35 @@ def _interval(low: float, high: float) -> str:
     return f"{100 * low:+.0f}/{100 * high:+.0f}%"
 
 
+def _interval_table(frame, replays: int) -> None:
+    """Each err's interval over the paired rounds, beside the table of medians (80 columns
+    hold one or the other)."""
+    coverage = 100 * frame.error_coverage.iloc[0]
+    table = result_table(
+        f"err's interval over the {replays} rounds ({coverage:.0f} % nominal)",
+        "Student's t on the rounds' paired log errors: one that holds 0 says the rounds "
+        "cannot tell the simulation from the machine's drift between replays (wide with few "
+        "rounds); one that does not, that the simulation is off",
+    )
+    stats = (
+        ("p50", "p50_us"),
+        ("p99", "p99_us"),
+        ("mean", "mean_us"),
+        ("req/s", "throughput_per_s"),
+    )
+    for col in ("policy", *(name for name, _ in stats)):
+        table.add_column(col, justify="left" if col == "policy" else "right", no_wrap=True)
+    for r in frame.itertuples():
+        table.add_row(
+            r.policy if r.costs == "profile" else f"  {COSTS_LABELS[r.costs]}",
+            *(
+                _interval(getattr(r, f"error_low_{stat}"), getattr(r, f"error_high_{stat}"))
+                for _, stat in stats
+            ),
+        )
+    console.print(table)
+
+
 def _validation_table(frame, spec, w, n: int, out_dir, calibration: dict, idle) -> None:
     """The simulated against the measured, then the measured costs against the profile's
     (``idle``: its idle extra, a Coef or None)."""
@@ -412,18 +441,12 @@ def _validation_table(frame, spec, w, n: int, out_dir, calibration: dict, idle) 
         "between two local ranks; err: p50 / real - 1, and so on (req/s: throughput's)"
         + (
             f"; over {replays} rounds (a calibration replay, then the trace's) both "
-            "are medians; CI: err's interval, Student's t at "
-            f"{100 * frame.error_coverage.iloc[0]:.0f} % (nominal) on the rounds' paired log "
-            "errors (one that holds 0: the rounds cannot tell the simulation from the "
-            "machine's drift; wide with few rounds)"
+            "are medians, and each err's interval is in the table below"
             if replays > 1
             else ""
         ),
     )
     columns = ["policy", "p50", "real", "err", "p99", "real ", "err ", "req/s"]
-    if replays > 1:
-        columns[4:4] = ["CI"]
-        columns.insert(8, "CI ")
     for col in columns:
         table.add_column(col, justify="left" if col == "policy" else "right", no_wrap=True)
     for r in frame.itertuples():
@@ -437,9 +460,6 @@ def _validation_table(frame, spec, w, n: int, out_dir, calibration: dict, idle) 
             format_duration(r.measured_p99_us * 1e-6),
             f"{100 * r.error_p99_us:+.0f}%",
         ]
-        if replays > 1:
-            p50.append(_interval(r.error_low_p50_us, r.error_high_p50_us))
-            p99.append(_interval(r.error_low_p99_us, r.error_high_p99_us))
         table.add_row(
             r.policy if r.costs == "profile" else f"  {COSTS_LABELS[r.costs]}",
             *p50,
@@ -447,6 +467,8 @@ def _validation_table(frame, spec, w, n: int, out_dir, calibration: dict, idle) 
             f"{100 * r.error_throughput_per_s:+.0f}%",
         )
     console.print(table)
+    if replays > 1:
+        _interval_table(frame, replays)
     by_policy = calibration.get("by_policy", {})
     if not any(both.get(k) for both in by_policy.values() for k in ("calibrated", "replayed")):
         return
