@@ -306,3 +306,34 @@ def test_nccl_on_two_gpus(xbench, tmp_path):
     )
     assert r.returncode == 0, r.stderr
     assert set(read_table(tmp_path / "g", PROBE_SAMPLES).device) == {"cuda"}
+
+
+def test_srun_takes_the_pmi_the_loaded_mpi_speaks():
+    """The PyPI mpich wheel has no PMIx: under srun --mpi=pmix its job died ("Runtime
+    environment uses unsupported PMI version PMIx", exit 16); Open MPI takes PMIx."""
+    from xbench.cluster.slurm import srun_mpi_for
+
+    assert srun_mpi_for("MPICH Version:      5.0.2") == "pmi2"
+    assert srun_mpi_for("Open MPI v5.0.8, package: Open MPI ...") == "pmix"
+    assert srun_mpi_for("Intel(R) MPI Library 2021.13 for Linux* OS") == "pmi2"
+    assert srun_mpi_for("MVAPICH2 Version 2.3.7") == "pmi2"
+    assert srun_mpi_for(None) == "pmix"  # nothing loads: Slurm's usual default
+
+
+def test_slurm_writes_the_plugin_it_chose_and_a_folder_of_the_jobs_own(xbench, tmp_path):
+    from xbench.capabilities import loaded_mpi_library
+    from xbench.cluster.slurm import srun_mpi_for
+
+    out = tmp_path / "p.sbatch"
+    r = xbench("slurm", "probe", "--out", out)
+    assert r.returncode == 0, r.stderr
+    expected = srun_mpi_for(loaded_mpi_library())
+    script = out.read_text()
+    assert f"srun --mpi={expected} " in script and f"srun --mpi={expected} (for the MPI" in r.stdout
+    # job ids restart with a fresh cluster: the folder also holds the job's start
+    assert 'RESULTS="results/slurm-${SLURM_JOB_ID}-${XBENCH_STARTED}"' in script
+    started = script.index("XBENCH_STARTED=")
+    assert started < script.index('RESULTS="')
+    r = xbench("slurm", "probe", "--srun-mpi", "pmix_v4", "--out", tmp_path / "q.sbatch")
+    assert "srun --mpi=pmix_v4 (--srun-mpi)" in r.stdout
+    assert "srun --mpi=pmix_v4 " in (tmp_path / "q.sbatch").read_text()

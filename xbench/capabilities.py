@@ -24,6 +24,21 @@ class Capability:
     detail: str
 
 
+def loaded_mpi_library() -> str | None:
+    """The version line of the MPI library mpi4py loads here, read without starting MPI;
+    None where none loads."""
+    try:
+        import mpi4py
+
+        mpi4py.rc.initialize = False  # reading the version must not start MPI
+        mpi4py.rc.finalize = False
+        from mpi4py import MPI
+
+        return mpi_library(MPI)
+    except Exception:  # noqa: BLE001 - any failure here means "no usable MPI"
+        return None
+
+
 def check_mpi() -> Capability:
     try:
         import mpi4py

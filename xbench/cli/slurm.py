@@ -25,13 +25,19 @@ def slurm(
     time: Annotated[str, typer.Option(help="Wall-clock limit, HH:MM:SS.")] = "00:30:00",
     partition: Annotated[str | None, typer.Option(help="Slurm partition.")] = None,
     account: Annotated[str | None, typer.Option(help="Slurm account.")] = None,
-    srun_mpi: Annotated[str, typer.Option(help="srun --mpi plugin: pmix or pmi2.")] = "pmix",
+    srun_mpi: Annotated[
+        str,
+        typer.Option(
+            help="srun --mpi plugin (pmix, pmi2, ...), or auto: the one the MPI loaded here "
+            "speaks (Open MPI: pmix; MPICH, Intel MPI: pmi2)."
+        ),
+    ] = "auto",
     venv: Annotated[
         str | None, typer.Option(help="Virtual environment to activate on the nodes.")
     ] = None,
     results: Annotated[
         str, typer.Option(help="Results folder on the shared file system.")
-    ] = "results/slurm-${SLURM_JOB_ID}",
+    ] = "results/slurm-${SLURM_JOB_ID}-${XBENCH_STARTED}",
     out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the script.")] = Path(
         "xbench.sbatch"
     ),
@@ -52,8 +58,20 @@ def slurm(
     fmt: FormatOption = OutputFormat.table,
 ) -> None:
     """Write an sbatch script that runs the sweep with srun and collects its results."""
-    from xbench.cluster.slurm import SlurmJob, render
+    from xbench.cluster.slurm import SlurmJob, render, srun_mpi_for
     from xbench.cluster.slurm import submit as do_submit
+
+    why = "--srun-mpi"
+    if srun_mpi == "auto":
+        from xbench.capabilities import loaded_mpi_library
+
+        library = loaded_mpi_library()
+        srun_mpi = srun_mpi_for(library)
+        why = (
+            f"for the MPI loaded here: {' '.join(library.split())}"
+            if library
+            else "no MPI loads here"
+        )
 
     job = SlurmJob(
         kind,
@@ -80,6 +98,7 @@ def slurm(
     submitted = do_submit(out) if submit else None
     if fmt == OutputFormat.table:
         console.print(f"wrote {out}", highlight=False)
+        console.print(f"srun --mpi={job.srun_mpi} ({why})", highlight=False)
         if submitted:
             console.print(submitted, highlight=False)
     elif fmt == OutputFormat.json:

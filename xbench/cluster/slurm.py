@@ -1,8 +1,11 @@
 """Slurm batch scripts for xbench sweeps: srun launches the ranks, results stay in one folder.
 
 The script is plain bash with ``#SBATCH`` lines; ``xbench slurm ... --submit`` hands it to
-``sbatch``. MPI ranks get PMIx from srun (``--mpi=pmix``; pass ``--srun-mpi pmi2`` for
-clusters without PMIx), one GPU each, bound to the closest GPU.
+``sbatch``. srun starts the MPI ranks through the PMI their library speaks (``--srun-mpi``,
+by default chosen from the MPI library loaded where the script is written: Open MPI takes
+PMIx, MPICH and its derivatives PMI-2, as the PyPI mpich wheel has no PMIx and fails under
+``--mpi=pmix``), one GPU each, bound to the closest GPU. Each job writes into a folder of
+its own (the job id and the start time: job ids restart with a fresh cluster).
 """
 
 from __future__ import annotations
@@ -29,6 +32,21 @@ SRUN_MPI = ("pmix", "pmix_v2", "pmix_v3", "pmix_v4", "pmix_v5", "pmi2", "cray_sh
 # The results folder is written inside double quotes so $SLURM_JOB_ID expands; a quote, a
 # backslash, a line break or a command substitution would end that string or run something.
 RESULTS_UNSAFE = re.compile(r'["\\`\n\r]|\$\(')
+# The default results folder: the job id and the job's start (XBENCH_STARTED, set by the
+# script), so a new cluster's job 1 does not meet an old job 1's run
+DEFAULT_RESULTS = "results/slurm-${SLURM_JOB_ID}-${XBENCH_STARTED}"
+
+
+def srun_mpi_for(library: str | None) -> str:
+    """srun's --mpi plugin for an MPI library's version line: PMIx for Open MPI, PMI-2 for
+    MPICH and its derivatives (Intel MPI, MVAPICH; the PyPI mpich wheel is built without
+    PMIx), PMIx where the library is unknown (Slurm's usual default on GPU clusters)."""
+    text = (library or "").lower()
+    if "open mpi" in text:
+        return "pmix"
+    if any(name in text for name in ("mpich", "intel(r) mpi", "intel mpi", "mvapich")):
+        return "pmi2"
+    return "pmix"
 
 
 @dataclass
@@ -42,7 +60,7 @@ class SlurmJob:
     account: str | None = None
     srun_mpi: str = "pmix"
     venv: str | None = None
-    results: str = "results/slurm-${SLURM_JOB_ID}"
+    results: str = DEFAULT_RESULTS
     xbench_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     baseline: str | None = None  # check: the baseline run directory (shared file system)
@@ -122,7 +140,13 @@ def render(job: SlurmJob) -> str:
         lines.append(f"#SBATCH --partition={job.partition}")
     if job.account:
         lines.append(f"#SBATCH --account={job.account}")
-    lines += ["", "set -euo pipefail", f'RESULTS="{job.results}"', 'mkdir -p "$RESULTS"']
+    lines += [
+        "",
+        "set -euo pipefail",
+        'XBENCH_STARTED="$(date -u +%Y%m%dT%H%M%SZ)"  # with the job id: a folder of its own',
+        f'RESULTS="{job.results}"',
+        'mkdir -p "$RESULTS"',
+    ]
     if job.venv:
         lines.append(f"source {shlex.quote(str(Path(job.venv) / 'bin' / 'activate'))}")
     for key, value in sorted(job.env.items()):
