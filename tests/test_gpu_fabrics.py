@@ -337,3 +337,24 @@ def test_slurm_writes_the_plugin_it_chose_and_a_folder_of_the_jobs_own(xbench, t
     r = xbench("slurm", "probe", "--srun-mpi", "pmix_v4", "--out", tmp_path / "q.sbatch")
     assert "srun --mpi=pmix_v4 (--srun-mpi)" in r.stdout
     assert "srun --mpi=pmix_v4 " in (tmp_path / "q.sbatch").read_text()
+
+
+def test_a_task_of_an_srun_step_without_pmi_is_refused_before_it_launches(xbench, tmp_path):
+    """srun --mpi=none around xbench probe hung: each task started its own mpiexec, whose
+    step waited for the busy nodes forever. A task that srun gave no PMI, one of several,
+    is refused in one line before anything is written; one task, or a PMI, is not."""
+    from xbench.fabric.launch import srun_tasks_without_pmi
+
+    step = {"SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "2"}
+    assert srun_tasks_without_pmi(step) == 2
+    assert srun_tasks_without_pmi({**step, "SLURM_STEP_NUM_TASKS": "1"}) == 0
+    assert srun_tasks_without_pmi({**step, "PMI_RANK": "1"}) == 0  # srun --mpi=pmi2
+    assert srun_tasks_without_pmi({}) == 0
+    for args in (
+        ("probe", "--np", "2", "--sizes", "8B"),
+        ("validate", "--profile", "profiles/h100-priors.toml", "--fabric", "ib"),
+    ):
+        out = tmp_path / args[0]
+        r = xbench(*args, "--out", out, env=step)
+        assert r.returncode == 2 and "srun --mpi=pmi2" in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1 and not out.exists()

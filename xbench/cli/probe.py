@@ -177,7 +177,7 @@ def probe(
     fmt: FormatOption = OutputFormat.table,
 ) -> None:
     """Measure latency and bandwidth between MPI ranks; write samples as Parquet."""
-    from xbench.fabric.launch import inside_launcher, launcher_name
+    from xbench.fabric.launch import inside_launcher, launcher_name, refuse_srun_without_pmi
     from xbench.fabric.presets import preset_env
     from xbench.probe.runner import ProbeConfig
     from xbench.results.metadata import new_run_id
@@ -287,6 +287,7 @@ def probe(
 
         parse_pairs(cfg.pairs, np)  # as the ranks will, but before any starts
         check_rank_count(np, hostfile is not None, oversubscribe)
+        refuse_srun_without_pmi()
         _build_loop(cfg)  # a loop that cannot be built is refused before --out exists
         # only now: a refused command leaves no empty run directory behind (under a
         # launcher, rank 0 alone creates it)

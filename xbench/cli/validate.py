@@ -154,6 +154,9 @@ def validate(
         device=device,
         wire=wire,
     )
+    from xbench.fabric.launch import refuse_srun_without_pmi
+
+    refuse_srun_without_pmi()
     # only now: a refused command leaves no empty run directory behind
     claim_run_dir(out_dir)
     note_run_dir(out_dir)

@@ -44,6 +44,33 @@ def inside_launcher(environ=None) -> bool:
     return any(name in env for name in RANK_ENV)
 
 
+def srun_tasks_without_pmi(environ=None) -> int:
+    """The tasks of the srun step this process is one of, when srun gave them no PMI
+    (``srun --mpi=none``): each would start its own mpiexec, whose ranks then wait for the
+    step's busy nodes forever. 0 when that is not the case (one task, or a PMI, or no srun)."""
+    env = os.environ if environ is None else environ
+    if "SLURM_STEP_ID" not in env or "SLURM_PROCID" not in env or inside_launcher(env):
+        return 0
+    try:
+        tasks = int(env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS") or 1)
+    except ValueError:
+        return 0
+    return tasks if tasks > 1 else 0
+
+
+def refuse_srun_without_pmi(environ=None) -> None:
+    """A one-line refusal, before anything is launched or written, where this process is one
+    of several tasks of an srun step that gave them no PMI."""
+    tasks = srun_tasks_without_pmi(environ)
+    if tasks:
+        raise XbenchError(
+            f"this is one of {tasks} tasks of an srun step without a PMI (srun --mpi=none?): "
+            "each would start its own mpiexec and wait for the step's nodes forever",
+            "launch the ranks with srun --mpi=pmi2 (MPICH) or --mpi=pmix (Open MPI) and no "
+            "--np, or run xbench with --np outside srun (xbench slurm writes the script)",
+        )
+
+
 def launcher_name(environ=None) -> str:
     env = os.environ if environ is None else environ
     if "SLURM_STEP_ID" in env and "SLURM_PROCID" in env:
@@ -181,6 +208,7 @@ def run_ranks(
     """
     out_dir = config_path.parent
     log_path = out_dir / "launcher.log"
+    refuse_srun_without_pmi()
     try:
         result = launch_worker(
             np, module, [str(config_path)], log_path, on_event, stall_timeout_s, bind, hostfile
