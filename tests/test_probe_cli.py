@@ -6,7 +6,7 @@ import time
 import pytest
 
 from xbench.results.schema import PROBE_SAMPLES
-from xbench.results.store import read_table
+from xbench.results.store import read_run_meta, read_table
 
 QUICK = ["--samples", "3", "--warmups", "1", "--min-sample-time", "2ms"]
 
@@ -157,6 +157,11 @@ def test_under_a_launcher_and_mpmd(xbench, tmp_path):
     )
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)[0]["pattern"] == "latency"
+    # ranks a launcher started ask for the level xbench's own launches ask for: a baseline
+    # from --np 2 was refused against a run under srun (funneled vs multiple)
+    from xbench.ranks import THREAD_LEVEL
+
+    assert read_run_meta(tmp_path / "a")["mpi_thread_level"] == THREAD_LEVEL
     # MPMD: rank 1 is given other options; rank 0's configuration rules.
     xb = str(BIN / "xbench")
     r = xbench(
