@@ -277,7 +277,6 @@ def step_profile(out: Path, device: str) -> int:
 def step_nvshmem(out: Path) -> int:
     """nvshmem4py on one PE through the transport's own calls: every byte checked."""
     try:
-        import numpy as np
         import nvshmem.core
         import torch
         from cuda.core import Device
@@ -331,7 +330,6 @@ def step_nvshmem(out: Path) -> int:
             print(json.dumps({"call": kind, "bytes": n, "iters": iters, "us": round(us, 3),
                               "gb_per_s": round(n / us / 1e3, 3), "bytes_checked": ok}), flush=True)  # fmt: skip
             rc = rc or (0 if ok else 1)
-    del np
     release_symmetric(world)
     return rc
 

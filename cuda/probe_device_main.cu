@@ -149,8 +149,7 @@ static void nvshmem_probes(int sms) {
     char* dst = (char*)nvshmem_malloc(MOST);
     char* src = (char*)nvshmem_malloc(MOST);
     uint64_t* signal = (uint64_t*)nvshmem_malloc(sizeof(uint64_t));
-    long long* flag = (long long*)nvshmem_malloc(sizeof(long long));
-    if (!dst || !src || !signal || !flag) {
+    if (!dst || !src || !signal) {
         fail("nvshmem_malloc", "symmetric heap too small (NVSHMEM_SYMMETRIC_SIZE)");
         return;
     }
@@ -223,7 +222,6 @@ static void nvshmem_probes(int sms) {
     nvshmem_free(dst);
     nvshmem_free(src);
     nvshmem_free(signal);
-    nvshmem_free(flag);
 }
 #endif
 

@@ -404,11 +404,15 @@ class _SingleCalls:
             self.graphs[k] = self.clock.capture(lambda: self.run(self.sets[k]))
         self.graphs[k].replay()
 
+    def prepare(self, k: int) -> None:
+        """Set ``k``'s graph captured (and run once), untimed, before its first timed call."""
+        if self.graphs is not None and k not in self.graphs:
+            self(k)
+
     def timed(self, k: int) -> float:
         """Seconds of the call alone (on a GPU: events around it, queued after what was
         queued before, so only the call is counted)."""
-        if self.graphs is not None and k not in self.graphs:
-            self(k)  # captured (and run once) untimed
+        self.prepare(k)
         return self.clock.time(lambda _: self(k), 1)
 
 
@@ -486,8 +490,7 @@ def _time_after(pause, clock, one, samples, warmups, min_s):
 
     def timed(i: int) -> float:
         k = i % len(one)
-        if one.graphs is not None and k not in one.graphs:
-            one(k)  # captured untimed, before the device drains and the pause begins
+        one.prepare(k)  # before the device drains and the pause begins
         if clock.cuda:
             torch.cuda.synchronize()
         pause()

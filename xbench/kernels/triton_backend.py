@@ -123,7 +123,7 @@ def choose_splits(
     return min(range(1, tiles + 1), key=estimate)
 
 
-def describe_plan(split_config, splits: int, combine, combined: bool) -> str:
+def describe_plan(split_config, splits: int, combine_config) -> str:
     """What a call ran: the split kernel's tile (query rows x tokens, warps, stages, output
     parts), the split count and, with several splits, the combine's layout."""
     k = split_config.kwargs
@@ -131,9 +131,9 @@ def describe_plan(split_config, splits: int, combine, combined: bool) -> str:
         f"tile {k['BLOCK_M']}x{k['BLOCK_N']} w{split_config.num_warps} "
         f"s{split_config.num_stages} p{k['VSPLIT']}, {splits} split{'s' * (splits > 1)}"
     )
-    if combined:
-        c = combine.best_config
-        plan += f", combine {c.kwargs['BLOCK_C']}x{c.kwargs['BLOCK_S']} w{c.num_warps}"
+    if combine_config is not None:
+        c = combine_config.kwargs
+        plan += f", combine {c['BLOCK_C']}x{c['BLOCK_S']} w{combine_config.num_warps}"
     return plan
 
 
@@ -141,6 +141,11 @@ class TritonBackend(TorchFallbacks):
     """Split-KV partial attention in Triton; CUDA tensors, or CPU tensors when interpreting."""
 
     name = "triton"
+    _plan = None  # (split config, splits, combine config or None) of the last call
+
+    @property
+    def last_plan(self) -> str:
+        return describe_plan(*self._plan) if self._plan else ""
 
     def __init__(self):
         try:
@@ -269,7 +274,12 @@ class TritonBackend(TorchFallbacks):
                 LAT=LATENT,
                 UPCAST=round_out,
             )
-        self.last_plan = describe_plan(split_kernel.best_config, splits, combine_kernel, splits > 1)
+        # the configurations, kept as they are: the text is made only when a sample asks
+        self._plan = (
+            split_kernel.best_config,
+            splits,
+            combine_kernel.best_config if splits > 1 else None,
+        )
         if out_view is not result:
             result.copy_(out_view)
         if lse_view is not result_lse:
