@@ -4,19 +4,19 @@ is exactly what ``xbench slurm check`` writes."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 
-import pytest
 import yaml
 from conftest import ROOT
 
 EXAMPLES = ROOT / "docs" / "ci-examples"
+# The site's folders, each overridable from the environment at submission (the Slurm
+# tests run the script unedited on their own cluster that way)
 SBATCH_ARGS = [
-    *("slurm", "check", "--baseline", "/shared/xbench/baselines/probe-ib"),
+    *("slurm", "check", "--baseline", "${XBENCH_BASELINE:-/shared/xbench/baselines/probe-ib}"),
     *("--sweep", "probe", "--launches", "3", "--nodes", "2", "--gpus-per-node", "8"),
-    *("--partition", "gpu", "--time", "01:00:00", "--venv", "/shared/xbench/.venv"),
-    *("--results", "/shared/xbench/nightly/${SLURM_JOB_ID}-${XBENCH_STARTED}"),
+    *("--partition", "gpu", "--time", "01:00:00", "--venv", "${XBENCH_VENV:-/shared/xbench/.venv}"),
+    *("--results", "${XBENCH_NIGHTLY:-/shared/xbench/nightly}/${SLURM_JOB_ID}-${XBENCH_STARTED}"),
     *("--srun-mpi", "pmix"),  # the cluster's Open MPI; auto would take the MPI loaded here
 ]
 
@@ -64,24 +64,3 @@ def test_pipeline_example_parses_and_runs_check():
     assert {"actions/upload-artifact", "mikepenz/action-junit-report"} <= uses
     junit = next(s for s in job["steps"] if s.get("uses", "").startswith("mikepenz"))
     assert junit["with"]["report_paths"].endswith("compare.junit.xml")
-
-
-def _slurm_reachable() -> bool:
-    """sbatch installed and its controller answering (Debian's slurm-client alone is not a
-    cluster: sbatch --test-only then fails for want of a configuration)."""
-    if shutil.which("sbatch") is None or shutil.which("scontrol") is None:
-        return False
-    ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=30)
-    return ping.returncode == 0 and "UP" in ping.stdout
-
-
-@pytest.mark.skipif(
-    not _slurm_reachable(), reason="no Slurm here: sbatch --test-only needs a controller"
-)
-def test_sbatch_example_passes_sbatch_test_only():
-    r = subprocess.run(
-        ["sbatch", "--test-only", str(EXAMPLES / "nightly-check.sbatch")],
-        capture_output=True,
-        text=True,
-    )
-    assert r.returncode == 0, r.stderr

@@ -6,6 +6,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.nompi  # starts no MPI (conftest: the Open MPI run skips it)
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "compare_osu.py"
 spec = importlib.util.spec_from_file_location("compare_osu", SCRIPT)
 compare_osu = importlib.util.module_from_spec(spec)

@@ -24,6 +24,8 @@ from xbench.core.costmodel import (
 from xbench.core.grid import decide_grid
 from xbench.core.profile import load_profile
 
+pytestmark = pytest.mark.nompi  # starts no MPI (conftest: the Open MPI run skips it)
+
 PRIORS = "profiles/h100-priors.toml"
 
 

@@ -10,6 +10,8 @@ import torch
 from xbench.kernels import BackendUnavailable, DensePages, cuda_backend, get_backend, random_topk
 from xbench.kernels.cuda_backend import KERNELS, SOURCES, CudaBackend, compile_source, cuda_dir
 
+pytestmark = pytest.mark.nompi  # starts no MPI (conftest: the Open MPI run skips it)
+
 ELF_MAGIC = b"\x7fELF"
 
 

@@ -9,6 +9,8 @@ from xbench.core.profile import load_profile
 from xbench.fit.profile_fit import fit_device, fit_fabrics, wire_regimes
 from xbench.fit.segments import fit_piecewise
 
+pytestmark = pytest.mark.nompi  # starts no MPI (conftest: the Open MPI run skips it)
+
 SIZES = np.array([2**k for k in range(3, 25)], dtype=float)  # 8 B .. 16 MiB
 
 

@@ -184,8 +184,10 @@ def test_sbatch_script_is_valid_bash_with_the_srun_line(tmp_path):
     )
     srun = [line for line in script.splitlines() if line.startswith("srun")]
     assert srun == [
-        'srun --mpi=pmix --nodes=2 --ntasks=2 --ntasks-per-node=1 --gpus-per-task=1 --gpu-bind=closest xbench probe --transport nccl --fabric ib --out "$RESULTS/probe"'
+        'srun --mpi="$SRUN_MPI" --kill-on-bad-exit=1 --nodes=2 --ntasks=2 --ntasks-per-node=1 --gpus-per-task=1 --gpu-bind=closest xbench probe --transport nccl --fabric ib --out "$RESULTS/probe"'
     ]
+    # the plugin chosen, overridable at submission without an edit
+    assert 'SRUN_MPI="${XBENCH_SRUN_MPI:-pmix}"' in script
     kernel = render(SlurmJob("kernel", nodes=1, gpus_per_node=1))
     assert "srun --nodes=1 --ntasks=1 --gpus-per-task=1 --gpu-bind=closest xbench kernel" in kernel
     with pytest.raises(XbenchError, match="exactly 2 ranks"):
@@ -226,7 +228,8 @@ def test_sbatch_takes_the_names_slurm_takes(tmp_path):
             results="/shared/${USER}/nightly/$SLURM_JOB_ID",
         )
     )
-    assert "#SBATCH --partition=gpu-h100,gpu_a100" in script and "--mpi=pmix_v4 " in script
+    assert "#SBATCH --partition=gpu-h100,gpu_a100" in script
+    assert 'SRUN_MPI="${XBENCH_SRUN_MPI:-pmix_v4}"' in script
     path = tmp_path / "job.sbatch"
     path.write_text(script)
     assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
@@ -327,16 +330,24 @@ def test_slurm_writes_the_plugin_it_chose_and_a_folder_of_the_jobs_own(xbench, t
     out = tmp_path / "p.sbatch"
     r = xbench("slurm", "probe", "--out", out)
     assert r.returncode == 0, r.stderr
-    expected = srun_mpi_for(loaded_mpi_library())
+    library = loaded_mpi_library(whole=True)
+    expected = srun_mpi_for(library)
     script = out.read_text()
-    assert f"srun --mpi={expected} " in script and f"srun --mpi={expected} (for the MPI" in r.stdout
+    assert f'SRUN_MPI="${{XBENCH_SRUN_MPI:-{expected}}}"' in script
+    assert f"srun --mpi={expected} (for the MPI" in r.stdout
+    # the mpich wheel (UCX and OFI built) under pmi2: OFI, whose address fits one PMI-1 put
+    netmod = 'export MPICH_CH4_NETMOD="${MPICH_CH4_NETMOD:-ofi}"'
+    wheel = "ch4:ucx ofi" in library
+    assert (netmod in script) == (expected == "pmi2" and wheel), script
+    assert ("MPICH_CH4_NETMOD=ofi (" in r.stdout) == (netmod in script)
     # job ids restart with a fresh cluster: the folder also holds the job's start
     assert 'RESULTS="results/slurm-${SLURM_JOB_ID}-${XBENCH_STARTED}"' in script
     started = script.index("XBENCH_STARTED=")
     assert started < script.index('RESULTS="')
     r = xbench("slurm", "probe", "--srun-mpi", "pmix_v4", "--out", tmp_path / "q.sbatch")
     assert "srun --mpi=pmix_v4 (--srun-mpi)" in r.stdout
-    assert "srun --mpi=pmix_v4 " in (tmp_path / "q.sbatch").read_text()
+    q = (tmp_path / "q.sbatch").read_text()
+    assert 'SRUN_MPI="${XBENCH_SRUN_MPI:-pmix_v4}"' in q and "MPICH_CH4_NETMOD" not in q
 
 
 def test_a_task_of_an_srun_step_without_pmi_is_refused_before_it_launches(xbench, tmp_path):
@@ -358,3 +369,14 @@ def test_a_task_of_an_srun_step_without_pmi_is_refused_before_it_launches(xbench
         r = xbench(*args, "--out", out, env=step)
         assert r.returncode == 2 and "srun --mpi=pmi2" in r.stderr, r.stderr
         assert len(r.stderr.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_the_mpich_netmod_follows_the_device_line_and_the_plugin():
+    from xbench.cluster.slurm import mpich_netmod_for
+
+    wheel = "MPICH Version:      5.0.2\nMPICH Device:       ch4:ucx ofi\n"
+    assert mpich_netmod_for(wheel, "pmi2") == "ofi"
+    assert mpich_netmod_for(wheel, "pmix") is None  # only srun's PMI-2 misreads long puts
+    assert mpich_netmod_for("MPICH Version: 4.2\nMPICH Device: ch4:ucx\n", "pmi2") is None
+    assert mpich_netmod_for("Open MPI v5.0.11", "pmi2") is None
+    assert mpich_netmod_for(None, "pmi2") is None

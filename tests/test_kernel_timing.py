@@ -18,6 +18,8 @@ from xbench.kernels import DensePages, backend
 from xbench.results.schema import KERNEL_SAMPLES
 from xbench.results.store import read_table
 
+pytestmark = pytest.mark.nompi  # starts no MPI (conftest: the Open MPI run skips it)
+
 
 def test_auto_is_triton_on_cuda_and_torch_on_cpu():
     pytest.importorskip("triton")

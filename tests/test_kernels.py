@@ -17,6 +17,8 @@ from xbench.kernels import (
 )
 from xbench.kernels.rope import inv_freq, rotate
 
+pytestmark = pytest.mark.nompi  # starts no MPI (conftest: the Open MPI run skips it)
+
 D, V, BS = 576, 512, 64
 
 

@@ -14,6 +14,8 @@ from xbench.fabric.gpu import DeviceTimer
 from xbench.fabric.transport import Pair, host_buffer_sizes
 from xbench.probe.patterns import SweepSpec, buffer_plan
 
+pytestmark = pytest.mark.nompi  # starts no MPI (conftest: the Open MPI run skips it)
+
 
 class FakeNvshmem:
     """nvshmem.core (interop.torch allocation, finalize) and nvshmem.bindings, recording."""

@@ -5,6 +5,8 @@ from hypothesis import strategies as st
 
 from xbench.core.stats import median_ci, summarize
 
+pytestmark = pytest.mark.nompi  # starts no MPI (conftest: the Open MPI run skips it)
+
 
 def test_known_interval():
     x = np.arange(1, 21, dtype=float)  # n = 20: the 95 % order statistics are x(6), x(15)

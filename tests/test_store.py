@@ -8,6 +8,8 @@ from xbench.errors import XbenchError
 from xbench.results import schema
 from xbench.results.store import RunStore, read_run_meta, read_table, write_table
 
+pytestmark = pytest.mark.nompi  # starts no MPI (conftest: the Open MPI run skips it)
+
 
 def _rows(n=3, **over):
     base = dict(

@@ -11,6 +11,8 @@ from xbench.fabric import transport
 from xbench.fabric.transport import Pair, Transport, host_buffer_sizes, reserve_host_buffers
 from xbench.probe.patterns import SweepSpec, buffer_plan
 
+pytestmark = pytest.mark.nompi  # starts no MPI (conftest: the Open MPI run skips it)
+
 
 class HostBuffersOnly(Transport):
     """A transport that only owns buffers: the loops are not what these tests look at."""

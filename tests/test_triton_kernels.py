@@ -17,6 +17,8 @@ from test_kernels import BS, D, assert_matches, make_cache, reference, selection
 
 from xbench.kernels import DensePages, backend, merge_partials, random_topk
 
+pytestmark = pytest.mark.nompi  # starts no MPI (conftest: the Open MPI run skips it)
+
 pytest.importorskip("triton", reason="triton is not installed (pip install '.[test]')")
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 triton = pytest.importorskip("triton", reason="triton is not installed (pip install '.[test]')")
+pytestmark = pytest.mark.nompi  # starts no MPI (conftest: the Open MPI run skips it)
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 if not (BIN / "cuobjdump").exists():
     pytest.skip(

@@ -13,6 +13,8 @@ from xbench.core.units import (
 )
 from xbench.errors import XbenchError
 
+pytestmark = pytest.mark.nompi  # starts no MPI (conftest: the Open MPI run skips it)
+
 
 @given(st.integers(min_value=0, max_value=2**45))
 def test_format_then_parse_is_identity(n):

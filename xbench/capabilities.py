@@ -24,9 +24,9 @@ class Capability:
     detail: str
 
 
-def loaded_mpi_library() -> str | None:
-    """The version line of the MPI library mpi4py loads here, read without starting MPI;
-    None where none loads."""
+def loaded_mpi_library(whole: bool = False) -> str | None:
+    """The version line of the MPI library mpi4py loads here (``whole``: all its lines, e.g.
+    MPICH's device line), read without starting MPI; None where none loads."""
     try:
         import mpi4py
 
@@ -34,6 +34,8 @@ def loaded_mpi_library() -> str | None:
         mpi4py.rc.finalize = False
         from mpi4py import MPI
 
+        if whole:
+            return MPI.Get_library_version().replace("\x00", "").strip()
         return mpi_library(MPI)
     except Exception:  # noqa: BLE001 - any failure here means "no usable MPI"
         return None

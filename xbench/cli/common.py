@@ -165,6 +165,11 @@ def handles_errors(fn):
         except XbenchError as exc:
             raise fail(str(exc), exc.exit_code) from None
         except OSError as exc:  # a path the system refuses (too long, a file as a folder)
+            if exc.filename is None and not isinstance(exc, (FileNotFoundError, PermissionError)):
+                raise fail(  # a socket's or the system's, not a path's
+                    f"system error: {exc.strerror or exc}; check the network and the peers",
+                    2,
+                ) from None
             where = str(exc.filename) if exc.filename else ""
             raise fail(
                 f"cannot use {where or 'a path'}: {exc.strerror or exc}; "

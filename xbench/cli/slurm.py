@@ -54,21 +54,28 @@ def slurm(
         typer.Option(help="check: launches of a probe baseline (read from it when it is here)."),
     ] = None,
     submit: Annotated[bool, typer.Option("--submit", help="Hand the script to sbatch.")] = False,
+    wait: Annotated[
+        bool,
+        typer.Option(
+            "--wait",
+            help="Submit, wait for the job to end and exit with its status (a check job: "
+            "compare's).",
+        ),
+    ] = False,
     force: Annotated[bool, typer.Option("--force", help="Replace --out if it exists.")] = False,
     fmt: FormatOption = OutputFormat.table,
 ) -> None:
     """Write an sbatch script that runs the sweep with srun and collects its results."""
-    from xbench.cluster.slurm import SlurmJob, render, srun_mpi_for
+    from xbench.capabilities import loaded_mpi_library
+    from xbench.cluster.slurm import SlurmJob, mpich_netmod_for, render, srun_mpi_for
     from xbench.cluster.slurm import submit as do_submit
 
     why = "--srun-mpi"
+    library = loaded_mpi_library(whole=True)
     if srun_mpi == "auto":
-        from xbench.capabilities import loaded_mpi_library
-
-        library = loaded_mpi_library()
         srun_mpi = srun_mpi_for(library)
         why = (
-            f"for the MPI loaded here: {' '.join(library.split())}"
+            f"for the MPI loaded here: {' '.join(library.splitlines()[0].split())}"
             if library
             else "no MPI loads here"
         )
@@ -86,6 +93,7 @@ def slurm(
         results,
         list(xbench_args or []),
     )
+    job.mpich_netmod = mpich_netmod_for(library, srun_mpi)
     if kind == "check":
         job.baseline, job.sweep, job.launches = _baseline(baseline, sweep, launches)
     from xbench.results.store import refuse_overwrite
@@ -95,16 +103,53 @@ def slurm(
     refuse_overwrite(out, force)
     out.write_text(render(job))
     out.chmod(0o755)
-    submitted = do_submit(out) if submit else None
     if fmt == OutputFormat.table:
         console.print(f"wrote {out}", highlight=False)
         console.print(f"srun --mpi={job.srun_mpi} ({why})", highlight=False)
-        if submitted:
-            console.print(submitted, highlight=False)
-    elif fmt == OutputFormat.json:
-        print(strict_json({"script": str(out), "submitted": submitted}))
-    else:
-        print(f"script,submitted\n{out},{submitted or ''}")
+        if job.mpich_netmod:
+            console.print(
+                f"MPICH_CH4_NETMOD={job.mpich_netmod} (srun's PMI-2 misreads UCX's long "
+                "address; set MPICH_CH4_NETMOD at submission to choose)",
+                highlight=False,
+            )
+    job_id = do_submit(out) if submit or wait else None
+    if job_id and fmt == OutputFormat.table:
+        console.print(f"submitted job {job_id}", highlight=False)
+    ended = _wait(job_id, fmt) if wait else None
+    if fmt == OutputFormat.json:
+        print(
+            strict_json(
+                {
+                    "script": str(out),
+                    "submitted": job_id,
+                    "state": ended and ended.state,
+                    "exit_status": ended and ended.exit_status,
+                    "output": ended and ended.output,
+                }
+            )
+        )
+    elif fmt == OutputFormat.csv:
+        print("script,submitted,state,exit_status")
+        print(
+            f"{out},{job_id or ''},{ended.state if ended else ''},{'' if not ended else ended.exit_status}"
+        )
+    if ended is not None and ended.exit_status:
+        raise typer.Exit(ended.exit_status)
+
+
+def _wait(job_id: str, fmt: OutputFormat):
+    """Wait for the job, its state on one live line; the state it ended in, printed."""
+    from xbench.cluster.slurm import wait_for
+
+    if fmt != OutputFormat.table:
+        return wait_for(job_id)
+    with console.status(f"job {job_id}: submitted") as status:
+        ended = wait_for(job_id, on_state=lambda s: status.update(f"job {job_id}: {s.state}"))
+    console.print(
+        f"job {job_id} {ended.state} (exit {ended.exit_status}); output in {ended.output}",
+        highlight=False,
+    )
+    return ended
 
 
 def _check_forwarded(command: str | None, args: list[str]) -> None:

@@ -97,15 +97,13 @@ def validate(
 ) -> None:
     """Time the real primitives, check them against one-instance attention, report the model's MAPE."""
     from xbench.cli.progress import EventProgress, make_progress
-    from xbench.core import conditions
     from xbench.core.profile import load_profile
     from xbench.core.units import parse_int_list
     from xbench.fabric.launch import run_ranks
     from xbench.resources import profile_path
     from xbench.results.metadata import new_run_id
-    from xbench.results.schema import VALIDATE_SAMPLES, VALIDATE_SUMMARY
-    from xbench.results.store import claim_run_dir, read_run_meta, read_table, write_table
-    from xbench.validate import FETCH_LAYOUTS, ValidateConfig, summarize_validation
+    from xbench.results.store import claim_run_dir
+    from xbench.validate import FETCH_LAYOUTS, ValidateConfig
 
     prof = load_profile(profile_path(profile))
     names = [f.name for f in prof.fabrics]
@@ -154,9 +152,18 @@ def validate(
         device=device,
         wire=wire,
     )
-    from xbench.fabric.launch import refuse_srun_without_pmi
+    from xbench.fabric.launch import inside_launcher, refuse_srun_without_pmi
 
     refuse_srun_without_pmi()
+    if inside_launcher():  # srun or mpirun started the two ranks: each runs its side here
+        if runs != 1:
+            raise XbenchError(
+                f"--runs {runs} under a site launcher: each launch is the launcher's",
+                "leave --runs out and start the launcher once per launch",
+            )
+        _run_as_rank(cfg, out_dir)
+        _summarize(prof, fab, out_dir, fmt, rank_zero_only=True)
+        return
     # only now: a refused command leaves no empty run directory behind
     claim_run_dir(out_dir)
     note_run_dir(out_dir)
@@ -176,6 +183,56 @@ def validate(
                 timeout + 60,
                 launch_label=f" of launch {process_run + 1}/{runs}",
             )
+    _summarize(prof, fab, out_dir, fmt)
+
+
+def _run_as_rank(cfg, out_dir: Path) -> None:
+    """One of the two ranks a site launcher started: rank 0 claims the run directory (and
+    says why to both ranks when it cannot), then both run the worker's loop in-process."""
+    from xbench.ranks import ask_thread_level
+
+    ask_thread_level()  # the level xbench's own launches ask for
+    from mpi4py import MPI
+
+    from xbench.cli.progress import RichSink
+    from xbench.events import NullSink
+    from xbench.results.store import claim_run_dir
+    from xbench.validate.worker import run_validate
+
+    comm = MPI.COMM_WORLD
+    if comm.Get_size() != 2:
+        raise XbenchError(
+            f"validate runs one requester and one holder; the launcher started {comm.Get_size()} ranks",
+            "launch exactly 2 ranks (srun --ntasks=2)",
+        )
+    refused = None
+    if comm.Get_rank() == 0:
+        try:
+            claim_run_dir(out_dir)
+            note_run_dir(out_dir)
+        except XbenchError as exc:
+            refused = exc
+    message = comm.bcast(str(refused) if refused else None, root=0)
+    if refused is not None:
+        raise refused
+    if message is not None:
+        raise XbenchError(f"rank 0 refused: {message}", "see rank 0's line")
+    cfg = type(cfg).from_json(comm.bcast(cfg.to_json(), root=0))  # rank 0's options rule
+    run_validate(cfg, RichSink() if comm.Get_rank() == 0 else NullSink())
+
+
+def _summarize(prof, fab: str, out_dir: Path, fmt, rank_zero_only: bool = False) -> None:
+    """The summary table and file of a finished run (rank 0's job under a site launcher)."""
+    from xbench.core import conditions
+    from xbench.results.schema import VALIDATE_SAMPLES, VALIDATE_SUMMARY
+    from xbench.results.store import read_run_meta, read_table, write_table
+    from xbench.validate import summarize_validation
+
+    if rank_zero_only:
+        from mpi4py import MPI
+
+        if MPI.COMM_WORLD.Get_rank() != 0:
+            return
     warn_conditions(prof, conditions.from_run_meta(read_run_meta(out_dir)))
     summary = summarize_validation(read_table(out_dir, VALIDATE_SAMPLES), prof, fab)
     write_table(

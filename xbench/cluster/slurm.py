@@ -29,9 +29,10 @@ SLURM_TIME = re.compile(r"\d+(:\d+){0,2}|\d+-\d+(:\d+){0,2}|unlimited|infinite",
 SLURM_NAME = re.compile(r"[A-Za-z0-9_.+-]+(,[A-Za-z0-9_.+-]+)*")
 # srun's MPI plugins (srun --mpi=list; pmix_vN by PMIx version): anything else fails the job
 SRUN_MPI = ("pmix", "pmix_v2", "pmix_v3", "pmix_v4", "pmix_v5", "pmi2", "cray_shasta", "none")
-# The results folder is written inside double quotes so $SLURM_JOB_ID expands; a quote, a
+# Folders (results, baseline, virtual environment) are written inside double quotes so that
+# variables expand on the node ($SLURM_JOB_ID, ${XBENCH_BASELINE:-/shared/...}); a quote, a
 # backslash, a line break or a command substitution would end that string or run something.
-RESULTS_UNSAFE = re.compile(r'["\\`\n\r]|\$\(')
+PATH_UNSAFE = re.compile(r'["\\`\n\r]|\$\(')
 # The default results folder: the job id and the job's start (XBENCH_STARTED, set by the
 # script), so a new cluster's job 1 does not meet an old job 1's run
 DEFAULT_RESULTS = "results/slurm-${SLURM_JOB_ID}-${XBENCH_STARTED}"
@@ -47,6 +48,22 @@ def srun_mpi_for(library: str | None) -> str:
     if any(name in text for name in ("mpich", "intel(r) mpi", "intel mpi", "mvapich")):
         return "pmi2"
     return "pmix"
+
+
+def mpich_netmod_for(library: str | None, srun_mpi: str) -> str | None:
+    """``ofi`` for an MPICH built with both the UCX and OFI netmods (the PyPI mpich wheel)
+    under srun's PMI-2 plugin, else None. UCX's address spans several PMI-1 puts, which the
+    plugin's server reads one read() at a time and misparses when two arrive together
+    (slurmstepd: "invalid client request"; MPI_Init then fails or hangs, about one launch in
+    eight on the test cluster); OFI's address fits one put. ``library``: the whole version
+    text, whose "MPICH Device:" line names the netmods built."""
+    if srun_mpi != "pmi2" or not library:
+        return None
+    device = next(
+        (line for line in library.splitlines() if line.strip().lower().startswith("mpich device")),
+        "",
+    ).lower()
+    return "ofi" if "ucx" in device and "ofi" in device else None
 
 
 @dataclass
@@ -66,6 +83,7 @@ class SlurmJob:
     baseline: str | None = None  # check: the baseline run directory (shared file system)
     sweep: str | None = None  # check: the baseline's command (probe or kernel)
     launches: int = 1  # check: the baseline's launches, each its own srun step
+    mpich_netmod: str | None = None  # MPICH_CH4_NETMOD unless set at submission
 
     def validate(self) -> None:
         if self.kind not in KINDS:
@@ -91,11 +109,17 @@ class SlurmJob:
                 f"--srun-mpi {self.srun_mpi!r} is not an srun MPI plugin",
                 f"pass one of {', '.join(SRUN_MPI)} (`srun --mpi=list` shows the cluster's)",
             )
-        if not self.results or RESULTS_UNSAFE.search(self.results):
-            raise XbenchError(
-                f"--results {self.results!r} cannot be written into the script",
-                "pass a folder path without quotes, backslashes, backquotes or $( (variables are fine)",
-            )
+        for option, folder in (
+            ("--results", self.results),
+            ("--baseline", self.baseline),
+            ("--venv", self.venv),
+        ):
+            if folder is not None and (not folder or PATH_UNSAFE.search(folder)):
+                raise XbenchError(
+                    f"{option} {folder!r} cannot be written into the script",
+                    "pass a folder path without quotes, backslashes, backquotes or $( "
+                    "(variables are fine)",
+                )
         if self.nodes < 1 or self.ntasks_per_node < 1 or self.gpus_per_node < 0:
             raise XbenchError(
                 "--nodes and --ntasks-per-node must be at least 1, --gpus-per-node at least 0",
@@ -146,18 +170,27 @@ def render(job: SlurmJob) -> str:
         'XBENCH_STARTED="$(date -u +%Y%m%dT%H%M%SZ)"  # with the job id: a folder of its own',
         f'RESULTS="{job.results}"',
         'mkdir -p "$RESULTS"',
+        # the plugin chosen when the script was written, or the one named at submission
+        f'SRUN_MPI="${{XBENCH_SRUN_MPI:-{job.srun_mpi}}}"  # or: XBENCH_SRUN_MPI=pmi2 sbatch ...',
     ]
     if job.venv:
-        lines.append(f"source {shlex.quote(str(Path(job.venv) / 'bin' / 'activate'))}")
+        lines.append(f'source "{job.venv.rstrip("/")}/bin/activate"')
+    if job.mpich_netmod:
+        lines.append(
+            f'export MPICH_CH4_NETMOD="${{MPICH_CH4_NETMOD:-{job.mpich_netmod}}}"'
+            "  # srun's PMI-2 misreads UCX's long address"
+        )
     for key, value in sorted(job.env.items()):
         lines.append(f"export {key}={shlex.quote(value)}")
     lines += [
-        'echo "xbench on $SLURM_JOB_NUM_NODES node(s): $SLURM_JOB_NODELIST"',
+        'echo "xbench on $SLURM_JOB_NUM_NODES node(s): $SLURM_JOB_NODELIST, srun --mpi=$SRUN_MPI"',
         'xbench env > "$RESULTS/env.txt" || true',
     ]
     gpu_bind = " --gpus-per-task=1 --gpu-bind=closest" if job.gpus_per_node else ""
     extra = " ".join(shlex.quote(a) for a in job.xbench_args)
-    ranks = f"srun --mpi={job.srun_mpi} --nodes={job.nodes} --ntasks={tasks} --ntasks-per-node={job.ntasks_per_node}{gpu_bind}"
+    # one rank failing (in MPI_Init, say) ends the step instead of leaving the others waiting
+    # for it until the time limit
+    ranks = f'srun --mpi="$SRUN_MPI" --kill-on-bad-exit=1 --nodes={job.nodes} --ntasks={tasks} --ntasks-per-node={job.ntasks_per_node}{gpu_bind}'
     one = f"srun --nodes=1 --ntasks=1{gpu_bind}"
     if job.kind == "check":
         return "\n".join(lines + _check_lines(job, ranks, one, extra))
@@ -174,7 +207,7 @@ def _check_lines(job: SlurmJob, ranks: str, one: str, extra: str) -> list[str]:
     then xbench compare into Markdown and JUnit; the job's exit status is compare's (0 no
     regression, 1 a case is slower, 4 nothing comparable, 5 cases of the baseline missing)."""
     run = f'"$RESULTS/{job.sweep}"'
-    lines = [f"BASELINE={shlex.quote(job.baseline)}"]
+    lines = [f'BASELINE="{job.baseline}"']
     if job.sweep == "probe":
         lines += [
             f"for launch in $(seq 0 {job.launches - 1}); do",
@@ -201,16 +234,73 @@ def _check_lines(job: SlurmJob, ranks: str, one: str, extra: str) -> list[str]:
 
 
 def submit(script: Path) -> str:
-    """sbatch the script; returns sbatch's answer (the job id line)."""
+    """sbatch the script; returns the job id."""
     sbatch = shutil.which("sbatch")
     if sbatch is None:
         raise XbenchError(
             "sbatch is not on PATH", f"run this on a Slurm login node, or submit {script} there"
         )
-    result = subprocess.run([sbatch, str(script)], capture_output=True, text=True)
+    result = subprocess.run([sbatch, "--parsable", str(script)], capture_output=True, text=True)
     if result.returncode != 0:
+        said = result.stderr.strip().splitlines()
         raise XbenchError(
-            f"sbatch refused {script}: {result.stderr.strip().splitlines()[-1] if result.stderr.strip() else result.returncode}",
+            f"sbatch refused {script}: {said[-1] if said else result.returncode}",
             "fix the partition, account or shape",
         )
-    return result.stdout.strip()
+    return result.stdout.strip().split(";")[0]  # --parsable: JOBID[;CLUSTER]
+
+
+# Job states after which nothing more happens (squeue(1), JOB STATE CODES)
+ENDED = frozenset(
+    "BOOT_FAIL CANCELLED COMPLETED DEADLINE FAILED NODE_FAIL OUT_OF_MEMORY PREEMPTED "
+    "TIMEOUT".split()
+)
+
+
+@dataclass(frozen=True)
+class JobState:
+    state: str  # PENDING, RUNNING, COMPLETED, FAILED...
+    exit_status: int | None  # the batch script's, once ended
+    output: str | None  # the job's output file (StdOut)
+
+    @property
+    def ended(self) -> bool:
+        return self.state in ENDED
+
+
+def job_state(job_id: str) -> JobState:
+    """The job as the controller knows it (``scontrol show job``: one line, KEY=VALUE)."""
+    result = subprocess.run(
+        ["scontrol", "show", "job", "--oneliner", job_id], capture_output=True, text=True
+    )
+    if result.returncode != 0:
+        raise XbenchError(
+            f"the controller no longer knows job {job_id}: {result.stderr.strip()}",
+            "look for its output file beside the script (MinJobAge may have purged it)",
+        )
+    fields = dict(
+        item.split("=", 1)
+        for item in result.stdout.split()
+        if "=" in item and not item.startswith("=")
+    )
+    state = fields.get("JobState", "UNKNOWN")
+    exit_status = None
+    if state in ENDED:
+        status, _, signal = fields.get("ExitCode", "0:0").partition(":")
+        exit_status = int(status) or (128 + int(signal) if signal.isdigit() and int(signal) else 0)
+        if state != "COMPLETED" and exit_status == 0:
+            exit_status = 1  # cancelled, timed out, node failure: no script status to give
+    return JobState(state, exit_status, fields.get("StdOut"))
+
+
+def wait_for(job_id: str, poll_s: float = 1.0, on_state=None) -> JobState:
+    """Poll until the job ends; ``on_state(JobState)`` sees every poll (a progress line)."""
+    import time
+
+    while True:
+        state = job_state(job_id)
+        if on_state is not None:
+            on_state(state)
+        if state.ended:
+            return state
+        time.sleep(poll_s)

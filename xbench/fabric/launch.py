@@ -74,7 +74,9 @@ def refuse_srun_without_pmi(environ=None) -> None:
 def launcher_name(environ=None) -> str:
     env = os.environ if environ is None else environ
     if "SLURM_STEP_ID" in env and "SLURM_PROCID" in env:
-        return "srun"
+        # the PMI plugin srun gave the step (srun sets it in every task's environment)
+        plugin = env.get("SLURM_MPI_TYPE")
+        return f"srun --mpi={plugin}" if plugin else "srun"
     if "OMPI_COMM_WORLD_RANK" in env:
         return "mpirun (Open MPI)"
     return "mpiexec"

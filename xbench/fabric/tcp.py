@@ -87,15 +87,26 @@ class TcpTransport(Transport):
                 endpoint = listener.getsockname()
             except (OSError, XbenchError) as exc:
                 error, endpoint = str(exc), None
-            comm.send((endpoint, error), dest=0, tag=21)
+            # ssend: back only once rank 0 has the message. accept() below blocks outside
+            # MPI, and a plain send may still wait for this rank's progress to leave (MPICH
+            # over OFI's tcp provider does): rank 0 would never learn where to connect.
+            comm.ssend((endpoint, error), dest=0, tag=21)
             if error:
                 raise XbenchError(
                     f"TCP listener failed on rank {self.pair.world_ranks[1]}: {error}",
                     "check --tcp-interface",
                 )
             listener.settimeout(60)
-            self.sock, _ = listener.accept()
-            listener.close()
+            try:
+                self.sock, _ = listener.accept()
+            except OSError as exc:
+                raise XbenchError(
+                    f"rank {self.pair.world_ranks[1]}: no connection from rank "
+                    f"{self.pair.world_ranks[0]} on {endpoint[0]}:{endpoint[1]} ({exc})",
+                    "check --tcp-interface: the ranks' hosts must reach that address",
+                ) from None
+            finally:
+                listener.close()
         else:
             endpoint, error = comm.recv(source=1, tag=21)
             if error:
@@ -103,7 +114,14 @@ class TcpTransport(Transport):
                     f"TCP listener failed on rank {self.pair.world_ranks[1]}: {error}",
                     "check --tcp-interface",
                 )
-            self.sock = socket.create_connection(tuple(endpoint), timeout=60)
+            try:
+                self.sock = socket.create_connection(tuple(endpoint), timeout=60)
+            except OSError as exc:
+                raise XbenchError(
+                    f"rank {self.pair.world_ranks[0]}: cannot connect to rank "
+                    f"{self.pair.world_ranks[1]} at {endpoint[0]}:{endpoint[1]} ({exc})",
+                    "check --tcp-interface: the ranks' hosts must reach that address",
+                ) from None
         self.sock.settimeout(None)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.address = f"{endpoint[0]}:{endpoint[1]}"

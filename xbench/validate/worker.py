@@ -354,7 +354,7 @@ def run_validate(cfg: ValidateConfig, sink) -> None:
     import torch
     from mpi4py import MPI
 
-    from xbench.fabric.launch import thread_level_name
+    from xbench.fabric.launch import launcher_name, thread_level_name
     from xbench.fabric.watchdog import Watchdog
     from xbench.host import collector_paused
     from xbench.kernels import cpu_bf16
@@ -389,6 +389,7 @@ def run_validate(cfg: ValidateConfig, sink) -> None:
                 hosts=comm.allgather(os.uname().nodename),
                 mpi_library=mpi_library(MPI),
                 mpi_thread_level=thread_level_name(MPI),
+                launcher=launcher_name(),
                 runs=cfg.runs,
                 device=cfg.device,
                 device_name=device_name,

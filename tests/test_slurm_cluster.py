@@ -1,0 +1,255 @@
+"""xbench's cluster path under a real Slurm (issue 40): a controller and two slurmd nodes
+started here (tests/slurm_cluster.py), each node a host of its own behind a shaped link;
+sbatch scripts written by ``xbench slurm`` run end to end, as does the shipped nightly
+example. Needs root and Debian's Slurm packages (``bash .ci/run`` installs them); skipped
+with the reason otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import xml.etree.ElementTree as ET
+
+import pytest
+from conftest import BIN, ROOT, run_xbench
+from slurm_cluster import LINK, SlurmCluster, why_not
+
+from xbench.core.profile import load_profile
+from xbench.results.schema import PROBE_SAMPLES
+from xbench.results.store import read_run_meta, read_table
+
+pytestmark = pytest.mark.slurm
+RATE_BITS = 200e6
+GOODPUT = RATE_BITS / 8 * 1448 / 1514  # TCP payload per Ethernet frame at MTU 1500
+VENV = str(BIN.parent)  # this suite's environment, activated by the scripts on the nodes
+# the Open MPI wheel's own PMIx lacks the munge security component Slurm's PMIx offers
+# first, and says so in a help text it cannot find; native is what it then uses anyway
+QUIET_PMIX = {"PMIX_MCA_psec": "native"}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    reason = why_not()
+    if reason:
+        pytest.skip(reason)
+    try:
+        started = SlurmCluster(tmp_path_factory.mktemp("slurm"), form="hosts", rate_bits=RATE_BITS)
+        started.start()
+    except (RuntimeError, subprocess.CalledProcessError) as exc:
+        # network namespaces refused: both nodes on this host, one hostname
+        fallback = SlurmCluster(tmp_path_factory.mktemp("slurm-local"), form="local")
+        fallback.reason = f"two hosts could not be made here ({str(exc).splitlines()[0]})"
+        started = fallback.start()
+    yield started
+    started.stop()
+
+
+def wait_for_job(cluster, job_id: str, timeout: float) -> str:
+    """'STATE EXITCODE' of a job once it ended (sbatch --wait polls seconds apart)."""
+    env = {**os.environ, **cluster.env}
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        shown = subprocess.run(
+            ["scontrol", "show", "job", "--oneliner", job_id],
+            capture_output=True,
+            text=True,
+            env=env,
+        ).stdout
+        fields = dict(item.split("=", 1) for item in shown.split() if "=" in item)
+        if fields.get("JobState") not in (None, "PENDING", "RUNNING", "CONFIGURING", "COMPLETING"):
+            return f"{fields['JobState']} {fields.get('ExitCode')}"
+        time.sleep(0.25)
+    raise AssertionError(f"job {job_id} still running after {timeout:g} s")
+
+
+def slurm_env(cluster, **extra) -> dict:
+    return {**cluster.env, **QUIET_PMIX, **extra}
+
+
+def xbench_slurm(cluster, tmp_path, kind, *args, timeout=300):
+    """``xbench slurm KIND ARGS --wait`` from ``tmp_path`` (where the job's output lands)."""
+    script = tmp_path / f"{kind}.sbatch"
+    r = run_xbench(
+        "slurm",
+        kind,
+        *("--venv", VENV, "--time", "00:10:00", "--out", script, "--format", "json", "--wait"),
+        *args,
+        env=slurm_env(cluster),
+        timeout=timeout,
+        cwd=tmp_path,
+    )
+    answer = json.loads(r.stdout) if r.stdout.strip().startswith("{") else {}
+    output = answer.get("output")
+    said = open(output).read()[-3000:] if output and os.path.exists(output) else r.stderr
+    return r, answer, said
+
+
+@pytest.fixture(scope="module")
+def shaped_probe(cluster, tmp_path_factory):
+    """A TCP probe between the two nodes under sbatch, in the GPU shape xbench slurm writes
+    by default (8 GPUs a node, one a task, bound closest): the fake GPUs schedule it."""
+    if cluster.form != "hosts":
+        pytest.skip(cluster.reason)
+    tmp = tmp_path_factory.mktemp("shaped")
+    sweep = ["--transport", "tcp", "--tcp-interface", LINK, "--fabric", "tcp"]
+    sweep += ["--sizes", "128KiB:2MiB", "--pattern", "latency", "--samples", "4", "--warmups", "1"]
+    r, answer, said = xbench_slurm(
+        cluster, tmp, "probe", "--nodes", "2", "--results", tmp / "job", "--", *sweep
+    )
+    assert r.returncode == 0 and answer["state"] == "COMPLETED", said
+    return tmp / "job" / "probe"
+
+
+def test_two_nodes_are_two_hosts_and_the_fit_finds_the_shaped_link(shaped_probe, xbench, tmp_path):
+    from mpi4py import MPI
+
+    from xbench.cluster.slurm import srun_mpi_for
+
+    meta = read_run_meta(shaped_probe)
+    assert sorted(meta["hosts"]) == ["xbn0", "xbn1"]
+    assert set(meta["pair_labels"].values()) == {"inter-node"}
+    # the plugin srun gave the ranks, chosen from the MPI loaded here, is in the run
+    assert meta["launcher"] == f"srun --mpi={srun_mpi_for(MPI.Get_library_version())}"
+    assert meta["mpi_thread_level"] == "funneled"
+    r = xbench(
+        "fit", shaped_probe, "--base", "profiles/h100-priors.toml", "--out", tmp_path / "p.toml"
+    )
+    assert r.returncode == 0, r.stderr
+    beta = load_profile(tmp_path / "p.toml").fabric("tcp").segments[-1].beta.value
+    print(
+        f"shaped {RATE_BITS / 1e6:.0f} Mbit/s: goodput {GOODPUT / 1e6:.2f} MB/s, fitted {beta / 1e6:.2f} MB/s"
+    )
+    assert beta == pytest.approx(GOODPUT, rel=0.03), (
+        f"fitted {beta / 1e6:.2f} MB/s, goodput {GOODPUT / 1e6:.2f} MB/s"
+    )
+
+
+def test_kernel_fit_and_validate_as_jobs(cluster, shaped_probe, xbench, tmp_path):
+    kernel = ["--threads", "1", "--heads", "4", "--rows", "1", "--chunk", "64,256,1024"]
+    kernel += ["--samples", "3", "--warmups", "1", "--min-sample-time", "2ms"]
+    r, answer, said = xbench_slurm(
+        cluster, tmp_path, "kernel", "--nodes", "1", "--results", tmp_path / "k", "--", *kernel
+    )
+    assert r.returncode == 0 and answer["state"] == "COMPLETED", said
+    assert read_run_meta(tmp_path / "k" / "kernel")["hostname"] in cluster.nodes
+    r = xbench(
+        *("fit", shaped_probe, tmp_path / "k" / "kernel", "--base", "profiles/h100-priors.toml"),
+        *("--out", tmp_path / "cluster.toml"),
+    )
+    assert r.returncode == 0, r.stderr
+    validate = ["--profile", str(tmp_path / "cluster.toml"), "--rows", "1", "--chunk", "128"]
+    validate += ["--heads", "4", "--samples", "2", "--rounds", "1", "--fabric", "tcp"]
+    r, answer, said = xbench_slurm(
+        cluster, tmp_path, "validate", "--nodes", "2", "--results", tmp_path / "v", "--", *validate
+    )
+    assert r.returncode == 0 and answer["state"] == "COMPLETED", said
+    meta = read_run_meta(tmp_path / "v" / "validate")
+    assert sorted(meta["hosts"]) == ["xbn0", "xbn1"]
+
+
+def test_check_of_a_baseline_made_with_mpiexec_on_the_node(cluster, tmp_path):
+    """The baseline: xbench probe --np 2 (the MPI's own mpiexec) on node xbn0, as a user
+    logged in there runs it; the check: the same sweep as srun steps on that node. Same host,
+    same thread level: comparable, with Markdown and JUnit reports."""
+    base = tmp_path / "base"
+    sweep = ["--sizes", "8B:4KiB", "--pattern", "latency", "--samples", "5", "--warmups", "1"]
+    on_node = cluster.on_node(0) if cluster.form == "hosts" else []
+    r = subprocess.run(
+        [*on_node, str(BIN / "xbench"), "probe", "--np", "2", *sweep, "--out", str(base)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=ROOT,
+        env={**os.environ, **slurm_env(cluster)},
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert read_run_meta(base)["launcher"] == "mpiexec"
+    # the check must land on the baseline's node
+    drain = ["scontrol", "update", f"nodename={cluster.nodes[1]}"]
+    env = {**os.environ, **cluster.env}
+    subprocess.run([*drain, "state=drain", "reason=xbench-test"], check=True, env=env)
+    try:
+        r, answer, said = xbench_slurm(
+            cluster,
+            tmp_path,
+            "check",
+            *("--baseline", base, "--nodes", "1", "--ntasks-per-node", "2"),
+            *("--results", tmp_path / "check"),
+        )
+    finally:
+        subprocess.run([*drain, "state=resume"], check=True, env=env)
+    # exit 0 (no regression) or 1 (a case slower: this machine is shared): compared either way
+    assert answer.get("state") in ("COMPLETED", "FAILED") and r.returncode in (0, 1), said
+    junit = ET.parse(tmp_path / "check" / "compare.junit.xml").getroot()
+    cases = junit.findall(".//testcase")
+    assert len(cases) == len(
+        read_table(base, PROBE_SAMPLES).query("pattern == 'latency'").size_bytes.unique()
+    )
+    assert "| case |" in (tmp_path / "check" / "compare.md").read_text().lower() or cases
+
+
+def test_the_nightly_example_runs_as_shipped(cluster, shaped_probe, tmp_path):
+    """docs/ci-examples/nightly-check.sbatch, unedited: its partition, folders and srun
+    plugin from the environment (8 GPUs a node, one a task: the fake GPUs)."""
+    from xbench.capabilities import loaded_mpi_library
+    from xbench.cluster.slurm import mpich_netmod_for, srun_mpi_for
+
+    library = loaded_mpi_library(whole=True)
+    plugin = srun_mpi_for(library)
+    netmod = mpich_netmod_for(library, plugin)  # what xbench slurm writes for this MPI
+    nightly = tmp_path / "nightly"
+    env = {
+        **os.environ,
+        **slurm_env(cluster),
+        "SBATCH_PARTITION": cluster.partition,
+        "XBENCH_VENV": VENV,
+        "XBENCH_BASELINE": str(shaped_probe),
+        "XBENCH_NIGHTLY": str(nightly),
+        "XBENCH_SRUN_MPI": plugin,
+        **({"MPICH_CH4_NETMOD": netmod} if netmod else {}),
+    }
+    script = ROOT / "docs" / "ci-examples" / "nightly-check.sbatch"
+    r = subprocess.run(
+        ["sbatch", "--parsable", str(script)], capture_output=True, text=True, cwd=tmp_path, env=env
+    )
+    assert r.returncode == 0, r.stderr
+    ended = wait_for_job(cluster, r.stdout.strip().split(";")[0], timeout=300)
+    outputs = list(tmp_path.glob("xbench-check-*.out"))
+    said = outputs[0].read_text()[-3000:] if outputs else ended
+    # exit 1: a case slower than its baseline (this machine is shared)
+    assert ended.startswith("COMPLETED") or ended.startswith("FAILED 1:0"), said
+    (run,) = nightly.iterdir()
+    assert sorted(read_run_meta(run / "probe")["hosts"]) == ["xbn0", "xbn1"]
+    assert set(read_table(run / "probe", PROBE_SAMPLES).process_run) == {0, 1, 2}
+    junit = ET.parse(run / "compare.junit.xml").getroot()
+    assert junit.findall(".//testcase")
+    assert (run / "compare.md").read_text().strip()
+
+
+def test_an_srun_step_without_pmi_is_refused_in_one_line(cluster, tmp_path):
+    r = subprocess.run(
+        ["srun", "--mpi=none", "--nodes=1", "--ntasks=2", str(BIN / "xbench"), "probe"]
+        + ["--out", str(tmp_path / "p")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **cluster.env},
+    )
+    assert r.returncode != 0
+    said = [line for line in r.stderr.splitlines() if line.startswith("xbench: error")]
+    assert said and all("without a PMI" in line for line in said), r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "p").exists()
+
+
+def test_sbatch_accepts_the_nightly_example(cluster):
+    r = subprocess.run(
+        ["sbatch", "--test-only", "--partition", cluster.partition]
+        + [str(ROOT / "docs" / "ci-examples" / "nightly-check.sbatch")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **cluster.env},
+    )
+    assert r.returncode == 0 and "to start at" in r.stderr, r.stderr
