@@ -612,3 +612,18 @@ def test_sigterm_marks_the_run_partial_and_takes_the_ranks_down(tmp_path):
         ["pgrep", "-f", str(out / "probe-config.json")], capture_output=True, text=True
     )
     assert ranks.stdout.strip() == "", "ranks outlived xbench"
+
+
+def test_what_must_agree_is_named_once():
+    """compare's fields and a profile's conditions read one registry: a field added there
+    is compared, warned about, or both, by one line."""
+    from xbench.compare import runs
+    from xbench.core import conditions
+
+    names = [f.name for f in conditions.REGISTRY]
+    assert len(names) == len(set(names))
+    assert runs.COMPARED_FIELDS is conditions.COMPARED_FIELDS
+    assert set(conditions.FIELDS) | set(runs.COMPARED_FIELDS) == set(names)
+    meta = {"hosts": ["b", "a", "b"], "gpus": [{"name": "H100", "driver": "580"}] * 2}
+    assert runs.COMPARED_FIELDS["host"](meta) == "a,b"
+    assert runs.COMPARED_FIELDS["gpu"](meta) == "H100"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from xbench.core import conditions
 from xbench.errors import XbenchError
-from xbench.ranks import clean_library
 from xbench.results.schema import (
     KERNEL_CASE_KEYS,
     KERNEL_SAMPLES,
@@ -90,31 +90,11 @@ def load_run(path) -> StoredRun:
     return StoredRun(path, command, meta, samples, version, incompleteness(path))
 
 
-def _hosts(meta: dict) -> str | None:
-    hosts = meta.get("hosts") or ([meta["hostname"]] if meta.get("hostname") else None)
-    return ",".join(sorted(set(hosts))) if hosts else None
-
-
-def _gpus(meta: dict, key: str) -> str | None:
-    gpus = meta.get("gpus") or []
-    return ",".join(sorted({str(g.get(key)) for g in gpus})) or None
-
-
-# The metadata that must agree for two runs' figures to be compared; --allow names the ones
-# a comparison means to cross (a nightly job after a driver update allows "driver"). Which
-# command made a run is not among them: a probe and a kernel run share no case, whatever
-# is allowed.
-COMPARED_FIELDS = {
-    "host": _hosts,
-    "cpu_model": lambda m: m.get("cpu_model"),
-    "mpi_library": lambda m: clean_library(m.get("mpi_library")),
-    "mpi_thread_level": lambda m: m.get("mpi_thread_level"),
-    "gpu": lambda m: _gpus(m, "name"),
-    "driver": lambda m: _gpus(m, "driver"),
-    "torch": lambda m: m.get("torch"),
-    "backend": lambda m: m.get("backend"),
-    "cpu_attention": lambda m: (m.get("conditions") or {}).get("cpu_attention"),
-}
+# The metadata that must agree for two runs' figures to be compared (core.conditions'
+# registry); --allow names the ones a comparison means to cross (a nightly job after a
+# driver update allows "driver"). Which command made a run is not among them: a probe and a
+# kernel run share no case, whatever is allowed.
+COMPARED_FIELDS = conditions.COMPARED_FIELDS
 
 
 def differences(base: StoredRun, cand: StoredRun) -> list[tuple[str, object, object]]:

@@ -9,20 +9,57 @@ records them (from the runs' metadata) in the profile's ``provenance.conditions`
 
 from __future__ import annotations
 
-# In the order a warning names them; a key either side lacks (or holds None) is not compared.
-FIELDS = (
-    "cpu_model",
-    "cpu_flags",
-    "cpu_attention",
-    "torch_threads",
-    "kernel_layout",
-    "kernel_context",
-    "allocator",
-    "mpi_library",
-    "mpi_thread_level",
-    "gpu",
-    "driver",
+from collections.abc import Callable
+from typing import NamedTuple
+
+from xbench.ranks import clean_library
+
+
+def _hosts(meta: dict) -> str | None:
+    hosts = meta.get("hosts") or ([meta["hostname"]] if meta.get("hostname") else None)
+    return ",".join(sorted(set(hosts))) if hosts else None
+
+
+def _gpus(meta: dict, key: str) -> str | None:
+    gpus = meta.get("gpus") or []
+    return ",".join(sorted({str(g.get(key)) for g in gpus})) or None
+
+
+def _condition(key: str) -> Callable[[dict], object]:
+    return lambda meta: (meta.get("conditions") or {}).get(key)
+
+
+class MetaField(NamedTuple):
+    """One thing a run's metadata records that figures depend on."""
+
+    name: str
+    in_profile: bool  # a fitted profile records it; validate and decide warn where it differs
+    # its value for compare and check, read from run.json (two runs must agree on it, unless
+    # --allow names it); None: not compared between runs
+    compared: Callable[[dict], object] | None
+
+
+# Every such field, once, in the order messages name them. A new one is one line here.
+REGISTRY: tuple[MetaField, ...] = (
+    MetaField("host", False, _hosts),
+    MetaField("cpu_model", True, lambda m: m.get("cpu_model")),
+    MetaField("cpu_flags", True, None),
+    MetaField("cpu_attention", True, _condition("cpu_attention")),
+    MetaField("torch_threads", True, None),
+    MetaField("kernel_layout", True, None),
+    MetaField("kernel_context", True, None),
+    MetaField("allocator", True, None),
+    MetaField("mpi_library", True, lambda m: clean_library(m.get("mpi_library"))),
+    MetaField("mpi_thread_level", True, lambda m: m.get("mpi_thread_level")),
+    MetaField("gpu", True, lambda m: _gpus(m, "name")),
+    MetaField("driver", True, lambda m: _gpus(m, "driver")),
+    MetaField("torch", False, lambda m: m.get("torch")),
+    MetaField("backend", False, lambda m: m.get("backend")),
 )
+# A profile's conditions; a key either side lacks (or holds None) is not compared.
+FIELDS = tuple(f.name for f in REGISTRY if f.in_profile)
+# What two runs must agree on to be compared (xbench compare, check)
+COMPARED_FIELDS = {f.name: f.compared for f in REGISTRY if f.compared is not None}
 
 
 def from_run_meta(meta: dict) -> dict:
