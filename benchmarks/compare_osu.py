@@ -9,9 +9,9 @@ first. OSU is given ``-m MAX`` (its ``-m [MIN:]MAX`` option): it runs its usual 
 smallest size, as users run it, and stops where xbench does. Pass ``--osu-args ''`` for an
 OSU without ``-m``.
 
-Why many short rounds rather than a few long ones: on these VMs launches of the same tool
-differ more than the samples inside one launch (xbench at 4 MiB: 378-470 us one-way within
-a launch, 420-800 us between launches), so the figure of one launch is one draw. The
+Why many short rounds rather than a few long ones: on a shared machine launches of the same
+tool differ more than the samples inside one launch, so the figure of one launch is one
+draw. The
 comparison is therefore between the two tools' medians over launches, with a 95 % bootstrap
 interval over rounds (resampled in pairs, so a slow phase of the machine moves both); the paired per-round ratio is printed
 too. The verdict uses the issue's tolerances: latency within 10 % up to 1 KB, latency and

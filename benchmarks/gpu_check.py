@@ -47,7 +47,7 @@ PRIORS = ROOT / "profiles" / "h100-priors.toml"
 PY = sys.executable
 
 # the tiles scanned: the shipped candidates (triton_mla.GPU_TILES), the tile they replaced
-# (128 x 32 in two output parts) and neighbours of the preferred one (session 28)
+# (128 x 32 in two output parts) and neighbours of the preferred one
 TILES = "64,64,8,2,1 16,64,4,2,1 128,32,8,2,2 64,32,8,2,1 64,32,8,3,1"
 
 

@@ -7,8 +7,8 @@ tokens, warps, pipeline stages, output parts; default ``triton_mla.GPU_TILES``) 
 split counts (one, the backend's own choice for that tile, one and two waves of programs),
 times the attention as ``xbench kernel`` does (inputs rotated past the last cache level,
 warm-ups, graph replay on GPUs) and prints us, TFLOP/s and the share of the bound measured
-in the same run, with the best per shape. What session 20 chose ``GPU_TILES`` and the split
-estimate from; run it again on another GPU before changing either. A tile that does not fit
+in the same run, with the best per shape: what ``GPU_TILES`` and the split estimate are
+chosen from; run it again on another GPU before changing either. A tile that does not fit
 the device (shared memory) prints why and is skipped. ``--device cpu`` under
 ``TRITON_INTERPRET=1`` with small shapes runs the same code (a smoke test of the script).
 """

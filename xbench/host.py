@@ -135,8 +135,8 @@ def host_conditions(gpu: bool) -> dict:
 # faulted in page by page and unmapped on free, and raises the threshold as large blocks
 # are freed: a process's history decides whether a 128 KiB partial costs page faults. A
 # serving process has long reached steady state; fixing both thresholds gives every
-# measuring process that state, whatever ran before (measured: validate's merge and splice
-# phases otherwise ran 2x the kernel sweep's, and its totals 10-20 % slower).
+# measuring process that state, whatever ran before (otherwise validate's merges and
+# splices would pay page faults the kernel sweep's did not, and the two would disagree).
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 STEADY_MMAP_THRESHOLD = 64 * 2**20
 

@@ -91,9 +91,8 @@ class Fabric:
     heldout_mape: float | None = None  # error of the fit on sizes held out of it
     # A fetch sent page by page (n_seg > 1), where the probe timed it (``offgather``):
     # block_t0 + n_seg * o + bytes / block_beta. Each page is its own message, out of a
-    # cold cache, and on shared memory one such page of 72 KiB cost 16-20 us where the
-    # segments' large-message rate (one message of megabytes) gives 14: a rendezvous per
-    # page, which the small messages' o does not hold.
+    # cold cache, and pays a rendezvous of its own, which neither the small messages' o nor
+    # the large-message rate (one message of megabytes) holds.
     block_t0: Coef | None = None  # s: the request and the first page's latency
     block_beta: Coef | None = None  # B/s
     _breaks: tuple = field(init=False, repr=False, compare=False)

@@ -177,8 +177,8 @@ class Transport(ABC):
     def fetch_offcache(self, mode: str, k: int, block: int, iters: int) -> float:
         """``fetch`` with cold caches, flushed as :meth:`exchange_offcache` flushes: the
         holder's pages and the requester's free pages out of cache, as a fetch that follows
-        attention finds them (over this VM's shared memory, 64 pages of 72 KiB took about
-        twice as long so as from pages the previous fetch had left in cache)."""
+        attention finds them, not as the previous fetch left them in cache, which would
+        time the pages' copy far cheaper than a serving cache pays it)."""
         total = 0.0
         for _ in range(iters):
             self._flush_caches()

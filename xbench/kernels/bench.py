@@ -55,22 +55,21 @@ class KernelCase:
     rope_dim: int = 64
     # Tokens an attention (of ``rows`` query rows) reads just before each timed call; 0:
     # calls back to back. In a route or a fetch the merge, gather and splice follow an
-    # attention over the chunk, and on a CPU they run up to 6x slower there than back to
-    # back (measured: a 16-row merge 25 us alone, 151 us after attending 4096 tokens).
+    # attention over the chunk, which has evicted their inputs from the caches: timed back
+    # to back they would look several times cheaper than they are there.
     after: int = 0
     # Microseconds the device idles (the timing thread asleep) before each timed call; 0:
-    # calls back to back. On this VM's CPUs an attention that follows a few milliseconds
-    # of idle costs 0.3-0.9 ms more than back to back, whatever its shape (caches, TLBs and
-    # clocks gone cold): a server at moderate load runs most of its calls so.
+    # calls back to back. A call after some idle finds caches, TLBs and clocks gone cold
+    # and costs more, whatever its shape: a server at moderate load runs most of its calls
+    # so.
     idle_us: int = 0
     # Microseconds the timing thread spins before each timed call, touching nothing, as a
-    # route's requester polls MPI for its answer; 0: back to back. On this VM a 16-row merge
-    # ran 280 us back to back, 330 / 430-570 / 680 us after spinning 2 / 7 / 30 ms.
+    # route's requester polls MPI for its answer; 0: back to back. A merge after such a
+    # wait costs more the longer the wait was, so the fit prices the wait separately.
     wait_us: int = 0
     # Tokens a splice wrote into the attention's own pages just before each timed call (an
     # attention only; 0: none). A fetch attends the chunk it has just spliced, partly still
-    # in cache: on this VM's C path 1,024 tokens attended so took 514-595 us where the same
-    # attention over pages from memory took 648-777 us (validate, three pipelines).
+    # in cache, so that attention is cheaper than one over pages from memory.
     after_splice: int = 0
 
     @property
@@ -258,10 +257,9 @@ MAX_ROTATION_BYTES = 512 * 2**20
 FRESH_SETS = 8
 # Kernels whose calls touch a serving cache's pages: attention reads its chunk, a splice
 # writes the free pages. A serving cache is gigabytes, so those pages come from memory
-# however short the chunk is. Eight sets of 256 tokens (2.4 MB) stayed in this VM's 32 MB
-# L3: attention over them ran 1.36x faster at one row than over 64 MB (1.31x at 1,024
-# tokens), a splice into them 1.37x (1.53x at 1,024), which validate's routed and local
-# attention and its fetch's splice, among more memory, did not get.
+# however short the chunk is: a few small rotating sets would stay in the last-level cache
+# and time those kernels faster than validate's routed, local and fetched paths, among
+# more memory, ever run them.
 COLD_PAGES_KERNELS = ("partial_attention", "splice")
 
 
@@ -629,8 +627,8 @@ def plan_cases(
 def timing_turns(cases: list[KernelCase]) -> list[int]:
     """The turn that picks each case's timing rank (ranks take turns case by case): its own
     index, but an attention after a splice takes its back-to-back twin's, so the pair the
-    fit subtracts is timed on one core (this VM's two vCPUs ran one case up to 1.4x apart
-    in a launch, more than the saving measured)."""
+    fit subtracts is timed on one core (two cores of one machine can differ by more than
+    the saving the pair measures)."""
     index = {case: i for i, case in enumerate(cases)}
     return [
         index.get(dataclasses.replace(case, after_splice=0), i) if case.after_splice else i

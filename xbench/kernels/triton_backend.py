@@ -38,8 +38,8 @@ from xbench.kernels.selection import DensePages
 LATENT = 512  # the MLA latent width (V); the rest of the 576-wide row is RoPE
 ROPE = 64
 # What the split count is chosen by (ratios matter, not the figures): one program's rate
-# through the products, as the best tile ran on an H100 (1.0-1.6 TFLOP/s a program, session
-# 20), and the copy rate at which the fp32 partials are written and read back.
+# through the products, about what the best tile reaches on a Hopper GPU, and the copy rate
+# at which the fp32 partials are written and read back.
 PROGRAM_FLOPS = 1.5e12
 COPY_RATE = 3.0e12
 
@@ -105,10 +105,9 @@ def choose_splits(
     ``programs``: tiles of query rows (times output parts) before splitting; ``query_rows``:
     rows x heads, each of which writes (and the combine reads back) LATENT fp32 values and an
     LSE per split. The products take whole waves of programs over the SMs, each program its
-    share of the tokens; the partials cost their bytes at the copy rate. On an H100 it picks
-    what timing the counts picked (session 20): one wave at 1 row x 32K tokens (66 splits; 64
-    took 76 us, 17, the old byte budget's choice, 184 us, and 128 took 109 us), 8 at 8 rows of
-    2,048 sparse tokens, 1 at 64 rows.
+    share of the tokens; the partials cost their bytes at the copy rate. Few rows over many
+    tokens get about one wave of splits, many rows one split (benchmarks/triton_tiles.py
+    times the counts against this estimate).
     """
     tiles = max(1, math.ceil(n_selected / block_n))
     flops = query_rows * n_selected * (LATENT + ROPE + LATENT) * 2

@@ -13,10 +13,8 @@ import triton.language as tl
 # preferred tile (the split count is chosen for it): one program per 64 query rows holds the
 # whole 64 x 512 fp32 accumulator (128 registers a thread at 8 warps), so the 576-wide score
 # is computed once. It spills a few hundred bytes a thread (to L1) beside its query tile,
-# which costs less than computing the score twice: on an H200 (session 28) it was the
-# fastest tile at every shape timed but one decode row (583 against 678 us for 128 x 32 in
-# two output parts at 64 rows x 8K, 2,269 against 2,759 at 32K); 16 x 64 won one decode row
-# over 8K dense or 2,048 sparse tokens (34 against 37 us, 16 against 21). Their sm_90
+# which costs less than computing the score twice; 16 x 64 is there for few query rows,
+# where a 64-row tile would mostly compute padding. Their sm_90
 # compile facts (registers, spills, shared memory) are checked by tests/test_triton_sm90.py
 # with Triton's own ptxas, no GPU needed; benchmarks/triton_tiles.py times candidates.
 GPU_TILES = (
@@ -27,8 +25,8 @@ GPU_TILES = (
 # tuned, and small, so the tests stay quick; two output parts, so both halves' code runs
 INTERPRETER_TILES = ((16, 16, 4, 1, 2),)
 # the combine's candidates on a GPU: (output columns a program, splits a step, warps). The
-# first is the kernel that session 20 measured (one program per row, the splits one by
-# one); the others split the columns over programs or read several splits at once
+# first is the plain kernel (one program per row, the splits one by one); the others split
+# the columns over programs or read several splits at once
 COMBINE_TILES = ((512, 1, 4), (128, 1, 1), (128, 1, 4), (64, 8, 2), (32, 16, 1), (128, 16, 4))
 INTERPRETER_COMBINE_TILES = ((128, 4, 4),)
 COMBINE_TUNED_FOR = ("splits", "total_rows")

@@ -44,14 +44,13 @@ from xbench.core.scenario import span_chunks
 POLICIES = ("route", "fetch", "local", "predicate")
 # The weight of the predicate's prior on a chunk's rate of use, in uses: a fetch is a bet of
 # milliseconds paid up front, so one or two early uses should not read as a high rate. Four
-# cut the predicate's losses against the better static policy from 7 of 227 random
-# workloads (worst +6.3 %) to 3 (worst +3.3 %), and on 369 others not used to choose it
-# from 7 (worst +6.6 %) to 1 (+1.6 %) (docs/measurements.md, session 13).
+# was chosen on random workloads against the better static policy and held on workloads
+# not used to choose it (tests/test_simulate.py checks the predicate over seeds).
 PRIOR_USES = 4
 # The busy fraction above which the predicate's steady-state wait stops growing: past it
 # the M/G/1 estimate explodes (1 / (1 - busy)), and a core read as saturated over its
-# first few jobs turned every later route of its chunks into a fetch (busy CPU workloads,
-# worst +63 % at 0.95 against +37 % at 0.8; docs/measurements.md, session 15).
+# first few jobs would turn every later route of its chunks into a fetch; a cap well below
+# 1 keeps one busy spell from deciding the rest of a workload.
 BUSY_CAP = 0.8
 PATHS = ("present", "route", "fetch", "local")
 
@@ -386,8 +385,7 @@ class _Servers:
     work they hold, whether it runs, when it frees, and its busy time. A server that is not
     busy has nothing queued (a job ending starts the next), so the loop starts a job offered
     to an idle server at once and queues (``add``) only behind a running one (an ``offer``
-    method doing both, one more call per job, ran 1.01-1.21x this loop's time in two
-    interleaved A/Bs of 100K requests; session 24)."""
+    method doing both would cost one more call per job on the simulator's hottest path)."""
 
     def __init__(self, n: int):
         self.queue = [deque() for _ in range(n)]

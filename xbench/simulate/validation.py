@@ -159,10 +159,9 @@ def validate_by_replay(
             return None
 
     # another trace (seed + 1), so nothing validated is fitted to, replayed right before
-    # each replay of the policy's own (these VMs drift 10-30 % within a minute), as long as
-    # it: the tail is rare slow calls, and a replay half as long sampled too few (calibrated
-    # p99 within 20 % of measured in 2 of 9 cells, against 7 of 9; docs/measurements.md,
-    # session 15)
+    # each replay of the policy's own (a shared machine's speed drifts within minutes), as
+    # long as it: the tail is rare slow calls, and a shorter replay samples too few of them
+    # for the calibrated p99 to follow the measured one
     calibration_trace = make_trace(w, max(CALIBRATION_LEAST, requests), seed + 1)
     trace = make_trace(w, requests, seed)
     arrival = trace.arrival - trace.arrival[0]
@@ -171,9 +170,9 @@ def validate_by_replay(
     for policy in policies:
         _, calibration_decisions = simulated(calibration_trace, policy)
         result, decisions = simulated(trace, policy)
-        # round by round, a calibration replay and then the trace's: a core of these VMs
-        # runs 1.3-1.7x slower for seconds at a time, so one replay's p99 is one draw of
-        # where those spells fell; the medians over rounds compare typical with typical
+        # round by round, a calibration replay and then the trace's: a shared machine's core
+        # runs slower for seconds at a time, so one replay's p99 is one draw of where those
+        # spells fell; the medians over rounds compare typical with typical
         real_runs: list[dict] = []
         # per costs, (round, simulated stats): a round whose calibration failed has none
         sims: dict = {"calibrated": [], "replayed": []}

@@ -461,9 +461,9 @@ def run_validate(cfg: ValidateConfig, sink) -> None:
                 with collector_paused():
                     # One untimed iteration first, as the kernel sweep warms each case up:
                     # the options alternate, so a sample's first calls follow another
-                    # option's work (or its wait), and on a CPU ran 2-15 % slower for it
-                    # (docs/measurements.md, session 23), a cost of the alternation, not
-                    # of the path. On a set the timed calls reach last, if at all.
+                    # option's work (or its wait), and on a CPU run slower for it, a cost
+                    # of the alternation, not of the path. On a set the timed calls reach
+                    # last, if at all.
                     run(len(peer.sets) - 1)
                     peer.stamps.clear()
                     t0 = time.perf_counter()
