@@ -79,6 +79,7 @@ class SlurmCluster:
         self.node_pids: list[int] = []
         self.partition = "xb"
         self.env: dict[str, str] = {}
+        self.reason: str | None = None  # why this is not the form asked for (a fallback)
 
     # ------------------------------------------------------------------ set-up
     def start(self, timeout: float = 30.0) -> SlurmCluster:

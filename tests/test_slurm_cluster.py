@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -47,22 +46,16 @@ def cluster(tmp_path_factory):
     started.stop()
 
 
-def wait_for_job(cluster, job_id: str, timeout: float) -> str:
-    """'STATE EXITCODE' of a job once it ended (sbatch --wait polls seconds apart)."""
-    env = {**os.environ, **cluster.env}
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        shown = subprocess.run(
-            ["scontrol", "show", "job", "--oneliner", job_id],
-            capture_output=True,
-            text=True,
-            env=env,
-        ).stdout
-        fields = dict(item.split("=", 1) for item in shown.split() if "=" in item)
-        if fields.get("JobState") not in (None, "PENDING", "RUNNING", "CONFIGURING", "COMPLETING"):
-            return f"{fields['JobState']} {fields.get('ExitCode')}"
-        time.sleep(0.25)
-    raise AssertionError(f"job {job_id} still running after {timeout:g} s")
+def compared_cases(folder) -> int:
+    """The cases a check compared, after making sure its two reports agree and neither is
+    the one-case "not comparable" page: JUnit testcases, Markdown table rows."""
+    junit = ET.parse(folder / "compare.junit.xml").getroot()
+    assert not junit.findall(".//error"), ET.tostring(junit, encoding="unicode")[:2000]
+    cases = len(junit.findall(".//testcase"))
+    lines = (folder / "compare.md").read_text().splitlines()
+    rows = [ln for ln in lines if ln.startswith("| ") and not ln.startswith("| case |")]
+    assert len(rows) == cases, lines
+    return cases
 
 
 def slurm_env(cluster, **extra) -> dict:
@@ -183,15 +176,11 @@ def test_check_of_a_baseline_made_with_mpiexec_on_the_node(cluster, tmp_path):
         subprocess.run([*drain, "state=resume"], check=True, env=env)
     # exit 0 (no regression) or 1 (a case slower: this machine is shared): compared either way
     assert answer.get("state") in ("COMPLETED", "FAILED") and r.returncode in (0, 1), said
-    junit = ET.parse(tmp_path / "check" / "compare.junit.xml").getroot()
-    cases = junit.findall(".//testcase")
-    assert len(cases) == len(
-        read_table(base, PROBE_SAMPLES).query("pattern == 'latency'").size_bytes.unique()
-    )
-    assert "| case |" in (tmp_path / "check" / "compare.md").read_text().lower() or cases
+    sizes = read_table(base, PROBE_SAMPLES).query("pattern == 'latency'").size_bytes.unique()
+    assert compared_cases(tmp_path / "check") == len(sizes)
 
 
-def test_the_nightly_example_runs_as_shipped(cluster, shaped_probe, tmp_path):
+def test_the_nightly_example_runs_as_shipped(cluster, shaped_probe, tmp_path, monkeypatch):
     """docs/ci-examples/nightly-check.sbatch, unedited: its partition, folders and srun
     plugin from the environment (8 GPUs a node, one a task: the fake GPUs)."""
     from xbench.capabilities import loaded_mpi_library
@@ -216,17 +205,18 @@ def test_the_nightly_example_runs_as_shipped(cluster, shaped_probe, tmp_path):
         ["sbatch", "--parsable", str(script)], capture_output=True, text=True, cwd=tmp_path, env=env
     )
     assert r.returncode == 0, r.stderr
-    ended = wait_for_job(cluster, r.stdout.strip().split(";")[0], timeout=300)
-    outputs = list(tmp_path.glob("xbench-check-*.out"))
-    said = outputs[0].read_text()[-3000:] if outputs else ended
+    from xbench.cluster.slurm import wait_for
+
+    monkeypatch.setenv("SLURM_CONF", cluster.env["SLURM_CONF"])  # where scontrol asks
+    ended = wait_for(r.stdout.strip().split(";")[0], poll_s=0.25)
+    said = "\n".join(p.read_text()[-3000:] for p in tmp_path.glob("xbench-check-*.out"))
     # exit 1: a case slower than its baseline (this machine is shared)
-    assert ended.startswith("COMPLETED") or ended.startswith("FAILED 1:0"), said
+    assert ended.exit_status in (0, 1), f"{ended}: {said}"
     (run,) = nightly.iterdir()
     assert sorted(read_run_meta(run / "probe")["hosts"]) == ["xbn0", "xbn1"]
     assert set(read_table(run / "probe", PROBE_SAMPLES).process_run) == {0, 1, 2}
-    junit = ET.parse(run / "compare.junit.xml").getroot()
-    assert junit.findall(".//testcase")
-    assert (run / "compare.md").read_text().strip()
+    probed = read_table(shaped_probe, PROBE_SAMPLES).query("pattern == 'latency'")
+    assert compared_cases(run) == len(probed.size_bytes.unique())
 
 
 def test_an_srun_step_without_pmi_is_refused_in_one_line(cluster, tmp_path):

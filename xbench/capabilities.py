@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 
 from xbench.errors import XbenchError
-from xbench.ranks import mpi_library
+from xbench.ranks import clean_library, mpi_library
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ def loaded_mpi_library(whole: bool = False) -> str | None:
         from mpi4py import MPI
 
         if whole:
-            return MPI.Get_library_version().replace("\x00", "").strip()
+            return clean_library(MPI.Get_library_version())
         return mpi_library(MPI)
     except Exception:  # noqa: BLE001 - any failure here means "no usable MPI"
         return None

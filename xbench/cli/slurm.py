@@ -107,9 +107,8 @@ def slurm(
         console.print(f"wrote {out}", highlight=False)
         console.print(f"srun --mpi={job.srun_mpi} ({why})", highlight=False)
         if job.mpich_netmod:
-            console.print(
-                f"MPICH_CH4_NETMOD={job.mpich_netmod} (srun's PMI-2 misreads UCX's long "
-                "address; set MPICH_CH4_NETMOD at submission to choose)",
+            console.print(  # the script keeps a value set at submission
+                f"MPICH_CH4_NETMOD={job.mpich_netmod} (srun's PMI-2 misreads UCX's long address)",
                 highlight=False,
             )
     job_id = do_submit(out) if submit or wait else None

@@ -161,8 +161,8 @@ def validate(
                 f"--runs {runs} under a site launcher: each launch is the launcher's",
                 "leave --runs out and start the launcher once per launch",
             )
-        _run_as_rank(cfg, out_dir)
-        _summarize(prof, fab, out_dir, fmt, rank_zero_only=True)
+        if _run_as_rank(cfg, out_dir):  # rank 0 reports
+            _summarize(prof, fab, out_dir, fmt)
         return
     # only now: a refused command leaves no empty run directory behind
     claim_run_dir(out_dir)
@@ -186,9 +186,10 @@ def validate(
     _summarize(prof, fab, out_dir, fmt)
 
 
-def _run_as_rank(cfg, out_dir: Path) -> None:
+def _run_as_rank(cfg, out_dir: Path) -> bool:
     """One of the two ranks a site launcher started: rank 0 claims the run directory (and
-    says why to both ranks when it cannot), then both run the worker's loop in-process."""
+    both ranks stop when it cannot), then both run the worker's loop in-process. True on
+    rank 0."""
     from xbench.ranks import ask_thread_level
 
     ask_thread_level()  # the level xbench's own launches ask for
@@ -205,34 +206,28 @@ def _run_as_rank(cfg, out_dir: Path) -> None:
             f"validate runs one requester and one holder; the launcher started {comm.Get_size()} ranks",
             "launch exactly 2 ranks (srun --ntasks=2)",
         )
+    rank0 = comm.Get_rank() == 0
     refused = None
-    if comm.Get_rank() == 0:
+    if rank0:
         try:
             claim_run_dir(out_dir)
             note_run_dir(out_dir)
         except XbenchError as exc:
             refused = exc
-    message = comm.bcast(str(refused) if refused else None, root=0)
-    if refused is not None:
-        raise refused
-    if message is not None:
-        raise XbenchError(f"rank 0 refused: {message}", "see rank 0's line")
+    if comm.bcast(refused is not None, root=0):
+        raise refused or XbenchError("rank 0 could not claim the run directory", "see its line")
     cfg = type(cfg).from_json(comm.bcast(cfg.to_json(), root=0))  # rank 0's options rule
-    run_validate(cfg, RichSink() if comm.Get_rank() == 0 else NullSink())
+    run_validate(cfg, RichSink() if rank0 else NullSink())
+    return rank0
 
 
-def _summarize(prof, fab: str, out_dir: Path, fmt, rank_zero_only: bool = False) -> None:
+def _summarize(prof, fab: str, out_dir: Path, fmt) -> None:
     """The summary table and file of a finished run (rank 0's job under a site launcher)."""
     from xbench.core import conditions
     from xbench.results.schema import VALIDATE_SAMPLES, VALIDATE_SUMMARY
     from xbench.results.store import read_run_meta, read_table, write_table
     from xbench.validate import summarize_validation
 
-    if rank_zero_only:
-        from mpi4py import MPI
-
-        if MPI.COMM_WORLD.Get_rank() != 0:
-            return
     warn_conditions(prof, conditions.from_run_meta(read_run_meta(out_dir)))
     summary = summarize_validation(read_table(out_dir, VALIDATE_SAMPLES), prof, fab)
     write_table(

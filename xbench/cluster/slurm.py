@@ -14,6 +14,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -245,7 +246,7 @@ def submit(script: Path) -> str:
         said = result.stderr.strip().splitlines()
         raise XbenchError(
             f"sbatch refused {script}: {said[-1] if said else result.returncode}",
-            "fix the partition, account or shape",
+            "fix what sbatch names: the partition, account or shape, or where SLURM_CONF points",
         )
     return result.stdout.strip().split(";")[0]  # --parsable: JOBID[;CLUSTER]
 
@@ -295,8 +296,6 @@ def job_state(job_id: str) -> JobState:
 
 def wait_for(job_id: str, poll_s: float = 1.0, on_state=None) -> JobState:
     """Poll until the job ends; ``on_state(JobState)`` sees every poll (a progress line)."""
-    import time
-
     while True:
         state = job_state(job_id)
         if on_state is not None:

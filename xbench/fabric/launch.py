@@ -44,12 +44,17 @@ def inside_launcher(environ=None) -> bool:
     return any(name in env for name in RANK_ENV)
 
 
+def _srun_task(env) -> bool:
+    """A task of an srun step (srun sets both in every task's environment)."""
+    return "SLURM_STEP_ID" in env and "SLURM_PROCID" in env
+
+
 def srun_tasks_without_pmi(environ=None) -> int:
     """The tasks of the srun step this process is one of, when srun gave them no PMI
     (``srun --mpi=none``): each would start its own mpiexec, whose ranks then wait for the
     step's busy nodes forever. 0 when that is not the case (one task, or a PMI, or no srun)."""
     env = os.environ if environ is None else environ
-    if "SLURM_STEP_ID" not in env or "SLURM_PROCID" not in env or inside_launcher(env):
+    if not _srun_task(env) or inside_launcher(env):
         return 0
     try:
         tasks = int(env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS") or 1)
@@ -73,7 +78,7 @@ def refuse_srun_without_pmi(environ=None) -> None:
 
 def launcher_name(environ=None) -> str:
     env = os.environ if environ is None else environ
-    if "SLURM_STEP_ID" in env and "SLURM_PROCID" in env:
+    if _srun_task(env):
         # the PMI plugin srun gave the step (srun sets it in every task's environment)
         plugin = env.get("SLURM_MPI_TYPE")
         return f"srun --mpi={plugin}" if plugin else "srun"

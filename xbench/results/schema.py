@@ -38,12 +38,12 @@ simulation_validation v2: adds ``costs``: each policy simulated with the profile
     and with those a calibration replay measured (v1 files read as the profile's).
 simulation_validation v3: adds ``replays`` and ``floor_*``: the validated trace replayed
     several times in a row, the first compared, the others' largest distance from it.
-simulation_validation v5: adds ``error_low_*``, ``error_high_*`` and ``error_coverage``:
-    each error's interval over the paired rounds (Student's t on their log errors, 95 %
-    nominal); v4 files read with them null.
 simulation_validation v4: adds ``central``: ``--replays N`` runs N rounds (a calibration
     replay, then the trace's) and compares medians over them ("median"; "one" for a single
     round); v3 files read as "first" (several replays) or "one".
+simulation_validation v5: adds ``error_low_*``, ``error_high_*`` and ``error_coverage``:
+    each error's interval over the paired rounds (Student's t on their log errors, 95 %
+    nominal); v4 files read with them null.
 comparison v1: first version, written by ``xbench compare --out`` and ``xbench check``.
 validate_samples v3: adds ``segments``, the messages a fetch sent.
 validate_samples v4: adds ``process_run`` (``xbench validate --runs N``) and the sample's

@@ -138,6 +138,9 @@ def predicate_gains(profile, workloads):
         yield rows["predicate"]["mean_us"] / best["mean_us"] - 1, busy
 
 
+TIE = 1e-12  # |gain| at or below: the predicate's latencies are the static policy's
+
+
 def gain_tail(gains) -> dict:
     """What the predicate's gains say, ties apart: a workload where it chose as the better
     static policy did (identical latencies: with the H100 priors, 2,341 of 2,400) says nothing
@@ -159,9 +162,6 @@ def gain_tail(gains) -> dict:
         "worst": float(chose.max()) if len(chose) else None,
         "best": float(chose.min()) if len(chose) else None,
     }
-
-
-TIE = 1e-12  # |gain| at or below: the predicate's latencies are the static policy's
 
 
 def span_reuse(profile, spec: dict, requests: int, seed: int) -> pd.DataFrame:
