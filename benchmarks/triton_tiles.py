@@ -16,6 +16,7 @@ the device (shared memory) prints why and is skipped. ``--device cpu`` under
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import statistics
@@ -27,6 +28,7 @@ from gpu_kernels import add_shape_options, attention_cases  # this folder's: run
 
 from xbench.kernels.backend import get_backend
 from xbench.kernels.bench import measure_ceilings, time_case
+from xbench.kernels.selection import DensePages
 from xbench.kernels.triton_backend import choose_splits
 
 
@@ -41,12 +43,39 @@ def split_counts(case, tile, sm_count: int) -> list[int]:
     return sorted({min(tiles, max(1, s)) for s in (1, own, *waves)})
 
 
+def time_tile(backend, model, case, device, launch, args, tile, splits, form) -> float:
+    """The median time of one tile at one split count, in us, as ``xbench kernel`` times it;
+    ``form`` "tokens" hands a dense selection over as token indices built in the call."""
+
+    def runner(x, v_dim=case.v_dim):
+        indices = x["indices"]
+        if form == "tokens" and isinstance(indices, DensePages):
+            indices = indices.token_indices(x["cache"].shape[1])
+        return backend.partial_attention(
+            x["q"], x["cache"], indices, model.softmax_scale, v_dim, splits=splits, tile=tile
+        )
+
+    timed = time_case(
+        case, "triton", device, model.softmax_scale, samples=args.samples, warmups=1,
+        min_sample_s=args.min_sample_time, launch=launch, runner=runner,
+    )  # fmt: skip
+    return statistics.median(s for _, warm, s in timed if not warm) * 1e6
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     add_shape_options(ap, "8192,32768")
     ap.add_argument("--tiles", nargs="*", default=None, help="rows,tokens,warps,stages,parts")
+    ap.add_argument(
+        "--dense-indices",
+        nargs="+",
+        choices=("pages", "tokens"),
+        default=["pages"],
+        help="how a dense selection reaches the kernel: its page table (the backend's way) "
+        "or a list of token indices built in the call (the way before it); both: each timed",
+    )
     ap.add_argument("--samples", type=int, default=3)
     ap.add_argument("--min-sample-time", type=float, default=0.01, help="seconds")
     ap.add_argument("--out", type=Path, default=None, help="every timing, as JSON")
@@ -70,52 +99,47 @@ def main(argv=None) -> int:
     sm_count = backend._sm_count(torch.device(device))
     launch = "graph" if cuda else "eager"
     found = []
-    print(f"{'case':46} {'tile':18} {'splits':>6} {'us':>10} {'TFLOP/s':>8} {'bound':>6}")
+    print(
+        f"{'case':46} {'tile':18} {'splits':>6} {'indices':>7} {'us':>10} {'TFLOP/s':>8} "
+        f"{'bound':>6}"
+    )
     for case in cases:
         bound_s = max(
             case.bytes_moved / ceilings["copy_bytes_per_s"],
             case.flops / ceilings["matmul_flops_per_s"],
         )
         best = None
+        forms = ["tokens"] if case.sparse else args.dense_indices
         for tile in tiles:
-            for splits in split_counts(case, tile, sm_count):
-
-                def runner(x, tile=tile, splits=splits, v_dim=case.v_dim):
-                    return backend.partial_attention(
-                        x["q"], x["cache"], x["indices"], model.softmax_scale, v_dim,
-                        splits=splits, tile=tile,
-                    )  # fmt: skip
-
-                try:
-                    timed = time_case(
-                        case, "triton", device, model.softmax_scale, samples=args.samples,
-                        warmups=1, min_sample_s=args.min_sample_time, launch=launch,
-                        runner=runner,
-                    )  # fmt: skip
-                except Exception as exc:  # noqa: BLE001 - e.g. a tile over the shared memory
-                    print(f"{case.label:46} {str(tile):18} {splits:>6} {type(exc).__name__}")
-                    break
-                us = statistics.median(s for _, warm, s in timed if not warm) * 1e6
-                row = {
-                    "case": case.label,
-                    "rows": case.rows,
-                    "tokens": case.chunk,
-                    "sparse": case.sparse,
-                    "tile": list(tile),
-                    "splits": splits,
-                    "us": us,
-                    "tflops": case.flops / us / 1e6,
-                    "bound_share": bound_s * 1e6 / us,
-                }
-                found.append(row)
-                best = row if best is None or us < best["us"] else best
-                print(
-                    f"{case.label:46} {str(tile):18} {splits:>6} {us:>10,.1f} "
-                    f"{row['tflops']:>8,.1f} {100 * row['bound_share']:>5.0f}%",
-                    flush=True,
-                )
+            try:
+                for splits, form in itertools.product(split_counts(case, tile, sm_count), forms):
+                    us = time_tile(backend, model, case, device, launch, args, tile, splits, form)
+                    row = {
+                        "case": case.label,
+                        "rows": case.rows,
+                        "tokens": case.chunk,
+                        "sparse": case.sparse,
+                        "tile": list(tile),
+                        "splits": splits,
+                        "indices": form,
+                        "us": us,
+                        "tflops": case.flops / us / 1e6,
+                        "bound_share": bound_s * 1e6 / us,
+                    }
+                    found.append(row)
+                    best = row if best is None or us < best["us"] else best
+                    print(
+                        f"{case.label:46} {str(tile):18} {splits:>6} {form:>7} {us:>10,.1f} "
+                        f"{row['tflops']:>8,.1f} {100 * row['bound_share']:>5.0f}%",
+                        flush=True,
+                    )
+            except Exception as exc:  # noqa: BLE001 - e.g. a tile over the shared memory
+                print(f"{case.label:46} {str(tile):18} {type(exc).__name__}: {exc}"[:200])
         if best:
-            print(f"best {case.label}: tile {tuple(best['tile'])}, {best['splits']} splits\n")
+            print(
+                f"best {case.label}: tile {tuple(best['tile'])}, {best['splits']} splits, "
+                f"{best['indices']}\n"
+            )
     if args.out:
         args.out.write_text(json.dumps({"ceilings": ceilings, "timings": found}, indent=1))
     return 0

@@ -4,6 +4,7 @@ since FlashMLA and FlashInfer need a Hopper GPU), and the GPU benchmark script o
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import subprocess
@@ -314,7 +315,7 @@ def test_the_tile_benchmark_times_each_tile_and_split_count(tmp_path):
     r = subprocess.run(
         [*script, "--rows", "1", "--tokens", "40", "--topk", "0", "--heads", "16",
          "--tiles", "16,16,4,1,2", "16,32,4,1,1", "--samples", "1",
-         "--min-sample-time", "0.001", "--out", str(out)],
+         "--dense-indices", "pages", "tokens", "--min-sample-time", "0.001", "--out", str(out)],
         capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-2000:]
@@ -322,6 +323,9 @@ def test_the_tile_benchmark_times_each_tile_and_split_count(tmp_path):
     timings = json.loads(out.read_text())["timings"]
     assert {tuple(t["tile"]) for t in timings} == {(16, 16, 4, 1, 2), (16, 32, 4, 1, 1)}
     assert all(t["us"] > 0 and t["splits"] >= 1 for t in timings)
+    # each tile and split count of the dense shape timed both ways the selection can arrive
+    ways = collections.Counter((tuple(t["tile"]), t["splits"]) for t in timings)
+    assert set(ways.values()) == {2} and {t["indices"] for t in timings} == {"pages", "tokens"}
     r = subprocess.run([*script, "--tiles", "16,16,4"], capture_output=True, text=True, env=env)
     assert r.returncode == 2 and "five integers" in r.stderr
 

@@ -7,6 +7,7 @@ the same roundings (its bf16 dot is broken); bf16 tensor-core numerics are a GPU
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -142,6 +143,23 @@ def test_more_splits_than_pages_and_heads_that_do_not_fill_a_tile(triton_backend
         assert_matches(
             *run(triton_backend, q32, fp32, sel, 0.05, splits=splits), *ref32, torch.float32
         )
+
+
+def test_a_page_table_gives_what_its_token_indices_give(triton_backend):
+    """A dense selection reaches the kernel as its page table (addresses computed there):
+    pages out of order, a last page partly used, 1 and 3 splits, tiles within a page (one
+    lookup a tile) and across pages (one a token): the same attention to the bit as the same
+    tokens listed one by one."""
+    gen = torch.Generator().manual_seed(9)
+    sel = DensePages(torch.tensor([3, 0, 6]), 2 * BS + 5)
+    cache = make_cache(8, torch.bfloat16, sel.token_indices(BS), gen)
+    q = torch.randn(2, 16, D, generator=gen).to(torch.bfloat16)
+    for tile, splits in itertools.product(((16, 16, 4, 2, 1), (16, 2 * BS, 4, 2, 1)), (1, 3)):
+        by_pages = run(triton_backend, q, cache, sel, 0.05, splits=splits, tile=tile)
+        by_tokens = run(
+            triton_backend, q, cache, sel.token_indices(BS), 0.05, splits=splits, tile=tile
+        )
+        assert all(map(torch.equal, by_pages, by_tokens)), (tile, splits)
 
 
 def test_writes_the_callers_bf16_message(triton_backend):

@@ -29,7 +29,7 @@ if not (BIN / "cuobjdump").exists():
 H100_SHARED = 227 * 1024  # bytes of shared memory a thread block may use on sm_90
 
 COMPILE = r"""
-import json, re, subprocess, sys, tempfile
+import itertools, json, re, subprocess, sys, tempfile
 from pathlib import Path
 import triton
 from triton.backends.compiler import GPUTarget
@@ -43,8 +43,9 @@ constexprs = {"UPCAST": False, "PRECISION": "tf32", "DIM": 576, "LAT": 512, "RP"
 signature = {a: "constexpr" if a.isupper() else types.get(a, "i32") for a in kernel.arg_names}
 aligned = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(kernel.arg_names)
            if signature[a] != "constexpr" and a not in ("n_selected", "scale")}
-for m, n, warps, stages, parts in triton_mla.GPU_TILES:
-    tile = {"BLOCK_M": m, "BLOCK_N": n, "VSPLIT": parts}
+# token indices (a sparse selection) and a page table of 64-token pages (a dense one)
+for (m, n, warps, stages, parts), page in itertools.product(triton_mla.GPU_TILES, (0, 64)):
+    tile = {"BLOCK_M": m, "BLOCK_N": n, "VSPLIT": parts, "PAGE": page}
     source = ASTSource(kernel, signature, {**constexprs, **tile}, aligned)
     compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
                               options={"num_warps": warps, "num_stages": stages})
@@ -54,7 +55,8 @@ for m, n, warps, stages, parts in triton_mla.GPU_TILES:
         usage = subprocess.run([sys.argv[1], "--dump-resource-usage", str(cubin)],
                                capture_output=True, text=True, check=True).stdout
     found = dict(re.findall(r"(REG|STACK|LOCAL):(\d+)", usage))
-    print(json.dumps({"tile": [m, n, warps, stages, parts], "shared": compiled.metadata.shared,
+    print(json.dumps({"tile": [m, n, warps, stages, parts], "page": page,
+                      "shared": compiled.metadata.shared,
                       "wgmma": "wgmma" in compiled.asm["ptx"],
                       **{k.lower(): int(v) for k, v in found.items()}}))
 """
@@ -84,14 +86,16 @@ MOST_SPILLED = 512
 def test_every_gpu_tile_fits_an_h100_within_the_registers_and_a_bounded_spill(compiled_tiles):
     from xbench.kernels import triton_mla
 
-    assert [tuple(t["tile"]) for t in compiled_tiles] == list(triton_mla.GPU_TILES)
+    compiled = [(tuple(t["tile"]), t["page"]) for t in compiled_tiles]
+    assert compiled == [(t, page) for t in triton_mla.GPU_TILES for page in (0, 64)]
     for tile in compiled_tiles:
         assert 0 < tile["shared"] <= H100_SHARED, tile
         assert tile["reg"] <= 255 and tile["local"] == 0, tile
         assert tile["stack"] <= MOST_SPILLED, tile
     # the preferred tile: 64 query rows with the whole 512-wide accumulator (the score once),
     # on Hopper's warpgroup MMA
-    preferred = compiled_tiles[0]
-    assert preferred["tile"][0] == 64 and preferred["tile"][4] == 1 and preferred["wgmma"]
-    # the small tile for a decode row's few heads spills nothing
-    assert compiled_tiles[1]["stack"] == 0, compiled_tiles[1]
+    for preferred in compiled_tiles[:2]:
+        assert preferred["tile"][0] == 64 and preferred["tile"][4] == 1 and preferred["wgmma"]
+    # the small tile for a decode row's few heads spills nothing on token indices (on a
+    # page table, its int64 address arithmetic spills a little, within the bound above)
+    assert compiled_tiles[2]["stack"] == 0, compiled_tiles[2]

@@ -3,7 +3,9 @@
 Absorbed MLA decode has one KV head: every query row (decode token x head) reads the same
 576-wide cache rows, so the kernel flattens rows x heads into the M dimension of a tile
 (all of them for a dense page table, one row's heads for a per-row sparse selection) and
-reads each selected cache row once per tile, not once per head. The key tile is split 512 +
+reads each selected cache row once per tile, not once per head. A dense selection arrives
+as its page table and the kernel computes each token's address (one lookup a tile when a
+tile lies in one page); a sparse one as token indices, -1 padding. The key tile is split 512 +
 64 (latent + RoPE); V is the latent part of the key tile already loaded. Tokens are split
 over programs (split-KV) so a single decode row still fills the GPU; each split keeps an fp32
 online softmax and writes a normalised fp32 partial with its LSE, and a second kernel
@@ -14,7 +16,7 @@ The split count is the one with the least estimated time: the products take whol
 of programs over the SMs, and every split adds fp32 partials written and read back (with
 132 splits at one row they outweighed the KV read; with 17 the GPU sat three-quarters idle).
 The tile (query rows x tokens, warps, stages, output parts) is tuned on the GPU among
-candidates that compile for sm_90 without spilling registers (``triton_mla.GPU_TILES``).
+candidates whose sm_90 compile facts are checked in the tests (``triton_mla.GPU_TILES``).
 
 Numerics as FlashMLA's: bf16 products accumulate in fp32; probabilities enter the second
 product in the cache dtype. Under ``TRITON_INTERPRET=1`` (CPU tensors, for tests) ``tl.dot``
@@ -186,16 +188,20 @@ class TritonBackend(TorchFallbacks):
             )
         block_size = kv_cache.shape[1]
         dev = q.device
+        page = 0  # what idx holds: token indices (0) or pages of this many tokens
         if isinstance(indices, DensePages):  # every row attends the same tokens: one group
-            idx = indices.token_indices(block_size).to(device=dev, dtype=torch.int32)
+            # the page table itself (as FlashMLA's int32 block table): the kernel computes
+            # each token's address, so no per-call list of token indices is built
+            idx = indices.pages.to(device=dev, dtype=torch.int32)
             groups, rows_per_group, group_stride = 1, rows * heads, 0
+            n_selected, page = indices.num_tokens, block_size
         else:
             idx = torch.as_tensor(indices).to(device=dev, dtype=torch.int32).contiguous()
             if idx.dim() == 1:  # one token list that every row attends: one group
                 groups, rows_per_group, group_stride = 1, rows * heads, 0
             else:  # per-row selections, -1 padded: one group per decode row
                 groups, rows_per_group, group_stride = rows, heads, idx.shape[1]
-        n_selected = idx.shape[-1]
+            n_selected = idx.shape[-1]
         total_rows = rows * heads
         # splits are counted for the first (preferred) tile; every candidate runs whole
         # tiles of tokens within them
@@ -261,6 +267,7 @@ class TritonBackend(TorchFallbacks):
             DIM=dim,
             LAT=LATENT,
             RP=ROPE,
+            PAGE=page,
         )
         if splits > 1:  # query rows x column chunks, the tuner's choice of chunk
             combine_kernel[lambda meta: (total_rows, LATENT // meta["BLOCK_C"])](

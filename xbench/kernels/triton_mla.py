@@ -64,6 +64,7 @@ def split_kernel(
     DIM: tl.constexpr,
     LAT: tl.constexpr,
     RP: tl.constexpr,
+    PAGE: tl.constexpr,
 ):
     # VSPLIT programs share a tile of query rows, each accumulating LAT / VSPLIT of the
     # output's columns: a 64 x 512 fp32 accumulator takes 128 registers a thread at 8 warps
@@ -99,9 +100,20 @@ def split_kernel(
     for tile in range(start, stop, BLOCK_N):
         offs = tile + tl.arange(0, BLOCK_N)
         in_range = offs < stop
-        token = tl.load(idx_ptr + group * idx_group_stride + offs, mask=in_range, other=-1)
-        valid = token >= 0  # -1 pads a sparse selection
-        token = tl.where(valid, token, 0).to(tl.int64)
+        if PAGE > 0:  # a page table: the tokens' pages looked up, their addresses computed
+            if PAGE % BLOCK_N == 0:  # the tile lies in one page: one lookup, tokens in a row
+                page = tl.load(idx_ptr + group * idx_group_stride + tile // PAGE)
+                token = page.to(tl.int64) * PAGE + tile % PAGE + tl.arange(0, BLOCK_N)
+            else:
+                page = tl.load(
+                    idx_ptr + group * idx_group_stride + offs // PAGE, mask=in_range, other=0
+                )
+                token = page.to(tl.int64) * PAGE + offs % PAGE
+            valid = in_range
+        else:  # token indices, -1 padding a sparse selection
+            token = tl.load(idx_ptr + group * idx_group_stride + offs, mask=in_range, other=-1)
+            valid = token >= 0
+            token = tl.where(valid, token, 0).to(tl.int64)
         k_own = tl.load(
             kv_ptr + token[:, None] * DIM + own[None, :], mask=valid[:, None], other=0.0
         )
