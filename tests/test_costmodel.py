@@ -1,5 +1,6 @@
 """The cost model and predicate: closed forms vs numeric evaluation, grid vs scalar, priors."""
 
+import dataclasses
 import math
 import subprocess
 import sys
@@ -11,6 +12,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from xbench.core.costmodel import (
+    HIGH,
+    LOW,
     Coef,
     Device,
     Fabric,
@@ -249,6 +252,40 @@ def test_uncertain_only_where_the_intervals_allow_the_other_answer():
     assert not decide(
         tight, Request(rows=far, **shape)
     ).uncertain  # far from the tie, 1 % cannot flip it
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    coefs,
+    shapes,
+    st.integers(1, 512),
+    st.integers(0, 20),
+    st.floats(0.0, 0.6),
+    st.floats(0.0, 1e-6),
+    st.none() | st.floats(1e-9, 1e-5),
+)
+def test_uncertain_is_what_the_intervals_say_whichever_check_decides(
+    k, shape, rows, reuse, spread, w1_high, recompute
+):
+    """decide()'s cheap bound only settles what the exact intervals settle: its verdict is
+    the exact one, with coefficients fitted at ~0 over a wide interval (as a CPU fit leaves
+    route's merge-wait per row-partial), fetch's saving subtracted, and local with a known
+    recompute cost or none."""
+    profile = one_segment_profile(**k, spread=spread)
+    device = profile.device
+    if device.merge_wait_tau is not None:
+        wide = Coef(1e-16, 0.0, w1_high, "s/row-partial")
+        device = dataclasses.replace(device, merge_wait_per_row_partial=wide)
+    if recompute is not None:
+        cost = Coef(recompute, recompute / 3, recompute * 3, "s/token")
+        device = dataclasses.replace(device, recompute_per_token=cost)
+    profile = Profile("p", profile.fabrics, device)
+    f = profile.fabrics[0]
+    request = Request(rows=rows, reuse=reuse, **shape)
+    d = decide(profile, request)
+    win = ("route", "fetch", "local").index(d.choice)
+    hi, lo = times(f, device, request, HIGH), times(f, device, request, LOW)
+    assert d.uncertain == (hi[win] >= min(v for i, v in enumerate(lo) if i != win))
 
 
 def test_priors_route_decode_on_every_fabric_and_prefer_latency():

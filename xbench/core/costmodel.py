@@ -72,6 +72,30 @@ def _relative_spread(coefs) -> tuple[float, float]:
     return up, down
 
 
+class DeviceTerms(NamedTuple):
+    """A device's terms at one end of the intervals, as the formulas read them. Piecewise
+    terms are (breaks, pieces); the wait's tau and the saving are taken at the other end (a
+    shorter tau is the slower merge, a smaller saving the slower fetch)."""
+
+    compute_breaks: tuple
+    compute_pieces: tuple  # (t0, per token, per row-token) per piece
+    merge_t0: float
+    merge_per_row_partial: float
+    move_breaks: tuple
+    move_pieces: tuple  # (t0, per token) per piece
+    recompute_per_token: float  # inf: the profile knows no recompute cost
+    splice_breaks: tuple
+    splice_pieces: tuple  # T_move's where the profile has no splice term
+    has_splice: bool
+    merge_per_token: float
+    recompute_per_token2: float
+    wait_t0: float  # 0 without the merge-wait terms
+    wait_per_row_partial: float
+    wait_tau: float  # 0 without the merge-wait terms
+    saving_breaks: tuple
+    saving_pieces: tuple  # (S0, per token) per piece
+
+
 @dataclass(frozen=True, slots=True)
 class Segment:
     """``alpha + n / beta`` for messages of at least ``min_bytes`` (until the next segment)."""
@@ -149,10 +173,10 @@ class Fabric:
     def wire(self, nbytes: float, messages: int = 1) -> float:
         """Time to move ``nbytes`` as ``messages`` messages (alpha + m*o + n/beta; a fetch
         of several pages on the page terms, where measured)."""
-        blocks = self._val[2]
+        _, segments, blocks = self._val
         if messages != 1 and blocks is not None:
             return blocks[0] + messages * self.overhead.value + nbytes * blocks[1]
-        a, inv_b = self._val[1][bisect_right(self._breaks, nbytes)]
+        a, inv_b = segments[bisect_right(self._breaks, nbytes)]
         return a + messages * self.overhead.value + nbytes * inv_b
 
     def half_performance_bytes(self) -> float:
@@ -240,6 +264,7 @@ class Device:
     merge_wait_tau: Coef | None = None
     spliced_saving: tuple = ()
     _ends: tuple = field(init=False, repr=False, compare=False)
+    _named_ends: tuple = field(init=False, repr=False, compare=False)
     _prior: bool = field(init=False, repr=False, compare=False)
     _rho: tuple = field(init=False, repr=False, compare=False)
     _prior_by_option: tuple = field(init=False, repr=False, compare=False)
@@ -264,9 +289,10 @@ class Device:
         waits = (self.merge_wait_t0, self.merge_wait_per_row_partial, self.merge_wait_tau)
         if len({c is None for c in waits}) > 1:
             raise ValueError("merge_wait_t0, _per_row_partial and _tau come together")
-        object.__setattr__(
-            self, "_ends", tuple(self._terms(end) for end in ("value", "low", "high"))
-        )
+        named = tuple(self._terms(end) for end in ("value", "low", "high"))
+        object.__setattr__(self, "_named_ends", named)
+        # plain tuples for the formulas: unpacking a tuple subclass takes the slow path
+        object.__setattr__(self, "_ends", tuple(map(tuple, named)))
         coefs = self._all_coefs()
         object.__setattr__(self, "_prior", any(c.prior for c in coefs))
         object.__setattr__(self, "_rho", self._spread(coefs))
@@ -333,7 +359,7 @@ class Device:
 
     def terms(self, end: int = 0) -> tuple:
         """Every device term at the value (0), low (1) or high (2) end, as the model reads
-        them (:func:`device_side`)."""
+        them (:func:`device_side`): the fields of :class:`DeviceTerms`, a plain tuple."""
         return self._ends[end]
 
     def _move_pieces(self) -> tuple[list, list]:
@@ -362,13 +388,8 @@ class Device:
     def _recompute_coefs(self) -> list[Coef]:
         return [c for c in (self.recompute_per_token, self.recompute_per_token2) if c]
 
-    def _terms(self, end: str) -> tuple:
-        """(compute breaks, compute pieces, m0, m1, move breaks, move pieces, recompute,
-        splice breaks, splice pieces, has a splice term, merge per token, recompute per
-        token^2, merge wait t0, merge wait per row-partial, merge wait tau, spliced saving
-        breaks, spliced saving pieces) at one end (the wait's tau and the saving at the
-        other end: a shorter tau is the slower merge, a smaller saving the slower fetch; tau
-        0 and a saving of 0 without the terms)."""
+    def _terms(self, end: str) -> DeviceTerms:
+        """The terms at one end (tau 0 and a saving of 0 without those terms)."""
         compute = [
             (0.0, self.compute_t0, self.compute_per_token, self.compute_per_row_token),
             *self.compute_segments,
@@ -381,7 +402,7 @@ class Device:
         move, splice = self._move_pieces()
         move_end = at_end(move)
         other = {"value": "value", "low": "high", "high": "low"}[end]
-        return (
+        return DeviceTerms(
             *at_end(compute),
             getattr(self.merge_t0, end),
             getattr(self.merge_per_row_partial, end),
@@ -398,8 +419,8 @@ class Device:
         )
 
     def compute(self, rows: float, chunk: float) -> float:
-        breaks, pieces = self._ends[0][0], self._ends[0][1]
-        c0, c1, c2 = pieces[bisect_right(breaks, chunk)]
+        terms = self._named_ends[VALUE]
+        c0, c1, c2 = terms.compute_pieces[bisect_right(terms.compute_breaks, chunk)]
         return c0 + chunk * (c1 + rows * c2)
 
     def merge(self, rows: float, partials: int = 2, chunk: float = 0.0) -> float:
@@ -420,8 +441,8 @@ class Device:
 
     def recompute(self, tokens: float) -> float:
         """T_recompute: prefilling ``tokens`` (inf when the profile has no recompute cost)."""
-        rec, rec2 = self._ends[0][6], self._ends[0][11]
-        return recompute_time(tokens, rec, rec2)
+        terms = self._named_ends[VALUE]
+        return recompute_time(tokens, terms.recompute_per_token, terms.recompute_per_token2)
 
     def after_idle(self, idle: float) -> float:
         """What a call adds for starting after ``idle`` seconds of the device idle (0
@@ -433,13 +454,18 @@ class Device:
     def saved_on_splice(self, chunk: float) -> float:
         """S(c): what a fetch's first attention saves over T_c by attending the chunk it
         has just spliced (0 without ``spliced_saving``)."""
-        breaks, pieces = self._ends[0][15:17]
+        terms = self._named_ends[VALUE]
+        breaks, pieces = terms.saving_breaks, terms.saving_pieces
         h0, h1 = pieces[bisect_right(breaks, chunk)] if breaks else pieces[0]
         return h0 + chunk * h1
 
     def move(self, chunk: float, segments: int = 1) -> float:
         """T_move of a packed fetch (``segments`` 1), or of one message per block (T_splice)."""
-        breaks, pieces = self._ends[0][4:6] if segments == 1 else self._ends[0][7:9]
+        terms = self._named_ends[VALUE]
+        if segments == 1:
+            breaks, pieces = terms.move_breaks, terms.move_pieces
+        else:
+            breaks, pieces = terms.splice_breaks, terms.splice_pieces
         g0, g1 = pieces[bisect_right(breaks, chunk)]
         return g0 + chunk * g1
 
@@ -629,11 +655,12 @@ def device_side(ops, terms: tuple, rows, chunk, reuse, segments, fetch_cost, blo
 
     ``terms``: :meth:`Device.terms` at one end; ``rows`` = b*h query rows; ``fetch_cost``
     NaN where the device's T_move(c) applies. Returns (t_cm, fetch_base, per_use, local,
-    t_move, t_c, t_m0, wait_extra, wait_tau, saved): t_cm = T_c + T_m(c), a fetch's
-    attention and merge; saved = S(c), what the fetch's first attention saves on the chunk
-    it has just spliced; fetch_base = T_move - S + (1 + r) t_cm, since one fetch serves
-    this use and r later local uses; per_use = 1 / (1 + r); t_m0 = T_m(R, 2, 0), the merge
-    route's wait adds wait_extra to once it saturates (:func:`route_merge`).
+    t_move, t_c, t_m0, wait_extra, wait_tau, saved), a plain tuple (the hot path's; readers
+    unpack it by these names): t_cm = T_c + T_m(c), a fetch's attention and merge; saved =
+    S(c), what the fetch's first attention saves on the chunk it has just spliced;
+    fetch_base = T_move - S + (1 + r) t_cm, since one fetch serves this use and r later
+    local uses; per_use = 1 / (1 + r); t_m0 = T_m(R, 2, 0), the merge route's wait adds
+    wait_extra to once it saturates (:func:`route_merge`).
     """
     cb, cp, m0, m1, mb, mp, rec, sb, sp, has_splice, m2, rec2, w0, w1, wtau, hb, hp = terms
     # (a term of one piece needs no lookup: the common case, and the hot path's)
@@ -665,7 +692,7 @@ def route_merge(ops, dev: tuple, wire):
     """Route's merge: after the requester waited for the answer (the holder's attention and
     route's ``wire``), T_m(R, 2, 0) + (w0 + 2 R w1) (1 - exp(-wait / tau)); without the
     wait terms, the merge fetch pays (T_m after an attention over the chunk)."""
-    t_cm, t_c, t_m0, wait_extra, wtau = dev[0], dev[5], dev[6], dev[7], dev[8]
+    t_cm, _, _, _, _, t_c, t_m0, wait_extra, wtau, _ = dev
     if not wtau:
         return t_cm - t_c
     return t_m0 - wait_extra * ops.expm1(-(t_c + wire) / wtau)
@@ -702,18 +729,16 @@ def wire_costs(ops, breaks: tuple, fabric_terms: tuple, s_q, s_o, s_kv, n_seg):
     return send + ret, fetch_wire, (route_fixed, ib_q, ib_o)
 
 
-def option_times(ops, breaks, fabric_terms, dev: tuple, s_q, s_o, s_kv, n_seg, probe_bytes):
+def option_times(ops, breaks, fabric_terms: tuple, dev: tuple, s_q, s_o, s_kv, n_seg, probe_bytes):
     """(route, fetch) per use on one fabric; ``dev`` from :func:`device_side`.
 
     ``probe_bytes``: None when no request pays the probe round trip; else its size (NaN
     where a request does not pay it).
     """
-    fetch_base, per_use = dev[1], dev[2]
+    t_cm, fetch_base, per_use, _, _, t_c, _, _, wait_tau, _ = dev
     route_wire, fetch_wire, _ = wire_costs(ops, breaks, fabric_terms, s_q, s_o, s_kv, n_seg)
     # (without the merge-wait terms route merges as fetch does: T_c + T_m, as one sum)
-    route = (
-        dev[5] + route_merge(ops, dev, route_wire) + route_wire if dev[8] else dev[0] + route_wire
-    )
+    route = t_c + route_merge(ops, dev, route_wire) + route_wire if wait_tau else t_cm + route_wire
     fetch = fetch_base + fetch_wire
     if probe_bytes is not None:
         a_p, ib_p = ops.piece(breaks, fabric_terms[1], probe_bytes)
@@ -736,8 +761,9 @@ def closed_forms(ops, breaks, fabric_terms, heads, payload, ret, s_q, s_o, s_kv,
     route_wire, fetch_wire, (route_fixed, ib_q, ib_o) = wire_costs(
         ops, breaks, fabric_terms, s_q, s_o, s_kv, n_seg
     )
-    dm = route_merge(ops, dev, route_wire) - (dev[0] - dev[5])
-    moved = fetch_wire + dev[4] - dev[9]
+    t_cm, _, _, _, t_move, t_c, _, _, _, saved = dev
+    dm = route_merge(ops, dev, route_wire) - (t_cm - t_c)
+    moved = fetch_wire + t_move - saved
     per_token = heads * (payload * ib_q + ret * ib_o)
     b_star = ops.where(per_token > 0, (moved - route_fixed - dm) / _nonzero(ops, per_token), INF)
     routed = route_wire + dm
@@ -781,7 +807,8 @@ def times(f: Fabric, device: Device, r: Request, end: int = VALUE) -> tuple[floa
     route, fetch = option_times(
         SCALAR, f.breaks, f.terms(end), dev, s_q, s_o, s_kv, r.segments, probe
     )
-    return route, fetch, dev[3]
+    _, _, _, local, _, _, _, _, _, _ = dev
+    return route, fetch, local
 
 
 def phase_times(f: Fabric, device: Device, r: Request, end: int = VALUE) -> dict:
@@ -793,7 +820,7 @@ def phase_times(f: Fabric, device: Device, r: Request, end: int = VALUE) -> dict
     ``include_probe`` route and fetch also carry the probe's round trip as ``probe``.
     """
     dev = _request_device(device.terms(end), r)
-    t_cm, per_use, local, t_move, t_c, saved = dev[0], dev[2], dev[3], dev[4], dev[5], dev[9]
+    t_cm, _, per_use, local, t_move, t_c, _, _, _, saved = dev
     s_q, s_o, s_kv = _request_sizes(r)
     send, ret, _, _ = route_legs(SCALAR, f.breaks, f.terms(end), s_q, s_o)
     _, fetch_wire, _ = wire_costs(SCALAR, f.breaks, f.terms(end), s_q, s_o, s_kv, r.segments)
@@ -806,7 +833,8 @@ def phase_times(f: Fabric, device: Device, r: Request, end: int = VALUE) -> dict
         "merge": t_cm - t_c,
     }
     if r.include_probe:
-        a_p, ib_p = SCALAR.piece(f.breaks, f.terms(end)[1], r.probe_bytes)
+        _, segments, _ = f.terms(end)
+        a_p, ib_p = SCALAR.piece(f.breaks, segments, r.probe_bytes)
         route["probe"] = 2 * (a_p + r.probe_bytes * ib_p)
         fetch["probe"] = route["probe"] * per_use
     local_phases = {"attention": t_c}
@@ -838,7 +866,7 @@ def decide(profile: Profile, request: Request) -> Decision:
     """The predicate for one request: the best option on the best fabric, with its margin."""
     device = profile.device
     dev = _request_device(device.terms(VALUE), request)
-    local = dev[3]
+    _, _, _, local, _, _, _, _, _, _ = dev
     s_q, s_o, s_kv = _request_sizes(request)
     n_seg = request.segments
     probe = request.probe_bytes if request.include_probe else None

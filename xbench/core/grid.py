@@ -13,6 +13,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import fields
 from functools import lru_cache
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -86,15 +87,44 @@ class ArrayOps:
 ARRAY = ArrayOps()
 
 
-def _device(terms, cols) -> tuple:
-    rows, chunk, _, _, _, _, reuse, nseg, fcost, local_mask = cols[:10]
-    return device_side(ARRAY, terms, rows, chunk, reuse, nseg, fcost, local_mask)
+class Columns(NamedTuple):
+    """One block of requests as the model reads them: float64 arrays (or one scalar where
+    the whole grid shares a value)."""
+
+    rows: object  # b * h query rows
+    chunk: object
+    s_q: object  # query bytes
+    s_o: object  # answer bytes
+    s_kv: object  # KV bytes of the chunk
+    probe: object  # the probe's bytes where a request pays it, NaN where not; None: none does
+    reuse: object
+    segments: object
+    fetch_cost: object  # NaN: the device's T_move
+    blocks_local: object
+    heads: object
+    payload: object
+    ret: object
 
 
-def _options(f, end: int, dev, cols) -> tuple:
+def _device(terms, cols: Columns) -> tuple:
+    """:func:`device_side` over a block: (t_cm, fetch_base, per_use, local, ...)."""
+    return device_side(
+        ARRAY, terms, cols.rows, cols.chunk, cols.reuse, cols.segments, cols.fetch_cost,
+        cols.blocks_local,
+    )  # fmt: skip
+
+
+def _local(dev: tuple):
+    _, _, _, local, _, _, _, _, _, _ = dev
+    return local
+
+
+def _options(f, end: int, dev, cols: Columns) -> tuple:
     """(route, fetch) arrays on fabric ``f`` at one end of the coefficients."""
-    _, _, s_q, s_o, s_kv, probe, _, nseg = cols[:8]
-    return option_times(ARRAY, f.breaks, f.terms(end), dev, s_q, s_o, s_kv, nseg, probe)
+    return option_times(
+        ARRAY, f.breaks, f.terms(end), dev, cols.s_q, cols.s_o, cols.s_kv, cols.segments,
+        cols.probe,
+    )  # fmt: skip
 
 
 def _workers(threads: int | None) -> int:
@@ -211,7 +241,7 @@ def decide_grid(profile: Profile, grid, *, threads: int | None = None) -> pd.Dat
     return out
 
 
-def _derive(raw: dict) -> tuple:
+def _derive(raw: dict) -> Columns:
     """The per-request quantities the model reads, in float64, for one block of requests."""
     f = {
         k: (
@@ -226,7 +256,7 @@ def _derive(raw: dict) -> tuple:
     fetch_cost = (
         raw["fetch_cost"].astype(np.float64) if np.ndim(raw["fetch_cost"]) else raw["fetch_cost"]
     )
-    return (
+    return Columns(
         rows,
         chunk,
         rows * f["payload_bytes"],
@@ -249,7 +279,8 @@ def _derive(raw: dict) -> tuple:
 def _closed_forms(profile: Profile, cols, dev, best_f, n: int):
     """b* and u* of each request on the fabric chosen for it."""
     b_star, u_star = np.empty(n), np.empty(n)
-    _, _, s_q, s_o, s_kv, _, _, nseg, _, _, heads, payload, ret = cols
+    s_q, s_o, s_kv, nseg = cols.s_q, cols.s_o, cols.s_kv, cols.segments
+    heads, payload, ret = cols.heads, cols.payload, cols.ret
     for k, f in enumerate(profile.fabrics):
         mine = best_f == k
         if not mine.any():
@@ -265,7 +296,7 @@ def _closed_forms(profile: Profile, cols, dev, best_f, n: int):
 def _decide_block(profile: Profile, cols, codes, n: int) -> dict:
     dev = profile.device
     dev_val = _device(dev.terms(VALUE), cols)
-    local = _full(dev_val[3], n)
+    local = _full(_local(dev_val), n)
     nf = len(profile.fabrics)
     # Each fabric's route and fetch times (inf where a row asks for another fabric).
     route_f, fetch_f, active = np.empty((nf, n)), np.empty((nf, n)), []
@@ -281,7 +312,7 @@ def _decide_block(profile: Profile, cols, codes, n: int) -> dict:
                 f,
                 VALUE,
                 tuple(_subset(d, idx) for d in dev_val),
-                tuple(_subset(c, idx) for c in cols),
+                Columns(*(_subset(c, idx) for c in cols)),
             )
             route_f[k], fetch_f[k] = np.inf, np.inf
             route_f[k, idx], fetch_f[k, idx] = r, fe
@@ -324,7 +355,8 @@ def _decide_block(profile: Profile, cols, codes, n: int) -> dict:
             np.where(fetch <= local, 1, 2),
             np.where(is_fetch, np.where(route <= local, 0, 2), np.where(route <= fetch, 0, 1)),
         )
-        fixed = ~np.isnan(cols[8]) if np.ndim(cols[8]) else np.full(n, not np.isnan(cols[8]))
+        given = cols.fetch_cost
+        fixed = ~np.isnan(given) if np.ndim(given) else np.full(n, not np.isnan(given))
         move_flag = np.where(fixed, flags[0], flags[1])
         by_choice = np.where(choice == 0, flags[0], np.where(choice == 1, move_flag, flags[2]))
         by_second = np.where(second == 0, flags[0], np.where(second == 1, move_flag, flags[2]))
@@ -346,10 +378,10 @@ def _decide_block(profile: Profile, cols, codes, n: int) -> dict:
             sub, ch, index = cols, choice, None
         else:
             index = np.flatnonzero(mine)
-            sub, ch = tuple(_subset(c, index) for c in cols), choice[index]
+            sub, ch = Columns(*(_subset(c, index) for c in cols)), choice[index]
         dev_hi, dev_lo = _device(dev.terms(HIGH), sub), _device(dev.terms(LOW), sub)
-        hi = (*_options(f, HIGH, dev_hi, sub), dev_hi[3])
-        lo = (*_options(f, LOW, dev_lo, sub), dev_lo[3])
+        hi = (*_options(f, HIGH, dev_hi, sub), _local(dev_hi))
+        lo = (*_options(f, LOW, dev_lo, sub), _local(dev_lo))
         r0, f0 = ch == 0, ch == 1
         hi_w = np.where(r0, hi[0], np.where(f0, hi[1], hi[2]))
         lo_r = np.where(
@@ -362,7 +394,7 @@ def _decide_block(profile: Profile, cols, codes, n: int) -> dict:
             uncertain = np.where(mine, verdict, uncertain)
         else:
             uncertain[index] = verdict
-    size = np.where(is_fetch, cols[4], cols[2])
+    size = np.where(is_fetch, cols.s_kv, cols.s_q)
     b_star, u_star = _closed_forms(profile, cols, dev_val, best_f, n)
     return {
         "b_star": b_star,
