@@ -410,3 +410,27 @@ def test_the_triton_backend_says_which_tile_and_splits_it_ran(monkeypatch):
     assert b.last_plan == "tile 16x16 w4 s1 p1, 3 splits, combine 128x4 w4"
     b.partial_attention(q, cache, idx, 0.04, 512, tile=(16, 16, 4, 1, 2), splits=1)
     assert b.last_plan == "tile 16x16 w4 s1 p2, 1 split"  # one split: no combine ran
+
+
+def test_each_kernel_is_one_spec_whose_parts_agree():
+    """A kernel is one KernelSpec (bytes, FLOPs, inputs, the call timed) and its line in
+    SPECS: every spec's input set feeds its own call on this CPU, and what the sweep records
+    (kernel_samples' bytes and FLOPs, the merge's partials) is read from the spec."""
+    from xbench.kernels.bench import (
+        KERNELS,
+        SPECS,
+        KernelCase,
+        case_runner,
+        make_inputs,
+        sample_rows,
+    )
+
+    assert KERNELS == tuple(SPECS) and all(name == spec.name for name, spec in SPECS.items())
+    for name, spec in SPECS.items():
+        case = KernelCase(name, 2, 16, 64, 576, 512, "bf16", False, partials=3)
+        assert case.spec is spec
+        case_runner(case, "torch", 0.05)(make_inputs(case, "cpu", 0))  # runs, any shape error
+        (row,) = sample_rows(case, [(1, False, 1e-6)], "r", "torch", "cpu", "m")
+        assert (row["bytes_moved"], row["flops"]) == (spec.bytes_moved(case), spec.flops(case))
+        assert row["partials"] == (3 if spec.merges_partials else 1)
+    assert SPECS["gather"].flops(KernelCase("gather", 1, 16, 64, 576, 512, "bf16", False)) == 0

@@ -23,6 +23,7 @@ import dataclasses
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -34,7 +35,6 @@ from xbench.kernels import cpu_bf16
 from xbench.kernels.api import gather_kv, get_backend
 from xbench.kernels.selection import DensePages, random_topk
 
-KERNELS = ("partial_attention", "merge", "gather", "splice", "prefill")
 # a sparse attention's rows each select their chunk out of this many times as many tokens
 SPARSE_CONTEXT = 2
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -77,34 +77,17 @@ class KernelCase:
         return torch.finfo(TORCH_DTYPES[self.dtype]).bits // 8
 
     @property
+    def spec(self) -> KernelSpec:
+        return SPECS[self.kernel]
+
+    @property
     def bytes_moved(self) -> int:
         """Least bytes the kernel must read and write."""
-        rh = self.rows * self.heads
-        if self.kernel == "partial_attention":
-            kv_tokens = self.chunk * (self.rows if self.sparse else 1)
-            return (
-                rh * self.dim * self.elem
-                + kv_tokens * self.dim * self.elem
-                + rh * (self.v_dim * 4 + LSE_BYTES)
-            )
-        if self.kernel == "merge":
-            return (self.partials + 1) * rh * (self.v_dim * 4 + LSE_BYTES)
-        if self.kernel == "prefill":  # q, k, v read, the output written
-            return self.chunk * self.heads * (2 * self.dim + 2 * self.v_dim) * self.elem
-        return 2 * self.chunk * self.dim * self.elem  # gather, splice: read + write each token
+        return self.spec.bytes_moved(self)
 
     @property
     def flops(self) -> int:
-        rh = self.rows * self.heads
-        if self.kernel == "partial_attention":
-            return 2 * rh * self.chunk * (self.dim + self.v_dim)
-        if self.kernel == "merge":
-            return 2 * self.partials * rh * self.v_dim
-        if self.kernel == "splice":
-            return 6 * self.chunk * self.rope_dim // 2
-        if self.kernel == "prefill":  # causal: token i attends to i + 1 tokens
-            return self.heads * self.chunk * (self.chunk + 1) * (self.dim + self.v_dim)
-        return 0
+        return self.spec.flops(self)
 
     @property
     def label(self) -> str:
@@ -121,17 +104,70 @@ class KernelCase:
     def context(self) -> KernelCase:
         """The attention that runs before each timed call (``after`` tokens)."""
         return KernelCase(
-            "partial_attention",
-            self.rows,
-            self.heads,
-            self.after,
-            self.dim,
-            self.v_dim,
-            self.dtype,
-            False,
+            kernel="partial_attention",
+            rows=self.rows,
+            heads=self.heads,
+            chunk=self.after,
+            dim=self.dim,
+            v_dim=self.v_dim,
+            dtype=self.dtype,
+            sparse=False,
             block_size=self.block_size,
             rope_dim=self.rope_dim,
         )
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One kernel as the sweep times it (nccl-tests' struct per test): the least bytes it
+    moves and the FLOPs it does for a case, one fresh input set, and the call timed. A new
+    kernel is one spec and its line in ``SPECS``."""
+
+    name: str
+    bytes_moved: Callable[[KernelCase], int]
+    flops: Callable[[KernelCase], int]
+    inputs: Callable[[KernelCase, str, torch.Generator], dict]
+    runner: Callable[[KernelCase, str, float], Callable[[dict], object]]
+    # touches a serving cache's pages, which come from memory however short the chunk:
+    # its rotating sets are copied past twice the last cache (see input_sets)
+    cold_pages: bool = False
+    shared_inputs: tuple = ()  # inputs every set shares: one buffer, kept in cache
+    merges_partials: bool = False  # its case's ``partials`` is what it combines
+    every_rows: bool = False  # timed at each rows count of a sweep (others at one row)
+
+
+def _attention_bytes(case: KernelCase) -> int:
+    rh, elem = case.rows * case.heads, case.elem
+    kv_tokens = case.chunk * (case.rows if case.sparse else 1)
+    return rh * case.dim * elem + kv_tokens * case.dim * elem + rh * (case.v_dim * 4 + LSE_BYTES)
+
+
+def _merge_bytes(case: KernelCase) -> int:
+    return (case.partials + 1) * case.rows * case.heads * (case.v_dim * 4 + LSE_BYTES)
+
+
+def _prefill_bytes(case: KernelCase) -> int:  # q, k, v read, the output written
+    return case.chunk * case.heads * (2 * case.dim + 2 * case.v_dim) * case.elem
+
+
+def _moved_bytes(case: KernelCase) -> int:  # gather, splice: each token read and written
+    return 2 * case.chunk * case.dim * case.elem
+
+
+def _attention_flops(case: KernelCase) -> int:
+    return 2 * case.rows * case.heads * case.chunk * (case.dim + case.v_dim)
+
+
+def _merge_flops(case: KernelCase) -> int:
+    return 2 * case.partials * case.rows * case.heads * case.v_dim
+
+
+def _splice_flops(case: KernelCase) -> int:  # RoPE on the tokens' rotary part
+    return 6 * case.chunk * case.rope_dim // 2
+
+
+def _prefill_flops(case: KernelCase) -> int:  # causal: token i attends to i + 1 tokens
+    return case.heads * case.chunk * (case.chunk + 1) * (case.dim + case.v_dim)
 
 
 class Clock:
@@ -177,40 +213,51 @@ class Clock:
 
 def make_inputs(case: KernelCase, device: str, seed: int):
     """One fresh input set for ``case`` (random values, written before timing)."""
-    gen = torch.Generator().manual_seed(seed)
-    dt = TORCH_DTYPES[case.dtype]
-    bs = case.block_size
-    if case.kernel == "merge":
-        outs = torch.randn(case.partials, case.rows, case.heads, case.v_dim, generator=gen)
-        lses = torch.randn(case.partials, case.rows, case.heads, generator=gen)
-        if device == "cpu":  # separate partials, as route and fetch merge them (no stacking)
-            parts = list(outs.unbind(0))
-            # the first as a route's answer arrives, in the wire format (the cache dtype):
-            # torch's merge converts it (route's merge ran up to 1.7x fetch's all-fp32 one
-            # on that path), the C merge reads it in place
-            parts[0] = parts[0].to(dt)
-            return {"outs": parts, "lses": list(lses.unbind(0))}
-        return {"outs": outs.to(device), "lses": lses.to(device)}
-    if case.kernel == "prefill":  # one sequence of ``chunk`` tokens attending causally
-        shape = (1, case.heads, case.chunk)
-        return {
-            "q": torch.randn(*shape, case.dim, generator=gen).to(dt).to(device),
-            "k": torch.randn(*shape, case.dim, generator=gen).to(dt).to(device),
-            "v": torch.randn(*shape, case.v_dim, generator=gen).to(dt).to(device),
-        }
-    if case.kernel == "splice":  # packed tokens into a paged cache's free pages
-        pages = -(-case.chunk // bs)
-        # scattered over the cache, as a free list hands them out: a list on the CPU (its
-        # splice takes one), a tensor on a GPU, where the page table lives (and a graph's
-        # capture refuses a copy from the host)
-        free_list = torch.randperm(2 * pages, generator=gen)[:pages]
-        on_cpu = torch.device(device).type == "cpu"
-        return {
-            "packed": torch.randn(case.chunk, case.dim, generator=gen).to(dt).to(device),
-            "target": torch.zeros(2 * pages, bs, case.dim, dtype=dt, device=device),
-            "pages": free_list.tolist() if on_cpu else free_list.to(device),
-        }
-    per_row = case.sparse and case.kernel == "partial_attention"
+    return case.spec.inputs(case, device, torch.Generator().manual_seed(seed))
+
+
+def _merge_inputs(case: KernelCase, device: str, gen: torch.Generator) -> dict:
+    outs = torch.randn(case.partials, case.rows, case.heads, case.v_dim, generator=gen)
+    lses = torch.randn(case.partials, case.rows, case.heads, generator=gen)
+    if device == "cpu":  # separate partials, as route and fetch merge them (no stacking)
+        parts = list(outs.unbind(0))
+        # the first as a route's answer arrives, in the wire format (the cache dtype):
+        # torch's merge converts it (route's merge ran up to 1.7x fetch's all-fp32 one
+        # on that path), the C merge reads it in place
+        parts[0] = parts[0].to(TORCH_DTYPES[case.dtype])
+        return {"outs": parts, "lses": list(lses.unbind(0))}
+    return {"outs": outs.to(device), "lses": lses.to(device)}
+
+
+def _prefill_inputs(case: KernelCase, device: str, gen: torch.Generator) -> dict:
+    dt, shape = TORCH_DTYPES[case.dtype], (1, case.heads, case.chunk)  # one causal sequence
+    return {
+        "q": torch.randn(*shape, case.dim, generator=gen).to(dt).to(device),
+        "k": torch.randn(*shape, case.dim, generator=gen).to(dt).to(device),
+        "v": torch.randn(*shape, case.v_dim, generator=gen).to(dt).to(device),
+    }
+
+
+def _splice_inputs(case: KernelCase, device: str, gen: torch.Generator) -> dict:
+    """Packed tokens into a paged cache's free pages."""
+    dt, bs = TORCH_DTYPES[case.dtype], case.block_size
+    pages = -(-case.chunk // bs)
+    # scattered over the cache, as a free list hands them out: a list on the CPU (its
+    # splice takes one), a tensor on a GPU, where the page table lives (and a graph's
+    # capture refuses a copy from the host)
+    free_list = torch.randperm(2 * pages, generator=gen)[:pages]
+    on_cpu = torch.device(device).type == "cpu"
+    return {
+        "packed": torch.randn(case.chunk, case.dim, generator=gen).to(dt).to(device),
+        "target": torch.zeros(2 * pages, bs, case.dim, dtype=dt, device=device),
+        "pages": free_list.tolist() if on_cpu else free_list.to(device),
+    }
+
+
+def _paged_inputs(case: KernelCase, device: str, gen: torch.Generator, per_row: bool) -> dict:
+    """A paged cache and a selection of its tokens (what attention and gather read);
+    ``per_row``: a sparse selection of its own for each decode row (attention's)."""
+    dt, bs = TORCH_DTYPES[case.dtype], case.block_size
     if per_row:
         # each decode row selects from a context of its own (a batch's rows are different
         # requests): one region of SPARSE_CONTEXT x chunk tokens a row, so no row reads
@@ -230,11 +277,21 @@ def make_inputs(case: KernelCase, device: str, seed: int):
     else:
         pages = torch.randperm(blocks, generator=gen)[: -(-case.chunk // bs)]
         indices = DensePages(pages.to(device), case.chunk)
-    inputs = {"cache": cache, "indices": indices}
-    if case.kernel == "gather":  # packed into a staging buffer allocated once, as a holder does
-        inputs["staging"] = torch.empty(case.chunk, case.dim, dtype=dt, device=device)
-    if case.kernel == "partial_attention":
-        inputs["q"] = torch.randn(case.rows, case.heads, case.dim, generator=gen).to(dt).to(device)
+    return {"cache": cache, "indices": indices}
+
+
+def _attention_inputs(case: KernelCase, device: str, gen: torch.Generator) -> dict:
+    inputs = _paged_inputs(case, device, gen, per_row=case.sparse)
+    q = torch.randn(case.rows, case.heads, case.dim, generator=gen)
+    inputs["q"] = q.to(TORCH_DTYPES[case.dtype]).to(device)
+    return inputs
+
+
+def _gather_inputs(case: KernelCase, device: str, gen: torch.Generator) -> dict:
+    """Packed into a staging buffer allocated once, as a holder does."""
+    inputs = _paged_inputs(case, device, gen, per_row=False)
+    dt = TORCH_DTYPES[case.dtype]
+    inputs["staging"] = torch.empty(case.chunk, case.dim, dtype=dt, device=device)
     return inputs
 
 
@@ -255,12 +312,11 @@ def cache_bytes(device: str) -> int:
 # much memory: a host whose last-level cache is huge rotates over less than twice it.
 MAX_ROTATION_BYTES = 512 * 2**20
 FRESH_SETS = 8
-# Kernels whose calls touch a serving cache's pages: attention reads its chunk, a splice
-# writes the free pages. A serving cache is gigabytes, so those pages come from memory
-# however short the chunk is: a few small rotating sets would stay in the last-level cache
-# and time those kernels faster than validate's routed, local and fetched paths, among
-# more memory, ever run them.
-COLD_PAGES_KERNELS = ("partial_attention", "splice")
+# Kernels whose calls touch a serving cache's pages (``KernelSpec.cold_pages``: attention
+# reads its chunk, a splice writes the free pages) are timed past this: a serving cache is
+# gigabytes, so those pages come from memory however short the chunk is, and a few small
+# rotating sets would stay in the last-level cache and time those kernels faster than
+# validate's routed, local and fetched paths, among more memory, ever run them.
 
 
 def cold_set_count(touched_bytes: int, set_bytes: int, cache: int) -> int:
@@ -277,14 +333,10 @@ def input_sets(case: KernelCase, device: str, seed: int) -> list[dict]:
     cache = cache_bytes(device)
     fresh = max(1, min(FRESH_SETS, math.ceil(2 * cache / max(input_bytes(first), 1))))
     sets = [first] + [make_inputs(case, device, seed + i) for i in range(1, fresh)]
-    shared = set()
-    if case.kernel == "splice":
-        # A splice reads the landing buffer the transfer has just written (one buffer, in
-        # cache) and writes free pages that are not: only the targets rotate.
-        shared.add("packed")
-        for inputs in sets[1:]:
-            inputs["packed"] = first["packed"]
-    if case.kernel in COLD_PAGES_KERNELS:
+    shared = set(case.spec.shared_inputs)
+    for inputs in sets[1:]:
+        inputs.update({k: first[k] for k in shared})
+    if case.spec.cold_pages:
         own = input_bytes({k: v for k, v in first.items() if k not in shared})
         touched = case.chunk * (case.rows if case.sparse else 1) * case.dim * case.elem
         count = cold_set_count(touched, own, cache)
@@ -299,27 +351,62 @@ def input_sets(case: KernelCase, device: str, seed: int) -> list[dict]:
 
 
 def case_runner(case: KernelCase, backend_name: str, scale: float):
+    return case.spec.runner(case, backend_name, scale)
+
+
+def _attention_runner(case: KernelCase, backend_name: str, scale: float):
     backend = get_backend(backend_name)
-    if case.kernel == "partial_attention":
-        return lambda x: backend.partial_attention(
-            x["q"], x["cache"], x["indices"], scale, case.v_dim
-        )
-    if case.kernel == "merge":
-        return lambda x: backend.merge_partials(x["outs"], x["lses"])
-    if case.kernel == "gather":
-        return lambda x: gather_kv(x["cache"], x["indices"], backend=backend_name, out=x["staging"])
-    if case.kernel == "splice":
-        return lambda x: backend.splice_kv(
-            x["target"], x["packed"], x["pages"], 1024, case.rope_dim, None
-        )
-    if case.kernel == "prefill":
-        # attention's part of a prefill, as torch runs it on this device (flash kernels on
-        # GPUs, its fused CPU kernel here): the term that grows with the square of the length
-        scale = 1 / math.sqrt(case.dim)
-        return lambda x: torch.nn.functional.scaled_dot_product_attention(
-            x["q"], x["k"], x["v"], is_causal=True, scale=scale
-        )
-    raise ValueError(case.kernel)
+    return lambda x: backend.partial_attention(x["q"], x["cache"], x["indices"], scale, case.v_dim)
+
+
+def _merge_runner(case: KernelCase, backend_name: str, scale: float):
+    backend = get_backend(backend_name)
+    return lambda x: backend.merge_partials(x["outs"], x["lses"])
+
+
+def _gather_runner(case: KernelCase, backend_name: str, scale: float):
+    return lambda x: gather_kv(x["cache"], x["indices"], backend=backend_name, out=x["staging"])
+
+
+def _splice_runner(case: KernelCase, backend_name: str, scale: float):
+    backend = get_backend(backend_name)
+    return lambda x: backend.splice_kv(
+        x["target"], x["packed"], x["pages"], 1024, case.rope_dim, None
+    )
+
+
+def _prefill_runner(case: KernelCase, backend_name: str, scale: float):
+    # attention's part of a prefill, as torch runs it on this device (flash kernels on
+    # GPUs, its fused CPU kernel here): the term that grows with the square of the length
+    scale = 1 / math.sqrt(case.dim)
+    return lambda x: torch.nn.functional.scaled_dot_product_attention(
+        x["q"], x["k"], x["v"], is_causal=True, scale=scale
+    )
+
+
+SPECS = {
+    spec.name: spec
+    for spec in (
+        KernelSpec(
+            "partial_attention", _attention_bytes, _attention_flops, _attention_inputs,
+            _attention_runner, cold_pages=True, every_rows=True,
+        ),
+        KernelSpec(
+            "merge", _merge_bytes, _merge_flops, _merge_inputs, _merge_runner,
+            merges_partials=True, every_rows=True,
+        ),
+        KernelSpec("gather", _moved_bytes, lambda case: 0, _gather_inputs, _gather_runner),
+        KernelSpec(
+            "splice", _moved_bytes, _splice_flops, _splice_inputs, _splice_runner,
+            cold_pages=True,
+            # a splice reads the landing buffer the transfer has just written (one buffer,
+            # in cache) and writes free pages that are not: only the targets rotate
+            shared_inputs=("packed",),
+        ),
+        KernelSpec("prefill", _prefill_bytes, _prefill_flops, _prefill_inputs, _prefill_runner),
+    )
+}  # fmt: skip
+KERNELS = tuple(SPECS)
 
 
 def time_case(
@@ -567,40 +654,32 @@ def plan_cases(
     def decode_case(kernel: str, r: int, c: int, sparse_: bool, **when) -> KernelCase:
         """A case of the decode kernels' shapes (``when``: what precedes each call)."""
         return KernelCase(
-            kernel,
-            r,
-            h,
-            c,
-            model.qk_dim,
-            model.v_dim,
-            dtype,
-            sparse_,
-            block_size=block_size,
-            rope_dim=model.rope_dim,
+            kernel=kernel, rows=r, heads=h, chunk=c, dim=model.qk_dim, v_dim=model.v_dim,
+            dtype=dtype, sparse=sparse_, block_size=block_size, rope_dim=model.rope_dim,
             **when,
-        )
+        )  # fmt: skip
 
     cases = []
     for kernel in kernels:
         if kernel == "prefill":  # one sequence per length, the model's prefill head shapes
             cases += [
                 KernelCase(
-                    "prefill",
-                    1,
-                    h,
-                    c,
-                    model.prefill_qk_dim,
-                    model.prefill_v_dim,
-                    dtype,
-                    False,
+                    kernel="prefill",
+                    rows=1,
+                    heads=h,
+                    chunk=c,
+                    dim=model.prefill_qk_dim,
+                    v_dim=model.prefill_v_dim,
+                    dtype=dtype,
+                    sparse=False,
                     block_size=block_size,
                     rope_dim=model.rope_dim,
-                )
+                )  # fmt: skip
                 for c in chunks
             ]
             continue
         spliced = kernel == "partial_attention" and in_context and not sparse
-        for r in rows if kernel in ("partial_attention", "merge") else [1]:
+        for r in rows if SPECS[kernel].every_rows else [1]:
             merge = kernel == "merge"
             for c in chunks if not merge or in_context else [0]:
                 after = c if in_context and kernel != "partial_attention" else 0
@@ -667,7 +746,7 @@ def sample_rows(
             "heads": case.heads,
             "chunk_tokens": case.chunk,
             "sparse": case.sparse,
-            "partials": case.partials if case.kernel == "merge" else 1,
+            "partials": case.partials if case.spec.merges_partials else 1,
             "bytes_moved": case.bytes_moved,
             "flops": case.flops,
             "iterations": calls,
