@@ -463,9 +463,25 @@ def test_predicate_property_over_sixty_and_twenty_seeds():
     _assert_the_predicates_property(_cpu_tail(range(20)), worst=0.10)
 
 
+def test_the_move_runs_on_the_compute_where_the_profile_was_fitted_on_cpu_kernels():
+    import dataclasses
+
+    from xbench.simulate import moves_on_compute
+
+    cpu = load_profile(Path(__file__).parent / "data" / "vm-cpu-profile.toml")
+    assert moves_on_compute(cpu) and not moves_on_compute(PRIORS)
+    conditions = {**cpu.provenance["conditions"], "gpu": "NVIDIA H100 80GB HBM3"}
+    on_gpu = dataclasses.replace(cpu, provenance={**cpu.provenance, "conditions": conditions})
+    assert not moves_on_compute(on_gpu)
+
+
 def test_every_shipped_scenario_with_a_workload_loads():
     loaded = {s.stem: load_workload(s) for s in SCENARIOS if "[workload]" in s.read_text()}
     assert {"agentic-codebase", "decode-route-vs-fetch", "moska-shared-chunk"} <= set(loaded)
+    # what simulate reports beside the policies comes from the scenario, not its name
+    assert {name: w["reports"] for name, w in loaded.items() if w["reports"]} == {
+        "moska-shared-chunk": ("batching",)
+    }
     assert set(loaded["decode-route-vs-fetch"]["fabrics"]) == {
         "nvlink",
         "ibgda",
@@ -486,6 +502,8 @@ def test_every_shipped_scenario_with_a_workload_loads():
         ('kind = "prefill"\nlocal_speed = 0', "local_speed = 0 is out of range"),
         ('kind = "prefill"\nmin_length = 9000\nmax_length = 100', "min_length 9000 > max_length"),
         ('kind = "prefill"\nchunks = 4', "unknown [workload] field 'chunks'"),
+        ('reports = ["speedup"]', "reports ['speedup'] are not reports"),
+        ('kind = "prefill"\nreports = ["batching"]', "unknown [workload] field 'reports'"),
     ],
 )
 def test_workload_errors_name_the_file_and_field(tmp_path, table, words):

@@ -481,21 +481,20 @@ def _new_run(command: str, out: Path | None) -> tuple[str, Path]:
 
 def _rerun(baseline: Path, command: str, run_id: str, out_dir: Path, runs: int | None) -> None:
     """The baseline's stored sweep, run again into ``out_dir``."""
-    from types import SimpleNamespace
-
     if command == "probe":
         from xbench.cli.common import OutputFormat
-        from xbench.cli.probe import launch, stored_config
+        from xbench.cli.probe import launch
+        from xbench.probe.runner import ProbeConfig
 
-        fresh = SimpleNamespace(
-            out_dir=str(out_dir), run_id=run_id, tcp_interface=None, bind="core"
+        cfg, np, launches = ProbeConfig.from_stored_run(
+            baseline, out_dir=str(out_dir), run_id=run_id, tcp_interface=None, bind="core"
         )
-        cfg, np, launches = stored_config(baseline, fresh)
         launch(cfg, np, OutputFormat.table, runs=runs or launches, report=False)
     else:
-        from xbench.cli.kernel import run_configured, stored_config
+        from xbench.cli.kernel import run_configured
+        from xbench.kernels.worker import SweepConfig
 
-        cfg = stored_config(baseline, SimpleNamespace(out_dir=str(out_dir), run_id=run_id))
+        cfg = SweepConfig.from_stored_run(baseline, out_dir=str(out_dir), run_id=run_id)
         if runs:
             cfg.runs = runs
         run_configured(cfg)

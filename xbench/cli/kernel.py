@@ -236,7 +236,7 @@ def kernel(
         merge_wait_us=merge_wait_us,
     )
     if config_from is not None:
-        cfg = stored_config(config_from, cfg)
+        cfg = SweepConfig.from_stored_run(config_from, out_dir=cfg.out_dir, run_id=cfg.run_id)
     # only now: a refused command leaves no empty run directory behind
     claim_run_dir(out_dir)
     run_configured(cfg)
@@ -267,27 +267,6 @@ def duration_list(text: str, device: str, option: str, auto_cpu: str) -> list[in
             )
         gaps.append(round(seconds * 1e6))
     return sorted(set(gaps))
-
-
-def stored_config(run_dir: Path, fresh):
-    """The stored kernel run's sweep, writing to ``fresh``'s run directory and run id."""
-    from xbench.kernels import cpu_bf16
-    from xbench.kernels.worker import SweepConfig
-    from xbench.results.store import read_run_meta
-
-    meta = read_run_meta(run_dir)
-    if meta.get("command") != "kernel" or not meta.get("config"):
-        raise XbenchError(
-            f"{run_dir} holds no stored kernel sweep configuration",
-            "pass a run directory written by xbench kernel (0.2.0 or later)",
-        )
-    cfg = SweepConfig(**meta["config"])
-    cfg.out_dir, cfg.run_id, cfg.process_run = fresh.out_dir, fresh.run_id, 0
-    try:
-        cpu_bf16.choose_path(cfg.cpu_attention)
-    except ValueError as exc:
-        raise XbenchError(str(exc), "re-run the baseline on a machine that has it") from None
-    return cfg
 
 
 def run_configured(cfg) -> None:

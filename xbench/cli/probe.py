@@ -261,7 +261,13 @@ def probe(
     )
 
     if config_from is not None:
-        cfg, np, stored_runs = stored_config(config_from, cfg)
+        cfg, np, stored_runs = ProbeConfig.from_stored_run(
+            config_from,
+            out_dir=cfg.out_dir,
+            run_id=cfg.run_id,
+            tcp_interface=cfg.tcp_interface,
+            bind=cfg.bind,
+        )
         # under a site launcher each step is one launch (--process-run says which)
         runs = 1 if launched else stored_runs
     if process_run:
@@ -328,30 +334,6 @@ def _continued(cfg, out_dir: Path, process_run: int, launched: bool):
         )
     cfg.run_id, cfg.process_run = run_id, process_run
     return cfg
-
-
-def stored_config(run_dir: Path, fresh):
-    """(config, ranks, launches) of the stored probe run in ``run_dir``, writing to ``fresh``'s
-    run directory under ``fresh``'s run id and binding."""
-    import json
-
-    from xbench.probe.runner import ProbeConfig
-    from xbench.results.store import read_run_meta
-
-    meta = read_run_meta(run_dir)
-    if meta.get("command") != "probe" or not meta.get("config"):
-        raise XbenchError(
-            f"{run_dir} holds no stored probe configuration",
-            "pass a run directory written by xbench probe",
-        )
-    cfg = ProbeConfig.from_json(json.dumps(meta["config"]))
-    cfg.out_dir, cfg.run_id, cfg.process_run = fresh.out_dir, fresh.run_id, 0
-    cfg.tcp_interface = fresh.tcp_interface
-    # who binds: a site launcher now, or xbench's launch as stored (or as asked, when the
-    # stored run was itself started by a site launcher)
-    if fresh.bind == "by launcher" or cfg.bind == "by launcher":
-        cfg.bind = fresh.bind
-    return cfg, int(meta.get("ranks") or 2), int(meta["config"].get("process_run", 0)) + 1
 
 
 def _run_as_rank(cfg, launcher: str, fmt: OutputFormat) -> None:

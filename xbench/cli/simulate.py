@@ -88,7 +88,7 @@ def simulate(
     from xbench.results.metadata import new_run_id, run_metadata
     from xbench.results.schema import PREFILL_SIMULATION, SIMULATION
     from xbench.results.store import refuse_overwrite, write_table
-    from xbench.simulate import POLICIES, batching_gain, run, span_reuse
+    from xbench.simulate import POLICIES, batching_gain, moves_on_compute, run, span_reuse
     from xbench.simulate.prefill import PREFILL_POLICIES, run_prefill
 
     prof = load_profile(profile_path(profile or DEFAULT_PROFILE))
@@ -135,11 +135,8 @@ def simulate(
     if out is not None:
         refuse_overwrite(out, force)
     prefill = spec["kind"] == "prefill"
-    conditions = prof.provenance.get("conditions", {})
-    if not prefill:  # fitted on CPU kernels: the ranks gather and splice on their own cores
-        spec["fields"]["move_on_compute"] = bool(
-            conditions.get("cpu_attention") and not conditions.get("gpu")
-        )
+    if not prefill:
+        spec["fields"]["move_on_compute"] = moves_on_compute(prof)
     steps = len(spec["fabrics"]) * (4 if prefill else len(policies))
     with make_progress() as progress:
         task = progress.add_task("simulate", total=steps)
@@ -152,7 +149,7 @@ def simulate(
             frame = frame[frame.policy.isin(policies)].reset_index(drop=True)
         else:
             frame = run(prof, spec, policies, n, seed, on_step=step)
-    gains = batching_gain(prof, spec, n, seed) if spec["name"] == "moska-shared-chunk" else []
+    gains = batching_gain(prof, spec, n, seed) if "batching" in spec["reports"] else []
     reuse = span_reuse(prof, spec, n, seed) if spec["fields"].get("spans") else None
     if out is not None:
         meta = run_metadata(

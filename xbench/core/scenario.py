@@ -153,7 +153,12 @@ WORKLOAD_KEYS = {
     "fabric": ((str, list), None),
     "requests": (int, 1),
     "spans": (list, None),
+    "reports": (list, None),
 }
+# What a decode workload may ask ``xbench simulate`` to report beside its policies:
+# "batching", always-route with the holder batching the queries that converge on a chunk
+# against the same trace served one by one.
+REPORTS = ("batching",)
 PREFILL_KEYS = {
     "kind": (str, None),
     "local_instances": (int, 1),
@@ -308,6 +313,12 @@ def load_workload(path) -> dict:
             "rate_per_s": _rate(path, table, "2/s"),
         }
     else:
+        unknown = [r for r in table.get("reports", ()) if r not in REPORTS]
+        if unknown:
+            raise ScenarioError(
+                f"scenario {path}: [workload] reports {unknown} are not reports",
+                f"use {', '.join(REPORTS)}, or drop reports",
+            )
         spans = _spans(path, table["spans"]) if "spans" in table else ()
         if spans and {"chunks", "zipf"} & set(table):
             raise ScenarioError(
@@ -343,4 +354,5 @@ def load_workload(path) -> dict:
         "fields": fields,
         "fabrics": fabric if isinstance(fabric, list) else [fabric],
         "requests": table.get("requests", 20000),
+        "reports": tuple(table.get("reports", ())),
     }

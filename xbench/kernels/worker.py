@@ -57,6 +57,28 @@ class SweepConfig:
         return json.dumps(dataclasses.asdict(self))
 
     @classmethod
+    def from_stored_run(cls, run_dir, *, out_dir: str, run_id: str) -> SweepConfig:
+        """The kernel sweep stored in ``run_dir``, run again into ``out_dir`` as ``run_id``
+        (``xbench check``, ``kernel --config-from``)."""
+        from xbench.errors import XbenchError
+        from xbench.kernels import cpu_bf16
+        from xbench.results.store import read_run_meta
+
+        meta = read_run_meta(run_dir)
+        if meta.get("command") != "kernel" or not meta.get("config"):
+            raise XbenchError(
+                f"{run_dir} holds no stored kernel sweep configuration",
+                "pass a run directory written by xbench kernel (0.2.0 or later)",
+            )
+        cfg = cls(**meta["config"])
+        cfg.out_dir, cfg.run_id, cfg.process_run = out_dir, run_id, 0
+        try:
+            cpu_bf16.choose_path(cfg.cpu_attention)
+        except ValueError as exc:
+            raise XbenchError(str(exc), "re-run the baseline on a machine that has it") from None
+        return cfg
+
+    @classmethod
     def from_json(cls, text: str) -> SweepConfig:
         return cls(**json.loads(text))
 

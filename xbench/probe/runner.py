@@ -70,6 +70,29 @@ class ProbeConfig:
         data = json.loads(text)
         return cls(sweep=SweepSpec.from_dict(data.pop("sweep")), **data)
 
+    @classmethod
+    def from_stored_run(
+        cls, run_dir, *, out_dir: str, run_id: str, tcp_interface: str | None, bind: str
+    ) -> tuple[ProbeConfig, int, int]:
+        """(config, ranks, launches) of the probe run stored in ``run_dir``, run again into
+        ``out_dir`` as ``run_id`` (``xbench check``, ``probe --config-from``)."""
+        from xbench.results.store import read_run_meta
+
+        meta = read_run_meta(run_dir)
+        if meta.get("command") != "probe" or not meta.get("config"):
+            raise XbenchError(
+                f"{run_dir} holds no stored probe configuration",
+                "pass a run directory written by xbench probe",
+            )
+        cfg = cls.from_json(json.dumps(meta["config"]))
+        cfg.out_dir, cfg.run_id, cfg.process_run = out_dir, run_id, 0
+        cfg.tcp_interface = tcp_interface
+        # who binds: a site launcher now, or xbench's launch as stored (or as asked, when the
+        # stored run was itself started by a site launcher)
+        if bind == "by launcher" or cfg.bind == "by launcher":
+            cfg.bind = bind
+        return cfg, int(meta.get("ranks") or 2), int(meta["config"].get("process_run", 0)) + 1
+
 
 def parse_pairs(text: str, size: int) -> list[tuple[int, int]]:
     """``0-1`` (default), ``all`` (every pair), or ``0-1,0-2,2-3``."""

@@ -67,6 +67,14 @@ def run(profile, spec: dict, policies, requests: int, seed: int, on_step=None) -
     return pd.DataFrame(rows)
 
 
+def moves_on_compute(profile) -> bool:
+    """Whether a fetch's move (gather at the holder, splice at the requester) runs on the
+    instances' compute: so in a profile fitted on CPU kernels, where the same cores attend
+    and move; on a GPU the copy engines and SMs overlap."""
+    conditions = profile.provenance.get("conditions", {})
+    return bool(conditions.get("cpu_attention") and not conditions.get("gpu"))
+
+
 def batching_gain(profile, spec: dict, requests: int, seed: int) -> list[dict]:
     """Per fabric: always-route with the holder batching the queries that converge on a
     chunk, against the same trace served one by one (throughput and mean latency)."""
