@@ -7,6 +7,7 @@ from xbench.core.units import (
     SIZE_UNITS,
     format_size,
     parse_duration,
+    parse_duration_list,
     parse_int_list,
     parse_size,
     parse_size_list,
@@ -86,3 +87,10 @@ def test_durations_and_int_lists():
     with pytest.raises(XbenchError, match="1 or more"):  # zero rows or tokens: nothing to time
         parse_int_list("0,8", "--rows")
     assert parse_int_list("0,1,10", "--reuse", least=0) == [0, 1, 10]
+
+
+def test_duration_lists_are_sorted_distinct_and_bounded():
+    assert parse_duration_list("2ms, 500us,2ms", "--idle", 1e-6, 1.0, "500us,2ms") == [5e-4, 2e-3]
+    for bad, words in (("2ms,,4ms", "empty item"), ("2s", "--idle 2s is outside 1us-1s")):
+        with pytest.raises(XbenchError, match=words):
+            parse_duration_list(bad, "--idle", 1e-6, 1.0, "500us,2ms")

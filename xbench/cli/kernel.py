@@ -21,7 +21,13 @@ from xbench.cli.common import (
     note_run_dir,
 )
 from xbench.cli.render import add_columns, notes, num, result_table
-from xbench.core.units import format_duration, parse_duration, parse_int_list, parse_name_list
+from xbench.core.units import (
+    format_duration,
+    parse_duration,
+    parse_duration_list,
+    parse_int_list,
+    parse_name_list,
+)
 from xbench.errors import XbenchError
 
 
@@ -258,15 +264,8 @@ def duration_list(text: str, device: str, option: str, auto_cpu: str) -> list[in
         text = auto_cpu if device == "cpu" else "none"
     if text in ("none", "0", ""):
         return []
-    gaps = []
-    for item in text.split(","):
-        seconds = parse_duration(item.strip())
-        if not 1e-6 <= seconds <= 1.0:
-            raise XbenchError(
-                f"{option} {item.strip()} is outside 1us-1s", f"pass times like {auto_cpu}"
-            )
-        gaps.append(round(seconds * 1e6))
-    return sorted(set(gaps))
+    seconds = parse_duration_list(text, option, 1e-6, 1.0, auto_cpu)
+    return sorted({round(s * 1e6) for s in seconds})
 
 
 def run_configured(cfg) -> None:

@@ -130,6 +130,23 @@ def parse_int_list(
     return sorted(values)
 
 
+def parse_duration_list(text: str, name: str, least: float, most: float, example: str):
+    """Parse ``500us,2ms`` into sorted, distinct seconds, each within [least, most]."""
+    seconds: set[float] = set()
+    for item in str(text).split(","):
+        item = item.strip()
+        if not item:
+            raise XbenchError(f"bad {name} {text!r}: empty item", f"write {name} as {example}")
+        value = parse_duration(item)
+        if not least <= value <= most:
+            raise XbenchError(
+                f"{name} {item} is outside {format_duration(least)}-{format_duration(most)}",
+                f"pass times like {example}",
+            )
+        seconds.add(value)
+    return sorted(seconds)
+
+
 def parse_name_list(text: str, name: str, choices=None, noun: str = "") -> list[str]:
     """Parse ``a,b,c``: no empty item, no item twice, each among ``choices`` if given
     (``noun`` names one item in the message: "unknown pattern x")."""
