@@ -47,7 +47,7 @@ PRIORS = ROOT / "profiles" / "h100-priors.toml"
 PY = sys.executable
 
 # the tiles scanned: the shipped candidates (triton_mla.GPU_TILES) and the nearest rival
-# (one stage of 128 tokens: 7-8 % slower at 64 rows on an H200; one stage of 64 and four of
+# (one stage of 128 tokens: about 7 % slower at 64 rows on an H200; one stage of 64 and four of
 # 32 lost by more), a dense selection both as a page table and as token indices built in
 # the call (the way before the page table)
 TILES = "64,64,8,2,1 16,64,4,2,1 64,128,8,1,1"

@@ -414,23 +414,14 @@ def test_the_triton_backend_says_which_tile_and_splits_it_ran(monkeypatch):
 
 def test_each_kernel_is_one_spec_whose_parts_agree():
     """A kernel is one KernelSpec (bytes, FLOPs, inputs, the call timed) and its line in
-    SPECS: every spec's input set feeds its own call on this CPU, and what the sweep records
-    (kernel_samples' bytes and FLOPs, the merge's partials) is read from the spec."""
-    from xbench.kernels.bench import (
-        KERNELS,
-        SPECS,
-        KernelCase,
-        case_runner,
-        make_inputs,
-        sample_rows,
-    )
+    SPECS: every spec's input set feeds its own call on this CPU (a key or a shape its call
+    does not take fails), and only a merge records the partials it combines."""
+    from xbench.kernels.bench import SPECS, KernelCase, case_runner, make_inputs, sample_rows
 
-    assert KERNELS == tuple(SPECS) and all(name == spec.name for name, spec in SPECS.items())
-    for name, spec in SPECS.items():
+    assert all(name == spec.name for name, spec in SPECS.items())
+    for name in SPECS:
         case = KernelCase(name, 2, 16, 64, 576, 512, "bf16", False, partials=3)
-        assert case.spec is spec
-        case_runner(case, "torch", 0.05)(make_inputs(case, "cpu", 0))  # runs, any shape error
+        case_runner(case, "torch", 0.05)(make_inputs(case, "cpu", 0))
         (row,) = sample_rows(case, [(1, False, 1e-6)], "r", "torch", "cpu", "m")
-        assert (row["bytes_moved"], row["flops"]) == (spec.bytes_moved(case), spec.flops(case))
-        assert row["partials"] == (3 if spec.merges_partials else 1)
+        assert row["partials"] == (3 if name == "merge" else 1), name
     assert SPECS["gather"].flops(KernelCase("gather", 1, 16, 64, 576, 512, "bf16", False)) == 0

@@ -130,7 +130,7 @@ def slurm(
     elif fmt == OutputFormat.csv:
         print("script,submitted,state,exit_status")
         print(
-            f"{out},{job_id or ''},{ended.state if ended else ''},{'' if not ended else ended.exit_status}"
+            f"{out},{job_id or ''},{ended.state if ended else ''},{ended.exit_status if ended else ''}"
         )
     if ended is not None and ended.exit_status:
         raise typer.Exit(ended.exit_status)

@@ -29,6 +29,7 @@ from xbench.core.costmodel import (
     Request,
     closed_forms,
     device_side,
+    local_time,
     option_times,
 )
 
@@ -112,11 +113,6 @@ def _device(terms, cols: Columns) -> tuple:
         ARRAY, terms, cols.rows, cols.chunk, cols.reuse, cols.segments, cols.fetch_cost,
         cols.blocks_local,
     )  # fmt: skip
-
-
-def _local(dev: tuple):
-    _, _, _, local, _, _, _, _, _, _ = dev
-    return local
 
 
 def _options(f, end: int, dev, cols: Columns) -> tuple:
@@ -296,7 +292,7 @@ def _closed_forms(profile: Profile, cols, dev, best_f, n: int):
 def _decide_block(profile: Profile, cols, codes, n: int) -> dict:
     dev = profile.device
     dev_val = _device(dev.terms(VALUE), cols)
-    local = _full(_local(dev_val), n)
+    local = _full(local_time(dev_val), n)
     nf = len(profile.fabrics)
     # Each fabric's route and fetch times (inf where a row asks for another fabric).
     route_f, fetch_f, active = np.empty((nf, n)), np.empty((nf, n)), []
@@ -380,8 +376,8 @@ def _decide_block(profile: Profile, cols, codes, n: int) -> dict:
             index = np.flatnonzero(mine)
             sub, ch = Columns(*(_subset(c, index) for c in cols)), choice[index]
         dev_hi, dev_lo = _device(dev.terms(HIGH), sub), _device(dev.terms(LOW), sub)
-        hi = (*_options(f, HIGH, dev_hi, sub), _local(dev_hi))
-        lo = (*_options(f, LOW, dev_lo, sub), _local(dev_lo))
+        hi = (*_options(f, HIGH, dev_hi, sub), local_time(dev_hi))
+        lo = (*_options(f, LOW, dev_lo, sub), local_time(dev_lo))
         r0, f0 = ch == 0, ch == 1
         hi_w = np.where(r0, hi[0], np.where(f0, hi[1], hi[2]))
         lo_r = np.where(

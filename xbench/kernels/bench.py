@@ -128,8 +128,10 @@ class KernelSpec:
     flops: Callable[[KernelCase], int]
     inputs: Callable[[KernelCase, str, torch.Generator], dict]
     runner: Callable[[KernelCase, str, float], Callable[[dict], object]]
-    # touches a serving cache's pages, which come from memory however short the chunk:
-    # its rotating sets are copied past twice the last cache (see input_sets)
+    # touches a serving cache's pages (attention reads its chunk, a splice writes free
+    # pages). A serving cache is gigabytes, so those pages come from memory however short
+    # the chunk: its rotating sets are copied past twice the last cache (input_sets), or a
+    # few small sets would stay cached and time it faster than validate's paths run it
     cold_pages: bool = False
     shared_inputs: tuple = ()  # inputs every set shares: one buffer, kept in cache
     merges_partials: bool = False  # its case's ``partials`` is what it combines
@@ -312,11 +314,6 @@ def cache_bytes(device: str) -> int:
 # much memory: a host whose last-level cache is huge rotates over less than twice it.
 MAX_ROTATION_BYTES = 512 * 2**20
 FRESH_SETS = 8
-# Kernels whose calls touch a serving cache's pages (``KernelSpec.cold_pages``: attention
-# reads its chunk, a splice writes the free pages) are timed past this: a serving cache is
-# gigabytes, so those pages come from memory however short the chunk is, and a few small
-# rotating sets would stay in the last-level cache and time those kernels faster than
-# validate's routed, local and fetched paths, among more memory, ever run them.
 
 
 def cold_set_count(touched_bytes: int, set_bytes: int, cache: int) -> int:

@@ -62,14 +62,14 @@ class SweepConfig:
         (``xbench check``, ``kernel --config-from``)."""
         from xbench.errors import XbenchError
         from xbench.kernels import cpu_bf16
-        from xbench.results.store import read_run_meta
+        from xbench.results.store import stored_config
 
-        meta = read_run_meta(run_dir)
-        if meta.get("command") != "kernel" or not meta.get("config"):
-            raise XbenchError(
-                f"{run_dir} holds no stored kernel sweep configuration",
-                "pass a run directory written by xbench kernel (0.2.0 or later)",
-            )
+        meta = stored_config(
+            run_dir,
+            "kernel",
+            "kernel sweep configuration",
+            "pass a run directory written by xbench kernel (0.2.0 or later)",
+        )
         cfg = cls(**meta["config"])
         cfg.out_dir, cfg.run_id, cfg.process_run = out_dir, run_id, 0
         try:

@@ -76,14 +76,11 @@ class ProbeConfig:
     ) -> tuple[ProbeConfig, int, int]:
         """(config, ranks, launches) of the probe run stored in ``run_dir``, run again into
         ``out_dir`` as ``run_id`` (``xbench check``, ``probe --config-from``)."""
-        from xbench.results.store import read_run_meta
+        from xbench.results.store import stored_config
 
-        meta = read_run_meta(run_dir)
-        if meta.get("command") != "probe" or not meta.get("config"):
-            raise XbenchError(
-                f"{run_dir} holds no stored probe configuration",
-                "pass a run directory written by xbench probe",
-            )
+        meta = stored_config(
+            run_dir, "probe", "probe configuration", "pass a run directory written by xbench probe"
+        )
         cfg = cls.from_json(json.dumps(meta["config"]))
         cfg.out_dir, cfg.run_id, cfg.process_run = out_dir, run_id, 0
         cfg.tcp_interface = tcp_interface

@@ -261,6 +261,15 @@ def read_table(paths, table_name: str) -> pd.DataFrame:
     return pa.concat_tables(tables).to_pandas()
 
 
+def stored_config(run_dir, command: str, what: str, hint: str) -> dict:
+    """The configuration a ``command`` run stored in ``run_dir`` (its run.json), to run it
+    again; refused in one line (naming ``what``, with ``hint``) where there is none."""
+    meta = read_run_meta(run_dir)
+    if meta.get("command") != command or not meta.get("config"):
+        raise XbenchError(f"{run_dir} holds no stored {what}", hint)
+    return meta
+
+
 def read_run_meta(path: Path) -> dict:
     """The run.json of a run directory, or of the run a part file belongs to ({} if none)."""
     path = Path(path)
