@@ -148,18 +148,24 @@ def test_more_splits_than_pages_and_heads_that_do_not_fill_a_tile(triton_backend
 def test_a_page_table_gives_what_its_token_indices_give(triton_backend):
     """A dense selection reaches the kernel as its page table (addresses computed there):
     pages out of order, a last page partly used, 1 and 3 splits, tiles within a page (one
-    lookup a tile) and across pages (one a token): the same attention to the bit as the same
-    tokens listed one by one."""
+    lookup a tile; whole ones copied by TMA with 64-row tiles, of one or two output parts)
+    and across pages (one a token): the same attention to the bit as the same tokens listed
+    one by one. The last page's unused rows hold NaN, which no path may read."""
     gen = torch.Generator().manual_seed(9)
-    sel = DensePages(torch.tensor([3, 0, 6]), 2 * BS + 5)
-    cache = make_cache(8, torch.bfloat16, sel.token_indices(BS), gen)
     q = torch.randn(2, 16, D, generator=gen).to(torch.bfloat16)
-    for tile, splits in itertools.product(((16, 16, 4, 2, 1), (16, 2 * BS, 4, 2, 1)), (1, 3)):
-        by_pages = run(triton_backend, q, cache, sel, 0.05, splits=splits, tile=tile)
-        by_tokens = run(
-            triton_backend, q, cache, sel.token_indices(BS), 0.05, splits=splits, tile=tile
-        )
-        assert all(map(torch.equal, by_pages, by_tokens)), (tile, splits)
+    tiles = ((16, 16, 4, 2, 1), (16, 2 * BS, 4, 2, 1), (64, 16, 8, 2, 1), (64, 16, 8, 2, 2))
+    # a last page partly used (a partial tile), and whole pages (no code for one compiled)
+    for tokens in (2 * BS + 5, 3 * BS):
+        sel = DensePages(torch.tensor([3, 0, 6]), tokens)
+        cache = make_cache(8, torch.bfloat16, sel.token_indices(BS), gen)
+        cache[6, tokens - 2 * BS :] = float("nan")
+        for tile, splits in itertools.product(tiles, (1, 3)):
+            by_pages = run(triton_backend, q, cache, sel, 0.05, splits=splits, tile=tile)
+            by_tokens = run(
+                triton_backend, q, cache, sel.token_indices(BS), 0.05, splits=splits, tile=tile
+            )
+            assert all(map(torch.equal, by_pages, by_tokens)), (tokens, tile, splits)
+            assert not by_pages[0].isnan().any(), (tokens, tile, splits)
 
 
 def test_writes_the_callers_bf16_message(triton_backend):

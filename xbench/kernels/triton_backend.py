@@ -5,7 +5,9 @@ Absorbed MLA decode has one KV head: every query row (decode token x head) reads
 (all of them for a dense page table, one row's heads for a per-row sparse selection) and
 reads each selected cache row once per tile, not once per head. A dense selection arrives
 as its page table and the kernel computes each token's address (one lookup a tile when a
-tile lies in one page); a sparse one as token indices, -1 padding. The key tile is split 512 +
+tile lies in one page), and a 64-row tile's whole tiles of tokens are copied by the tensor
+memory accelerator (TMA) through two descriptors of the cache; a sparse one as token
+indices, -1 padding, gathered row by row. The key tile is split 512 +
 64 (latent + RoPE); V is the latent part of the key tile already loaded. Tokens are split
 over programs (split-KV) so a single decode row still fills the GPU; each split keeps an fp32
 online softmax and writes a normalised fp32 partial with its LSE, and a second kernel
@@ -65,6 +67,13 @@ def _host_time(kernel_call, quantiles=None):
     return [ms] * len(quantiles) if quantiles else ms
 
 
+def _descriptor_blocks(args: dict) -> None:
+    """The key tile's copies follow the tile the tuner tries: BLOCK_N cache rows of the
+    accumulated latent columns, and of the RoPE columns (the tuner's per-config hook)."""
+    args["own_desc"].block_shape = [args["BLOCK_N"], LATENT // args["VSPLIT"]]
+    args["rp_desc"].block_shape = [args["BLOCK_N"], ROPE]
+
+
 @functools.cache
 def _kernels(tiles: tuple):
     """(split kernel, combine kernel), defined on first use (see ``triton_mla``). The split
@@ -78,7 +87,10 @@ def _kernels(tiles: tuple):
     split = triton.autotune(
         configs=[
             triton.Config(
-                {"BLOCK_M": m, "BLOCK_N": n, "VSPLIT": parts}, num_warps=warps, num_stages=stages
+                {"BLOCK_M": m, "BLOCK_N": n, "VSPLIT": parts},
+                num_warps=warps,
+                num_stages=stages,
+                pre_hook=_descriptor_blocks,
             )
             for m, n, warps, stages, parts in tiles
         ],
@@ -151,7 +163,7 @@ class TritonBackend(TorchFallbacks):
     def __init__(self):
         try:
             import torch
-            import triton  # noqa: F401
+            from triton.tools.tensor_descriptor import TensorDescriptor  # Triton >= 3.3
         except ImportError as exc:
             raise BackendUnavailable(
                 f"triton: not importable ({exc})",
@@ -163,6 +175,7 @@ class TritonBackend(TorchFallbacks):
                 "run on a GPU machine; TRITON_INTERPRET=1 runs it on CPU tensors (slow, for tests)",
             )
         self.torch = torch
+        self._descriptor = TensorDescriptor
 
     def _sm_count(self, device) -> int:
         if device.type == "cuda":
@@ -224,6 +237,15 @@ class TritonBackend(TorchFallbacks):
         kv_flat = kv_cache.reshape(-1, dim)
         if not kv_flat.is_contiguous():
             kv_flat = kv_flat.contiguous()
+        if kv_flat.data_ptr() % 16:  # a view at an odd offset: TMA copies need 16-B alignment
+            kv_flat = kv_flat.clone()
+        # the cache as a 2-D tensor for the tensor memory accelerator (TMA), which copies
+        # whole tiles of a page table's pages; its coordinates are int32
+        tma = page > 0 and kv_flat.shape[0] < 2**31
+        own_desc, rp_desc = (
+            self._descriptor(kv_flat, list(kv_flat.shape), list(kv_flat.stride()), [1, 1])
+            for _ in range(2)
+        )  # block shapes: the tile's (_descriptor_blocks)
         result = (
             out
             if out is not None
@@ -249,6 +271,8 @@ class TritonBackend(TorchFallbacks):
         split_kernel[grid](
             q_flat,
             kv_flat,
+            own_desc,
+            rp_desc,
             idx,
             part_out,
             part_lse,
@@ -268,6 +292,7 @@ class TritonBackend(TorchFallbacks):
             LAT=LATENT,
             RP=ROPE,
             PAGE=page,
+            TMA=tma,
         )
         if splits > 1:  # query rows x column chunks, the tuner's choice of chunk
             combine_kernel[lambda meta: (total_rows, LATENT // meta["BLOCK_C"])](

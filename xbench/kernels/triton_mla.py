@@ -12,8 +12,8 @@ import triton.language as tl
 # (query rows, tokens, warps, pipeline stages, output column parts). The first is the
 # preferred tile (the split count is chosen for it): one program per 64 query rows holds the
 # whole 64 x 512 fp32 accumulator (128 registers a thread at 8 warps), so the 576-wide score
-# is computed once. It spills a few hundred bytes a thread (to L1) beside its query tile,
-# which costs less than computing the score twice; 16 x 64 is there for few query rows,
+# is computed once (with some ptxas versions it spills a few hundred bytes a thread to L1,
+# which cost less than computing the score twice); 16 x 64 is there for few query rows,
 # where a 64-row tile would mostly compute padding. Their sm_90
 # compile facts (registers, spills, shared memory) are checked by tests/test_triton_sm90.py
 # with Triton's own ptxas, no GPU needed; benchmarks/triton_tiles.py times candidates.
@@ -42,10 +42,124 @@ def _round_to_bf16(x):
     return bits.to(tl.float32, bitcast=True)
 
 
+LOG2E = tl.constexpr(1.4426950408889634)  # the softmax runs in base 2 (the GPU's exp2)
+LN2 = tl.constexpr(0.6931471805599453)
+
+
+@triton.jit
+def _tile_tokens(table, tile, stop, BLOCK_N: tl.constexpr, PAGE: tl.constexpr):
+    """The cache rows of the tile at ``tile`` (int64) and which are selected. ``PAGE`` 0:
+    ``table`` holds token indices, -1 padding a sparse selection; otherwise it is a page
+    table of PAGE-token pages, whose tokens' addresses are computed (one lookup a tile when
+    the tile lies in one page)."""
+    offs = tile + tl.arange(0, BLOCK_N)
+    in_range = offs < stop
+    if PAGE > 0:
+        if PAGE % BLOCK_N == 0:
+            page = tl.load(table + tile // PAGE)
+            token = page.to(tl.int64) * PAGE + tile % PAGE + tl.arange(0, BLOCK_N)
+        else:
+            page = tl.load(table + offs // PAGE, mask=in_range, other=0)
+            token = page.to(tl.int64) * PAGE + offs % PAGE
+        valid = in_range
+    else:
+        token = tl.load(table + offs, mask=in_range, other=-1)
+        valid = token >= 0
+        token = tl.where(valid, token, 0).to(tl.int64)
+    return token, valid
+
+
+@triton.jit
+def _load_tile(
+    kv_ptr, token, valid, own, other, rp, DIM: tl.constexpr, LAT: tl.constexpr, VSPLIT: tl.constexpr
+):
+    """A tile's key columns through pointers (cp.async on a GPU): the accumulated latent
+    part, the other latent part (VSPLIT 2) and the RoPE part; rows not ``valid`` read 0."""
+    k_own = tl.load(kv_ptr + token[:, None] * DIM + own[None, :], mask=valid[:, None], other=0.0)
+    k_rp = tl.load(
+        kv_ptr + token[:, None] * DIM + LAT + rp[None, :], mask=valid[:, None], other=0.0
+    )
+    k_other = k_rp
+    if VSPLIT == 2:
+        k_other = tl.load(
+            kv_ptr + token[:, None] * DIM + other[None, :], mask=valid[:, None], other=0.0
+        )
+    return k_own, k_rp, k_other
+
+
+@triton.jit
+def _attend(
+    q_own,
+    q_rp,
+    q_other,
+    k_own,
+    k_rp,
+    k_other,
+    valid,
+    m_i,
+    l_i,
+    acc,
+    qk_scale,
+    MASKED: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr,
+    VSPLIT: tl.constexpr,
+):
+    """One tile of the online softmax, in base 2 (``m_i`` is log2 of the running maximum):
+    the 576-wide score, the rescaled accumulator and the tile's probabilities times V (the
+    latent part of the keys). ``MASKED``: some of the tile's tokens may be invalid, and a
+    whole tile may be (a padded sparse selection), so the maximum is kept finite."""
+    dtype = k_own.dtype
+    if UPCAST:
+        k_own = k_own.to(tl.float32)
+        k_rp = k_rp.to(tl.float32)
+        k_other = k_other.to(tl.float32)
+    scores = tl.dot(q_own, tl.trans(k_own), input_precision=PRECISION)
+    scores += tl.dot(q_rp, tl.trans(k_rp), input_precision=PRECISION)
+    if VSPLIT == 2:
+        scores += tl.dot(q_other, tl.trans(k_other), input_precision=PRECISION)
+    if MASKED:
+        scores = tl.where(valid[None, :], scores * qk_scale, float("-inf"))
+    else:
+        scores = scores * qk_scale
+    m_new = tl.maximum(m_i, tl.max(scores, 1))
+    m_safe = m_new  # finite: every row of an unmasked tile has a score
+    if MASKED:
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(scores - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    # probabilities in the cache dtype, as FlashMLA; the interpreter truncates when it
+    # converts, so there the rounding to nearest even is done by hand (a GPU's is native)
+    if UPCAST:
+        p_cache = _round_to_bf16(p).to(dtype).to(tl.float32)
+    else:
+        p_cache = p.to(dtype)
+    acc = acc * alpha[:, None] + tl.dot(p_cache, k_own, input_precision=PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _attend_by_pointers(
+    table, tile, stop, kv_ptr, own, other, rp, q_own, q_rp, q_other, m_i, l_i, acc, qk_scale,
+    BLOCK_N: tl.constexpr, PAGE: tl.constexpr, DIM: tl.constexpr, LAT: tl.constexpr,
+    VSPLIT: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """One tile read through pointers, its invalid tokens masked."""
+    token, valid = _tile_tokens(table, tile, stop, BLOCK_N, PAGE)
+    k_own, k_rp, k_other = _load_tile(kv_ptr, token, valid, own, other, rp, DIM, LAT, VSPLIT)
+    return _attend(
+        q_own, q_rp, q_other, k_own, k_rp, k_other, valid, m_i, l_i, acc, qk_scale, True,
+        UPCAST, PRECISION, VSPLIT,
+    )  # fmt: skip
+
+
 @triton.jit
 def split_kernel(
     q_ptr,
     kv_ptr,
+    own_desc,
+    rp_desc,
     idx_ptr,
     part_out_ptr,
     part_lse_ptr,
@@ -65,6 +179,7 @@ def split_kernel(
     LAT: tl.constexpr,
     RP: tl.constexpr,
     PAGE: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     # VSPLIT programs share a tile of query rows, each accumulating LAT / VSPLIT of the
     # output's columns: a 64 x 512 fp32 accumulator takes 128 registers a thread at 8 warps
@@ -79,82 +194,61 @@ def split_kernel(
     # flattened (decode row, head) query rows; int64, so offsets past 2^31 elements do not wrap
     rows = (group * rows_per_group + local).to(tl.int64)
     own = v_part * (LAT // VSPLIT) + tl.arange(0, LAT // VSPLIT)  # columns accumulated here
+    other = (1 - v_part) * (LAT // VSPLIT) + tl.arange(0, LAT // VSPLIT)  # VSPLIT 2: scores only
     rp = tl.arange(0, RP)
     q_own = tl.load(q_ptr + rows[:, None] * DIM + own[None, :], mask=row_ok[:, None], other=0.0)
     q_rp = tl.load(q_ptr + rows[:, None] * DIM + LAT + rp[None, :], mask=row_ok[:, None], other=0.0)
-    if VSPLIT == 2:  # the other half of the latent columns, for the scores only
-        other = (1 - v_part) * (LAT // 2) + tl.arange(0, LAT // 2)
+    q_other = q_rp
+    if VSPLIT == 2:
         q_other = tl.load(
             q_ptr + rows[:, None] * DIM + other[None, :], mask=row_ok[:, None], other=0.0
         )
-        if UPCAST:
-            q_other = q_other.to(tl.float32)
     if UPCAST:
         q_own = q_own.to(tl.float32)
         q_rp = q_rp.to(tl.float32)
+        q_other = q_other.to(tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.full([BLOCK_M], 0.0, tl.float32)
     acc = tl.full([BLOCK_M, LAT // VSPLIT], 0.0, tl.float32)
+    qk_scale = scale * LOG2E
     start = split * tokens_per_split
     stop = tl.minimum(start + tokens_per_split, n_selected)
-    for tile in range(start, stop, BLOCK_N):
-        offs = tile + tl.arange(0, BLOCK_N)
-        in_range = offs < stop
-        if PAGE > 0:  # a page table: the tokens' pages looked up, their addresses computed
-            if PAGE % BLOCK_N == 0:  # the tile lies in one page: one lookup, tokens in a row
-                page = tl.load(idx_ptr + group * idx_group_stride + tile // PAGE)
-                token = page.to(tl.int64) * PAGE + tile % PAGE + tl.arange(0, BLOCK_N)
-            else:
-                page = tl.load(
-                    idx_ptr + group * idx_group_stride + offs // PAGE, mask=in_range, other=0
-                )
-                token = page.to(tl.int64) * PAGE + offs % PAGE
-            valid = in_range
-        else:  # token indices, -1 padding a sparse selection
-            token = tl.load(idx_ptr + group * idx_group_stride + offs, mask=in_range, other=-1)
-            valid = token >= 0
-            token = tl.where(valid, token, 0).to(tl.int64)
-        k_own = tl.load(
-            kv_ptr + token[:, None] * DIM + own[None, :], mask=valid[:, None], other=0.0
-        )
-        k_rp = tl.load(
-            kv_ptr + token[:, None] * DIM + LAT + rp[None, :], mask=valid[:, None], other=0.0
-        )
-        if UPCAST:
-            scores = tl.dot(q_own, tl.trans(k_own.to(tl.float32)), input_precision=PRECISION)
-            scores += tl.dot(q_rp, tl.trans(k_rp.to(tl.float32)), input_precision=PRECISION)
-        else:
-            scores = tl.dot(q_own, tl.trans(k_own), input_precision=PRECISION)
-            scores += tl.dot(q_rp, tl.trans(k_rp), input_precision=PRECISION)
-        if VSPLIT == 2:
-            k_other = tl.load(
-                kv_ptr + token[:, None] * DIM + other[None, :], mask=valid[:, None], other=0.0
-            )
-            if UPCAST:
-                k_other = k_other.to(tl.float32)
-            scores += tl.dot(q_other, tl.trans(k_other), input_precision=PRECISION)
-        scores = tl.where(valid[None, :], scores * scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp(scores - m_safe[:, None])
-        alpha = tl.exp(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        # probabilities in the cache dtype, as FlashMLA; the interpreter truncates when it
-        # converts, so there the rounding to nearest even is done by hand (a GPU's is native)
-        if UPCAST:
-            p_cache = _round_to_bf16(p).to(k_own.dtype)
-            acc = acc * alpha[:, None] + tl.dot(
-                p_cache.to(tl.float32), k_own.to(tl.float32), input_precision=PRECISION
-            )
-        else:
-            p_cache = p.to(k_own.dtype)
-            acc = acc * alpha[:, None] + tl.dot(p_cache, k_own, input_precision=PRECISION)
-        m_i = m_new
+    table = idx_ptr + group * idx_group_stride
+    if TMA and PAGE % BLOCK_N == 0 and BLOCK_M >= 64:
+        # a page table whose pages hold whole tiles: each full tile is BLOCK_N cache rows in
+        # a row, copied by the tensor memory accelerator (no per-thread addresses, no masks;
+        # on an H200, 18 % faster at 64 rows x 8K tokens). Tiles of 64 query rows (warpgroup
+        # MMA) only: a 16-row tile's last partial tile, read into registers for mma.sync,
+        # spills 976 bytes a thread (Triton 3.6's ptxas)
+        tail = start + (stop - start) // BLOCK_N * BLOCK_N
+        for tile in range(start, tail, BLOCK_N):
+            first = tl.load(table + tile // PAGE) * PAGE + tile % PAGE
+            k_own = own_desc.load([first, v_part * (LAT // VSPLIT)])
+            k_rp = rp_desc.load([first, LAT])
+            k_other = k_rp
+            if VSPLIT == 2:
+                k_other = own_desc.load([first, (1 - v_part) * (LAT // VSPLIT)])
+            m_i, l_i, acc = _attend(
+                q_own, q_rp, q_other, k_own, k_rp, k_other, row_ok, m_i, l_i, acc, qk_scale,
+                False, UPCAST, PRECISION, VSPLIT,
+            )  # fmt: skip
+        if tail < stop:  # a last partial tile, whose rows past the selection may hold anything
+            m_i, l_i, acc = _attend_by_pointers(
+                table, tail, stop, kv_ptr, own, other, rp, q_own, q_rp, q_other, m_i, l_i, acc,
+                qk_scale, BLOCK_N, PAGE, DIM, LAT, VSPLIT, UPCAST, PRECISION,
+            )  # fmt: skip
+    else:
+        for tile in range(start, stop, BLOCK_N):
+            m_i, l_i, acc = _attend_by_pointers(
+                table, tile, stop, kv_ptr, own, other, rp, q_own, q_rp, q_other, m_i, l_i, acc,
+                qk_scale, BLOCK_N, PAGE, DIM, LAT, VSPLIT, UPCAST, PRECISION,
+            )  # fmt: skip
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     if ROUND_OUT:  # one split writes the caller's bf16 output: rounded as the combine does
         out = _round_to_bf16(out)
-    lse = tl.where(empty, float("-inf"), m_i + tl.log(tl.where(empty, 1.0, l_i)))
+    # the natural-log LSE the combine and the callers take
+    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * LN2)
     base = split.to(tl.int64) * total_rows + rows  # one split: the caller's output and LSE
     tl.store(
         part_out_ptr + base[:, None] * LAT + own[None, :],
