@@ -360,8 +360,9 @@ def test_gather_into_a_staging_buffer_equals_a_fresh_gather(tokens):
     gen = torch.Generator().manual_seed(tokens)
     cache = torch.randn(8, BS, D, generator=gen).to(torch.bfloat16)
     dense = DensePages(torch.tensor([6, 1, 4]), tokens)
+    block_table = DensePages(torch.tensor([6, 1, 4], dtype=torch.int32), tokens)  # as benched
     sparse = torch.randperm(8 * BS, generator=gen)[:tokens]
-    for sel in (dense, sparse):
+    for sel in (dense, block_table, sparse):
         staging = torch.full((tokens, D), float("nan"), dtype=torch.bfloat16)
         got = gather_kv(cache, sel, out=staging)
         assert got is staging or got.data_ptr() == staging.data_ptr()

@@ -278,7 +278,9 @@ def _paged_inputs(case: KernelCase, device: str, gen: torch.Generator, per_row: 
         indices = random_topk(blocks * bs, case.chunk, 1, generator=gen)[0].to(device)
     else:
         pages = torch.randperm(blocks, generator=gen)[: -(-case.chunk // bs)]
-        indices = DensePages(pages.to(device), case.chunk)
+        # int32, as a serving engine's block table: a kernel that takes it (triton, FlashMLA)
+        # converts nothing inside the timed call
+        indices = DensePages(pages.to(device=device, dtype=torch.int32), case.chunk)
     return {"cache": cache, "indices": indices}
 
 

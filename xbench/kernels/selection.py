@@ -16,7 +16,7 @@ import torch
 
 @dataclass(frozen=True)
 class DensePages:
-    pages: torch.Tensor  # int64 page ids, in order
+    pages: torch.Tensor  # integer page ids, in order (int32 as a block table, or int64)
     num_tokens: int
 
     def token_indices(self, block_size: int) -> torch.Tensor:

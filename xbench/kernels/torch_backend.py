@@ -254,7 +254,7 @@ def gather_kv(kv_cache, indices, out=None):
     ``out`` when given (a staging buffer allocated once, as a holder keeps one registered)."""
     block_size, dim = kv_cache.shape[1], kv_cache.shape[2]
     if isinstance(indices, DensePages):  # whole pages: one copy per page, no token index
-        pages = indices.pages.to(device=kv_cache.device, dtype=torch.int64)
+        pages = indices.pages.to(device=kv_cache.device)  # index_select takes int32 or int64
         n = indices.num_tokens
         if out is None:
             return kv_cache.index_select(0, pages).view(-1, dim)[:n]
