@@ -489,3 +489,37 @@ def test_recompute_grows_with_the_square_of_the_chunk_and_local_reads_it():
     # per token, a long prefill costs more than a short one
     assert d.recompute(16384) / 16384 > d.recompute(1024) / 1024
     assert prof.device.prior_by_option[2]  # the quadratic prior marks local as resting on priors
+
+
+def test_one_catalogue_of_device_terms_that_device_reader_and_writer_follow(tmp_path):
+    """Every coefficient field of Device is a catalogue line and no line is missing a field;
+    a profile holding every term writes each in its catalogue unit and reads back equal;
+    the terms that come together are refused apart, whichever group."""
+    from xbench.core import device_terms
+    from xbench.core.profile import save_profile, tomllib  # (tomli before Python 3.11)
+
+    coef_fields = {
+        f.name
+        for f in dataclasses.fields(Device)
+        if f.init and "Coef" in str(f.type) and not f.name.endswith("segments")
+    }
+    assert coef_fields == {t.name for t in device_terms.TERMS}
+    prior = load_profile(PRIORS)
+    every = dict.fromkeys(
+        (t.name for t in device_terms.TERMS), Coef(2e-6, 1e-6, 4e-6, "s", prior=True)
+    )
+    device = dataclasses.replace(prior.device, **every)
+    path = save_profile(dataclasses.replace(prior, device=device), tmp_path / "all.toml")
+    written = tomllib.loads(path.read_text())["device"]
+    assert {t.name: t.shown for t in device_terms.TERMS} == {
+        name: written[name]["unit"] for name in device_terms.BY_NAME
+    }
+    back = load_profile(str(path)).device
+    for term in device_terms.TERMS:
+        got, want = getattr(back, term.name), getattr(device, term.name)
+        assert math.isclose(got.value, want.value, rel_tol=1e-12), term
+        assert math.isclose(got.high, want.high, rel_tol=1e-12), term
+    for names in device_terms.TOGETHER.values():
+        for name in names:
+            with pytest.raises(ValueError, match="come together"):
+                dataclasses.replace(device, **{name: None})

@@ -100,8 +100,8 @@ def test_every_gpu_tile_fits_an_h100_within_the_registers_and_a_bounded_spill(co
     # on Hopper's warpgroup MMA
     for preferred in compiled_tiles[:2]:
         assert preferred["tile"][0] == 64 and preferred["tile"][4] == 1 and preferred["wgmma"]
-    # a page table's whole tiles arrive through the tensor memory accelerator (on an H200,
-    # 18 % faster than cp.async at 64 rows x 8K tokens); token indices gather row by row
+    # a page table's whole tiles arrive through the tensor memory accelerator; token
+    # indices gather row by row
     # (64-row tiles: a 16-row tile's partial last tile spills in registers)
     assert all(t["tma"] == (t["page"] > 0 and t["tile"][0] >= 64) for t in compiled_tiles)
     # the small tile for a decode row's few heads spills nothing on token indices (on a

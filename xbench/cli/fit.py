@@ -118,30 +118,11 @@ def _refuse_repeats(results: list[Path]) -> None:
         seen[key] = path
 
 
-_DEVICE_TERMS = (
-    ("compute_t0", 1e-6, "us"),
-    ("compute_per_token", 1e-9, "ns/token"),
-    ("compute_per_row_token", 1e-12, "ps/row-token"),
-    ("merge_t0", 1e-6, "us"),
-    ("merge_per_row_partial", 1e-12, "ps/row-partial"),
-    ("merge_per_token", 1e-9, "ns/token"),
-    ("move_t0", 1e-6, "us"),
-    ("move_per_token", 1e-9, "ns/token"),
-    ("splice_t0", 1e-6, "us"),
-    ("splice_per_token", 1e-9, "ns/token"),
-    ("recompute_per_token", 1e-6, "us/token"),
-    ("recompute_per_token2", 1e-12, "ps/token^2"),
-    ("idle_extra", 1e-6, "us"),
-    ("idle_tau", 1e-3, "ms"),
-    ("merge_wait_t0", 1e-6, "us"),
-    ("merge_wait_per_row_partial", 1e-12, "ps/row-partial"),
-    ("merge_wait_tau", 1e-3, "ms"),
-)
-
-
 def coefficient_frame(profile):
     """One row per coefficient (display units), as printed and as --format json/csv give."""
     import pandas as pd
+
+    from xbench.core import device_terms
 
     rows = []
 
@@ -174,10 +155,10 @@ def coefficient_frame(profile):
             add(group, "block_beta (fetch by pages)", f.block_beta, 1e9, "GB/s")
     d = profile.device
     group = f"device {d.name}"
-    for term, scale, unit in _DEVICE_TERMS:
-        c = getattr(d, term)
+    for term in device_terms.TERMS:
+        c = getattr(d, term.name)
         if c is not None:
-            add(group, term, c, scale, unit)
+            add(group, term.name, c, term.scale, term.shown)
     for start, t0, a, k in d.compute_segments:
         piece = f"{group}, compute from {int(start)} tokens"
         add(piece, "compute_t0", t0, 1e-6, "us")

@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import NamedTuple
 
+from xbench.core import device_terms
+
 INF = math.inf
 ROUTE, FETCH, LOCAL = "route", "fetch", "local"
 
@@ -282,13 +284,9 @@ class Device:
             object.__setattr__(self, name, pieces)
         if len({tokens for tokens, _ in self.spliced_saving}) < len(self.spliced_saving):
             raise ValueError("spliced_saving has two points at one chunk size")
-        if (self.splice_t0 is None) != (self.splice_per_token is None):
-            raise ValueError("splice_t0 and splice_per_token come together")
-        if (self.idle_extra is None) != (self.idle_tau is None):
-            raise ValueError("idle_extra and idle_tau come together")
-        waits = (self.merge_wait_t0, self.merge_wait_per_row_partial, self.merge_wait_tau)
-        if len({c is None for c in waits}) > 1:
-            raise ValueError("merge_wait_t0, _per_row_partial and _tau come together")
+        for names in device_terms.TOGETHER.values():
+            if len({getattr(self, name) is None for name in names}) > 1:
+                raise ValueError(f"{', '.join(names[:-1])} and {names[-1]} come together")
         named = tuple(self._terms(end) for end in ("value", "low", "high"))
         object.__setattr__(self, "_named_ends", named)
         # plain tuples for the formulas: unpacking a tuple subclass takes the slow path
@@ -297,18 +295,7 @@ class Device:
         object.__setattr__(self, "_prior", any(c.prior for c in coefs))
         object.__setattr__(self, "_rho", self._spread(coefs))
         # Which option's time a prior enters: compute/merge (all), move (fetch), recompute (local).
-        shared_coefs = [
-            self.compute_t0,
-            self.compute_per_token,
-            self.compute_per_row_token,
-            self.merge_t0,
-            self.merge_per_row_partial,
-            *([self.merge_per_token] if self.merge_per_token else []),
-        ]
-        shared = any(
-            c.prior
-            for c in shared_coefs + [c for piece in self.compute_segments for c in piece[1:]]
-        )
+        shared = any(c.prior for c in self._shared_coefs())
         move = any(c.prior for c in self._move_coefs()) or any(
             c.prior for _, c in self.spliced_saving
         )
@@ -318,12 +305,16 @@ class Device:
             self, "_prior_by_option", (shared or waited, shared or move, shared or recompute)
         )
 
+    def _flat_coefs(self, option: str) -> list[Coef]:
+        """The flat terms present that enter ``option``'s time (device_terms.entering)."""
+        return [c for c in map(self.__getattribute__, device_terms.entering(option)) if c]
+
+    def _shared_coefs(self) -> list[Coef]:
+        """Compute and merge, every option's: the flat terms and compute's pieces."""
+        return self._flat_coefs("all") + [c for piece in self.compute_segments for c in piece[1:]]
+
     def _wait_coefs(self) -> list[Coef]:
-        return [
-            c
-            for c in (self.merge_wait_t0, self.merge_wait_per_row_partial, self.merge_wait_tau)
-            if c
-        ]
+        return self._flat_coefs("route")
 
     def _spread(self, coefs) -> tuple[float, float]:
         """The relative spread of every time built from the terms: route's merge extra after
@@ -374,19 +365,10 @@ class Device:
         return [c for piece in move + (splice if splice is not move else []) for c in piece[1:]]
 
     def _all_coefs(self) -> list[Coef]:
-        coefs = [
-            self.compute_t0,
-            self.compute_per_token,
-            self.compute_per_row_token,
-            self.merge_t0,
-            self.merge_per_row_partial,
-            *([self.merge_per_token] if self.merge_per_token else []),
-        ]
-        coefs += [c for piece in self.compute_segments for c in piece[1:]] + self._move_coefs()
-        return coefs + self._recompute_coefs()
+        return self._shared_coefs() + self._move_coefs() + self._recompute_coefs()
 
     def _recompute_coefs(self) -> list[Coef]:
-        return [c for c in (self.recompute_per_token, self.recompute_per_token2) if c]
+        return self._flat_coefs("local")
 
     def _terms(self, end: str) -> DeviceTerms:
         """The terms at one end (tau 0 and a saving of 0 without those terms)."""

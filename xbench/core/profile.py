@@ -17,6 +17,7 @@ import math
 import sys
 from pathlib import Path
 
+from xbench.core import device_terms
 from xbench.core.costmodel import Coef, Device, Fabric, Profile, Segment
 from xbench.errors import XbenchError
 
@@ -38,45 +39,12 @@ RATE_UNITS = {
     "GiB/s": 2**30,
     "Gb/s": 1e9 / 8,
 }
-DEVICE_TERMS = {
-    "compute_t0": None,
-    "compute_per_token": "token",
-    "compute_per_row_token": "row-token",
-    "merge_t0": None,
-    "merge_per_row_partial": "row-partial",
-    "merge_per_token": "token",
-    "move_t0": None,
-    "move_per_token": "token",
-    "recompute_per_token": "token",
-    "recompute_per_token2": "token^2",
-    "splice_t0": None,
-    "splice_per_token": "token",
-    "idle_extra": None,
-    "idle_tau": None,
-    "merge_wait_t0": None,
-    "merge_wait_per_row_partial": "row-partial",
-    "merge_wait_tau": None,
-}
-# splice_*: T_move of a fetch sent block by block from the holder's cache (no gather)
-# merge_per_token: what a merge pays for following an attention over the chunk (0 if absent)
-# recompute_per_token2: attention's quadratic term of a prefill (0 if absent)
-# idle_extra, idle_tau: a call after g idle adds idle_extra (1 - exp(-g / idle_tau))
-# merge_wait_*: a merge after a wait of g for a routed answer adds
-#   (merge_wait_t0 + R p merge_wait_per_row_partial) (1 - exp(-g / merge_wait_tau))
-# [[device.spliced_saving]] (tokens, saving): what a fetch's first attention saves on the
-#   chunk it has just spliced, interpolated between the points and flat beyond them
-OPTIONAL_TERMS = {
-    "recompute_per_token",
-    "recompute_per_token2",
-    "splice_t0",
-    "splice_per_token",
-    "merge_per_token",
-    "idle_extra",
-    "idle_tau",
-    "merge_wait_t0",
-    "merge_wait_per_row_partial",
-    "merge_wait_tau",
-}
+# a [device] table's terms (what each is a time per) and those a profile may leave out:
+# device_terms.TERMS; [[device.spliced_saving]] (tokens, saving): what a fetch's first
+# attention saves on the chunk it has just spliced, interpolated between the points and
+# flat beyond them
+DEVICE_TERMS = {t.name: t.per for t in device_terms.TERMS}
+OPTIONAL_TERMS = {t.name for t in device_terms.TERMS if not t.required}
 
 
 class ProfileError(XbenchError):
@@ -440,12 +408,10 @@ def profile_to_toml_dict(profile: Profile) -> dict:
         fabrics.append(entry)
     d = profile.device
     device = {"name": d.name}
-    for term, per in DEVICE_TERMS.items():
-        c = getattr(d, term)
-        if c is None:
-            continue
-        unit = ("ns" if per else "us") + (f"/{per}" if per else "")
-        device[term] = _coef_table(c, unit, 1e-9 if per else 1e-6)
+    for term in device_terms.TERMS:
+        c = getattr(d, term.name)
+        if c is not None:
+            device[term.name] = _coef_table(c, term.shown, term.scale)
     if d.compute_segments:
         device["compute_segment"] = [
             {

@@ -33,7 +33,7 @@ import datetime as _dt
 import numpy as np
 import pandas as pd
 
-from xbench.core import conditions
+from xbench.core import conditions, device_terms
 from xbench.core.costmodel import Coef, Device, Fabric, Profile, Segment
 from xbench.core.profile import PROFILE_SCHEMA_VERSION
 from xbench.errors import XbenchError
@@ -473,16 +473,7 @@ def fit_device(samples: pd.DataFrame, base: Device | None, name: str) -> tuple[D
     prefill = measured[measured.kernel == "prefill"] if not measured.empty else measured
     if len(prefill) and prefill.chunk_tokens.nunique() >= 3:
         _fit_prefill(terms, notes, prefill, samples)
-    needed = [
-        "compute_t0",
-        "compute_per_token",
-        "compute_per_row_token",
-        "merge_t0",
-        "merge_per_row_partial",
-        "move_t0",
-        "move_per_token",
-    ]
-    missing = [t for t in needed if t not in terms]
+    missing = [t for t in device_terms.REQUIRED if t not in terms]
     if missing and base is None:
         raise XbenchError(
             f"no kernel samples for {', '.join(sorted({m.split('_')[0] for m in missing}))}",

@@ -216,10 +216,10 @@ def split_kernel(
     table = idx_ptr + group * idx_group_stride
     if TMA and PAGE % BLOCK_N == 0 and BLOCK_M >= 64:
         # a page table whose pages hold whole tiles: each full tile is BLOCK_N cache rows in
-        # a row, copied by the tensor memory accelerator (no per-thread addresses, no masks;
-        # on an H200, 18 % faster at 64 rows x 8K tokens). Tiles of 64 query rows (warpgroup
-        # MMA) only: a 16-row tile's last partial tile, read into registers for mma.sync,
-        # spills 976 bytes a thread (Triton 3.6's ptxas)
+        # a row, copied by the tensor memory accelerator: one thread issues the copy, where
+        # cp.async takes 18 masked 16-byte copies a thread with 64-bit addresses. Tiles of 64
+        # query rows (warpgroup MMA) only: a 16-row tile's last partial tile, read into
+        # registers for mma.sync, spills (tests/test_triton_sm90.py)
         tail = start + (stop - start) // BLOCK_N * BLOCK_N
         for tile in range(start, tail, BLOCK_N):
             first = tl.load(table + tile // PAGE) * PAGE + tile % PAGE
