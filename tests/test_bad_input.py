@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 from conftest import BIN, ROOT
 
+from xbench.core.profile import load_profile
+from xbench.resources import profile_path
 from xbench.results.schema import PROBE_SAMPLES
 from xbench.results.store import RunStore, mark_partial
 
@@ -104,7 +106,8 @@ def test_fit_without_bandwidth_samples_says_so_and_keeps_the_prior(xbench, tmp_p
     assert "kept h100-priors's prior" in r.stderr
     rows = json.loads(r.stdout)
     (o,) = [row for row in rows if row["group"] == "fabric ib" and row["term"].startswith("o ")]
-    assert o["prior"] is True and o["value"] == pytest.approx(0.3)  # the priors' ib overhead
+    kept = load_profile(profile_path("h100-priors")).fabric("ib").overhead.value * 1e6
+    assert o["prior"] is True and o["value"] == pytest.approx(kept)  # the priors' ib overhead
     import tomllib
 
     profile = tomllib.loads(out.read_text())

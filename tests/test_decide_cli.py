@@ -55,6 +55,16 @@ def test_decide_payload_writes_parquet_and_json(xbench, tmp_path):
     assert len(table) == 8 and set(table.decision) <= {"route", "fetch", "local"}
 
 
+def test_decide_sources_prints_each_term_and_where_it_comes_from(xbench, tmp_path):
+    r = xbench("decide", "--payload", "1KB", "--sources", "--out", tmp_path / "d.parquet")
+    assert r.returncode == 0, r.stderr
+    said = " ".join(r.stdout.split())  # the table wraps long lines
+    profile = load_profile("profiles/h100-priors.toml")
+    for c in (profile.device.move_t0, profile.fabric("ibgda").overhead):
+        assert " ".join(c.source.split())[:60] in said
+    assert "move_t0: " in said and "fabric ibgda" in said
+
+
 def test_decide_model_table_shows_thresholds(xbench, tmp_path):
     r = xbench(
         "decide",
@@ -77,7 +87,7 @@ def test_decide_model_table_shows_thresholds(xbench, tmp_path):
 @pytest.mark.parametrize(
     "mutation, words",
     [
-        (lambda t: t.replace('unit = "GB/s", prior = true }', "prior = true }", 1), "has no unit"),
+        (lambda t: t.replace('unit = "GB/s", prior = true,', "prior = true,", 1), "has no unit"),
         (
             lambda t: t.replace("beta = { value = 450", "beta = { value = -450", 1),
             "must be positive",
@@ -88,7 +98,7 @@ def test_decide_model_table_shows_thresholds(xbench, tmp_path):
         ),
         (
             lambda t: t.replace(
-                'unit = "us", prior = true }', 'unit = "fortnights", prior = true }', 1
+                'unit = "us", prior = true,', 'unit = "fortnights", prior = true,', 1
             ),
             "unknown unit 'fortnights'",
         ),

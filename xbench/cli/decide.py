@@ -46,7 +46,8 @@ def decide(
     fetch_cost: Annotated[
         str | None,
         typer.Option(
-            help="Move-the-cache cost besides the wire, e.g. 3ms (default: the profile's T_move(c))."
+            help="Move-the-cache cost of one layer besides the wire, e.g. 50us (default: the "
+            "profile's T_move(c))."
         ),
     ] = None,
     profile: Annotated[
@@ -103,6 +104,13 @@ def decide(
         ),
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace --out if it exists.")] = False,
+    sources: Annotated[
+        bool,
+        typer.Option(
+            "--sources",
+            help="Also print the profile's terms, each with where its value comes from.",
+        ),
+    ] = False,
     fmt: FormatOption = OutputFormat.table,
 ) -> None:
     """Evaluate the predicate over rows x chunk x reuse (x fabric); write the decision table."""
@@ -114,6 +122,11 @@ def decide(
     from xbench.results.store import refuse_overwrite
 
     prof = load_profile(profile_path(profile or DEFAULT_PROFILE))
+    if sources and fmt is OutputFormat.table:  # the terms the decisions rest on, sourced
+        from xbench.cli.terms import coefficient_frame, print_terms
+
+        console.print(f"profile {prof.name}: its terms", style="bold", highlight=False)
+        print_terms(coefficient_frame(prof), sources=True)
     from xbench.host import host_conditions
 
     # A GPU profile read on a host without GPUs is planning, not use: nothing to compare.

@@ -44,13 +44,16 @@ ROUTE, FETCH, LOCAL = "route", "fetch", "local"
 
 @dataclass(frozen=True, slots=True)
 class Coef:
-    """A fitted coefficient: value, its 95 % interval, SI unit, and whether it is a prior."""
+    """A fitted coefficient: value, its 95 % interval, SI unit, whether it is a prior, and
+    where its value comes from (a datasheet, a benchmark, a named run; "" when fitted here:
+    the profile's provenance says from what)."""
 
     value: float
     low: float
     high: float
     unit: str
     prior: bool = False
+    source: str = ""
 
     @staticmethod
     def exact(value: float, unit: str, prior: bool = False) -> Coef:
@@ -490,11 +493,24 @@ def _dominates(a: Fabric, b: Fabric, strict: bool) -> bool:
 
 
 @dataclass(frozen=True)
+class Ceilings:
+    """What the hardware a profile describes cannot exceed: its memory bandwidth (B/s), its
+    matmul rate (FLOP/s) and each fabric's link rate (B/s, by fabric name). A term faster
+    than these (``xbench.core.implied``) is impossible, whatever fitted it."""
+
+    memory: float
+    matmul: float
+    links: dict = field(default_factory=dict)
+    source: str = ""
+
+
+@dataclass(frozen=True)
 class Profile:
     name: str
     fabrics: tuple[Fabric, ...]
     device: Device
     provenance: dict = field(default_factory=dict, compare=False)
+    ceilings: Ceilings | None = field(default=None, compare=False)
     _by_name: dict = field(init=False, repr=False, compare=False)
     _bound: dict = field(init=False, repr=False, compare=False)
     _candidates: tuple = field(init=False, repr=False, compare=False)

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from xbench.core import device_terms
-from xbench.core.costmodel import Coef, Device, Fabric, Profile, Segment
+from xbench.core.costmodel import Ceilings, Coef, Device, Fabric, Profile, Segment
 from xbench.errors import XbenchError
 
 if sys.version_info >= (3, 11):
@@ -31,6 +31,7 @@ FABRICS = ("shm", "nvlink", "ib", "ibgda", "roce", "tcp", "unknown")
 TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9, "ps": 1e-12}
 RATE_UNITS = {
     "B/s": 1.0,
+    "TB/s": 1e12,
     "KB/s": 1e3,
     "MB/s": 1e6,
     "GB/s": 1e9,
@@ -64,7 +65,8 @@ def _known(table, allowed, where: str, path: str) -> None:
         )
 
 
-COEF_KEYS = ("value", "low", "high", "unit", "prior")
+COEF_KEYS = ("value", "low", "high", "unit", "prior", "source")
+FLOP_RATE_UNITS = {"FLOP/s": 1.0, "GFLOP/s": 1e9, "TFLOP/s": 1e12, "PFLOP/s": 1e15}
 FABRIC_KEYS = (
     "name",
     "pair_class",
@@ -148,7 +150,54 @@ def _coef(
             f"profile {path}: {where} interval [{raw.get('low')}, {raw.get('high')}] does not contain its value",
             "give low <= value <= high",
         )
-    return Coef(value, low, high, si, bool(raw.get("prior", False)))
+    source = raw.get("source", "")
+    if not isinstance(source, str):
+        raise ProfileError(
+            f"profile {path}: {where} source must be text", 'write it as source = "..."'
+        )
+    return Coef(value, low, high, si, bool(raw.get("prior", False)), source)
+
+
+def _rate(raw, where: str, units: dict, path: str) -> float:
+    """A positive rate table ``{ value, unit }`` in SI (a ceiling)."""
+    _known(raw, ("value", "unit"), where, path)
+    value = raw.get("value") if isinstance(raw, dict) else None
+    scale = units.get(raw.get("unit")) if isinstance(raw, dict) else None
+    if scale is None or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise ProfileError(
+            f"profile {path}: {where} must be {{ value = <positive number>, unit = ... }}",
+            f"use a unit among {', '.join(units)}",
+        )
+    return float(value) * scale
+
+
+def _ceilings(raw, path: str) -> Ceilings | None:
+    """[ceilings]: the hardware's memory bandwidth, matmul rate and link rates."""
+    if raw is None:
+        return None
+    _known(raw, ("source", "memory", "matmul", "links"), "[ceilings]", path)
+    for key in ("memory", "matmul"):
+        if key not in raw:
+            raise ProfileError(
+                f"profile {path}: [ceilings] lacks {key}",
+                'give memory = { value = 3.35, unit = "TB/s" } and matmul = '
+                '{ value = 989, unit = "TFLOP/s" }',
+            )
+    links = raw.get("links", {})
+    if not isinstance(links, dict):
+        raise ProfileError(
+            f"profile {path}: [ceilings] links must be a table by fabric",
+            'write links = { ib = { value = 50, unit = "GB/s" } }',
+        )
+    return Ceilings(
+        _rate(raw["memory"], "[ceilings] memory", RATE_UNITS, path),
+        _rate(raw["matmul"], "[ceilings] matmul", FLOP_RATE_UNITS, path),
+        {
+            name: _rate(rate, f"[ceilings] links {name}", RATE_UNITS, path)
+            for name, rate in links.items()
+        },
+        str(raw.get("source", "")),
+    )
 
 
 def _min_tokens(seg, where: str, path: str) -> float:
@@ -211,7 +260,7 @@ def _spliced_saving(dev: dict, path: str) -> tuple:
 
 def parse_profile(data: dict, path: str = "<profile>") -> Profile:
     """Build a Profile from parsed TOML, or raise a one-line ProfileError."""
-    _known(data, ("profile", "provenance", "fabric", "device"), "the top level", path)
+    _known(data, ("profile", "provenance", "ceilings", "fabric", "device"), "the top level", path)
     head = data.get("profile", {})
     _known(head, ("name", "schema_version"), "[profile]", path)
     version = head.get("schema_version", PROFILE_SCHEMA_VERSION)
@@ -350,6 +399,7 @@ def parse_profile(data: dict, path: str = "<profile>") -> Profile:
         tuple(fabrics),
         Device(dev.get("name", "device"), **terms),
         provenance,
+        _ceilings(data.get("ceilings"), path),
     )
 
 
@@ -379,6 +429,8 @@ def _coef_table(c: Coef, unit: str, scale: float) -> dict:
     out = {"value": c.value / scale, "low": c.low / scale, "high": c.high / scale, "unit": unit}
     if c.prior:
         out["prior"] = True
+    if c.source:
+        out["source"] = c.source
     return out
 
 
@@ -439,9 +491,19 @@ def profile_to_toml_dict(profile: Profile) -> dict:
     return {
         "profile": {"name": profile.name, "schema_version": PROFILE_SCHEMA_VERSION},
         "provenance": profile.provenance,
+        **({"ceilings": _ceilings_table(profile.ceilings)} if profile.ceilings else {}),
         "fabric": fabrics,
         "device": device,
     }
+
+
+def _ceilings_table(c: Ceilings) -> dict:
+    table = {"source": c.source} if c.source else {}
+    table["memory"] = {"value": c.memory / 1e12, "unit": "TB/s"}
+    table["matmul"] = {"value": c.matmul / 1e12, "unit": "TFLOP/s"}
+    if c.links:
+        table["links"] = {n: {"value": r / 1e9, "unit": "GB/s"} for n, r in c.links.items()}
+    return table
 
 
 def save_profile(profile: Profile, path) -> Path:
