@@ -348,7 +348,9 @@ def _predicate(
     there while that server's backlog drains waits that much longer (arrivals per instance
     times the backlog, times the work added). A routed query adds ``holder_adds`` to the
     holder: the growth of the batched call it joins there (far less than T_c when queries
-    of this chunk are already queued). A later use of a fetched chunk attends here behind
+    of this chunk are already queued); a fetch adds its chunk's time on the holder's link,
+    which every message reaching that link meanwhile (an answer for each use routed there)
+    waits behind. A later use of a fetched chunk attends here behind
     its request's other uses (``attend_here``), which routing would have run in parallel.
     Where the move runs on the compute (``move_on_compute``), a fetch's gather waits behind
     the holder's backlog and adds to it, and its splice adds to the requester's.
@@ -364,12 +366,13 @@ def _predicate(
     route += lam * (wait_holder + holder_adds) * holder_adds + route_later
     first = link_holder + costs.fetch_once
     here = costs.fetch_attend
+    # the chunk occupies the holder's link for kv_occ: every message that reaches that link
+    # while its backlog drains (a routed answer for each use there) waits that much longer
+    fetch = lam * (link_holder + costs.kv_occ) * costs.kv_occ
     if costs.w.move_on_compute:  # the gather queues at the holder's compute, and loads it
         first += wait_holder
-        fetch = lam * (wait_holder + costs.gather) * costs.gather
+        fetch += lam * (wait_holder + costs.gather) * costs.gather
         here += costs.splice
-    else:
-        fetch = 0.0
     fetch += first * (1 + joiners / 2) + costs.merge + wait_me + costs.fetch_attend
     fetch += after_idle(idle_me + first) if idle_me else 0.0
     fetch += later * (costs.attend_here + queue_me)
