@@ -398,3 +398,32 @@ def test_page_terms_survive_a_profile_file_and_half_of_them_is_refused(tmp_path)
     drop_key(path, tmp_path / "half.toml", "fabric", "block_beta", fabric="ib")
     with pytest.raises(ProfileError, match="one of block_t0 and block_beta"):
         load_profile(tmp_path / "half.toml")
+
+
+def test_a_cpu_fit_says_when_it_keeps_a_gpus_prefill_prior():
+    """Fitted on CPU kernels over the H100 priors, local's time would add the H100's prefill
+    to this CPU's attention: the fit says so, naming the terms and how to measure them; over
+    a base fitted on a CPU (or with no base prefill kept) it says nothing of the kind."""
+    from pathlib import Path
+
+    from xbench.fit.profile_fit import fit_profile
+
+    rng = np.random.default_rng(5)
+    rows = [
+        _attention(r, ch, v)
+        for r in (1, 16)
+        for ch in (128, 512, 2048)
+        for v in noisy(20e-6 + ch * (2e-9 + 16 * r * 3e-11), rng, 4)
+    ]
+    kernel = pd.DataFrame(rows).assign(warmup=False, sparse=False, dtype="bf16", model="m")
+    on_cpu = [{"command": "kernel", "device": "cpu", "conditions": {"cpu_attention": "c-bf16"}}]
+    priors = load_profile("profiles/h100-priors.toml")
+    said: list = []
+    fit_profile(pd.DataFrame(), kernel, name="x", base=priors, run_meta=on_cpu, warnings=said)
+    (line,) = [w for w in said if "prefill" in w]
+    assert "recompute_per_token and recompute_per_token2 kept from h100-priors" in line
+    assert "xbench kernel --kernels prefill" in line
+    cpu_base = load_profile(Path(__file__).parent / "data" / "vm-cpu-profile.toml")
+    said = []
+    fit_profile(pd.DataFrame(), kernel, name="x", base=cpu_base, run_meta=on_cpu, warnings=said)
+    assert not [w for w in said if "prefill" in w]

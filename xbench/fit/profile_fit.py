@@ -508,6 +508,12 @@ def fit_device(samples: pd.DataFrame, base: Device | None, name: str) -> tuple[D
     return Device(name, **terms), notes
 
 
+def _on_cpu(fitted_conditions: dict) -> bool:
+    """Whether a profile's kernels were timed on a CPU (its conditions say CPU attention and
+    no GPU)."""
+    return bool(fitted_conditions.get("cpu_attention") and not fitted_conditions.get("gpu"))
+
+
 def fit_profile(
     probe: pd.DataFrame,
     kernel: pd.DataFrame,
@@ -543,6 +549,15 @@ def fit_profile(
     )
     device, notes = fit_device(kernel, base.device if base else None, device_name)
     meta = run_meta or []
+    fitted = conditions.merged(meta)
+    kept_prefill = [t for t in notes.get("from_base", []) if t.startswith("recompute_")]
+    if kept_prefill and _on_cpu(fitted) and not _on_cpu(base.provenance.get("conditions", {})):
+        # local's time would add a GPU's prefill to this CPU's attention, without a word
+        warnings.append(
+            f"device: {' and '.join(kept_prefill)} kept from {base.name}, a GPU's prefill, "
+            "beside this CPU's attention in local's time; xbench kernel --kernels prefill "
+            "measures this device's"
+        )
     provenance = {
         "kind": "fit",
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -553,7 +568,7 @@ def fit_profile(
         "device_notes": {k: (", ".join(v) if isinstance(v, list) else v) for k, v in notes.items()},
         "heldout_mape": {f.name: f.heldout_mape for f in fabrics if f.heldout_mape is not None},
         "wire_pattern": wire_regimes(probe) if not probe.empty else {},
-        "conditions": conditions.merged(meta),
+        "conditions": fitted,
     }
     if base is not None:
         provenance["base"] = base.name
