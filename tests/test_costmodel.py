@@ -30,19 +30,6 @@ from xbench.core.profile import load_profile
 pytestmark = pytest.mark.nompi  # starts no MPI (conftest: the Open MPI run skips it)
 
 PRIORS = "profiles/h100-priors.toml"
-DEVICE_TERM_NAMES = (
-    "compute_t0",
-    "compute_per_token",
-    "compute_per_row_token",
-    "merge_t0",
-    "merge_per_row_partial",
-    "move_t0",
-    "move_per_token",
-    "splice_t0",
-    "splice_per_token",
-    "recompute_per_token",
-    "recompute_per_token2",
-)
 
 
 def c(v, spread=0.0, unit="s"):
@@ -549,6 +536,7 @@ def test_every_shipped_term_has_a_source_and_no_term_beats_the_hardware_it_names
     profile names its hardware's ceilings, and no term's fast end implies a bandwidth or a
     FLOP rate above them; the priors that did (a move at 1.5 ps a token, 768 TB/s; a merge
     at 1 ps a row-partial) are caught."""
+    from xbench.core import device_terms
     from xbench.core.implied import implied_rates
     from xbench.resources import profile_path, shipped_profiles
 
@@ -559,7 +547,7 @@ def test_every_shipped_term_has_a_source_and_no_term_beats_the_hardware_it_names
         assert profile.ceilings is not None, path
         coefs = [f.overhead for f in profile.fabrics]
         coefs += [c for f in profile.fabrics for s in f.segments for c in (s.alpha, s.beta)]
-        coefs += [c for c in map(profile.device.__getattribute__, DEVICE_TERM_NAMES) if c]
+        coefs += [c for t in device_terms.TERMS if (c := getattr(profile.device, t.name))]
         assert all(c.source for c in coefs), [c for c in coefs if not c.source]
         rates = implied_rates(profile)
         assert len(rates) >= 5 + len(profile.fabrics)

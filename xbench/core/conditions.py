@@ -83,6 +83,12 @@ def merged(metas: list[dict]) -> dict:
     return out
 
 
+def timed_on_cpu(fitted: dict) -> bool:
+    """Whether a profile's kernels were timed on a CPU: its conditions name a CPU attention
+    path and no GPU."""
+    return bool(fitted.get("cpu_attention") and not fitted.get("gpu"))
+
+
 def differences(fitted: dict, current: dict) -> list[tuple[str, object, object]]:
     """(field, fitted value, current value) for each field both sides know and differ on."""
     return [

@@ -508,12 +508,6 @@ def fit_device(samples: pd.DataFrame, base: Device | None, name: str) -> tuple[D
     return Device(name, **terms), notes
 
 
-def _on_cpu(fitted_conditions: dict) -> bool:
-    """Whether a profile's kernels were timed on a CPU (its conditions say CPU attention and
-    no GPU)."""
-    return bool(fitted_conditions.get("cpu_attention") and not fitted_conditions.get("gpu"))
-
-
 def fit_profile(
     probe: pd.DataFrame,
     kernel: pd.DataFrame,
@@ -551,7 +545,8 @@ def fit_profile(
     meta = run_meta or []
     fitted = conditions.merged(meta)
     kept_prefill = [t for t in notes.get("from_base", []) if t.startswith("recompute_")]
-    if kept_prefill and _on_cpu(fitted) and not _on_cpu(base.provenance.get("conditions", {})):
+    on_cpu = conditions.timed_on_cpu
+    if kept_prefill and on_cpu(fitted) and not on_cpu(base.provenance.get("conditions", {})):
         # local's time would add a GPU's prefill to this CPU's attention, without a word
         warnings.append(
             f"device: {' and '.join(kept_prefill)} kept from {base.name}, a GPU's prefill, "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from xbench.core import conditions
 from xbench.simulate.engine import PATHS, POLICIES, Workload, make_trace, simulate
 
 
@@ -71,8 +72,7 @@ def moves_on_compute(profile) -> bool:
     """Whether a fetch's move (gather at the holder, splice at the requester) runs on the
     instances' compute: so in a profile fitted on CPU kernels, where the same cores attend
     and move; on a GPU the copy engines and SMs overlap."""
-    conditions = profile.provenance.get("conditions", {})
-    return bool(conditions.get("cpu_attention") and not conditions.get("gpu"))
+    return conditions.timed_on_cpu(profile.provenance.get("conditions", {}))
 
 
 def batching_gain(profile, spec: dict, requests: int, seed: int) -> list[dict]:
