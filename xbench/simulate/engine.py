@@ -21,8 +21,8 @@ Paths (the cost model's phases, each on the resource it occupies):
 - local: recompute the chunk and attend at the requester (when the profile knows
   ``recompute_per_token``).
 
-Policies: ``route``, ``fetch``, ``local`` always (a present chunk is always used in place),
-and ``predicate``: per request, the cost model's times plus the current backlog of the
+Policies (``POLICIES``, objects registered by name): ``route``, ``fetch``, ``local`` always (a
+present chunk is always used in place), and ``predicate``: per request, the cost model's times plus the current backlog of the
 resources each option would wait on. A fetch is judged over the uses it would serve: this
 one, those that arrive while it is on its way (they wait for it), and those its stay in the
 cache serves, each counted from what the requester has seen so far (see ``_Reuse``); those
@@ -35,13 +35,16 @@ import heapq
 import math
 from bisect import bisect_left, insort
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from xbench.core.scenario import span_chunks
 
-POLICIES = ("route", "fetch", "local", "predicate")
+_push = heapq.heappush
+
+
 # The weight of the predicate's prior on a chunk's rate of use, in uses: a fetch is a bet of
 # milliseconds paid up front, so one or two early uses should not read as a high rate. Four
 # was chosen on random workloads against the better static policy and held on workloads
@@ -168,6 +171,18 @@ def make_span_trace(w: Workload, requests: int, seed: int = 0) -> Trace:
     return Trace(np.array(a), np.array(r), np.array(k), np.array(h), np.array(g))
 
 
+class _Memo(dict):
+    """A dict that computes a missing key's value once (``compute(key)``)."""
+
+    def __init__(self, compute):
+        super().__init__()
+        self.compute = compute
+
+    def __missing__(self, key):
+        value = self[key] = self.compute(key)
+        return value
+
+
 class _Costs:
     """The model's times for one workload shape, read once from the profile."""
 
@@ -205,8 +220,10 @@ class _Costs:
         # span request's prefix, its other cached chunks), where a routed one runs beside
         # them at its holder: half its siblings, on average, if they are all here
         self.attend_here = self.attend * (1 + (w.uses_per_request() - 1) / 2)
-        self._batched: dict[int, float] = {}
-        self._joins: dict[int, float] = {}
+        # T_c by rows and what a query adds by queued queries, computed on first use and
+        # read as dict lookups in the loop
+        self.batched = _Memo(self._batched_attend)
+        self.joins = _Memo(self._joins_batch)
 
     def _link(self, nbytes: float, messages: int) -> tuple[float, float]:
         """(time the message occupies the link, alpha in flight after it)."""
@@ -219,19 +236,19 @@ class _Costs:
 
     def batched_attend(self, rows: int) -> float:
         """T_c for ``rows`` decode tokens' query rows attending the chunk together."""
-        if rows not in self._batched:
-            self._batched[rows] = self.device.compute(rows * self.w.heads, self.w.chunk_tokens)
-        return self._batched[rows]
+        return self.batched[rows]
 
     def joins_batch(self, queued: int) -> float:
         """What one more query adds at a holder where ``queued`` of this chunk wait."""
-        added = self._joins.get(queued)
-        if added is None:
-            rows = self.w.rows
-            grown = self.batched_attend((queued + 1) * rows)
-            added = grown - self.batched_attend(queued * rows) if queued else grown
-            self._joins[queued] = added
-        return added
+        return self.joins[queued]
+
+    def _batched_attend(self, rows: int) -> float:
+        return self.device.compute(rows * self.w.heads, self.w.chunk_tokens)
+
+    def _joins_batch(self, queued: int) -> float:
+        rows = self.w.rows
+        grown = self.batched[(queued + 1) * rows]
+        return grown - self.batched[queued * rows] if queued else grown
 
     def per_use(self) -> dict[str, float]:
         route = (
@@ -270,7 +287,7 @@ class _Reuse:
     def __init__(self, w: Workload, start: float, end: float):
         self.beta = w.shared_chunks * w.instances / w.shared_uses_per_s
         self.start, self.end = start, end
-        self.uses: dict[tuple[int, int], int] = {}
+        self.uses: list[dict[int, int]] = [{} for _ in range(w.instances)]  # per requester
         self.places = w.cache_chunks
         shared = w.shared_chunks
         self.remote = shared - math.ceil(shared / w.instances)  # the fewest any requester has
@@ -280,8 +297,9 @@ class _Reuse:
         self.ranked: list[list[int]] = [[] for _ in range(w.instances)]
 
     def used(self, me: int, k: int, remote: bool) -> None:
-        before = self.uses.get((me, k), 0)
-        self.uses[(me, k)] = before + 1
+        uses = self.uses[me]
+        before = uses.get(k, 0)
+        uses[k] = before + 1
         if remote:
             ranked = self.ranked[me]
             if before:
@@ -296,7 +314,7 @@ class _Reuse:
         """(joiners, after): the uses a fetch started now would also serve."""
         # uses counts this one: it is why we ask now, not evidence of the rate (a rate read
         # at arrival instants, counting them, reads high)
-        earlier = self.uses[(me, k)] - 1
+        earlier = self.uses[me][k] - 1
         rate = (PRIOR_USES + earlier) / (PRIOR_USES * self.beta + now - self.start)
         left = max(self.end - now, 0.0)
         joiners = rate * min(fetch_time, left)
@@ -362,7 +380,8 @@ def _predicate(
     later = joiners + after
     route_later = later * (per_use["route"] + queue_holder + queue_me)
     after_idle = costs.device.after_idle
-    route = per_use["route"] + link_me + wait_holder + wait_me + after_idle(idle_holder)
+    route = per_use["route"] + link_me + wait_holder + wait_me
+    route += after_idle(idle_holder) if idle_holder else 0.0
     route += lam * (wait_holder + holder_adds) * holder_adds + route_later
     first = link_holder + costs.fetch_once
     here = costs.fetch_attend
@@ -379,8 +398,11 @@ def _predicate(
     fetch += lam * (wait_me + here) * here
     local_work = costs.recompute + costs.attend
     local = local_work + wait_me + lam * (wait_me + local_work) * local_work + route_later
-    local += after_idle(idle_me)
-    return min((route, "route"), (fetch, "fetch"), (local, "local"))[1]
+    local += after_idle(idle_me) if idle_me else 0.0
+    # the cheapest; ties go to fetch, then local (as min over (time, name) pairs would)
+    if fetch <= route and fetch <= local:
+        return "fetch"
+    return "local" if local <= route else "route"
 
 
 class _Servers:
@@ -438,6 +460,564 @@ class Result:
     batched_rows: int
 
 
+# ---- the engine: jobs, messages, policies, effects, and one handler per event kind ----
+
+
+@dataclass(slots=True)
+class Job:
+    """Work for one of an instance's servers: its compute (one core or one GPU's SMs) or
+    its egress link (a message on the wire). A delivered message turns into the compute
+    job it asks for (one record per step of a use's path would cost the loop a
+    constructor call per step)."""
+
+    # on the compute: "attend": uses of one chunk attended in one batched call (routed
+    #   queries and uses in place alike); "done": a routed use's merge once its answer is
+    #   back; "fetched": a fetched chunk's attention and merge (and splice, where the move
+    #   runs on the compute); "local": recompute the chunk and attend; "gather": the holder
+    #   packs a chunk to send (move on the compute); "messages": taking in arrivals or
+    #   messages on an idle core.
+    # on a link: "send": a routed query, to its holder; "back": its answer, to its
+    #   requester; "kv": a fetched chunk, to its requester
+    kind: str
+    # the use it serves; a started attention: the list of uses its call batched
+    req: object
+    # s on the server: a compute job's time as queued (an attention's: what it adds to the
+    # batch it joins), a message's time on the wire (alpha in flight follows)
+    work: float
+
+
+# the jobs that attend: they pay what the device measured for starting after idle, and
+# take the next of the measured spread's factors
+ATTENDS = frozenset(("attend", "fetched", "local"))
+
+
+class Policy:
+    """How a use is served when its chunk is neither here nor on its way here."""
+
+    def choose(self, sim: Simulation, r: int, me: int, k: int, holder: int, now: float) -> str:
+        """The path of use ``r`` of chunk ``k`` asked at ``me``: route, fetch or local."""
+        raise NotImplementedError
+
+
+class Always(Policy):
+    """One path for every use (a static policy)."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def choose(self, sim, r, me, k, holder, now):
+        return self.path
+
+
+class Predicate(Policy):
+    """The cost model's choice (``_predicate``) with the backlogs each option would wait on
+    now, the uses a fetch would also serve (``_Reuse``) and each core's steady-state wait."""
+
+    def choose(self, sim, r, me, k, holder, now):
+        costs, compute, link = sim.costs, sim.compute, sim.link
+        link_holder = link.wait(holder, now)
+        joiners, after = sim.reuse.expect(me, k, now, link_holder + costs.fetch_once)
+        idle_holder = idle_me = 0.0
+        if sim.cold:
+            idle_holder, idle_me = sim.idled(holder, now), sim.idled(me, now)
+        # the steady-state waits, with the prior's attentions counted beside the jobs
+        span = now - sim.start + sim.prior_span
+        return _predicate(
+            costs,
+            sim.per_use,
+            joiners,
+            after,
+            compute.wait(me, now),
+            compute.wait(holder, now),
+            link.wait(me, now),
+            link_holder,
+            costs.joins[sim.c_attq[holder].get(k, 0)],
+            idle_holder,
+            idle_me,
+            compute.steady_wait(me, span, PRIOR_USES, costs.attend),
+            compute.steady_wait(holder, span, PRIOR_USES, costs.attend),
+        )
+
+
+class Follow(Policy):
+    """The paths another run chose, use by use (PATHS names); a use that run found present
+    and this one does not is routed (as the replay does)."""
+
+    def __init__(self, decisions):
+        self.decisions = decisions
+
+    def choose(self, sim, r, me, k, holder, now):
+        choice = self.decisions[r]
+        return choice if choice in ("route", "fetch", "local") else "route"
+
+
+# the policies ``simulate`` knows, by name
+POLICIES: dict[str, Callable[[], Policy]] = {
+    "route": lambda: Always("route"),
+    "fetch": lambda: Always("fetch"),
+    "local": lambda: Always("local"),
+    "predicate": Predicate,
+}
+
+
+class Simulation:
+    """One run of a trace: the servers, caches and fetches in flight, the event heap, and
+    one handler per event kind (an arrival, a link done, a message delivered, a move done,
+    a compute job done), each returning nothing and pushing the events it causes. The
+    effects measured on real runs that stretch a job (message cost, spread, idle, merge
+    after a wait) are named methods, applied where a job starts when the profile or the
+    run has them (``stretches``)."""
+
+    # slots: the loop reads these attributes millions of times (a plain instance with this
+    # many attributes loses Python's fast attribute access)
+    __slots__ = (
+        "_compute_done",
+        "_link_done",
+        "_moved",
+        "arrived",
+        "batched_rows",
+        "batches",
+        "between_jobs",
+        "c_attq",
+        "caches",
+        "chunks",
+        "cold",
+        "compute",
+        "computed_until",
+        "costs",
+        "delivery",
+        "device",
+        "events",
+        "handling",
+        "holders",
+        "inbox",
+        "last",
+        "latency",
+        "link",
+        "message_cost",
+        "moved",
+        "n",
+        "on_arrival",
+        "on_delivered",
+        "overhead",
+        "path",
+        "pending",
+        "per_use",
+        "policy",
+        "prior_span",
+        "requesters",
+        "reuse",
+        "rows_per_use",
+        "seq",
+        "spread",
+        "start",
+        "stretches",
+        "times",
+        "varied",
+        "w",
+    )
+
+    def __init__(self, profile, w: Workload, trace: Trace, policy: Policy, spread, message_cost):
+        costs = self.costs = _Costs(profile, w)
+        n, inst = len(trace), w.instances
+        self.w, self.n, self.policy = w, n, policy
+        self.per_use = costs.per_use()
+        # lists while the loop writes them (a numpy element write is slower), arrays after
+        self.latency = [0.0] * n
+        self.path = [0] * n
+        self.caches = [OrderedDict() for _ in range(inst)]  # chunk -> when it was last used
+        # the workload's declared length: as long as its requests take at its rate
+        self.start = float(trace.arrival[0]) if n else 0.0
+        self.reuse = _Reuse(w, self.start, self.start + n / w.uses_per_s)
+        # per requester, the fetches in flight to it: chunk -> the uses waiting for it
+        self.pending: list[dict[int, list]] = [{} for _ in range(inst)]
+        self.compute, self.link = _Servers(inst), _Servers(inst)
+        self.c_attq = [{} for _ in range(inst)]  # attentions queued per chunk (routed or here)
+        self.events: list = []  # (time, seq, handler, instance, what)
+        self.seq = 0
+        self.moved = 0.0
+        self.batches = self.batched_rows = 0
+        self.last = 0.0  # when the last use ended
+        self.times = trace.arrival.tolist()
+        self.requesters, self.chunks = trace.requester.tolist(), trace.chunk.tolist()
+        holder = trace.holder if trace.holder is not None else trace.chunk % inst
+        self.holders = holder.tolist()
+        # where and after how long (alpha in flight) each kind of message lands
+        self.delivery = {
+            "send": (costs.send_fly, self.holders),
+            "back": (costs.back_fly, self.requesters),
+            "kv": (costs.kv_fly, self.requesters),
+        }
+        device = self.device = costs.device
+        self.cold = device.idle_extra is not None
+        # one core per instance (as CPU ranks): it computes and it takes messages in, so what
+        # arrives while it runs a job waits for the job's end (``arrived``, ``inbox``)
+        self.between_jobs = w.move_on_compute
+        self.arrived: list[list] = [[] for _ in range(inst)]
+        self.inbox: list[list] = [[] for _ in range(inst)]
+        # the handlers, bound once (the heap holds one per event)
+        self._compute_done, self._link_done = self.on_compute_done, self.on_link_done
+        self._moved = self.on_moved
+        self.on_arrival = self._arrival_between_jobs if self.between_jobs else self.arrive
+        self.on_delivered = self._delivered_between_jobs if self.between_jobs else self.receive
+        # taking an arrival or a message in costs such a core message_cost, charged to the
+        # next job it starts
+        self.message_cost = message_cost
+        self.handling = self.between_jobs and message_cost > 0
+        self.overhead = [0.0] * inst
+        # when each core's last job (not taking messages in) ended: idle since before the trace
+        self.computed_until = [-math.inf] * inst
+        self.spread, self.varied = spread, [0] * inst  # attending calls drawn a factor for
+        self.rows_per_use = w.rows
+        # the steady-state waits' prior: PRIOR_USES attentions at the workload's rate
+        self.prior_span = PRIOR_USES / costs.arrivals_per_instance
+        self.stretches = [
+            effect
+            for effect, on in (
+                (self._message_overhead, self.handling),
+                (self._spread, bool(spread)),
+                (self._after_idle, self.cold),
+                (self._merge_after_wait, device.merge_wait_tau is not None),
+            )
+            if on
+        ]
+
+    # ---- what the policies read ----
+
+    def idled(self, i: int, now: float) -> float:
+        """How long core i has idled since its last job (0 while it has work)."""
+        return 0.0 if self.compute.busy[i] else now - self.computed_until[i]
+
+    # ---- the effects that stretch a job where it starts, each as measured ----
+
+    def _message_overhead(self, i: int, job: Job, dur: float, now: float) -> float:
+        """What taking messages in cost this core since its last job."""
+        extra = self.overhead[i]
+        if extra:
+            self.overhead[i] = 0.0
+            return dur + extra
+        return dur
+
+    def _spread(self, i: int, job: Job, dur: float, now: float) -> float:
+        """An attending call takes this instance's next measured factor, in the order they
+        ran (cycling), so slow stretches come in runs as they did."""
+        if job.kind not in ATTENDS:
+            return dur
+        factors = self.spread[i % len(self.spread)]
+        dur *= factors[self.varied[i] % len(factors)]
+        self.varied[i] += 1
+        return dur
+
+    def _after_idle(self, i: int, job: Job, dur: float, now: float) -> float:
+        """The first attending call after idle pays for the cold core."""
+        if job.kind not in ATTENDS:
+            return dur
+        return dur + self.device.after_idle(now - self.computed_until[i])
+
+    def _merge_after_wait(self, i: int, job: Job, dur: float, now: float) -> float:
+        """A merge after its core waited (for this answer or anything) takes what the device
+        measured after a wait; one that follows other work is the merge as costed."""
+        if job.kind != "done" or now <= self.computed_until[i]:
+            return dur
+        wait = now - self.computed_until[i]
+        costs = self.costs
+        measured = self.device.merge_after_wait(costs.rows, 2, self.w.chunk_tokens, wait)
+        return dur + (measured - costs.merge)
+
+    # ---- the servers ----
+
+    def take_in(self, i: int, now: float) -> None:
+        """An arrival or a message taken in at core i: between its jobs when it computes
+        (charged to the next job), else at once (the core busy meanwhile)."""
+        if self.compute.busy[i]:
+            self.overhead[i] += self.message_cost
+        else:
+            self.to_compute(i, Job("messages", -1, self.message_cost), now)
+
+    def _batch(self, i: int, job: Job, k: int) -> int:
+        """Take the attentions of chunk k queued at i into the job's call (up to the batch's
+        rows, in queue order); returns the call's rows."""
+        w, compute, c_attq = self.w, self.compute, self.c_attq[i]
+        members, rows = job.req, w.rows
+        keep = deque()
+        queue = compute.queue[i]
+        while queue:
+            other = queue.popleft()
+            if (
+                other.kind == "attend"
+                and self.chunks[other.req] == k
+                and rows + w.rows <= w.max_batch_rows
+            ):
+                members.append(other.req)
+                rows += w.rows
+                compute.backlog[i] -= other.work
+                c_attq[k] -= 1
+            else:
+                keep.append(other)
+        compute.queue[i] = keep
+        return rows
+
+    def start_compute(self, i: int, now: float, job: Job | None = None) -> None:
+        """Start core i's next queued job, or ``job`` at once (an idle core has none queued).
+        An attention takes every queued attention of its chunk into one call."""
+        compute = self.compute
+        if job is None:
+            job = compute.queue[i].popleft()
+            compute.backlog[i] -= job.work
+        kind = job.kind
+        if kind == "attend":
+            c_attq = self.c_attq[i]
+            r = job.req
+            k = self.chunks[r]
+            c_attq[k] -= 1
+            job.req = [r]
+            # others of this chunk are queued: they join this call
+            rows = self._batch(i, job, k) if c_attq[k] else self.rows_per_use
+            self.batches += 1
+            self.batched_rows += rows
+            job.work = dur = self.costs.batched[rows]
+        else:
+            dur = job.work
+        if self.stretches:
+            for stretch in self.stretches:
+                dur = stretch(i, job, dur, now)
+        seq = self.seq = self.seq + 1
+        end = compute.run(i, now, dur)
+        if kind != "messages":
+            self.computed_until[i] = end
+        _push(self.events, (end, seq, self._compute_done, i, job))
+
+    def to_compute(self, i: int, job: Job, now: float) -> None:
+        if self.compute.busy[i]:
+            self.compute.add(i, job, job.work)
+        else:  # an idle core has nothing queued (_Servers): the job starts at once
+            self.start_compute(i, now, job)
+
+    def to_attend(self, i: int, r: int, now: float, query: Job | None = None) -> None:
+        """Queue use r's attention over its chunk at instance i (the holder of a routed
+        ``query``, or the requester where the chunk is present); it joins the batched call
+        of the attentions of that chunk queued there, and adds what that call grows by."""
+        c_attq = self.c_attq[i]
+        k = self.chunks[r]
+        queued = c_attq.get(k, 0)
+        c_attq[k] = queued + 1
+        work = self.costs.joins[queued]
+        if query is None:
+            job = Job("attend", r, work)
+        else:
+            job = query
+            job.kind, job.work = "attend", work
+        if self.compute.busy[i]:
+            self.compute.add(i, job, job.work)
+        else:
+            self.start_compute(i, now, job)
+
+    def start_link(self, i: int, now: float, msg: Job | None = None) -> None:
+        """Put link i's next queued message on the wire, or ``msg`` at once (an idle link
+        has none queued)."""
+        link = self.link
+        if msg is None:
+            msg = link.queue[i].popleft()
+            link.backlog[i] -= msg.work
+        seq = self.seq = self.seq + 1
+        end = link.run(i, now, msg.work)
+        _push(self.events, (end, seq, self._link_done, i, msg))
+
+    def to_link(self, i: int, msg: Job, now: float) -> None:
+        if self.link.busy[i]:
+            self.link.add(i, msg, msg.work)
+        else:
+            self.start_link(i, now, msg)
+
+    # ---- the paths a use takes ----
+
+    def route(self, me: int, r: int, holder: int, now: float) -> None:
+        """The query leaves on the requester's link."""
+        costs = self.costs
+        self.moved += costs.s_q + costs.s_o
+        self.to_link(me, Job("send", r, costs.send_occ), now)
+
+    def fetch(self, me: int, r: int, holder: int, now: float) -> None:
+        """The holder gathers the chunk on its compute (where the move runs there) and sends
+        it; the uses arriving meanwhile wait for it."""
+        costs = self.costs
+        self.moved += costs.s_kv
+        self.pending[me][self.chunks[r]] = []
+        if self.w.move_on_compute:
+            if self.handling:  # the request taken in at the holder
+                self.take_in(holder, now)
+            self.to_compute(holder, Job("gather", r, costs.gather), now)
+        else:
+            self.to_link(holder, Job("kv", r, costs.kv_occ), now)
+
+    def local(self, me: int, r: int, holder: int, now: float) -> None:
+        costs = self.costs
+        self.to_compute(me, Job("local", r, costs.recompute + costs.attend), now)
+
+    # ---- one handler per event kind ----
+
+    def _arrival_between_jobs(self, r: int, now: float) -> None:
+        """Use r at its requester's core: taken in now, or when the job it runs ends."""
+        me = self.requesters[r]
+        if self.compute.busy[me]:
+            self.arrived[me].append(r)
+        else:
+            self.arrive(r, now)
+
+    def arrive(self, r: int, now: float) -> None:
+        """Use r taken in at its requester: used in place, waited for, or decided."""
+        me, k = self.requesters[r], self.chunks[r]
+        if self.handling:
+            self.take_in(me, now)
+        holder = self.holders[r]
+        cache = self.caches[me]
+        self.reuse.used(me, k, holder != me)
+        if holder == me or k in cache:
+            if k in cache:
+                cache[k] = now
+                cache.move_to_end(k)
+            self.path[r] = 0
+            self.to_attend(me, r, now)
+            return
+        waiting = self.pending[me].get(k)
+        if waiting is not None:  # on its way here: wait for it, then attend in place
+            self.path[r] = 0
+            waiting.append(r)
+            return
+        choice = self.policy.choose(self, r, me, k, holder, now)
+        if choice == "route":
+            self.path[r] = 1
+            self.route(me, r, holder, now)
+        elif choice == "fetch":
+            self.path[r] = 2
+            self.fetch(me, r, holder, now)
+        else:
+            self.path[r] = 3
+            self.local(me, r, holder, now)
+
+    def on_link_done(self, i: int, msg: Job, now: float) -> None:
+        """A message left link i: the next goes on the wire; it lands after its flight."""
+        link = self.link
+        link.busy[i] = False
+        if link.queue[i]:
+            self.start_link(i, now)
+        seq = self.seq = self.seq + 1
+        flight, dest = self.delivery[msg.kind]
+        _push(self.events, (now + flight, seq, self.on_delivered, dest[msg.req], msg))
+
+    def _delivered_between_jobs(self, i: int, msg: Job, now: float) -> None:
+        """A message at core i: taken in now, or when the job it runs ends."""
+        if self.compute.busy[i]:
+            self.inbox[i].append(msg)
+        else:
+            self.receive(i, msg, now)
+
+    def receive(self, i: int, msg: Job, now: float) -> None:
+        if self.handling:  # a message taken in on the rank's core
+            self.take_in(i, now)
+        kind, costs = msg.kind, self.costs
+        if kind == "send":  # the query joins the batched call of its chunk here
+            self.to_attend(i, msg.req, now, msg)
+        elif kind == "back":  # the answer: merged here
+            msg.kind, msg.work = "done", costs.merge
+            self.to_compute(i, msg, now)
+        elif self.w.move_on_compute:  # the chunk: splice, attend and merge on the compute
+            msg.kind, msg.work = "fetched", costs.splice + costs.fetch_attend + costs.merge
+            self.to_compute(i, msg, now)
+        else:  # the chunk: T_move (gather + splice) is a delay on this path, not a load on
+            # the requester's compute: the GPU priors' move is its software stack, and a
+            # splice kernel runs beside attention
+            seq = self.seq = self.seq + 1
+            _push(self.events, (now + costs.move, seq, self._moved, i, msg))
+
+    def on_moved(self, i: int, job: Job, now: float) -> None:
+        """A fetched chunk is in i's cache: attend and merge here; keep it for later uses."""
+        costs = self.costs
+        job.kind, job.work = "fetched", costs.fetch_attend + costs.merge
+        self.to_compute(i, job, now)
+
+    def on_compute_done(self, i: int, job: Job, now: float) -> None:
+        """What the job leads to, what came in meanwhile, then core i's next job."""
+        kind, req = job.kind, job.req
+        if kind == "attend":  # uses asked here are done, routed ones' answers go back
+            requesters = self.requesters
+            for r in req:
+                if requesters[r] == i:
+                    self.latency[r] = now - self.times[r]
+                else:
+                    costs = self.costs
+                    self.to_link(i, Job("back", r, costs.back_occ), now)
+            if now > self.last:
+                self.last = now
+        elif kind == "gather":  # packed: it leaves on the holder's link
+            costs = self.costs
+            job.kind, job.work = "kv", self.costs.kv_occ
+            self.to_link(i, job, now)
+        elif kind != "messages":  # (taken in on an idle core: nothing follows from it)
+            if kind == "fetched":
+                self._cached(i, self.chunks[req], now)
+            self.latency[req] = now - self.times[req]
+            if now > self.last:
+                self.last = now
+        if self.between_jobs:
+            self._take_in_meanwhile(i, now)
+        compute = self.compute
+        compute.busy[i] = False
+        if compute.queue[i]:
+            self.start_compute(i, now)
+
+    def _take_in_meanwhile(self, i: int, now: float) -> None:
+        """Core i, still busy, takes in what arrived and the messages that came while its
+        job ran, arrivals first, so all of it is queued before its next job starts (and an
+        attention batches what joined it)."""
+        arrived, inbox = self.arrived[i], self.inbox[i]
+        if arrived:
+            for r in arrived:
+                self.arrive(r, now)
+            arrived.clear()
+        if inbox:
+            for msg in inbox:
+                self.receive(i, msg, now)
+            inbox.clear()
+
+    def _cached(self, i: int, k: int, now: float) -> None:
+        """Chunk k spliced into i's cache (LRU): the uses that waited for it attend."""
+        cache = self.caches[i]
+        cache[k] = now
+        cache.move_to_end(k)
+        while len(cache) > self.w.cache_chunks:
+            gone, last_used = cache.popitem(last=False)
+            if gone != k:  # (without a cache the chunk leaves at once: no age)
+                self.reuse.evicted(i, now - last_used)
+        for waiting in self.pending[i].pop(k, ()):
+            self.to_attend(i, waiting, now)
+
+    def run(self) -> Result:
+        """Arrivals are already in time order: they are merged with the heap of the events
+        they cause instead of being pushed onto it (a million fewer heap operations per
+        million requests)."""
+        times, events, n = self.times, self.events, self.n
+        pop, on_arrival = heapq.heappop, self.on_arrival
+        nxt = 0
+        while nxt < n or events:
+            if nxt < n and (not events or times[nxt] <= events[0][0]):
+                on_arrival(nxt, times[nxt])
+                nxt += 1
+            else:
+                now, _, handle, i, what = pop(events)
+                handle(i, what, now)
+        return Result(
+            np.array(self.latency),
+            np.array(self.path, dtype=np.int8),
+            self.last - times[0] if n else 0.0,
+            np.array(self.compute.time),
+            np.array(self.link.time),
+            self.moved,
+            self.batches,
+            self.batched_rows,
+        )
+
+
 def simulate(
     profile,
     w: Workload,
@@ -447,330 +1027,20 @@ def simulate(
     spread=None,
     message_cost: float = 0.0,
 ) -> Result:
-    """``decisions`` (predicate only): per use, the path another run chose (PATHS names);
-    the predicate then follows them instead of deciding, and a use decided present that is
-    not here is routed (as the replay does). ``spread``: per instance, the factors
-    measured calls ran at about their modelled time, in the order they ran; each attending
-    call there takes the next (cycling), so slow stretches come in runs as they did (a
-    deterministic server, or one drawing factors independently, understates the queues
-    they build). Without it calls take exactly the model's time. Where the move runs on the
-    compute (one core per instance, as CPU ranks), a core takes in what arrived and the
-    messages that came while it ran a job when the job ends, arrivals first, before its
-    next job starts (as the replay's loop does); ``message_cost``: seconds of that core
-    each arrival and message taken in costs."""
+    """``policy``: a name in POLICIES. ``decisions`` (predicate only): per use, the path
+    another run chose (PATHS names); the predicate then follows them instead of deciding.
+    ``spread``: per instance, the factors measured calls ran at about their modelled time,
+    in the order they ran; each attending call there takes the next (cycling), so slow
+    stretches come in runs as they did (a deterministic server, or one drawing factors
+    independently, understates the queues they build). Without it calls take exactly the
+    model's time. Where the move runs on the compute (one core per instance, as CPU ranks),
+    a core takes in what arrived and the messages that came while it ran a job when the job
+    ends, arrivals first, before its next job starts (as the replay's loop does);
+    ``message_cost``: seconds of that core each arrival and message taken in costs."""
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}")
-    costs = _Costs(profile, w)
-    n, inst = len(trace), w.instances
-    # lists while the loop writes them (a numpy element write is slower), arrays after
-    latency = [0.0] * n
-    path = [0] * n
-    caches = [OrderedDict() for _ in range(inst)]  # chunk -> when it was last used
-    # the workload's declared length: as long as its requests take at its rate
-    start = float(trace.arrival[0]) if n else 0.0
-    reuse = _Reuse(w, start, start + n / w.uses_per_s)
-    pending: dict[tuple[int, int], list] = {}  # fetches in flight: the uses waiting for them
-    # resources: compute and link per instance; each a FIFO with a running flag and backlog
-    compute, link = _Servers(inst), _Servers(inst)
-    c_attq = [{} for _ in range(inst)]  # attentions queued per chunk (routed or here)
-    events: list = []
-    seq = 0
-    moved = 0.0
-    batches = batched_rows = 0
-    arrival, requester, chunk = trace.arrival, trace.requester, trace.chunk
-    per_use = costs.per_use()
-    push, pop = heapq.heappush, heapq.heappop
-    ARRIVE, C_DONE, L_DONE, READY_C = 0, 1, 2, 3
-    # jobs that attend (a batched call, a fetched chunk's, a local prefill's): they pay what
-    # the device measured for starting after idle, where the profile has it
-    ATTENDS = ("attend", "fetched", "local")
-    device = costs.device
-    cold = device.idle_extra is not None
-    # a routed use's merge after its core waited for the answer (where measured)
-    waited = device.merge_wait_tau is not None
-    between_jobs = w.move_on_compute  # one core per instance: it computes and it messages
-    varied = [0] * inst  # attending calls each instance has drawn a factor for
-    # one core per instance: taking an arrival or a message in costs it message_cost,
-    # charged to the next job it starts (the rank's loop takes them in between jobs)
-    handling = between_jobs and message_cost > 0
-    overhead = [0.0] * inst
-    # when each core's last job (not taking messages in) ended: idle since before the trace
-    computed_until = [-math.inf] * inst
-
-    # the steady-state waits' prior: PRIOR_USES attentions at the workload's rate per instance
-    prior_span = PRIOR_USES / costs.arrivals_per_instance
-
-    def queue(i: int, now: float) -> float:
-        return compute.steady_wait(i, now - start + prior_span, PRIOR_USES, costs.attend)
-
-    def idled(i: int, now: float) -> float:
-        """How long core i has idled since its last job (0 while it has work)."""
-        return 0.0 if compute.busy[i] else now - computed_until[i]
-
-    def take_in(i: int, now: float) -> None:
-        """An arrival or a message taken in at core i: between its jobs when it computes
-        (charged to the next job), else at once (the core busy meanwhile)."""
-        if compute.busy[i]:
-            overhead[i] += message_cost
-        else:
-            to_compute(i, ("messages", -1, message_cost), now)
-
-    def start_compute(i: int, now: float, job=None) -> None:
-        """Start core i's next queued job, or ``job`` at once (an idle core has none queued)."""
-        nonlocal seq, batches, batched_rows
-        if job is None:
-            job = compute.queue[i].popleft()
-            compute.backlog[i] -= job[2]
-        kind, req, dur = job
-        if kind == "attend":  # take every queued attention of the same chunk: one call
-            k = chunks[req]
-            c_attq[i][k] -= 1
-            members, rows = [req], w.rows
-            if c_attq[i][k]:  # others of this chunk are queued: they join this call
-                keep = deque()
-                while compute.queue[i]:
-                    other = compute.queue[i].popleft()
-                    if (
-                        other[0] == "attend"
-                        and chunks[other[1]] == k
-                        and rows + w.rows <= w.max_batch_rows
-                    ):
-                        members.append(other[1])
-                        rows += w.rows
-                        compute.backlog[i] -= other[2]
-                        c_attq[i][k] -= 1
-                    else:
-                        keep.append(other)
-                compute.queue[i] = keep
-            dur = costs.batched_attend(rows)
-            batches += 1
-            batched_rows += rows
-            job = ("attend", members, dur)
-        if overhead[i]:  # what taking messages in cost this core since its last job
-            dur += overhead[i]
-            overhead[i] = 0.0
-        if spread and kind in ATTENDS:  # this instance's next measured factor, in order
-            factors = spread[i % len(spread)]
-            dur *= factors[varied[i] % len(factors)]
-            varied[i] += 1
-        if cold and kind in ATTENDS:  # the first call after idle pays for the cold core
-            dur += device.after_idle(now - computed_until[i])
-        elif waited and kind == "done" and now > computed_until[i]:
-            # a merge after its core waited (for this answer or anything): as measured
-            # after a wait; one that follows other work is the merge as costed
-            wait = now - computed_until[i]
-            dur += device.merge_after_wait(costs.rows, 2, w.chunk_tokens, wait) - costs.merge
-        seq += 1
-        end = compute.run(i, now, dur)
-        if kind != "messages":
-            computed_until[i] = end
-        push(events, (end, seq, C_DONE, i, job))
-
-    def to_compute(i: int, job, now: float) -> None:
-        if compute.busy[i]:
-            compute.add(i, job, job[2])
-        else:  # an idle core has nothing queued (_Servers): the job starts at once
-            start_compute(i, now, job)
-
-    def to_attend(i: int, r: int, now: float) -> None:
-        """Queue request r's attention over its chunk at instance i (the holder of a routed
-        query, or the requester where the chunk is present); it joins the batched call of
-        the attentions of that chunk queued there, and adds what that call grows by."""
-        k = chunks[r]
-        queued = c_attq[i].get(k, 0)
-        c_attq[i][k] = queued + 1
-        to_compute(i, ("attend", r, costs.joins_batch(queued)), now)
-
-    def send(me: int, r: int, holder: int, now: float) -> None:
-        """Route: the query leaves on the requester's link."""
-        nonlocal moved
-        moved += costs.s_q + costs.s_o
-        to_link(me, ("send", costs.send_occ, r, holder), now)
-
-    def ask(me: int, r: int, holder: int, now: float) -> None:
-        """Fetch: the holder gathers the chunk on its compute (where the move runs there)
-        and sends it; the uses arriving meanwhile wait for it."""
-        nonlocal moved
-        moved += costs.s_kv
-        pending[(me, chunks[r])] = []
-        if w.move_on_compute:
-            if handling:  # the request taken in at the holder
-                take_in(holder, now)
-            to_compute(holder, ("gather", r, costs.gather), now)
-        else:
-            to_link(holder, ("kv", costs.kv_occ, r, me), now)
-
-    def start_link(i: int, now: float, job=None) -> None:
-        """Put link i's next queued message on the wire, or ``job`` at once (an idle link
-        has none queued)."""
-        nonlocal seq
-        if job is None:
-            job = link.queue[i].popleft()
-            link.backlog[i] -= job[1]
-        seq += 1
-        push(events, (link.run(i, now, job[1]), seq, L_DONE, i, job))
-
-    def to_link(i: int, job, now: float) -> None:
-        if link.busy[i]:
-            link.add(i, job, job[1])
-        else:
-            start_link(i, now, job)
-
-    times_list = arrival.tolist()
-    requesters, chunks = requester.tolist(), chunk.tolist()
-    holders = (trace.holder if trace.holder is not None else chunk % inst).tolist()
-    fly = {"send": costs.send_fly, "back": costs.back_fly, "kv": costs.kv_fly}
-    # one core per instance (between_jobs): what arrived and what messages came in while it
-    # ran a job, taken in when the job ends, arrivals first (the replay's loop)
-    arrived: list[list] = [[] for _ in range(inst)]
-    inbox: list[list] = [[] for _ in range(inst)]
-
-    def arrive(r: int, now: float) -> None:
-        """Request r taken in at its requester: used in place, waited for, or decided."""
-        me, k = requesters[r], chunks[r]
-        if handling:
-            take_in(me, now)
-        holder = holders[r]
-        cache = caches[me]
-        reuse.used(me, k, holder != me)
-        if holder == me or k in cache:
-            if k in cache:
-                cache[k] = now
-                cache.move_to_end(k)
-            path[r] = 0
-            to_attend(me, r, now)
-            return
-        if (me, k) in pending:  # on its way here: wait for it, then attend in place
-            path[r] = 0
-            pending[(me, k)].append(r)
-            return
-        choice = policy
-        if decisions is not None and policy == "predicate":
-            choice = decisions[r] if decisions[r] in ("route", "fetch", "local") else "route"
-        elif policy == "predicate":
-            link_holder = link.wait(holder, now)
-            choice = _predicate(
-                costs,
-                per_use,
-                *reuse.expect(me, k, now, link_holder + costs.fetch_once),
-                compute.wait(me, now),
-                compute.wait(holder, now),
-                link.wait(me, now),
-                link_holder,
-                costs.joins_batch(c_attq[holder].get(k, 0)),
-                *((idled(holder, now), idled(me, now)) if cold else (0.0, 0.0)),
-                queue(me, now),
-                queue(holder, now),
-            )
-        if choice == "route":
-            path[r] = 1
-            send(me, r, holder, now)
-        elif choice == "fetch":
-            path[r] = 2
-            ask(me, r, holder, now)
-        else:
-            path[r] = 3
-            to_compute(me, ("local", r, costs.recompute + costs.attend), now)
-
-    def receive(i: int, step: str, r: int, now: float) -> None:
-        """A message (or the end of a move's delay) at instance i."""
-        nonlocal seq
-        if handling and step != "moved":  # a message taken in on the rank's core
-            take_in(i, now)
-        if step == "send":
-            # what this attention adds to the holder's backlog: the growth of the
-            # batched call it will join (batches of one chunk cost far less than apart)
-            to_attend(i, r, now)
-        elif step == "back":
-            to_compute(i, ("done", r, costs.merge), now)
-        elif step == "kv" and w.move_on_compute:  # splice, attend, merge on the compute
-            to_compute(i, ("fetched", r, costs.splice + costs.fetch_attend + costs.merge), now)
-        elif step == "kv":  # the chunk arrived: T_move (gather + splice) is a delay on this
-            # path, not a load on the requester's compute: the study's 3 ms is its software
-            # stack; a splice kernel is microseconds and runs beside attention
-            seq += 1
-            push(events, (now + costs.move, seq, READY_C, i, ("moved", r)))
-        else:  # moved into the cache: attend and merge here; keep it for later uses
-            to_compute(i, ("fetched", r, costs.fetch_attend + costs.merge), now)
-
-    # Arrivals are already in time order: they are merged with the heap of the events they
-    # cause instead of being pushed onto it (a million fewer heap operations per million).
-    nxt = 0
-    last = 0.0
-    while nxt < n or events:
-        if nxt < n and (not events or times_list[nxt] <= events[0][0]):
-            now, kind, a, job = times_list[nxt], ARRIVE, nxt, None
-            nxt += 1
-        else:
-            now, _, kind, a, job = pop(events)
-        if kind == ARRIVE:
-            if between_jobs and compute.busy[requesters[a]]:
-                arrived[requesters[a]].append(a)  # taken in when its job ends
-            else:
-                arrive(a, now)
-        elif kind == L_DONE:
-            i = a
-            link.busy[i] = False
-            if link.queue[i]:
-                start_link(i, now)
-            step, _, r, dest = job
-            seq += 1
-            push(events, (now + fly[step], seq, READY_C, dest, (step, r)))
-        elif kind == READY_C:
-            step, r = job
-            if between_jobs and step != "moved" and compute.busy[a]:
-                inbox[a].append((step, r))  # taken in when its job ends
-            else:
-                receive(a, step, r, now)
-        else:  # C_DONE: what the job leads to, what came in meanwhile, then the next job
-            i = a
-            step, req, _ = job
-            if step == "gather":  # packed: it leaves on the holder's link
-                to_link(i, ("kv", costs.kv_occ, req, requesters[req]), now)
-            elif step == "attend":
-                for r in req:
-                    if requesters[r] == i:  # attended where it was asked: done
-                        latency[r] = now - times_list[r]
-                    else:  # a routed query: its answer goes back
-                        to_link(i, ("back", costs.back_occ, r, requesters[r]), now)
-                if now > last:
-                    last = now
-            elif step != "messages":  # (taken in on an idle core: nothing follows from it)
-                if step == "fetched":  # spliced: in the cache now, the waiting uses attend
-                    k = chunks[req]
-                    cache = caches[i]
-                    cache[k] = now
-                    cache.move_to_end(k)
-                    while len(cache) > w.cache_chunks:
-                        gone, last_used = cache.popitem(last=False)
-                        if gone != k:  # (without a cache the chunk leaves at once: no age)
-                            reuse.evicted(i, now - last_used)
-                    for waiting in pending.pop((i, k), []):
-                        to_attend(i, waiting, now)
-                latency[req] = now - times_list[req]
-                if now > last:
-                    last = now
-            # still busy while it takes in what came meanwhile, so all of it is queued
-            # before the next job starts (and an attention batches what joined it)
-            if arrived[i]:
-                for r in arrived[i]:
-                    arrive(r, now)
-                arrived[i].clear()
-            if inbox[i]:
-                for step, r in inbox[i]:
-                    receive(i, step, r, now)
-                inbox[i].clear()
-            compute.busy[i] = False
-            if compute.queue[i]:
-                start_compute(i, now)
-    makespan = last - float(arrival[0]) if n else 0.0
-    return Result(
-        np.array(latency),
-        np.array(path, dtype=np.int8),
-        makespan,
-        np.array(compute.time),
-        np.array(link.time),
-        moved,
-        batches,
-        batched_rows,
-    )
+    if decisions is not None and policy == "predicate":
+        chosen = Follow(decisions)
+    else:
+        chosen = POLICIES[policy]()
+    return Simulation(profile, w, trace, chosen, spread, message_cost).run()
