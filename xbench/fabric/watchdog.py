@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from contextlib import contextmanager
 
 EXIT_TIMEOUT = 124
 
@@ -36,6 +37,14 @@ class Watchdog:
     def disarm(self) -> None:
         with self._cond:
             self._deadline = None
+
+    @contextmanager
+    def watching(self, label: str):
+        """Armed for the block's work (an exception leaves it armed: the rank's handler
+        ends the process, or the watchdog does)."""
+        self.arm(label)
+        yield
+        self.disarm()
 
     def _watch(self) -> None:
         with self._cond:

@@ -29,6 +29,7 @@ without samples come from ``base`` (a priors profile) and stay marked as priors.
 from __future__ import annotations
 
 import datetime as _dt
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -375,87 +376,98 @@ def _fit_merge_wait(terms: dict, notes: dict, waited: pd.DataFrame) -> None:
     )
 
 
-def fit_device(samples: pd.DataFrame, base: Device | None, name: str) -> tuple[Device, dict]:
-    """Device terms from kernel samples; the rest from ``base``. Returns (device, notes)."""
+class _KernelSamples(NamedTuple):
+    """A kernel run's timed samples, parted by what each family's fit reads."""
+
+    back_to_back: pd.DataFrame  # dense calls one after another: most terms' samples
+    spliced: pd.DataFrame | None  # attentions on a chunk just spliced (a fetch's first)
+    idle: pd.DataFrame | None  # attentions after the device idled, and their twins
+    waited: pd.DataFrame | None  # merges after a wait
+
+
+def _part_samples(samples: pd.DataFrame, notes: dict) -> _KernelSamples:
+    """The timed samples (no warm-ups, no ceilings, no correctness references; dense where
+    the run has dense ones) parted into back-to-back, spliced, idle and waited cases."""
     measured = (
         samples[~samples.warmup & ~samples.kernel.str.startswith("ceiling_")]
         if not samples.empty
         else samples
     )
-    notes: dict = {}
     reference = measured.backend.isin(REFERENCE_ONLY) if "backend" in measured.columns else None
     if reference is not None and reference.any():  # correctness references time nothing real
         notes["skipped"] = f"{int(reference.sum())} samples of {', '.join(REFERENCE_ONLY)}"
         measured = measured[~reference]
     if not measured.empty and (~measured["sparse"]).any():
         measured = measured[~measured["sparse"]]
-    terms: dict = {}
-    spliced = None
+    spliced = idle = waited = None
     if "after_splice_tokens" in measured.columns and (measured.after_splice_tokens > 0).any():
         spliced = measured[measured.after_splice_tokens > 0]  # a fetch's first attention
         measured = measured[measured.after_splice_tokens == 0]
-
-    def take(kernel):
-        rows = measured[measured.kernel == kernel] if not measured.empty else measured
-        return (
-            rows
-            if len(rows) and rows[["rows", "chunk_tokens"]].drop_duplicates().shape[0] >= 2
-            else None
-        )
-
-    idle = measured.idle_us > 0 if "idle_us" in measured.columns else None
-    if idle is not None and (idle & (measured.kernel == "partial_attention")).any():
-        gaps, extras = _idle_extras(measured[measured.kernel == "partial_attention"])
-        if len(np.unique(gaps)) >= 2:
-            _fit_idle(terms, notes, gaps, extras)
-        measured = measured[~idle]  # the other terms are back-to-back times
-    waited = None
+    after_idle = measured.idle_us > 0 if "idle_us" in measured.columns else None
+    attention = measured.kernel == "partial_attention"
+    if after_idle is not None and (after_idle & attention).any():
+        idle = measured[attention]  # each idle case with its back-to-back twin
+        measured = measured[~after_idle]  # the other terms are back-to-back times
     if "wait_us" in measured.columns and (measured.wait_us > 0).any():
         waited = measured[(measured.wait_us > 0) & (measured.kernel == "merge")]
         measured = measured[measured.wait_us == 0]
-    attn = take("partial_attention")
-    if attn is not None:
-        r = (attn.rows * attn.heads).to_numpy(float)
-        c = attn.chunk_tokens.to_numpy(float)
-        pieces = fit_segmented_linear(
-            c,
-            np.column_stack([np.ones_like(c), c, c * r]),
-            attn.value.to_numpy(float) * 1e-6,
-            min_keys=1,
-        )
-        (_, (t0, a, k)), rest = pieces[0], pieces[1:]
-        terms.update(
-            compute_t0=_coef(t0, "s"),
-            compute_per_token=_coef(a, "s/token"),
-            compute_per_row_token=_coef(k, "s/row-token"),
-        )
-        terms["compute_segments"] = tuple(
-            (start, _coef(t0, "s"), _coef(a, "s/token"), _coef(k, "s/row-token"))
-            for start, (t0, a, k) in rest
-        )
-        notes["compute"] = (
-            f"{len(attn)} samples, {attn['dtype'].iloc[0]}, {attn['model'].iloc[0]}, {len(pieces)} piece(s)"
-        )
-        if spliced is not None:
-            _fit_spliced_saving(terms, notes, attn, spliced)
-    merge = measured[measured.kernel == "merge"] if not measured.empty else measured
-    if len(merge) and merge.rows.nunique() >= 2:
-        rp = (merge.rows * merge.heads * merge.partials).to_numpy(float)
-        t = merge.value.to_numpy(float) * 1e-6
-        after = merge.after_tokens.to_numpy(float) if "after_tokens" in merge else np.zeros_like(rp)
-        if len(np.unique(after)) >= 2:  # timed after attentions over several chunks
-            m0, m1, m2 = fit_linear(np.column_stack([np.ones_like(rp), rp, after]), t)
-            terms["merge_per_token"] = _coef(m2, "s/token")
-        else:
-            m0, m1 = fit_linear(np.column_stack([np.ones_like(rp), rp]), t)
-        terms.update(merge_t0=_coef(m0, "s"), merge_per_row_partial=_coef(m1, "s/row-partial"))
-        context = "after attention" if after.any() else "back to back"
-        notes["merge"] = f"{len(merge)} samples, {context}"
-        if waited is not None and len(waited):
-            _fit_merge_wait(terms, notes, waited)
-    gather, splice = take("gather"), take("splice")
+    return _KernelSamples(measured, spliced, idle, waited)
+
+
+def _of_kernel(measured: pd.DataFrame, kernel: str) -> pd.DataFrame | None:
+    """A kernel's samples, where they span at least two shapes (a line needs two)."""
+    rows = measured[measured.kernel == kernel] if not measured.empty else measured
+    if len(rows) and rows[["rows", "chunk_tokens"]].drop_duplicates().shape[0] >= 2:
+        return rows
+    return None
+
+
+def _fit_compute(terms: dict, notes: dict, attn: pd.DataFrame) -> None:
+    """T_c(R, c) = t0 + c (a + R k), piecewise over c where the samples break."""
+    r = (attn.rows * attn.heads).to_numpy(float)
+    c = attn.chunk_tokens.to_numpy(float)
+    pieces = fit_segmented_linear(
+        c,
+        np.column_stack([np.ones_like(c), c, c * r]),
+        attn.value.to_numpy(float) * 1e-6,
+        min_keys=1,
+    )
+    (_, (t0, a, k)), rest = pieces[0], pieces[1:]
+    terms.update(
+        compute_t0=_coef(t0, "s"),
+        compute_per_token=_coef(a, "s/token"),
+        compute_per_row_token=_coef(k, "s/row-token"),
+    )
+    terms["compute_segments"] = tuple(
+        (start, _coef(t0, "s"), _coef(a, "s/token"), _coef(k, "s/row-token"))
+        for start, (t0, a, k) in rest
+    )
+    notes["compute"] = (
+        f"{len(attn)} samples, {attn['dtype'].iloc[0]}, {attn['model'].iloc[0]}, {len(pieces)} piece(s)"
+    )
+
+
+def _fit_merge(terms: dict, notes: dict, merge: pd.DataFrame) -> None:
+    """T_m(R, p, c) = m0 + R p m1 (+ c m2 where merges were timed after attentions over
+    several chunks)."""
+    rp = (merge.rows * merge.heads * merge.partials).to_numpy(float)
+    t = merge.value.to_numpy(float) * 1e-6
+    after = merge.after_tokens.to_numpy(float) if "after_tokens" in merge else np.zeros_like(rp)
+    if len(np.unique(after)) >= 2:  # timed after attentions over several chunks
+        m0, m1, m2 = fit_linear(np.column_stack([np.ones_like(rp), rp, after]), t)
+        terms["merge_per_token"] = _coef(m2, "s/token")
+    else:
+        m0, m1 = fit_linear(np.column_stack([np.ones_like(rp), rp]), t)
+    terms.update(merge_t0=_coef(m0, "s"), merge_per_row_partial=_coef(m1, "s/row-partial"))
+    context = "after attention" if after.any() else "back to back"
+    notes["merge"] = f"{len(merge)} samples, {context}"
+
+
+def _fit_moves(terms: dict, notes: dict, gather, splice) -> None:
+    """T_move = gather at the holder + splice at the requester (their samples paired per
+    chunk), and T_splice alone: the move of a fetch sent block by block from the holder's
+    cache."""
     if gather is not None and splice is not None:
-        # T_move = gather at the holder + splice at the requester: pair their samples per chunk.
         rng = np.random.default_rng(0)
         cs, ts = [], []
         for chunk in sorted(set(gather.chunk_tokens) & set(splice.chunk_tokens)):
@@ -467,12 +479,20 @@ def fit_device(samples: pd.DataFrame, base: Device | None, name: str) -> tuple[D
         pieces = _fit_per_token(terms, "move", np.array(cs, float), np.array(ts))
         notes["move"] = f"gather + splice, {pieces} piece(s)"
     if splice is not None:
-        # T_splice: the move of a fetch sent block by block from the holder's cache
         c, t = splice.chunk_tokens.to_numpy(float), splice.value.to_numpy(float) * 1e-6
         notes["splice"] = f"{len(splice)} samples, {_fit_per_token(terms, 'splice', c, t)} piece(s)"
-    prefill = measured[measured.kernel == "prefill"] if not measured.empty else measured
-    if len(prefill) and prefill.chunk_tokens.nunique() >= 3:
-        _fit_prefill(terms, notes, prefill, samples)
+
+
+# The optional terms a fit takes from its base where its samples do not give them (a merge's
+# per-token term is not among them: it belongs to the merge fitted beside it)
+FROM_BASE = tuple(
+    t.name for t in device_terms.TERMS if not t.required and t.name != "merge_per_token"
+)
+
+
+def _fill_from_base(terms: dict, notes: dict, base: Device | None) -> None:
+    """The terms the samples did not give, from ``base`` (refused without one where a
+    required term is missing); each one taken is listed in notes["from_base"]."""
     missing = [t for t in device_terms.REQUIRED if t not in terms]
     if missing and base is None:
         raise XbenchError(
@@ -490,21 +510,38 @@ def fit_device(samples: pd.DataFrame, base: Device | None, name: str) -> tuple[D
     if "spliced_saving" not in terms and base is not None and base.spliced_saving:
         terms["spliced_saving"] = base.spliced_saving
         notes.setdefault("from_base", []).append("spliced_saving")
-    for term in missing + [
-        "recompute_per_token",
-        "recompute_per_token2",
-        "splice_t0",
-        "splice_per_token",
-        "idle_extra",
-        "idle_tau",
-        "merge_wait_t0",
-        "merge_wait_per_row_partial",
-        "merge_wait_tau",
-    ]:
+    for term in missing + list(FROM_BASE):
         if term not in terms:
             terms[term] = getattr(base, term) if base is not None else None
             if terms[term] is not None:
                 notes.setdefault("from_base", []).append(term)
+
+
+def fit_device(samples: pd.DataFrame, base: Device | None, name: str) -> tuple[Device, dict]:
+    """Device terms from kernel samples; the rest from ``base``. Returns (device, notes)."""
+    notes: dict = {}
+    terms: dict = {}
+    parts = _part_samples(samples, notes)
+    measured = parts.back_to_back
+    if parts.idle is not None and len(parts.idle):
+        gaps, extras = _idle_extras(parts.idle)
+        if len(np.unique(gaps)) >= 2:
+            _fit_idle(terms, notes, gaps, extras)
+    attn = _of_kernel(measured, "partial_attention")
+    if attn is not None:
+        _fit_compute(terms, notes, attn)
+        if parts.spliced is not None:
+            _fit_spliced_saving(terms, notes, attn, parts.spliced)
+    merge = measured[measured.kernel == "merge"] if not measured.empty else measured
+    if len(merge) and merge.rows.nunique() >= 2:
+        _fit_merge(terms, notes, merge)
+        if parts.waited is not None and len(parts.waited):
+            _fit_merge_wait(terms, notes, parts.waited)
+    _fit_moves(terms, notes, _of_kernel(measured, "gather"), _of_kernel(measured, "splice"))
+    prefill = measured[measured.kernel == "prefill"] if not measured.empty else measured
+    if len(prefill) and prefill.chunk_tokens.nunique() >= 3:
+        _fit_prefill(terms, notes, prefill, samples)
+    _fill_from_base(terms, notes, base)
     return Device(name, **terms), notes
 
 

@@ -212,30 +212,39 @@ def _overhead_rows(transport, base: dict) -> list[dict]:
     return rows
 
 
-def run_probe(cfg: ProbeConfig, sink, comm=None) -> None:
-    """Run the sweep on every rank; rank 0 writes results and drives ``sink``."""
-    from mpi4py import MPI
+@dataclass
+class _Rank:
+    """What every step of one rank's sweep reads: the configuration, the world, this rank,
+    every rank's host, rank 0's sink, and the watchdog that ends a rank whose step hangs."""
 
-    from xbench.results.metadata import run_metadata
-    from xbench.results.store import RunStore
+    cfg: ProbeConfig
+    world: object
+    rank: int
+    hosts: list
+    sink: object
+    watchdog: Watchdog | None = None
 
-    world = comm or MPI.COMM_WORLD
-    rank, size = world.Get_rank(), world.Get_size()
-    hosts = world.allgather(socket.gethostname())
-    rank_gpus = world.allgather(_my_gpu(cfg, world))
-
-    def fatal(message: str, code: int) -> None:
-        if rank == 0:
-            sink.error(message)
+    def fatal(self, message: str, code: int) -> None:
+        """Stop this rank now (the launcher takes the others down): rank 0 through its sink,
+        the others on stderr."""
+        if self.rank == 0:
+            self.sink.error(message)
         else:
-            sys.stderr.write(f"xbench: error on rank {rank}: {message}\n")
+            sys.stderr.write(f"xbench: error on rank {self.rank}: {message}\n")
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
 
-    # Validate on rank 0 and share the verdict, so every rank stops together on bad input.
+
+def _open_run(r: _Rank, MPI, rank_gpus: list):
+    """Rank 0 checks the launch and the pairs and opens the run's store; the verdict is
+    shared, so every rank stops together on bad input. Returns (pairs, store: rank 0's)."""
+    from xbench.results.metadata import run_metadata
+    from xbench.results.store import RunStore
+
+    cfg, size = r.cfg, r.world.Get_size()
     problem, pairs, store = None, [], None
-    if rank == 0:
+    if r.rank == 0:
         try:
             if size < 2:
                 raise XbenchError(
@@ -245,7 +254,7 @@ def run_probe(cfg: ProbeConfig, sink, comm=None) -> None:
             meta = run_metadata(
                 cfg.run_id,
                 "probe",
-                hosts=hosts,
+                hosts=r.hosts,
                 ranks=size,
                 mpi_library=mpi_library(MPI),
                 mpi_vendor="{} {}".format(
@@ -255,7 +264,7 @@ def run_probe(cfg: ProbeConfig, sink, comm=None) -> None:
                 mpi_thread_level=thread_level_name(MPI),
                 launcher=cfg.launcher,
                 rank_gpus=rank_gpus,
-                pair_labels=_pair_labels(cfg.pairs, size, hosts, rank_gpus),
+                pair_labels=_pair_labels(cfg.pairs, size, r.hosts, rank_gpus),
                 preset_env=cfg.preset_env,
                 # UCX's settings only count when set before MPI_Init; say when they were
                 preset_applied=os.environ.get(
@@ -266,145 +275,174 @@ def run_probe(cfg: ProbeConfig, sink, comm=None) -> None:
             store = RunStore(cfg.out_dir, meta)
         except XbenchError as exc:
             problem = str(exc)
-    problem, pairs = world.bcast((problem, pairs), root=0)
+    problem, pairs = r.world.bcast((problem, pairs), root=0)
     if problem:
-        if rank == 0:
-            sink.error(problem)
+        if r.rank == 0:
+            r.sink.error(problem)
         raise SystemExit(2)
+    return pairs, store
 
-    # The --fabric preset, then the transport's world-level set-up, on every rank alike.
-    os.environ.update(cfg.preset_env)
+
+def _set_up_world(r: _Rank, plan) -> None:
+    """The --fabric preset, then the transport's world-level set-up, on every rank alike
+    (watched: a rendezvous that never completes is a hang like any other)."""
     from xbench.fabric.registry import transport_class
 
-    watchdog = Watchdog(
+    cfg = r.cfg
+    os.environ.update(cfg.preset_env)
+    try:
+        with r.watchdog.watching(f"{cfg.transport} set-up"):
+            transport_class(cfg.transport, cfg.device).setup_world(r.world, cfg, plan)
+    except XbenchError as exc:
+        r.fatal(str(exc), 2)
+    except ImportError as exc:
+        r.fatal(f"transport {cfg.transport} cannot load: {exc}", 2)
+
+
+def _connect(r: _Rank, pair_comm, a: int, b: int, plan):
+    """This rank's end of pair (a, b), connected: (pair, transport, the columns every row of
+    the pair carries)."""
+    cfg, hosts = r.cfg, r.hosts
+    pair = Pair(
+        comm=pair_comm,
+        me=0 if r.rank == a else 1,
+        world_ranks=(a, b),
+        hosts=(hosts[a], hosts[b]),
+    )
+    fabric = cfg.fabric or infer_fabric(cfg.transport, pair.same_host, cfg.device)
+    try:
+        with r.watchdog.watching(f"connect {a}-{b}"):
+            transport = make_transport(
+                cfg.transport,
+                pair,
+                plan,
+                loop=cfg.loop,
+                tcp_interface=cfg.tcp_interface,
+                seed=a * 1000 + b,
+                device=cfg.device,
+                backend=cfg.backend,
+            )
+            transport.connect()
+    except XbenchError as exc:
+        r.fatal(str(exc), 2)
+    base = {
+        "run_id": cfg.run_id,
+        "transport": transport.name,
+        "device": transport.device,
+        "fabric": fabric,
+        "fabric_inferred": cfg.fabric is None,
+        "loop": transport.loop,
+        "rank_a": a,
+        "rank_b": b,
+        "host_a": hosts[a],
+        "host_b": hosts[b],
+        "pair_class": "intra-node" if pair.same_host else "inter-node",
+        "process_run": cfg.process_run,
+    }
+    return pair, transport, base
+
+
+def _case_rows(case: Case, samples, base: dict) -> list[dict]:
+    """One row per sample of a case, as the initiator stores it."""
+    fields = {
+        k: getattr(case, k) for k in ("rows", "return_bytes", "window", "blocks", "block_bytes")
+    }
+    return [
+        {
+            **base,
+            **fields,
+            "pattern": case.pattern,
+            "size_bytes": case.size_bytes,
+            "iterations": it,
+            "sample": i,
+            "warmup": warm,
+            "metric": case.metric,
+            "value": case.value(el, it),
+            "unit": case.unit,
+        }
+        for i, (it, warm, el) in enumerate(samples)
+    ]
+
+
+def _run_case(r: _Rank, case: Case, index: int, a: int, b: int, ends, store, last: bool) -> None:
+    """One case of pair (a, b) on every rank: started together once rank 0 has written the
+    last one, measured by the pair's ranks (``ends``: (pair, transport, base) there, None
+    elsewhere), its rows gathered and written by rank 0 before the next case."""
+    label = f"{a}-{b} {case.label}"
+    if r.rank == 0:
+        r.sink.case_started(index, label)
+    # Nobody starts a case before rank 0 has written the last one and announced this one:
+    # every finished case is on disk first, and a rank that dies now is reported against
+    # the right case.
+    with r.watchdog.watching(f"start {label}"):
+        r.world.Barrier()
+    rows = None
+    if ends is not None:
+        pair, transport, base = ends
+        _inject_fault(r.rank, index)
+        with r.watchdog.watching(label):
+            try:
+                samples = _measure(case, transport, pair, r.cfg)
+            except XbenchError as exc:
+                r.fatal(str(exc), 2)
+            except (ConnectionError, OSError) as exc:
+                r.fatal(f"case '{case.label}' failed between ranks {a} and {b}: {exc}", 3)
+        if pair.initiator:
+            rows = _case_rows(case, samples, base)
+            if last:
+                rows += _overhead_rows(transport, base)
+    with r.watchdog.watching(f"collect {case.label}"):
+        gathered = r.world.gather(rows, root=0)
+    if r.rank == 0:
+        rows = next(g for g in gathered if g)
+        store.append(PROBE_SAMPLES, rows)
+        measured = sorted(
+            row["value"] for row in rows if not row["warmup"] and row["pattern"] == case.pattern
+        )
+        r.sink.case_done(index, case.label, measured[len(measured) // 2], case.unit)
+
+
+def run_probe(cfg: ProbeConfig, sink, comm=None) -> None:
+    """Run the sweep on every rank; rank 0 writes results and drives ``sink``."""
+    from mpi4py import MPI
+
+    from xbench.fabric.registry import transport_class
+
+    world = comm or MPI.COMM_WORLD
+    hosts = world.allgather(socket.gethostname())
+    r = _Rank(cfg, world, world.Get_rank(), hosts, sink)
+    pairs, store = _open_run(r, MPI, world.allgather(_my_gpu(cfg, world)))
+    r.watchdog = Watchdog(
         cfg.timeout_s,
-        lambda label: fatal(
-            f"case '{label}' did not finish within {cfg.timeout_s:g} s on rank {rank}: a peer rank hung or died, or the fabric stalled; finished cases are in {cfg.out_dir} (raise --timeout if the case is just slow)",
+        lambda label: r.fatal(
+            f"case '{label}' did not finish within {cfg.timeout_s:g} s on rank {r.rank}: a peer rank hung or died, or the fabric stalled; finished cases are in {cfg.out_dir} (raise --timeout if the case is just slow)",
             EXIT_TIMEOUT,
         ),
     )
-
     plan = buffer_plan(cfg.sweep)
-    try:  # armed first: a rendezvous that never completes is a hang like any other
-        watchdog.arm(f"{cfg.transport} set-up")
-        transport_class(cfg.transport, cfg.device).setup_world(world, cfg, plan)
-        watchdog.disarm()
-    except XbenchError as exc:
-        fatal(str(exc), 2)
-    except ImportError as exc:
-        fatal(f"transport {cfg.transport} cannot load: {exc}", 2)
+    _set_up_world(r, plan)
     cases = plan_cases(cfg.sweep)
     if cfg.device == "cuda":  # packing device buffers needs a device copy the C loop lacks
         cases = [c for c in cases if c.mode != "packed"]
     total = len(pairs) * len(cases)
-    loop_name = "c" if cfg.loop != "python" else "python"
-    if rank == 0:
+    if r.rank == 0:
         store.plan(PROBE_SAMPLES, total)  # one part file a case
-        sink.start(total, cfg.out_dir, loop_name)
+        sink.start(total, cfg.out_dir, "c" if cfg.loop != "python" else "python")
     index = 0
     for a, b in pairs:
-        member = rank in (a, b)
-        pair_comm = world.Split(0 if member else MPI.UNDEFINED, 0 if rank == a else 1)
-        transport, fabric = None, None
-        if member:
-            pair = Pair(
-                comm=pair_comm,
-                me=0 if rank == a else 1,
-                world_ranks=(a, b),
-                hosts=(hosts[a], hosts[b]),
-            )
-            fabric = cfg.fabric or infer_fabric(cfg.transport, pair.same_host, cfg.device)
-            try:
-                watchdog.arm(f"connect {a}-{b}")
-                transport = make_transport(
-                    cfg.transport,
-                    pair,
-                    plan,
-                    loop=cfg.loop,
-                    tcp_interface=cfg.tcp_interface,
-                    seed=a * 1000 + b,
-                    device=cfg.device,
-                    backend=cfg.backend,
-                )
-                transport.connect()
-                watchdog.disarm()
-            except XbenchError as exc:
-                fatal(str(exc), 2)
-            base = {
-                "run_id": cfg.run_id,
-                "transport": transport.name,
-                "device": transport.device,
-                "fabric": fabric,
-                "fabric_inferred": cfg.fabric is None,
-                "loop": transport.loop,
-                "rank_a": a,
-                "rank_b": b,
-                "host_a": hosts[a],
-                "host_b": hosts[b],
-                "pair_class": "intra-node" if pair.same_host else "inter-node",
-                "process_run": cfg.process_run,
-            }
+        member = r.rank in (a, b)
+        pair_comm = world.Split(0 if member else MPI.UNDEFINED, 0 if r.rank == a else 1)
+        ends = _connect(r, pair_comm, a, b, plan) if member else None
         for case in cases:
-            if rank == 0:
-                sink.case_started(index, f"{a}-{b} {case.label}")
-            # Nobody starts a case before rank 0 has written the last one and announced
-            # this one: every finished case is on disk first, and a rank that dies now
-            # is reported against the right case.
-            watchdog.arm(f"start {a}-{b} {case.label}")
-            world.Barrier()
-            watchdog.disarm()
-            rows = None
-            if member:
-                _inject_fault(rank, index)
-                watchdog.arm(f"{a}-{b} {case.label}")
-                try:
-                    samples = _measure(case, transport, pair, cfg)
-                except XbenchError as exc:
-                    fatal(str(exc), 2)
-                except (ConnectionError, OSError) as exc:
-                    fatal(f"case '{case.label}' failed between ranks {a} and {b}: {exc}", 3)
-                watchdog.disarm()
-                if pair.initiator:
-                    fields = {
-                        k: getattr(case, k)
-                        for k in ("rows", "return_bytes", "window", "blocks", "block_bytes")
-                    }
-                    rows = [
-                        {
-                            **base,
-                            **fields,
-                            "pattern": case.pattern,
-                            "size_bytes": case.size_bytes,
-                            "iterations": it,
-                            "sample": i,
-                            "warmup": warm,
-                            "metric": case.metric,
-                            "value": case.value(el, it),
-                            "unit": case.unit,
-                        }
-                        for i, (it, warm, el) in enumerate(samples)
-                    ]
-                    if case is cases[-1]:
-                        rows += _overhead_rows(transport, base)
-            # Rank 0 collects the initiator's rows and writes them before the next case.
-            watchdog.arm(f"collect {case.label}")
-            gathered = world.gather(rows, root=0)
-            watchdog.disarm()
-            if rank == 0:
-                rows = next(r for r in gathered if r)
-                store.append(PROBE_SAMPLES, rows)
-                measured = sorted(
-                    r["value"] for r in rows if not r["warmup"] and r["pattern"] == case.pattern
-                )
-                sink.case_done(index, case.label, measured[len(measured) // 2], case.unit)
+            _run_case(r, case, index, a, b, ends, store, case is cases[-1])
             index += 1
-        if member:
-            transport.close()
-            transport.return_buffers()
+        if ends is not None:
+            ends[1].close()
+            ends[1].return_buffers()
         if pair_comm != MPI.COMM_NULL:
             pair_comm.Free()
     world.Barrier()
     transport_class(cfg.transport, cfg.device).teardown_world(world)
-    if rank == 0:
+    if r.rank == 0:
         store.finish()
         sink.finish()

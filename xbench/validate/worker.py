@@ -350,60 +350,169 @@ def _sets_needed(cfg, chunk: int, rows: int) -> int:
     return cold_set_count(chunk * cfg.dim * elem, copy, cache_bytes(cfg.device))
 
 
-def run_validate(cfg: ValidateConfig, sink) -> None:
+def _open_store(cfg: ValidateConfig, comm, sink, device_name, allocator):
+    """Rank 0 checks the launch (two ranks) and opens the run's store with its metadata;
+    every rank joins the gathering of host names. Returns the store (None off rank 0)."""
     import torch
     from mpi4py import MPI
 
     from xbench.fabric.launch import launcher_name, thread_level_name
-    from xbench.fabric.watchdog import Watchdog
-    from xbench.host import collector_paused
     from xbench.kernels import cpu_bf16
     from xbench.results.metadata import run_metadata
-    from xbench.results.schema import VALIDATE_SAMPLES
     from xbench.results.store import RunStore
 
-    comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
-    from xbench.host import steady_allocator
+    if rank != 0:
+        comm.allgather(os.uname().nodename)
+        return None
+    if size != 2:
+        sink.error(f"validate needs exactly 2 ranks (requester and holder), got {size}")
+        comm.Abort(2)
+    return RunStore(
+        cfg.out_dir,
+        run_metadata(
+            cfg.run_id,
+            "validate",
+            ranks=size,
+            hosts=comm.allgather(os.uname().nodename),
+            mpi_library=mpi_library(MPI),
+            mpi_thread_level=thread_level_name(MPI),
+            launcher=launcher_name(),
+            runs=cfg.runs,
+            device=cfg.device,
+            device_name=device_name,
+            wire=cfg.wire,
+            conditions={
+                "cpu_attention": cpu_bf16.active_path() if cfg.dtype == "bf16" else None,
+                "torch_threads": torch.get_num_threads(),
+                "allocator": allocator,
+            },
+            config=json.loads(cfg.to_json()),
+        ),
+    )
+
+
+def _check_and_calibrate(cfg: ValidateConfig, peer: Peer, comm) -> tuple[dict, dict]:
+    """Per option: (largest error, all correct) from each rank asking once, on set 0,
+    against one instance; and the iterations a sample takes, from rank 0's first timed
+    call (a sample of about ``min_sample_s``)."""
+    rank = comm.Get_rank()
+    checks, iters = {}, {}
+    for option in OPTIONS:
+        run = getattr(peer, option)
+        found = []
+        for asker in (1, 0):  # ends with rank 0 asking, for the calibration below
+            peer.requester = asker
+            comm.Barrier()
+            result = run(0)
+            found.append(peer.check(option, result) if rank == peer.requester else None)
+        found = [f for pair in comm.allgather(found) for f in pair if f is not None]
+        checks[option] = (max(e for e, _ in found), all(ok for _, ok in found))
+        comm.Barrier()
+        t0 = time.perf_counter()
+        run(1)
+        first = time.perf_counter() - t0
+        iters[option] = comm.bcast(
+            max(1, min(1000, math.ceil(cfg.min_sample_s / max(first, 1e-9))))
+            if rank == 0
+            else None,
+            root=0,
+        )
+    return checks, iters
+
+
+def _timed_sample(peer: Peer, comm, option: str, n: int):
+    """One sample of ``option``: n calls timed on the requester's clock, then the phases
+    from both ranks' stamps. Returns (seconds a call, phase means), the same on both ranks."""
+    from xbench.host import collector_paused
+
+    run = getattr(peer, option)
+    comm.Barrier()
+    with collector_paused():
+        # One untimed iteration first, as the kernel sweep warms each case up: the options
+        # alternate, so a sample's first calls follow another option's work (or its wait),
+        # and on a CPU run slower for it, a cost of the alternation, not of the path. On a
+        # set the timed calls reach last, if at all.
+        run(len(peer.sets) - 1)
+        peer.stamps.clear()
+        t0 = time.perf_counter()
+        for i in range(n):
+            run(i)
+        elapsed = (time.perf_counter() - t0) / n
+    # after the clock stops: the holder's stamps go to the requester
+    stamps = comm.gather(peer.stamps, root=peer.requester)
+    phases = None
+    if comm.Get_rank() == peer.requester:
+        phases = phase_means(option, stamps[peer.requester], stamps[peer.other], n)
+    return comm.bcast((elapsed, phases), root=peer.requester)
+
+
+def _run_pass(cfg: ValidateConfig, comm, round_: int, b: int, c: int) -> list[dict]:
+    """One pass over a case (b rows, c tokens): every option checked, calibrated and
+    sampled; the rows of its samples."""
     from xbench.validate.wire import transport_label
 
+    peer = Peer(cfg, b, c, comm, _sets_needed(cfg, c, b))
+    checks, iters = _check_and_calibrate(cfg, peer, comm)
+    rows = []
+    # Options alternate sample by sample, so drift on a shared machine hits them alike; so
+    # do the roles: the ranks take turns asking, so each option's samples run on both cores
+    # (a noisy neighbour often slows one vCPU, not both). The requester's clock times a
+    # sample, as a serving instance would see it.
+    per_round = cfg.warmups + cfg.samples
+    for s in range(per_round):
+        peer.requester = (round_ * per_round + s) % 2
+        for option in OPTIONS:
+            n = iters[option]
+            elapsed, phases = _timed_sample(peer, comm, option, n)
+            error, correct = checks[option]
+            rows.append(
+                {
+                    "run_id": cfg.run_id,
+                    "option": option,
+                    "transport": transport_label(cfg.wire),
+                    "fabric": cfg.fabric or "shm",
+                    "rows": b,
+                    "heads": cfg.heads,
+                    "chunk_tokens": c,
+                    "dtype": cfg.dtype,
+                    "iterations": n,
+                    "sample": s,
+                    "warmup": s < cfg.warmups,
+                    "metric": "time",
+                    "value": elapsed * 1e6,
+                    "unit": "us",
+                    "max_abs_error": error,
+                    "correct": correct,
+                    "requester": peer.requester,
+                    "round": round_,
+                    "segments": peer.fetch_segments if option == "fetch" else 1,
+                    "process_run": cfg.process_run,
+                    **{f"{k}_us": phases.get(k, math.nan) * 1e6 for k in PHASE_COLUMNS},
+                }
+            )
+    return rows
+
+
+def run_validate(cfg: ValidateConfig, sink) -> None:
+    import torch
+    from mpi4py import MPI
+
+    from xbench.fabric.watchdog import Watchdog
+    from xbench.host import steady_allocator
+    from xbench.kernels import cpu_bf16
+    from xbench.results.schema import VALIDATE_SAMPLES
+
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
     device_name = None
     if cfg.device == "cuda":  # the ranks take the GPUs in turn (two may share one)
         torch.cuda.set_device(rank % torch.cuda.device_count())
         device_name = torch.cuda.get_device_name()
-
     allocator = steady_allocator()  # the state the kernel sweep measured in (see host.py)
     torch.set_num_threads(cfg.threads)
     cpu_bf16.choose_path(cfg.cpu_attention)
-    store = None
-    if rank == 0:
-        if size != 2:
-            sink.error(f"validate needs exactly 2 ranks (requester and holder), got {size}")
-            comm.Abort(2)
-        store = RunStore(
-            cfg.out_dir,
-            run_metadata(
-                cfg.run_id,
-                "validate",
-                ranks=size,
-                hosts=comm.allgather(os.uname().nodename),
-                mpi_library=mpi_library(MPI),
-                mpi_thread_level=thread_level_name(MPI),
-                launcher=launcher_name(),
-                runs=cfg.runs,
-                device=cfg.device,
-                device_name=device_name,
-                wire=cfg.wire,
-                conditions={
-                    "cpu_attention": cpu_bf16.active_path() if cfg.dtype == "bf16" else None,
-                    "torch_threads": torch.get_num_threads(),
-                    "allocator": allocator,
-                },
-                config=json.loads(cfg.to_json()),
-            ),
-        )
-    else:
-        comm.allgather(os.uname().nodename)
+    store = _open_store(cfg, comm, sink, device_name, allocator)
     cases = [(b, c) for c in cfg.chunks for b in cfg.rows]
     watchdog = Watchdog(
         cfg.timeout_s,
@@ -423,86 +532,8 @@ def run_validate(cfg: ValidateConfig, sink) -> None:
         )
         if rank == 0:
             sink.case_started(index, label)
-        watchdog.arm(label)
-        peer = Peer(cfg, b, c, comm, _sets_needed(cfg, c, b))
-        checks, iters = {}, {}
-        for option in OPTIONS:
-            run = getattr(peer, option)
-            # correctness first, each rank asking once, on set 0, against one instance
-            found = []
-            for asker in (1, 0):  # ends with rank 0 asking, for the calibration below
-                peer.requester = asker
-                comm.Barrier()
-                result = run(0)
-                found.append(peer.check(option, result) if rank == peer.requester else None)
-            found = [f for pair in comm.allgather(found) for f in pair if f is not None]
-            checks[option] = (max(e for e, _ in found), all(ok for _, ok in found))
-            comm.Barrier()
-            t0 = time.perf_counter()
-            run(1)
-            first = time.perf_counter() - t0
-            iters[option] = comm.bcast(
-                max(1, min(1000, math.ceil(cfg.min_sample_s / max(first, 1e-9))))
-                if rank == 0
-                else None,
-                root=0,
-            )
-        rows = []
-        # Options alternate sample by sample, so drift on a shared machine hits them alike;
-        # so do the roles: the ranks take turns asking, so each option's samples run on
-        # both cores (a noisy neighbour often slows one vCPU, not both). The requester's
-        # clock times a sample, as a serving instance would see it.
-        per_round = cfg.warmups + cfg.samples
-        for s in range(per_round):
-            peer.requester = (round_ * per_round + s) % 2
-            for option in OPTIONS:
-                run, n = getattr(peer, option), iters[option]
-                comm.Barrier()
-                with collector_paused():
-                    # One untimed iteration first, as the kernel sweep warms each case up:
-                    # the options alternate, so a sample's first calls follow another
-                    # option's work (or its wait), and on a CPU run slower for it, a cost
-                    # of the alternation, not of the path. On a set the timed calls reach
-                    # last, if at all.
-                    run(len(peer.sets) - 1)
-                    peer.stamps.clear()
-                    t0 = time.perf_counter()
-                    for i in range(n):
-                        run(i)
-                    elapsed = (time.perf_counter() - t0) / n
-                # after the clock stops: the holder's stamps go to the requester
-                stamps = comm.gather(peer.stamps, root=peer.requester)
-                phases = None
-                if rank == peer.requester:
-                    phases = phase_means(option, stamps[rank], stamps[peer.other], n)
-                elapsed, phases = comm.bcast((elapsed, phases), root=peer.requester)
-                error, correct = checks[option]
-                rows.append(
-                    {
-                        "run_id": cfg.run_id,
-                        "option": option,
-                        "transport": transport_label(cfg.wire),
-                        "fabric": cfg.fabric or "shm",
-                        "rows": b,
-                        "heads": cfg.heads,
-                        "chunk_tokens": c,
-                        "dtype": cfg.dtype,
-                        "iterations": n,
-                        "sample": s,
-                        "warmup": s < cfg.warmups,
-                        "metric": "time",
-                        "value": elapsed * 1e6,
-                        "unit": "us",
-                        "max_abs_error": error,
-                        "correct": correct,
-                        "requester": peer.requester,
-                        "round": round_,
-                        "segments": peer.fetch_segments if option == "fetch" else 1,
-                        "process_run": cfg.process_run,
-                        **{f"{k}_us": phases.get(k, math.nan) * 1e6 for k in PHASE_COLUMNS},
-                    }
-                )
-        watchdog.disarm()
+        with watchdog.watching(label):
+            rows = _run_pass(cfg, comm, round_, b, c)
         if rank == 0:
             store.append(VALIDATE_SAMPLES, rows)
             route = sorted(r["value"] for r in rows if r["option"] == "route" and not r["warmup"])
