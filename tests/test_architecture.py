@@ -29,7 +29,7 @@ LAYERS = [
     ("xbench.results",),
     ("xbench.fabric", "xbench.kernels"),
     ("xbench.probe", "xbench.fit", "xbench.cluster", "xbench.compare", "xbench.simulate"),
-    ("xbench.validate", "xbench.capabilities"),
+    ("xbench.validate", "xbench.capabilities", "xbench.launches"),
     ("xbench.report",),
     ("xbench.cli",),
 ]

@@ -1,6 +1,7 @@
 """The probe with real MPI ranks (mpiexec from the mpich wheel) and real sockets."""
 
 import json
+import re
 import time
 
 import pytest
@@ -357,3 +358,29 @@ def test_offgather_fetches_pages_from_cold_caches_and_the_fit_prices_pages_with_
     assert "block_beta" in r.stdout
     shm = load_profile(profile).fabric("shm")
     assert 0 < shm.block_t0.value < 1e-3 and 1e8 < shm.block_beta.value < 1e12
+
+
+@pytest.mark.parametrize(
+    "key, value, words",
+    [
+        ("transport", "carrier-pigeon", "unknown transport 'carrier-pigeon'"),
+        ("bind", "elbow", "unknown binding 'elbow'"),
+        ("loop", "fortran", "unknown loop 'fortran'"),
+        ("skip", 5, "--skip 5 without --iterations"),
+        ("samples", 0, "--samples must be at least 1"),
+    ],
+)
+def test_a_stored_configuration_keeps_the_command_lines_rules(key, value, words):
+    """A configuration read back (--config-from, xbench check, the ranks) is checked as the
+    command line's is, not trusted."""
+    from xbench.errors import XbenchError
+    from xbench.probe.runner import ProbeConfig
+
+    good = ProbeConfig(out_dir="x", run_id="r")
+    assert ProbeConfig.from_json(good.to_json()) == good
+    with pytest.raises(XbenchError, match=re.escape(words)):
+        ProbeConfig.from_json(json.dumps({**json.loads(good.to_json()), key: value}))
+    stored = json.loads(good.to_json())
+    stored["sweep"]["window"] = 0
+    with pytest.raises(XbenchError, match="--window 0"):
+        ProbeConfig.from_json(json.dumps(stored))

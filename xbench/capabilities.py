@@ -229,10 +229,8 @@ def _link_layers() -> set[str]:
     return layers
 
 
-def check_transports_and_fabrics() -> list[Capability]:
-    """Per transport and per fabric: can this machine run it, and if not, why."""
-    caps = []
-    mpi_ok = check_mpi().ok
+def _gpu_stack() -> tuple[int, bool, bool, bool]:
+    """(CUDA GPUs, torch's gloo, torch's NCCL, nvshmem4py importable) on this machine."""
     try:
         import torch
 
@@ -249,31 +247,17 @@ def check_transports_and_fabrics() -> list[Capability]:
         nvshmem = True
     except Exception:  # noqa: BLE001
         nvshmem = False
+    return gpus, gloo, nccl, nvshmem
+
+
+def _transports(mpi_ok: bool, gpus: int, gloo: bool, nccl: bool, nvshmem: bool) -> list:
+    """Per transport: can this machine run it, and if not, why."""
     no_gpu = "no CUDA GPU here"
-    caps.append(
-        Capability(
-            "probe mpi (host buffers)",
-            mpi_ok,
-            "runs: MPI point-to-point, compiled loop" if mpi_ok else "no usable MPI",
-        )
-    )
-    caps.append(_cuda_aware_capability(mpi_ok, gpus, no_gpu))
-    caps.append(Capability("probe tcp", True, "plain sockets between ranks"))
-    caps.append(
-        Capability(
-            "probe nccl --backend gloo",
-            gloo,
-            "torch.distributed gloo: the nccl transport's code path on CPUs"
-            if gloo
-            else "torch has no gloo backend",
-        )
-    )
     nccl_why = (
         "NCCL on GPUs"
         if (nccl and gpus)
         else ("torch is a CPU build without NCCL" if not nccl else no_gpu)
     )
-    caps.append(Capability("probe nccl --backend nccl", bool(nccl and gpus), nccl_why))
     nv_why = (
         "nvshmem4py present"
         if nvshmem and gpus
@@ -283,40 +267,66 @@ def check_transports_and_fabrics() -> list[Capability]:
             else no_gpu
         )
     )
-    caps.append(Capability("probe nvshmem", bool(nvshmem and gpus), nv_why))
+    return [
+        Capability(
+            "probe mpi (host buffers)",
+            mpi_ok,
+            "runs: MPI point-to-point, compiled loop" if mpi_ok else "no usable MPI",
+        ),
+        _cuda_aware_capability(mpi_ok, gpus, no_gpu),
+        Capability("probe tcp", True, "plain sockets between ranks"),
+        Capability(
+            "probe nccl --backend gloo",
+            gloo,
+            "torch.distributed gloo: the nccl transport's code path on CPUs"
+            if gloo
+            else "torch has no gloo backend",
+        ),
+        Capability("probe nccl --backend nccl", bool(nccl and gpus), nccl_why),
+        Capability("probe nvshmem", bool(nvshmem and gpus), nv_why),
+    ]
+
+
+def _fabrics(mpi_ok: bool, gpus: int, nvshmem: bool) -> list:
+    """Per fabric: can this machine reach it, and if not, why."""
+    no_gpu = "no CUDA GPU here"
     ib = _ib_devices()
     layers = _link_layers()
-    caps.append(Capability("fabric shm", mpi_ok, "local ranks over shared memory"))
-    caps.append(Capability("fabric tcp", True, "any IP interface (--tcp-interface)"))
-    caps.append(
-        Capability(
-            "fabric nvlink",
-            gpus >= 2,
-            f"{gpus} GPU(s)" if gpus >= 2 else "needs 2+ GPUs joined by NVLink; " + no_gpu,
-        )
-    )
     ib_why = (
         f"HCAs {', '.join(ib)}"
         if "InfiniBand" in layers
         else "no InfiniBand HCA in /sys/class/infiniband"
-    )
-    caps.append(Capability("fabric ib", "InfiniBand" in layers, ib_why))
-    caps.append(
-        Capability(
-            "fabric ibgda",
-            "InfiniBand" in layers and nvshmem and gpus > 0,
-            "needs an InfiniBand HCA, a GPU and NVSHMEM with IBGDA"
-            if not ("InfiniBand" in layers and nvshmem and gpus)
-            else "IBGDA possible",
-        )
     )
     roce_why = (
         f"RoCE ports on {', '.join(ib)}"
         if "Ethernet" in layers
         else "no RoCE port (Ethernet link layer) in /sys/class/infiniband"
     )
-    caps.append(Capability("fabric roce", "Ethernet" in layers, roce_why))
-    return caps
+    return [
+        Capability("fabric shm", mpi_ok, "local ranks over shared memory"),
+        Capability("fabric tcp", True, "any IP interface (--tcp-interface)"),
+        Capability(
+            "fabric nvlink",
+            gpus >= 2,
+            f"{gpus} GPU(s)" if gpus >= 2 else "needs 2+ GPUs joined by NVLink; " + no_gpu,
+        ),
+        Capability("fabric ib", "InfiniBand" in layers, ib_why),
+        Capability(
+            "fabric ibgda",
+            "InfiniBand" in layers and nvshmem and gpus > 0,
+            "needs an InfiniBand HCA, a GPU and NVSHMEM with IBGDA"
+            if not ("InfiniBand" in layers and nvshmem and gpus)
+            else "IBGDA possible",
+        ),
+        Capability("fabric roce", "Ethernet" in layers, roce_why),
+    ]
+
+
+def check_transports_and_fabrics() -> list[Capability]:
+    """Per transport and per fabric: can this machine run it, and if not, why."""
+    mpi_ok = check_mpi().ok
+    gpus, gloo, nccl, nvshmem = _gpu_stack()
+    return _transports(mpi_ok, gpus, gloo, nccl, nvshmem) + _fabrics(mpi_ok, gpus, nvshmem)
 
 
 def _cuda_aware_capability(mpi_ok: bool, gpus: int, no_gpu: str) -> Capability:

@@ -352,7 +352,9 @@ def check(
     ] = False,
 ) -> None:
     """Re-run the sweep BASELINE was made with, compare, write Markdown and JUnit XML."""
+    from xbench.cli.progress import bars
     from xbench.compare import EXIT_INCOMPLETE, compare_runs
+    from xbench.launches import rerun
     from xbench.results.store import read_run_meta, refuse_overwrite
 
     settings = _check_settings(config)
@@ -382,7 +384,15 @@ def check(
     run_id, new_dir = _new_run(meta["command"], out)
     note_run_dir(new_dir)  # an interrupt or SIGTERM marks the re-run partial
     try:
-        _rerun(Path(baseline), meta["command"], run_id, new_dir, settings.get("runs"))
+        rerun(
+            Path(baseline),
+            meta["command"],
+            run_id,
+            new_dir,
+            settings.get("runs"),
+            progress=bars,
+            warn=warn,
+        )
         comparison = compare_runs(baseline, new_dir, gates, allowed, allow_missing)
     except (XbenchError, KeyboardInterrupt) as exc:
         # the nightly job publishes these reports: they say why the run or the comparison
@@ -477,27 +487,6 @@ def _new_run(command: str, out: Path | None) -> tuple[str, Path]:
 
     run_id = new_run_id(command)
     return run_id, claim_run_dir(out or Path("results") / run_id)
-
-
-def _rerun(baseline: Path, command: str, run_id: str, out_dir: Path, runs: int | None) -> None:
-    """The baseline's stored sweep, run again into ``out_dir``."""
-    if command == "probe":
-        from xbench.cli.common import OutputFormat
-        from xbench.cli.probe import launch
-        from xbench.probe.runner import ProbeConfig
-
-        cfg, np, launches = ProbeConfig.from_stored_run(
-            baseline, out_dir=str(out_dir), run_id=run_id, tcp_interface=None, bind="core"
-        )
-        launch(cfg, np, OutputFormat.table, runs=runs or launches, report=False)
-    else:
-        from xbench.cli.kernel import run_configured
-        from xbench.kernels.worker import SweepConfig
-
-        cfg = SweepConfig.from_stored_run(baseline, out_dir=str(out_dir), run_id=run_id)
-        if runs:
-            cfg.runs = runs
-        run_configured(cfg)
 
 
 def _promote(new_dir: Path, baseline: Path) -> Path:

@@ -117,7 +117,7 @@ def decide(
     from xbench.core.grid import decide_grid, expand
     from xbench.core.models import get_model
     from xbench.core.profile import load_profile
-    from xbench.core.units import parse_duration, parse_int_list, parse_name_list, parse_size
+    from xbench.core.units import parse_duration, parse_int_list
     from xbench.resources import DEFAULT_PROFILE, profile_path
     from xbench.results.store import refuse_overwrite
 
@@ -138,36 +138,14 @@ def decide(
         _refuse_overridden(ctx)
         return _decide_scenario(scenario, prof, out, fmt)
     preset = get_model(model) if model else None
-    if preset is None and payload is None:
-        raise XbenchError(
-            "give --payload (routed bytes per query row) or --model",
-            "e.g. xbench decide --payload 1KB, or --model deepseek-v3.2",
-        )
-    pay = parse_size(payload) if payload else preset.query_bytes_per_row()
-    ret = (
-        parse_size(return_)
-        if return_
-        else (preset.return_bytes_per_row() if preset and not payload else pay)
-    )
-    kvb = parse_size(kv_bytes) if kv_bytes else (preset.kv_bytes_per_token() if preset else 1152)
-    h = heads if heads is not None else (preset.q_heads if preset else 1)
+    h, pay, ret, kvb = _request_shape(preset, heads, payload, return_, kv_bytes)
     # zero or negative rows and tokens are refused below with the scenario files' shapes, by
     # name and with the bound that holds for each
     anything = -(2**62)
     chunks = parse_int_list(chunk, "--chunk", least=anything)
     reuses = parse_int_list(reuse, "--reuse", least=anything)
     row_list = parse_int_list(rows, "--rows", least=anything)
-    names = [f.name for f in prof.fabrics]
-    if fabric == "all":
-        fabrics = [None]
-    else:
-        fabrics = parse_name_list(fabric, "--fabric")
-        bad = [x for x in fabrics if x not in names]
-        if bad:
-            raise XbenchError(
-                f"profile {prof.name} has no fabric {', '.join(bad)}",
-                f"pick from {', '.join(names)} or all",
-            )
+    fabrics = _fabrics(prof, fabric)
     if segments < 1:
         raise XbenchError(
             "--segments must be at least 1", "1 = packed fetch, k = one message per block"
@@ -200,6 +178,43 @@ def decide(
         prof, row_list, chunks, h, pay, ret, kvb, segments, settings["fetch_cost_s"], fabrics
     )
     emit_frame(table, fmt, lambda f: _render(f, thresholds, prof, settings, path))
+
+
+def _request_shape(preset, heads, payload, return_, kv_bytes) -> tuple:
+    """(heads, payload, return, KV bytes a token) from the options, else the model's."""
+    from xbench.core.units import parse_size
+
+    if preset is None and payload is None:
+        raise XbenchError(
+            "give --payload (routed bytes per query row) or --model",
+            "e.g. xbench decide --payload 1KB, or --model deepseek-v3.2",
+        )
+    pay = parse_size(payload) if payload else preset.query_bytes_per_row()
+    ret = (
+        parse_size(return_)
+        if return_
+        else (preset.return_bytes_per_row() if preset and not payload else pay)
+    )
+    kvb = parse_size(kv_bytes) if kv_bytes else (preset.kv_bytes_per_token() if preset else 1152)
+    h = heads if heads is not None else (preset.q_heads if preset else 1)
+    return h, pay, ret, kvb
+
+
+def _fabrics(prof, fabric: str) -> list:
+    """--fabric: [None] for all (the best per request), else the profile's fabrics named."""
+    from xbench.core.units import parse_name_list
+
+    if fabric == "all":
+        return [None]
+    fabrics = parse_name_list(fabric, "--fabric")
+    names = [f.name for f in prof.fabrics]
+    bad = [x for x in fabrics if x not in names]
+    if bad:
+        raise XbenchError(
+            f"profile {prof.name} has no fabric {', '.join(bad)}",
+            f"pick from {', '.join(names)} or all",
+        )
+    return fabrics
 
 
 # What a scenario file sets in place of the grid options (its request and its axes)

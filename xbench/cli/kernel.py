@@ -186,8 +186,6 @@ def kernel(
         duration_list(text, "cpu", option, auto_cpu)  # (the device only sets what auto is)
     min_sample_s = parse_duration(min_sample_time)
 
-    from xbench.kernels import cpu_bf16
-    from xbench.kernels.backend import get_backend, resolve
     from xbench.kernels.bench import KERNELS, default_device
     from xbench.kernels.summary import summarize_kernels
     from xbench.kernels.worker import SweepConfig
@@ -197,17 +195,7 @@ def kernel(
 
     names = parse_name_list(kernels, "--kernels", KERNELS, "kernel")
     dev = device or default_device()
-    if dev not in ("cpu", "cuda") and not dev.startswith("cuda:"):
-        raise XbenchError(f"unknown device {dev!r}", "pick cpu or cuda")
-    try:
-        cpu_bf16.choose_path(cpu_attention)
-    except ValueError as exc:
-        raise XbenchError(str(exc), "pass --cpu-attention torch or auto") from None
-    backend = resolve(backend, dev)
-    get_backend(backend)  # a backend that cannot run here says why before anything is measured
-    if launch == "graph" and not dev.startswith("cuda"):
-        raise XbenchError("--launch graph needs a CUDA device", "use --launch eager on CPU")
-    launch = ("graph" if dev.startswith("cuda") else "eager") if launch == "auto" else launch
+    backend, launch = _where_it_runs(dev, backend, launch, cpu_attention)
     idle_us = duration_list(idle, dev, "--idle", DEFAULT_IDLE_CPU)
     merge_wait_us = duration_list(merge_wait, dev, "--merge-wait", DEFAULT_MERGE_WAIT_CPU)
     if "merge" not in names:
@@ -250,6 +238,28 @@ def kernel(
     emit_frame(summary, fmt, lambda f: _table(f, out_dir))
 
 
+def _where_it_runs(dev: str, backend: str, launch: str, cpu_attention: str) -> tuple[str, str]:
+    """(backend, launch) for the device: the backend resolved and able to run here, the
+    launch (graph on CUDA, eager on CPU, unless asked), and the CPU attention's path chosen;
+    each refused in one line where it cannot be."""
+    from xbench.kernels import cpu_bf16
+    from xbench.kernels.backend import get_backend, resolve
+
+    if dev not in ("cpu", "cuda") and not dev.startswith("cuda:"):
+        raise XbenchError(f"unknown device {dev!r}", "pick cpu or cuda")
+    try:
+        cpu_bf16.choose_path(cpu_attention)
+    except ValueError as exc:
+        raise XbenchError(str(exc), "pass --cpu-attention torch or auto") from None
+    backend = resolve(backend, dev)
+    get_backend(backend)  # a backend that cannot run here says why before anything is measured
+    if launch == "graph" and not dev.startswith("cuda"):
+        raise XbenchError("--launch graph needs a CUDA device", "use --launch eager on CPU")
+    return backend, (
+        ("graph" if dev.startswith("cuda") else "eager") if launch == "auto" else launch
+    )
+
+
 # A server's idle times at moderate load span these.
 DEFAULT_IDLE_CPU = "1ms,4ms,16ms"
 # A route's wait for its answer (the holder's attention) spans these on a CPU.
@@ -270,36 +280,11 @@ def duration_list(text: str, device: str, option: str, auto_cpu: str) -> list[in
 
 def run_configured(cfg) -> None:
     """The sweep as configured: in this process, or in launched ranks (--np 2, --runs N)."""
-    from xbench.cli.progress import EventProgress, make_progress
-    from xbench.events import CallbackSink
-    from xbench.kernels.worker import run_sweep
+    from xbench.cli.progress import bars
+    from xbench.launches import run_kernel_sweep
 
     note_run_dir(Path(cfg.out_dir))
-    if cfg.ranks == 1 and cfg.runs == 1:
-        with make_progress() as progress:
-            run_sweep(cfg, CallbackSink(EventProgress(progress, "kernel")))
-    else:
-        _launch(cfg, Path(cfg.out_dir))
-
-
-def _launch(cfg, out_dir: Path) -> None:
-    """Each launch a fresh set of processes (pinned ranks), appending to the same run."""
-    from xbench.cli.progress import EventProgress, make_progress
-    from xbench.fabric.launch import run_ranks
-
-    config_path = out_dir / "kernel-config.json"
-    for process_run in range(cfg.runs):
-        cfg.process_run = process_run
-        config_path.write_text(cfg.to_json())
-        with make_progress() as progress:
-            run_ranks(
-                cfg.ranks,
-                "xbench.kernels.worker",
-                config_path,
-                EventProgress(progress, f"kernel (launch {process_run + 1}/{cfg.runs})"),
-                600.0,
-                launch_label=f" of launch {process_run + 1}/{cfg.runs}",
-            )
+    run_kernel_sweep(cfg, progress=bars)
 
 
 SHORT = {

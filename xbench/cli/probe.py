@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
@@ -29,6 +30,13 @@ from xbench.core.units import (
 from xbench.errors import XbenchError
 from xbench.fabric.registry import TRANSPORTS, check_fabric
 from xbench.probe.patterns import DEFAULT_PATTERNS, PATTERNS, SweepSpec
+from xbench.probe.runner import BACKENDS, BINDINGS, DEVICES, LOOPS
+
+# The choices the configuration takes (ProbeConfig keeps the same rules for stored configs)
+Loop = Enum("Loop", [(v, v) for v in LOOPS], type=str)
+Binding = Enum("Binding", [(v, v) for v in BINDINGS], type=str)
+Device = Enum("Device", [(v, v) for v in DEVICES], type=str)
+Backend = Enum("Backend", [(v, v) for v in BACKENDS], type=str)
 
 
 def _patterns(text: str) -> tuple[str, ...]:
@@ -134,11 +142,11 @@ def probe(
         str, typer.Option(help="Fail a case that runs longer than this (a hung or dead rank).")
     ] = "120s",
     loop: Annotated[
-        str, typer.Option(help="Timed inner loop: auto (C if mpicc works), c, python.")
-    ] = "auto",
+        Loop, typer.Option(help="Timed inner loop: auto (C if mpicc works), c, python.")
+    ] = Loop.auto,
     bind: Annotated[
-        str, typer.Option(help="Pin launched ranks: core, socket or none (mpiexec -bind-to).")
-    ] = "core",
+        Binding, typer.Option(help="Pin launched ranks (mpiexec -bind-to).")
+    ] = Binding.core,
     runs: Annotated[
         int,
         typer.Option(
@@ -151,11 +159,12 @@ def probe(
     ] = None,
     oversubscribe: OversubscribeOption = False,
     device: Annotated[
-        str, typer.Option(help="Buffers on host or cuda (mpi --device cuda: CUDA-aware MPI).")
-    ] = "host",
+        Device, typer.Option(help="Buffers on host or cuda (mpi --device cuda: CUDA-aware MPI).")
+    ] = Device.host,
     backend: Annotated[
-        str, typer.Option(help="nccl transport: nccl on GPUs, or gloo for the same path on CPUs.")
-    ] = "nccl",
+        Backend,
+        typer.Option(help="nccl transport: nccl on GPUs, or gloo for the same path on CPUs."),
+    ] = Backend.nccl,
     tcp_interface: Annotated[
         str | None, typer.Option(help="tcp: network interface to listen on, e.g. eth0.")
     ] = None,
@@ -177,11 +186,10 @@ def probe(
     fmt: FormatOption = OutputFormat.table,
 ) -> None:
     """Measure latency and bandwidth between MPI ranks; write samples as Parquet."""
-    from xbench.fabric.launch import inside_launcher, launcher_name, refuse_srun_without_pmi
+    from xbench.fabric.launch import inside_launcher, launcher_name
     from xbench.fabric.presets import preset_env
     from xbench.probe.runner import ProbeConfig
     from xbench.results.metadata import new_run_id
-    from xbench.results.store import announce_run, claim_run_dir
 
     spec = SweepSpec(
         patterns=_patterns(pattern),
@@ -193,47 +201,7 @@ def probe(
         blocks=tuple(parse_int_list(blocks, "--blocks")),
         block_bytes=_block_bytes(block_size),
     )
-    if max(spec.sizes) >= 2**31 or spec.payload * max(spec.rows) >= 2**31:
-        raise XbenchError("messages of 2 GiB or more are not supported", "keep sizes below 2GiB")
     fixed = osu_compat or iterations is not None
-    samples = samples if samples is not None else (1 if fixed else 10)
-    if osu_compat and iterations is not None:
-        raise XbenchError(
-            "--osu-compat sets OSU's iteration counts itself", "pass --osu-compat or --iterations"
-        )
-    if skip and iterations is None:
-        raise XbenchError(
-            f"--skip {skip} without --iterations: skip goes with a fixed iteration count",
-            "e.g. --iterations 1000 --skip 10",
-        )
-    if iterations is not None and iterations < 1 or skip < 0:
-        raise XbenchError(
-            f"--iterations {iterations} --skip {skip}: need iterations >= 1 and skip >= 0",
-            "e.g. --iterations 1000 --skip 10 (skip goes with --iterations)",
-        )
-    if osu_compat and set(spec.patterns) - {"latency", "bandwidth", "bibw"}:
-        raise XbenchError(
-            f"--osu-compat covers latency, bandwidth and bibw (osu_latency, osu_bw, osu_bibw), "
-            f"not {', '.join(sorted(set(spec.patterns) - {'latency', 'bandwidth', 'bibw'}))}",
-            "pass -p latency,bandwidth with --osu-compat, or --iterations N for any pattern",
-        )
-    if window < 1 or samples < 1 or warmups < 0:
-        raise XbenchError(
-            "--window and --samples must be at least 1, --warmups at least 0",
-            "pass positive counts",
-        )
-    if transport not in TRANSPORTS:
-        raise XbenchError(
-            f"unknown transport {transport!r}", f"pick one of {', '.join(TRANSPORTS)}"
-        )
-    if bind not in ("core", "socket", "numa", "hwthread", "none"):
-        raise XbenchError(f"unknown binding {bind!r}", "pick core, socket, numa, hwthread or none")
-    if device not in ("host", "cuda"):
-        raise XbenchError(f"unknown device {device!r}", "pick host or cuda")
-    if backend not in ("nccl", "gloo"):
-        raise XbenchError(f"unknown backend {backend!r}", "pick nccl (GPUs) or gloo (CPUs)")
-    if loop not in ("auto", "c", "python"):
-        raise XbenchError(f"unknown loop {loop!r}", "pick auto, c or python")
     min_sample_s, timeout_s = parse_duration(min_sample_time), _timeout(timeout)
     run_id = new_run_id("probe")
     out_dir = out or Path("results") / run_id
@@ -245,16 +213,16 @@ def probe(
         transport=transport,
         fabric=check_fabric(fabric),
         pairs=pairs,
-        samples=samples,
+        samples=samples if samples is not None else (1 if fixed else 10),
         warmups=warmups,
         min_sample_s=min_sample_s,
         timeout_s=timeout_s,
-        loop=loop,
+        loop=loop.value,
         tcp_interface=tcp_interface,
-        bind=bind if not launched else "by launcher",
-        device=device,
-        backend=backend,
-        preset_env=preset_env(transport, fabric, backend),
+        bind=bind.value if not launched else "by launcher",
+        device=device.value,
+        backend=backend.value,
+        preset_env=preset_env(transport, fabric, backend.value),
         iterations=iterations,
         skip=skip,
         osu_compat=osu_compat,
@@ -280,27 +248,36 @@ def probe(
     if launched:
         _run_as_rank(cfg, launcher_name(), fmt)
     else:
-        if np < 2:
-            raise XbenchError(f"--np {np}: the probe needs at least 2 ranks", "pass --np 2 or more")
-        if runs < 1:
-            raise XbenchError(f"--runs {runs}: at least one launch", "pass --runs 1 or more")
-        if hostfile is not None and not hostfile.exists():
-            raise XbenchError(
-                f"hosts file {hostfile} does not exist",
-                "pass --hostfile with one host[:slots] per line",
-            )
-        from xbench.probe.runner import parse_pairs
+        _launch_here(cfg, np, runs, hostfile, oversubscribe, fmt)
 
-        parse_pairs(cfg.pairs, np)  # as the ranks will, but before any starts
-        check_rank_count(np, hostfile is not None, oversubscribe)
-        refuse_srun_without_pmi()
-        _build_loop(cfg)  # a loop that cannot be built is refused before --out exists
-        # only now: a refused command leaves no empty run directory behind (under a
-        # launcher, rank 0 alone creates it)
-        claim_run_dir(out_dir)
-        announce_run(out_dir, _announced(cfg, np))
-        note_run_dir(out_dir)
-        launch(cfg, np, fmt, hostfile, runs)
+
+def _launch_here(cfg, np: int, runs: int, hostfile, oversubscribe: bool, fmt) -> None:
+    """Launch the ranks from here: everything that can be refused is, before --out exists."""
+    from xbench.fabric.launch import refuse_srun_without_pmi
+    from xbench.launches import prepare_loop
+    from xbench.probe.runner import parse_pairs
+    from xbench.results.store import announce_run, claim_run_dir
+
+    if np < 2:
+        raise XbenchError(f"--np {np}: the probe needs at least 2 ranks", "pass --np 2 or more")
+    if runs < 1:
+        raise XbenchError(f"--runs {runs}: at least one launch", "pass --runs 1 or more")
+    if hostfile is not None and not hostfile.exists():
+        raise XbenchError(
+            f"hosts file {hostfile} does not exist",
+            "pass --hostfile with one host[:slots] per line",
+        )
+    parse_pairs(cfg.pairs, np)  # as the ranks will, but before any starts
+    check_rank_count(np, hostfile is not None, oversubscribe)
+    refuse_srun_without_pmi()
+    prepare_loop(cfg, warn)  # a loop that cannot be built is refused before --out exists
+    # only now: a refused command leaves no empty run directory behind (under a launcher,
+    # rank 0 alone creates it)
+    out_dir = Path(cfg.out_dir)
+    claim_run_dir(out_dir)
+    announce_run(out_dir, _announced(cfg, np))
+    note_run_dir(out_dir)
+    launch(cfg, np, fmt, hostfile, runs)
 
 
 def _announced(cfg, np: int) -> dict:
@@ -373,62 +350,12 @@ def launch(
     runs: int = 1,
     report: bool = True,
 ) -> None:
-    from xbench.cli.progress import EventProgress, make_progress
-    from xbench.fabric.launch import run_ranks
+    from xbench.cli.progress import bars
+    from xbench.launches import launch_probe
 
-    out_dir = Path(cfg.out_dir)
-    _build_loop(cfg)
-    stall = cfg.timeout_s + 60.0
-    for process_run in range(runs):  # separate process sets: placement and start-up state vary
-        cfg.process_run = process_run
-        config_path = out_dir / "probe-config.json"
-        config_path.write_text(cfg.to_json())
-        with make_progress() as progress:
-            run_ranks(
-                np,
-                "xbench.probe.worker",
-                config_path,
-                EventProgress(progress),
-                stall,
-                bind=cfg.bind,
-                hostfile=str(hostfile) if hostfile else None,
-                launch_label=f" of launch {process_run + 1}/{runs}",
-            )
-    _check_preset(cfg, out_dir / "launcher.log")
+    launch_probe(cfg, np, hostfile=hostfile, runs=runs, progress=bars, warn=warn)
     if report:
-        _report(out_dir, fmt)
-
-
-def _build_loop(cfg) -> None:
-    """The compiled timing loop, built once here rather than racing in every rank; without
-    it the Python loop times, with a warning (an error when --loop c asked for it)."""
-    from xbench.fabric.cloop import LoopUnavailable, build_loops
-
-    if cfg.loop == "python":
-        return
-    try:
-        build_loops()
-    except LoopUnavailable as exc:
-        if cfg.loop == "c":
-            raise XbenchError(str(exc), "use --loop python, or install an MPI with mpicc") from None
-        warn(f"compiled loop unavailable ({exc}); timing in Python")
-
-
-def _check_preset(cfg, log_path: Path) -> None:
-    """Compare what NCCL says it used with what --fabric asked for."""
-    if cfg.transport != "nccl" or cfg.backend != "nccl" or not cfg.fabric or not log_path.exists():
-        return
-    from xbench.fabric.presets import check_nccl_log
-
-    ok, seen = check_nccl_log(log_path.read_text(errors="replace"), cfg.fabric)
-    if not ok:  # the samples stand, but their fabric label has no evidence behind it
-        what = f"NCCL reports {', '.join(sorted(seen))}" if seen else "NCCL named no transport"
-        raise XbenchError(
-            f"--fabric {cfg.fabric} asked for one path and {what} (see {log_path}); the "
-            f"samples are in {log_path.parent} but their fabric label is not confirmed",
-            "check the preset reached the ranks (NCCL_DEBUG=INFO), or label the run --fabric "
-            "with what NCCL used",
-        )
+        _report(Path(cfg.out_dir), fmt)
 
 
 def _report(out_dir: Path, fmt: OutputFormat) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
@@ -76,3 +78,10 @@ class EventProgress:
             self.progress.update(self.task, advance=1, refresh=True)
         elif kind == "finish" and self.task is not None:
             self.progress.update(self.task, description=f"{self.name} done", refresh=True)
+
+
+@contextmanager
+def bars(label: str):
+    """One launch's progress bar, fed by rank 0's events (``xbench.launches``' progress)."""
+    with make_progress() as progress:
+        yield EventProgress(progress, label)

@@ -85,9 +85,7 @@ def simulate(
     from xbench.core.profile import load_profile
     from xbench.core.scenario import load_workload
     from xbench.resources import DEFAULT_PROFILE, profile_path, scenario_path
-    from xbench.results.metadata import new_run_id, run_metadata
-    from xbench.results.schema import PREFILL_SIMULATION, SIMULATION
-    from xbench.results.store import refuse_overwrite, write_table
+    from xbench.results.store import refuse_overwrite
     from xbench.simulate import POLICIES, batching_gain, moves_on_compute, run, span_reuse
     from xbench.simulate.prefill import PREFILL_POLICIES, run_prefill
 
@@ -152,15 +150,24 @@ def simulate(
     gains = batching_gain(prof, spec, n, seed) if "batching" in spec["reports"] else []
     reuse = span_reuse(prof, spec, n, seed) if spec["fields"].get("spans") else None
     if out is not None:
-        meta = run_metadata(
-            new_run_id("simulate"), "simulate", scenario=spec["name"], profile=prof.name, seed=seed
-        )
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        write_table(Path(out), PREFILL_SIMULATION if prefill else SIMULATION, frame, meta)
+        _write(out, frame, spec, prof, seed, prefill)
     if prefill:
         emit_frame(frame, fmt, lambda f: _prefill_table(f, spec, prof.name, n, facts, out))
     else:
         emit_frame(frame, fmt, lambda f: _table(f, spec, prof.name, n, gains, out, reuse))
+
+
+def _write(out, frame, spec, prof, seed: int, prefill: bool) -> None:
+    """The policies' rows to --out, with the run's metadata."""
+    from xbench.results.metadata import new_run_id, run_metadata
+    from xbench.results.schema import PREFILL_SIMULATION, SIMULATION
+    from xbench.results.store import write_table
+
+    meta = run_metadata(
+        new_run_id("simulate"), "simulate", scenario=spec["name"], profile=prof.name, seed=seed
+    )
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    write_table(Path(out), PREFILL_SIMULATION if prefill else SIMULATION, frame, meta)
 
 
 def _table(frame, spec, profile: str, n: int, gains, out, reuse=None) -> None:
@@ -466,6 +473,11 @@ def _validation_table(frame, spec, w, n: int, out_dir, calibration: dict, idle) 
     console.print(table)
     if replays > 1:
         _interval_table(frame, replays)
+    _costs_table(calibration, replays, idle)
+
+
+def _costs_table(calibration: dict, replays: int, idle) -> None:
+    """The measured costs (calibrated and own) against the profile's, per policy."""
     by_policy = calibration.get("by_policy", {})
     if not any(both.get(k) for both in by_policy.values() for k in ("calibrated", "replayed")):
         return

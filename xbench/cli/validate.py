@@ -96,23 +96,15 @@ def validate(
     fmt: FormatOption = OutputFormat.table,
 ) -> None:
     """Time the real primitives, check them against one-instance attention, report the model's MAPE."""
-    from xbench.cli.progress import EventProgress, make_progress
     from xbench.core.profile import load_profile
     from xbench.core.units import parse_int_list
-    from xbench.fabric.launch import run_ranks
     from xbench.resources import profile_path
     from xbench.results.metadata import new_run_id
     from xbench.results.store import claim_run_dir
     from xbench.validate import FETCH_LAYOUTS, ValidateConfig
 
     prof = load_profile(profile_path(profile))
-    names = [f.name for f in prof.fabrics]
-    fab = fabric or ("shm" if "shm" in names else None)
-    if fab not in names:
-        raise XbenchError(
-            f"profile {prof.name} has no fabric {fab or 'shm'!r} to predict local ranks with",
-            f"fit a profile from xbench probe between local ranks, or pass --fabric ({', '.join(names)})",
-        )
+    fab = _fabric(prof, fabric)
     if np != 2:
         raise XbenchError(f"--np {np}: validate runs one requester and one holder", "pass --np 2")
     check_threads(threads)
@@ -167,8 +159,19 @@ def validate(
     # only now: a refused command leaves no empty run directory behind
     claim_run_dir(out_dir)
     note_run_dir(out_dir)
+    _launch(cfg, out_dir)
+    _summarize(prof, fab, out_dir, fmt)
+
+
+def _launch(cfg, out_dir: Path) -> None:
+    """The two ranks launched from here, ``cfg.runs`` times: separate process sets,
+    appending to one run."""
+    from xbench.cli.progress import EventProgress, make_progress
+    from xbench.fabric.launch import run_ranks
+
     config_path = out_dir / "validate-config.json"
-    for process_run in range(runs):  # separate process sets, appending to one run
+    runs = cfg.runs
+    for process_run in range(runs):
         cfg.process_run = process_run
         config_path.write_text(cfg.to_json())
         with make_progress() as progress:
@@ -180,10 +183,21 @@ def validate(
                     progress,
                     "validate" + (f" (launch {process_run + 1}/{runs})" if runs > 1 else ""),
                 ),
-                timeout + 60,
+                cfg.timeout_s + 60,
                 launch_label=f" of launch {process_run + 1}/{runs}",
             )
-    _summarize(prof, fab, out_dir, fmt)
+
+
+def _fabric(prof, fabric: str | None) -> str:
+    """The profile's fabric that predicts these ranks: --fabric, else shm (local ranks)."""
+    names = [f.name for f in prof.fabrics]
+    fab = fabric or ("shm" if "shm" in names else None)
+    if fab not in names:
+        raise XbenchError(
+            f"profile {prof.name} has no fabric {fab or 'shm'!r} to predict local ranks with",
+            f"fit a profile from xbench probe between local ranks, or pass --fabric ({', '.join(names)})",
+        )
+    return fab
 
 
 def _run_as_rank(cfg, out_dir: Path) -> bool:

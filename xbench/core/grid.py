@@ -149,39 +149,9 @@ def decide_grid(profile: Profile, grid, *, threads: int | None = None) -> pd.Dat
             f"unknown request fields {sorted(unknown)}; use {sorted(REQUEST_DEFAULTS)}"
         )
     n = len(grid)
-    raw = {
-        name: (
-            grid[name].to_numpy()
-            if name in grid.columns
-            else _column(
-                grid, name, bool if name in ("include_probe", "blocks_local") else np.float64
-            )
-        )
-        for name in (
-            "rows",
-            "heads",
-            "chunk_tokens",
-            "payload_bytes",
-            "return_bytes",
-            "kv_bytes_per_token",
-            "include_probe",
-            "probe_bytes",
-            "reuse",
-            "segments",
-            "fetch_cost",
-            "blocks_local",
-        )
-    }
+    raw = _raw_columns(grid)
     names = [f.name for f in profile.fabrics]
-    if "fabric" in grid.columns:
-        codes = pd.Categorical(grid["fabric"], categories=names).codes  # -1: any fabric
-        bad = grid["fabric"].notna().to_numpy() & (codes < 0)
-        if bad.any():
-            raise KeyError(
-                f"profile {profile.name} has no fabric {grid['fabric'][bad].iloc[0]!r}; it has {', '.join(names)}"
-            )
-    else:
-        codes = None
+    codes = _fabric_codes(grid, profile, names)
     results = {
         "choice": np.empty(n, np.int8),
         "fabric": np.empty(n, np.int16),
@@ -215,7 +185,56 @@ def decide_grid(profile: Profile, grid, *, threads: int | None = None) -> pd.Dat
             run_block(start)
     else:
         list(_pool(workers).map(run_block, starts))
-    decisions = pd.DataFrame(
+    return pd.concat([grid, _decisions(results, names, grid.index)], axis=1)
+
+
+# The request fields a grid's columns hold, in the order _derive reads them
+RAW_FIELDS = (
+    "rows",
+    "heads",
+    "chunk_tokens",
+    "payload_bytes",
+    "return_bytes",
+    "kv_bytes_per_token",
+    "include_probe",
+    "probe_bytes",
+    "reuse",
+    "segments",
+    "fetch_cost",
+    "blocks_local",
+)
+
+
+def _raw_columns(grid: pd.DataFrame) -> dict:
+    """Each request field: the grid's column, or its default (a scalar) where it has none."""
+    return {
+        name: (
+            grid[name].to_numpy()
+            if name in grid.columns
+            else _column(
+                grid, name, bool if name in ("include_probe", "blocks_local") else np.float64
+            )
+        )
+        for name in RAW_FIELDS
+    }
+
+
+def _fabric_codes(grid: pd.DataFrame, profile: Profile, names: list):
+    """Per request, the index of the fabric it asks for (-1: any); None without a column."""
+    if "fabric" not in grid.columns:
+        return None
+    codes = pd.Categorical(grid["fabric"], categories=names).codes  # -1: any fabric
+    bad = grid["fabric"].notna().to_numpy() & (codes < 0)
+    if bad.any():
+        raise KeyError(
+            f"profile {profile.name} has no fabric {grid['fabric'][bad].iloc[0]!r}; it has {', '.join(names)}"
+        )
+    return codes
+
+
+def _decisions(results: dict, names: list, index) -> pd.DataFrame:
+    """The decisions' columns, as decide_grid returns them beside the requests."""
+    return pd.DataFrame(
         {
             "decision": pd.Categorical.from_codes(results["choice"], dtype=CHOICES),
             "fabric_chosen": pd.Categorical.from_codes(results["fabric"], categories=names),
@@ -230,11 +249,9 @@ def decide_grid(profile: Profile, grid, *, threads: int | None = None) -> pd.Dat
             "u_star": results["u_star"],
             "n_half_bytes": results["n_half"],
         },
-        index=grid.index,
+        index=index,
         copy=False,
     )
-    out = pd.concat([grid, decisions], axis=1)
-    return out
 
 
 def _derive(raw: dict) -> Columns:
@@ -289,12 +306,10 @@ def _closed_forms(profile: Profile, cols, dev, best_f, n: int):
     return b_star, u_star
 
 
-def _decide_block(profile: Profile, cols, codes, n: int) -> dict:
-    dev = profile.device
-    dev_val = _device(dev.terms(VALUE), cols)
-    local = _full(local_time(dev_val), n)
+def _fabric_times(profile: Profile, cols, codes, dev_val, n: int):
+    """Each fabric's route and fetch times (inf where a row asks for another fabric), and
+    the fabrics some row may take: (route per fabric, fetch per fabric, [(k, rows)])."""
     nf = len(profile.fabrics)
-    # Each fabric's route and fetch times (inf where a row asks for another fabric).
     route_f, fetch_f, active = np.empty((nf, n)), np.empty((nf, n)), []
     for k, f in enumerate(profile.fabrics):
         rows_k = None if codes is None else (codes == k) | (codes < 0)
@@ -313,51 +328,56 @@ def _decide_block(profile: Profile, cols, codes, n: int) -> dict:
             route_f[k], fetch_f[k] = np.inf, np.inf
             route_f[k, idx], fetch_f[k, idx] = r, fe
         active.append((k, rows_k))
-    # The fabric whose best option is fastest; the first among equals, as decide() does.
-    # (Masked writes with putmask: argmin along the fabric axis is ten times slower.)
+    return route_f, fetch_f, active
+
+
+def _best_fabric(route_f, fetch_f, local, active, n: int):
+    """The fabric whose best option is fastest, the first among equals as decide() takes
+    it: (its index per row, route there, fetch there). (Masked writes with putmask: argmin
+    along the fabric axis is ten times slower.)"""
     first = active[0][0]
     best_f = np.full(n, first, dtype=np.intp)
     if len(active) == 1:
-        route, fetch = route_f[first], fetch_f[first]
-    else:
-        best_t = np.full(n, np.inf)
-        for k, rows_k in active:
-            t_k = np.minimum(np.minimum(route_f[k], fetch_f[k]), local)
-            if rows_k is not None and not rows_k.all():
-                t_k[~rows_k] = np.inf  # local is open to every row, this fabric is not
-            np.putmask(best_f, t_k < best_t, k)
-            np.minimum(best_t, t_k, out=best_t)
-        flat = best_f * n + np.arange(n)
-        route, fetch = route_f.ravel()[flat], fetch_f.ravel()[flat]
-    choice = np.where(
-        (route <= fetch) & (route <= local), 0, np.where(fetch <= local, 1, 2)
-    ).astype(np.int8)
+        return best_f, route_f[first], fetch_f[first]
+    best_t = np.full(n, np.inf)
+    for k, rows_k in active:
+        t_k = np.minimum(np.minimum(route_f[k], fetch_f[k]), local)
+        if rows_k is not None and not rows_k.all():
+            t_k[~rows_k] = np.inf  # local is open to every row, this fabric is not
+        np.putmask(best_f, t_k < best_t, k)
+        np.minimum(best_t, t_k, out=best_t)
+    flat = best_f * n + np.arange(n)
+    return best_f, route_f.ravel()[flat], fetch_f.ravel()[flat]
+
+
+def _priors(profile: Profile, cols, best_f, choice, route, fetch, local, n: int):
+    """Whether each decision rests on a prior: the fabric's, or one that enters the
+    winner's or the runner-up's time on the device side (prior_flag, over arrays)."""
+    prior = np.array([f.prior for f in profile.fabrics])[best_f]
+    if prior.all():
+        return prior
     is_route, is_fetch = choice == 0, choice == 1
-    winner = np.where(is_route, route, np.where(is_fetch, fetch, local))
-    runner = np.where(
+    flags = np.array(profile.device.prior_by_option)
+    second = np.where(
         is_route,
-        np.minimum(fetch, local),
-        np.where(is_fetch, np.minimum(route, local), np.minimum(route, fetch)),
+        np.where(fetch <= local, 1, 2),
+        np.where(is_fetch, np.where(route <= local, 0, 2), np.where(route <= fetch, 0, 1)),
     )
-    fabrics = profile.fabrics
-    n_half = np.array([f.half_performance_bytes() for f in fabrics])[best_f]
-    # A prior counts where it is the fabric's, or where it enters the winner's or the
-    # runner-up's time on the device side.
-    prior = np.array([f.prior for f in fabrics])[best_f]
-    if not prior.all():
-        flags = np.array(dev.prior_by_option)
-        second = np.where(
-            is_route,
-            np.where(fetch <= local, 1, 2),
-            np.where(is_fetch, np.where(route <= local, 0, 2), np.where(route <= fetch, 0, 1)),
-        )
-        given = cols.fetch_cost
-        fixed = ~np.isnan(given) if np.ndim(given) else np.full(n, not np.isnan(given))
-        move_flag = np.where(fixed, flags[0], flags[1])
-        by_choice = np.where(choice == 0, flags[0], np.where(choice == 1, move_flag, flags[2]))
-        by_second = np.where(second == 0, flags[0], np.where(second == 1, move_flag, flags[2]))
-        prior |= by_choice | by_second
-    # Uncertainty: cheap bound first, exact intervals only where the bound cannot decide.
+    given = cols.fetch_cost
+    fixed = ~np.isnan(given) if np.ndim(given) else np.full(n, not np.isnan(given))
+    move_flag = np.where(fixed, flags[0], flags[1])
+    by_choice = np.where(choice == 0, flags[0], np.where(choice == 1, move_flag, flags[2]))
+    by_second = np.where(second == 0, flags[0], np.where(second == 1, move_flag, flags[2]))
+    return prior | by_choice | by_second
+
+
+def _uncertain(profile: Profile, cols, best_f, choice, times, n: int):
+    """Whether the coefficients' intervals allow another answer: the cheap bound from
+    their relative spreads first, the exact interval evaluation only where it cannot
+    decide (and wherever a fetch's time has a saving subtracted)."""
+    route, fetch, local, winner, runner = times
+    dev, fabrics = profile.device, profile.fabrics
+    is_route, is_fetch = choice == 0, choice == 1
     slow = np.array([profile.spread(f.name)[0] for f in fabrics])[best_f]
     fast = np.array([profile.spread(f.name)[1] for f in fabrics])[best_f]
     check = ~(winner * slow < runner * fast)
@@ -366,7 +386,7 @@ def _decide_block(profile: Profile, cols, codes, n: int) -> dict:
         check |= is_fetch | np.where(is_route, fetch <= local, (choice == 2) & (fetch < route))
     uncertain = np.zeros(n, dtype=bool)
     for k, f in enumerate(fabrics):
-        mine = check & (best_f == k) if nf > 1 else check
+        mine = check & (best_f == k) if len(fabrics) > 1 else check
         count = int(np.count_nonzero(mine))
         if not count:
             continue
@@ -390,8 +410,28 @@ def _decide_block(profile: Profile, cols, codes, n: int) -> dict:
             uncertain = np.where(mine, verdict, uncertain)
         else:
             uncertain[index] = verdict
+    return uncertain
+
+
+def _decide_block(profile: Profile, cols, codes, n: int) -> dict:
+    dev_val = _device(profile.device.terms(VALUE), cols)
+    local = _full(local_time(dev_val), n)
+    route_f, fetch_f, active = _fabric_times(profile, cols, codes, dev_val, n)
+    best_f, route, fetch = _best_fabric(route_f, fetch_f, local, active, n)
+    choice = np.where(
+        (route <= fetch) & (route <= local), 0, np.where(fetch <= local, 1, 2)
+    ).astype(np.int8)
+    is_route, is_fetch = choice == 0, choice == 1
+    winner = np.where(is_route, route, np.where(is_fetch, fetch, local))
+    runner = np.where(
+        is_route,
+        np.minimum(fetch, local),
+        np.where(is_fetch, np.minimum(route, local), np.minimum(route, fetch)),
+    )
+    n_half = np.array([f.half_performance_bytes() for f in profile.fabrics])[best_f]
     size = np.where(is_fetch, cols.s_kv, cols.s_q)
     b_star, u_star = _closed_forms(profile, cols, dev_val, best_f, n)
+    times = (route, fetch, local, winner, runner)
     return {
         "b_star": b_star,
         "u_star": u_star,
@@ -402,7 +442,7 @@ def _decide_block(profile: Profile, cols, codes, n: int) -> dict:
         "fetch": fetch,
         "local": local,
         "margin": runner - winner,
-        "uncertain": uncertain,
+        "uncertain": _uncertain(profile, cols, best_f, choice, times, n),
         "ranked": (size >= n_half).astype(np.int8),
-        "prior": prior,
+        "prior": _priors(profile, cols, best_f, choice, route, fetch, local, n),
     }

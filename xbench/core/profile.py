@@ -258,98 +258,84 @@ def _spliced_saving(dev: dict, path: str) -> tuple:
     return tuple(points)
 
 
-def parse_profile(data: dict, path: str = "<profile>") -> Profile:
-    """Build a Profile from parsed TOML, or raise a one-line ProfileError."""
-    _known(data, ("profile", "provenance", "ceilings", "fabric", "device"), "the top level", path)
-    head = data.get("profile", {})
-    _known(head, ("name", "schema_version"), "[profile]", path)
-    version = head.get("schema_version", PROFILE_SCHEMA_VERSION)
-    if version != PROFILE_SCHEMA_VERSION:
+def _segments(raw: dict, name: str, path: str) -> tuple[Segment, ...]:
+    """A fabric's [[fabric.segment]]s: one from min_bytes 0, each from its own size."""
+    segs = raw.get("segment", [])
+    if not segs:
         raise ProfileError(
-            f"profile {path} has schema_version {version}, this xbench reads {PROFILE_SCHEMA_VERSION}",
-            "refit it with this xbench",
+            f"profile {path}: fabric {name} has no [[fabric.segment]]",
+            "give at least one segment with alpha and beta",
         )
-    fabrics = []
-    raw_fabrics = data.get("fabric", [])
-    if not raw_fabrics:
+    segments = []
+    for j, seg in enumerate(segs):
+        where = f"fabric {name} segment {j + 1}"
+        _known(seg, ("min_bytes", "alpha", "beta"), where, path)
+        min_bytes = seg.get("min_bytes", 0)
+        if not isinstance(min_bytes, (int, float)) or not math.isfinite(min_bytes) or min_bytes < 0:
+            raise ProfileError(
+                f"profile {path}: {where} min_bytes must be a non-negative number",
+                "give min_bytes in bytes",
+            )
+        segments.append(
+            Segment(
+                float(min_bytes),
+                _coef(seg.get("alpha"), f"{where} alpha", "time", path),
+                _coef(seg.get("beta"), f"{where} beta", "rate", path, positive=True),
+            )
+        )
+    starts = [s.min_bytes for s in segments]
+    if len(set(starts)) < len(starts):
         raise ProfileError(
-            f"profile {path} has no [[fabric]] tables",
-            "add at least one fabric, or fit one with xbench fit",
+            f"profile {path}: fabric {name} has two segments from one min_bytes",
+            "give each segment its own min_bytes",
         )
-    for i, raw in enumerate(raw_fabrics):
-        _known(raw, FABRIC_KEYS, f"fabric {i + 1}", path)
-        name = raw.get("name")
-        if name not in FABRICS:
-            raise ProfileError(
-                f"profile {path}: fabric {i + 1} has unknown name {name!r}",
-                f"use one of {', '.join(FABRICS)}",
-            )
-        segs = raw.get("segment", [])
-        if not segs:
-            raise ProfileError(
-                f"profile {path}: fabric {name} has no [[fabric.segment]]",
-                "give at least one segment with alpha and beta",
-            )
-        segments = []
-        for j, seg in enumerate(segs):
-            where = f"fabric {name} segment {j + 1}"
-            _known(seg, ("min_bytes", "alpha", "beta"), where, path)
-            min_bytes = seg.get("min_bytes", 0)
-            if (
-                not isinstance(min_bytes, (int, float))
-                or not math.isfinite(min_bytes)
-                or min_bytes < 0
-            ):
-                raise ProfileError(
-                    f"profile {path}: {where} min_bytes must be a non-negative number",
-                    "give min_bytes in bytes",
-                )
-            segments.append(
-                Segment(
-                    float(min_bytes),
-                    _coef(seg.get("alpha"), f"{where} alpha", "time", path),
-                    _coef(seg.get("beta"), f"{where} beta", "rate", path, positive=True),
-                )
-            )
-        starts = [s.min_bytes for s in segments]
-        if len(set(starts)) < len(starts):
-            raise ProfileError(
-                f"profile {path}: fabric {name} has two segments from one min_bytes",
-                "give each segment its own min_bytes",
-            )
-        if sorted(starts)[0] != 0:
-            raise ProfileError(
-                f"profile {path}: fabric {name} has no segment starting at min_bytes = 0",
-                "the first segment must cover the smallest messages",
-            )
-        overhead = _coef(
-            raw.get("overhead", {"value": 0, "unit": "s"}), f"fabric {name} overhead", "time", path
+    if sorted(starts)[0] != 0:
+        raise ProfileError(
+            f"profile {path}: fabric {name} has no segment starting at min_bytes = 0",
+            "the first segment must cover the smallest messages",
         )
-        if ("block_t0" in raw) != ("block_beta" in raw):
-            raise ProfileError(
-                f"profile {path}: fabric {name} has one of block_t0 and block_beta",
-                "give both (a fetch page by page, from xbench probe -p offgather) or neither",
-            )
-        pages = {}
-        if "block_t0" in raw:
-            pages = {
-                "block_t0": _coef(raw["block_t0"], f"fabric {name} block_t0", "time", path),
-                "block_beta": _coef(
-                    raw["block_beta"], f"fabric {name} block_beta", "rate", path, positive=True
-                ),
-            }
-        fabrics.append(
-            Fabric(
-                name,
-                tuple(segments),
-                overhead,
-                raw.get("pair_class", "inter-node"),
-                raw.get("transport", "mpi"),
-                raw.get("heldout_mape"),
-                **pages,
-            )
+    return tuple(segments)
+
+
+def _fabric(raw: dict, i: int, path: str) -> Fabric:
+    """The i-th [[fabric]] table (from 0)."""
+    _known(raw, FABRIC_KEYS, f"fabric {i + 1}", path)
+    name = raw.get("name")
+    if name not in FABRICS:
+        raise ProfileError(
+            f"profile {path}: fabric {i + 1} has unknown name {name!r}",
+            f"use one of {', '.join(FABRICS)}",
         )
-    dev = data.get("device")
+    segments = _segments(raw, name, path)
+    overhead = _coef(
+        raw.get("overhead", {"value": 0, "unit": "s"}), f"fabric {name} overhead", "time", path
+    )
+    if ("block_t0" in raw) != ("block_beta" in raw):
+        raise ProfileError(
+            f"profile {path}: fabric {name} has one of block_t0 and block_beta",
+            "give both (a fetch page by page, from xbench probe -p offgather) or neither",
+        )
+    pages = {}
+    if "block_t0" in raw:
+        pages = {
+            "block_t0": _coef(raw["block_t0"], f"fabric {name} block_t0", "time", path),
+            "block_beta": _coef(
+                raw["block_beta"], f"fabric {name} block_beta", "rate", path, positive=True
+            ),
+        }
+    return Fabric(
+        name,
+        segments,
+        overhead,
+        raw.get("pair_class", "inter-node"),
+        raw.get("transport", "mpi"),
+        raw.get("heldout_mape"),
+        **pages,
+    )
+
+
+def _device(dev, path: str) -> Device:
+    """The [device] table: every required term, the optional ones in their groups."""
     if not isinstance(dev, dict):
         raise ProfileError(
             f"profile {path} has no [device] table",
@@ -392,12 +378,34 @@ def parse_profile(data: dict, path: str = "<profile>") -> Profile:
             "give merge_wait_t0, merge_wait_per_row_partial and merge_wait_tau together "
             "(xbench kernel --merge-wait, then fit) or none of them",
         )
+    return Device(dev.get("name", "device"), **terms)
+
+
+def parse_profile(data: dict, path: str = "<profile>") -> Profile:
+    """Build a Profile from parsed TOML, or raise a one-line ProfileError."""
+    _known(data, ("profile", "provenance", "ceilings", "fabric", "device"), "the top level", path)
+    head = data.get("profile", {})
+    _known(head, ("name", "schema_version"), "[profile]", path)
+    version = head.get("schema_version", PROFILE_SCHEMA_VERSION)
+    if version != PROFILE_SCHEMA_VERSION:
+        raise ProfileError(
+            f"profile {path} has schema_version {version}, this xbench reads {PROFILE_SCHEMA_VERSION}",
+            "refit it with this xbench",
+        )
+    raw_fabrics = data.get("fabric", [])
+    if not raw_fabrics:
+        raise ProfileError(
+            f"profile {path} has no [[fabric]] tables",
+            "add at least one fabric, or fit one with xbench fit",
+        )
+    fabrics = tuple(_fabric(raw, i, path) for i, raw in enumerate(raw_fabrics))
+    device = _device(data.get("device"), path)
     provenance = dict(data.get("provenance", {}))
     provenance.setdefault("name", head.get("name", Path(path).stem))
     return Profile(
         head.get("name", Path(path).stem),
-        tuple(fabrics),
-        Device(dev.get("name", "device"), **terms),
+        fabrics,
+        device,
         provenance,
         _ceilings(data.get("ceilings"), path),
     )

@@ -42,11 +42,10 @@ class ScenarioError(XbenchError):
     pass
 
 
-def load_scenario(path) -> dict:
-    """Parse and check a scenario; returns {name, description, source, request, axes}."""
-    path = Path(path)
+def _read_toml(path: Path) -> dict:
+    """A scenario file's TOML, or a one-line ScenarioError saying why it cannot be read."""
     try:
-        data = tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text())
     except FileNotFoundError:
         raise ScenarioError(
             f"scenario {path} does not exist",
@@ -61,23 +60,10 @@ def load_scenario(path) -> dict:
             f"cannot read scenario {path} ({getattr(exc, 'strerror', None) or exc})",
             "pass a scenario file (scenarios/*.toml) or a shipped scenario's name",
         ) from None
-    head = data.get("scenario", {})
-    if not head.get("name"):
-        raise ScenarioError(
-            f"scenario {path} has no [scenario] name", 'add [scenario] name = "..."'
-        )
-    req, grid = data.get("request", {}), data.get("grid", {})
-    unknown = (
-        (set(req) - REQUEST_KEYS)
-        | (set(grid) - GRID_KEYS)
-        | (set(data) - {"scenario", "request", "grid", "workload"})
-    )
-    if unknown:
-        raise ScenarioError(
-            f"scenario {path} has unknown keys {sorted(unknown)}",
-            f"[request] takes {sorted(REQUEST_KEYS)}, [grid] takes {sorted(GRID_KEYS)}",
-        )
-    preset = get_model(head["model"]) if head.get("model") else None
+
+
+def _request_shape(req: dict, preset, path: Path) -> dict:
+    """The [request]'s sizes and options, each from the table or else the model preset."""
     try:
         payload = (
             parse_size(req["payload"])
@@ -89,7 +75,7 @@ def load_scenario(path) -> dict:
                 f"scenario {path} sets neither model nor payload",
                 "give [scenario] model or [request] payload",
             )
-        request = {
+        return {
             "heads": int(req.get("heads", preset.q_heads if preset else 1)),
             "payload_bytes": payload,
             "return_bytes": parse_size(req["return"])
@@ -107,6 +93,10 @@ def load_scenario(path) -> dict:
             f"scenario {path}: bad [request] value ({exc})",
             "write sizes like 1152B and times like 3ms",
         ) from None
+
+
+def _grid_axes(grid: dict, path: Path) -> dict:
+    """The [grid]'s axes: rows, chunk_tokens and reuse lists, and the fabrics ([None]: all)."""
     axes = {}
     for key in ("rows", "chunk_tokens", "reuse"):
         values = grid.get(key, [1] if key == "rows" else ([2048] if key == "chunk_tokens" else [0]))
@@ -126,13 +116,37 @@ def load_scenario(path) -> dict:
         raise ScenarioError(
             f'scenario {path}: [grid] fabric must be "all" or a list', 'e.g. fabric = ["ib", "tcp"]'
         )
+    return axes
+
+
+def load_scenario(path) -> dict:
+    """Parse and check a scenario; returns {name, description, source, request, axes}."""
+    path = Path(path)
+    data = _read_toml(path)
+    head = data.get("scenario", {})
+    if not head.get("name"):
+        raise ScenarioError(
+            f"scenario {path} has no [scenario] name", 'add [scenario] name = "..."'
+        )
+    req, grid = data.get("request", {}), data.get("grid", {})
+    unknown = (
+        (set(req) - REQUEST_KEYS)
+        | (set(grid) - GRID_KEYS)
+        | (set(data) - {"scenario", "request", "grid", "workload"})
+    )
+    if unknown:
+        raise ScenarioError(
+            f"scenario {path} has unknown keys {sorted(unknown)}",
+            f"[request] takes {sorted(REQUEST_KEYS)}, [grid] takes {sorted(GRID_KEYS)}",
+        )
+    preset = get_model(head["model"]) if head.get("model") else None
     return {
         "name": head["name"],
         "description": head.get("description", ""),
         "source": head.get("source", ""),
         "model": head.get("model"),
-        "request": request,
-        "axes": axes,
+        "request": _request_shape(req, preset, path),
+        "axes": _grid_axes(grid, path),
     }
 
 
@@ -266,6 +280,73 @@ def _rate(path, table: dict, default: str) -> float:
     return rate
 
 
+def _prefill_fields(path: Path, table: dict, scenario: dict) -> dict:
+    """A prefill workload's ``PrefillWorkload`` fields."""
+    if not scenario["model"]:
+        raise ScenarioError(
+            f"scenario {path}: a prefill workload needs the model (its layers and KV)",
+            'add [scenario] model = "deepseek-v3.2" (xbench models lists them)',
+        )
+    lengths = (table.get("min_length", 128), table.get("max_length", 131072))
+    if lengths[0] > lengths[1]:
+        raise ScenarioError(
+            f"scenario {path}: [workload] min_length {lengths[0]} > max_length {lengths[1]}",
+            "give min_length <= max_length",
+        )
+    return {
+        "local_instances": table.get("local_instances", 8),
+        "remote_instances": table.get("remote_instances", 4),
+        "local_speed": float(table.get("local_speed", 1.0)),
+        "gpus_per_instance": table.get("gpus_per_instance", 8),
+        "layers": get_model(scenario["model"]).layers,
+        "kv_bytes_per_token": scenario["request"]["kv_bytes_per_token"],
+        "length_median": table.get("length_median", 8192),
+        "length_sigma": float(table.get("length_sigma", 1.0)),
+        "min_length": lengths[0],
+        "max_length": lengths[1],
+        "rate_per_s": _rate(path, table, "2/s"),
+    }
+
+
+def _decode_fields(path: Path, table: dict, req: dict) -> dict:
+    """A decode workload's ``Workload`` fields (its chunks from the spans where it has
+    them: the commuting chunks, and each requester's own copy of every prefix)."""
+    unknown = [r for r in table.get("reports", ()) if r not in REPORTS]
+    if unknown:
+        raise ScenarioError(
+            f"scenario {path}: [workload] reports {unknown} are not reports",
+            f"use {', '.join(REPORTS)}, or drop reports",
+        )
+    spans = _spans(path, table["spans"]) if "spans" in table else ()
+    if spans and {"chunks", "zipf"} & set(table):
+        raise ScenarioError(
+            f"scenario {path}: [workload] gives spans and {' and '.join(sorted({'chunks', 'zipf'} & set(table)))}",
+            "with spans, the chunks and how often each is used come from the expressions: drop chunks and zipf",
+        )
+    instances = table.get("instances", 8)
+    prefixes = {prefix for prefix, _, _ in spans if prefix}
+    return {
+        "instances": instances,
+        "chunks": (
+            len(span_chunks(spans)) + len(prefixes) * instances
+            if spans
+            else table.get("chunks", 256)
+        ),
+        "chunk_tokens": table.get("chunk_tokens", 2048),
+        "rows": table.get("rows", 1),
+        "heads": req["heads"],
+        "payload_bytes": req["payload_bytes"],
+        "return_bytes": req["return_bytes"],
+        "kv_bytes_per_token": req["kv_bytes_per_token"],
+        "segments": req["segments"],
+        "rate_per_s": _rate(path, table, "1000/s"),
+        "zipf": float(table.get("zipf", 1.0)),
+        "cache_chunks": table.get("cache_chunks", 16),
+        "max_batch_rows": table.get("max_batch_rows", 1024),
+        "spans": spans,
+    }
+
+
 def load_workload(path) -> dict:
     """The scenario's [workload]: ``kind``, the workload's fields (``Workload`` or
     ``PrefillWorkload``), ``fabrics`` and ``requests``; the request shape (heads, bytes,
@@ -286,67 +367,10 @@ def load_workload(path) -> dict:
         )
     _check_table(path, table, WORKLOAD_KINDS[kind])
     fabric = table.get("fabric", "nvlink" if kind == "decode" else "tcp")
-    req = scenario["request"]
     if kind == "prefill":
-        if not scenario["model"]:
-            raise ScenarioError(
-                f"scenario {path}: a prefill workload needs the model (its layers and KV)",
-                'add [scenario] model = "deepseek-v3.2" (xbench models lists them)',
-            )
-        lengths = (table.get("min_length", 128), table.get("max_length", 131072))
-        if lengths[0] > lengths[1]:
-            raise ScenarioError(
-                f"scenario {path}: [workload] min_length {lengths[0]} > max_length {lengths[1]}",
-                "give min_length <= max_length",
-            )
-        fields = {
-            "local_instances": table.get("local_instances", 8),
-            "remote_instances": table.get("remote_instances", 4),
-            "local_speed": float(table.get("local_speed", 1.0)),
-            "gpus_per_instance": table.get("gpus_per_instance", 8),
-            "layers": get_model(scenario["model"]).layers,
-            "kv_bytes_per_token": req["kv_bytes_per_token"],
-            "length_median": table.get("length_median", 8192),
-            "length_sigma": float(table.get("length_sigma", 1.0)),
-            "min_length": lengths[0],
-            "max_length": lengths[1],
-            "rate_per_s": _rate(path, table, "2/s"),
-        }
+        fields = _prefill_fields(path, table, scenario)
     else:
-        unknown = [r for r in table.get("reports", ()) if r not in REPORTS]
-        if unknown:
-            raise ScenarioError(
-                f"scenario {path}: [workload] reports {unknown} are not reports",
-                f"use {', '.join(REPORTS)}, or drop reports",
-            )
-        spans = _spans(path, table["spans"]) if "spans" in table else ()
-        if spans and {"chunks", "zipf"} & set(table):
-            raise ScenarioError(
-                f"scenario {path}: [workload] gives spans and {' and '.join(sorted({'chunks', 'zipf'} & set(table)))}",
-                "with spans, the chunks and how often each is used come from the expressions: drop chunks and zipf",
-            )
-        instances = table.get("instances", 8)
-        prefixes = {prefix for prefix, _, _ in spans if prefix}
-        fields = {
-            "instances": instances,
-            "chunks": (
-                len(span_chunks(spans)) + len(prefixes) * instances
-                if spans
-                else table.get("chunks", 256)
-            ),
-            "chunk_tokens": table.get("chunk_tokens", 2048),
-            "rows": table.get("rows", 1),
-            "heads": req["heads"],
-            "payload_bytes": req["payload_bytes"],
-            "return_bytes": req["return_bytes"],
-            "kv_bytes_per_token": req["kv_bytes_per_token"],
-            "segments": req["segments"],
-            "rate_per_s": _rate(path, table, "1000/s"),
-            "zipf": float(table.get("zipf", 1.0)),
-            "cache_chunks": table.get("cache_chunks", 16),
-            "max_batch_rows": table.get("max_batch_rows", 1024),
-            "spans": spans,
-        }
+        fields = _decode_fields(path, table, scenario["request"])
     return {
         "name": scenario["name"],
         "description": scenario["description"],

@@ -108,21 +108,9 @@ class LaunchResult:
     events: list = field(default_factory=list)
 
 
-def launch_worker(
-    np: int,
-    module: str,
-    args: list[str],
-    log_path: Path,
-    on_event,
-    stall_timeout_s: float,
-    bind: str = "core",
-    hostfile: str | None = None,
-) -> LaunchResult:
-    """Run ``python -m module args`` on ``np`` local ranks; feed rank 0's events to ``on_event``.
-
-    ``bind`` is passed as Hydra's ``-bind-to`` (core, socket, none): pinned ranks do not
-    migrate between cores mid-sample.
-    """
+def _mpiexec_command(np: int, module: str, args: list[str], log_path: Path, bind, hostfile):
+    """The launcher's command line: binding, hosts (the user's file rewritten in this
+    launcher's dialect, beside the log) and ``python -m module args`` on np ranks."""
     mpiexec = find_mpiexec()
     if mpiexec is None:
         raise XbenchError(
@@ -141,7 +129,69 @@ def launch_worker(
     # then needs telling too, as it counts one slot a core
     over = ["--oversubscribe"] if not hydra and not hostfile and np > usable_cores() else []
     cmd = [mpiexec, *binding, *over, *hosts, "-n", str(np), sys.executable, "-u", "-m", module]
-    cmd += args
+    return cmd + args
+
+
+def _take_event(result: LaunchResult, line: str, on_event) -> None:
+    """One of rank 0's events: kept, counted, and handed on."""
+    event = json.loads(line[len(EVENT_PREFIX) :])
+    result.events.append(event)
+    if event["event"] == "case_started":
+        result.last_started = event["label"]
+    elif event["event"] == "case_done":
+        result.finished_cases += 1
+    elif event["event"] == "error":
+        result.error = event["message"]
+    on_event(event)
+
+
+def _watch(proc, log, result: LaunchResult, on_event, stall_timeout_s: float) -> None:
+    """Read the ranks' stdout to its end: events to ``on_event``, anything else to the log;
+    no event for ``stall_timeout_s`` stops the job (``result.stalled``)."""
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    last_event = time.monotonic()
+    try:
+        while True:
+            if not sel.select(timeout=0.5):
+                if proc.poll() is not None:
+                    break
+                if time.monotonic() - last_event > stall_timeout_s:
+                    result.stalled = True
+                    _stop_group(proc)
+                    break
+                continue
+            line = proc.stdout.readline()
+            if not line:
+                break
+            if line.startswith(EVENT_PREFIX):
+                last_event = time.monotonic()
+                _take_event(result, line, on_event)
+            else:
+                log.write(line)
+    except KeyboardInterrupt:
+        _stop_group(proc)
+        raise
+    finally:
+        sel.close()
+
+
+def launch_worker(
+    np: int,
+    module: str,
+    args: list[str],
+    log_path: Path,
+    on_event,
+    stall_timeout_s: float,
+    bind: str = "core",
+    hostfile: str | None = None,
+) -> LaunchResult:
+    """Run ``python -m module args`` on ``np`` local ranks; feed rank 0's events to ``on_event``.
+
+    ``bind`` is passed as Hydra's ``-bind-to`` (core, socket, none): pinned ranks do not
+    migrate between cores mid-sample.
+    """
+    cmd = _mpiexec_command(np, module, args, log_path, bind, hostfile)
     result = LaunchResult(returncode=0)
     with open(log_path, "a") as log:
         log.write(f"$ {' '.join(cmd)}\n")
@@ -156,40 +206,7 @@ def launch_worker(
             text=True,
             bufsize=1,
         )
-        sel = selectors.DefaultSelector()
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        last_event = time.monotonic()
-        try:
-            while True:
-                if not sel.select(timeout=0.5):
-                    if proc.poll() is not None:
-                        break
-                    if time.monotonic() - last_event > stall_timeout_s:
-                        result.stalled = True
-                        _stop_group(proc)
-                        break
-                    continue
-                line = proc.stdout.readline()
-                if not line:
-                    break
-                if line.startswith(EVENT_PREFIX):
-                    event = json.loads(line[len(EVENT_PREFIX) :])
-                    last_event = time.monotonic()
-                    result.events.append(event)
-                    if event["event"] == "case_started":
-                        result.last_started = event["label"]
-                    elif event["event"] == "case_done":
-                        result.finished_cases += 1
-                    elif event["event"] == "error":
-                        result.error = event["message"]
-                    on_event(event)
-                else:
-                    log.write(line)
-        except KeyboardInterrupt:
-            _stop_group(proc)
-            raise
-        finally:
-            sel.close()
+        _watch(proc, log, result, on_event, stall_timeout_s)
         result.returncode = proc.wait()
     if result.returncode != 0 and result.error is None:
         result.error = rank_error(log_path, log_start)

@@ -150,6 +150,38 @@ def describe_plan(split_config, splits: int, combine_config) -> str:
     return plan
 
 
+def _combine(combine_kernel, part_out, part_lse, out_view, lse_view, round_out: bool) -> None:
+    """The splits' partial outputs and LSEs combined into the views: one program per query
+    row and column chunk (the tuner's choice of chunk)."""
+    splits, total_rows = part_lse.shape
+    combine_kernel[lambda meta: (total_rows, LATENT // meta["BLOCK_C"])](
+        part_out,
+        part_lse,
+        out_view,
+        lse_view,
+        splits,
+        total_rows,
+        LAT=LATENT,
+        UPCAST=round_out,
+    )
+
+
+def _outputs(torch, out, lse, rows: int, heads: int, dev):
+    """(output, LSE) as returned (the caller's where given), and the contiguous views the
+    kernels write (copied into the caller's after, where theirs are not contiguous)."""
+    result = (
+        out
+        if out is not None
+        else torch.empty(rows, heads, LATENT, device=dev, dtype=torch.float32)
+    )
+    result_lse = (
+        lse if lse is not None else torch.empty(rows, heads, device=dev, dtype=torch.float32)
+    )
+    out_view = result if result.is_contiguous() else torch.empty_like(result)
+    lse_view = result_lse if result_lse.is_contiguous() else torch.empty_like(result_lse)
+    return result, result_lse, out_view, lse_view
+
+
 class TritonBackend(TorchFallbacks):
     """Split-KV partial attention in Triton; CUDA tensors, or CPU tensors when interpreting."""
 
@@ -199,63 +231,18 @@ class TritonBackend(TorchFallbacks):
             raise BackendUnavailable(
                 "triton: CPU tensors need TRITON_INTERPRET=1", "use --backend torch on CPU"
             )
-        block_size = kv_cache.shape[1]
         dev = q.device
-        page = 0  # what idx holds: token indices (0) or pages of this many tokens
-        if isinstance(indices, DensePages):  # every row attends the same tokens: one group
-            # the page table itself (as FlashMLA's int32 block table): the kernel computes
-            # each token's address, so no per-call list of token indices is built
-            idx = indices.pages.to(device=dev, dtype=torch.int32)
-            groups, rows_per_group, group_stride = 1, rows * heads, 0
-            n_selected, page = indices.num_tokens, block_size
-        else:
-            idx = torch.as_tensor(indices).to(device=dev, dtype=torch.int32).contiguous()
-            if idx.dim() == 1:  # one token list that every row attends: one group
-                groups, rows_per_group, group_stride = 1, rows * heads, 0
-            else:  # per-row selections, -1 padded: one group per decode row
-                groups, rows_per_group, group_stride = rows, heads, idx.shape[1]
-            n_selected = idx.shape[-1]
+        idx, groups, rows_per_group, group_stride, n_selected, page = self._selection(
+            indices, rows, heads, kv_cache.shape[1], dev
+        )
         total_rows = rows * heads
-        # splits are counted for the first (preferred) tile; every candidate runs whole
-        # tiles of tokens within them
         tiles = _tiles() if tile is None else (tuple(tile),)
-        block_m, parts = tiles[0][0], tiles[0][4]
-        block_n = max(t[1] for t in tiles)
-        if splits is None:
-            splits = choose_splits(
-                n_selected,
-                groups * math.ceil(rows_per_group / block_m) * parts,
-                total_rows,
-                self._sm_count(dev),
-                block_n,
-            )
-        splits = max(1, int(splits))
-        # whole tiles per split, so no tile straddles two splits
-        per_split = block_n * math.ceil(max(n_selected, 1) / (splits * block_n))
-        splits = max(1, math.ceil(max(n_selected, 1) / per_split))
+        splits, per_split = self._split_tokens(
+            tiles, splits, n_selected, groups, rows_per_group, total_rows, dev
+        )
         q_flat = q.reshape(total_rows, dim).contiguous()
-        kv_flat = kv_cache.reshape(-1, dim)
-        if not kv_flat.is_contiguous():
-            kv_flat = kv_flat.contiguous()
-        if kv_flat.data_ptr() % 16:  # a view at an odd offset: TMA copies need 16-B alignment
-            kv_flat = kv_flat.clone()
-        # the cache as a 2-D tensor for the tensor memory accelerator (TMA), which copies
-        # whole tiles of a page table's pages; its coordinates are int32
-        tma = page > 0 and kv_flat.shape[0] < 2**31
-        own_desc, rp_desc = (
-            self._descriptor(kv_flat, list(kv_flat.shape), list(kv_flat.stride()), [1, 1])
-            for _ in range(2)
-        )  # block shapes: the tile's (_descriptor_blocks)
-        result = (
-            out
-            if out is not None
-            else torch.empty(rows, heads, LATENT, device=dev, dtype=torch.float32)
-        )
-        result_lse = (
-            lse if lse is not None else torch.empty(rows, heads, device=dev, dtype=torch.float32)
-        )
-        out_view = result if result.is_contiguous() else torch.empty_like(result)
-        lse_view = result_lse if result_lse.is_contiguous() else torch.empty_like(result_lse)
+        kv_flat, own_desc, rp_desc, tma = self._cache_operands(kv_cache, dim, page)
+        result, result_lse, out_view, lse_view = _outputs(torch, out, lse, rows, heads, dev)
         # bf16 under the interpreter: converted by hand to nearest even (a GPU's is native)
         round_out = interpreting() and out_view.dtype != torch.float32
         if splits == 1:  # the split kernel writes the caller's output and LSE: no combine
@@ -294,17 +281,8 @@ class TritonBackend(TorchFallbacks):
             PAGE=page,
             TMA=tma,
         )
-        if splits > 1:  # query rows x column chunks, the tuner's choice of chunk
-            combine_kernel[lambda meta: (total_rows, LATENT // meta["BLOCK_C"])](
-                part_out,
-                part_lse,
-                out_view,
-                lse_view,
-                splits,
-                total_rows,
-                LAT=LATENT,
-                UPCAST=round_out,
-            )
+        if splits > 1:
+            _combine(combine_kernel, part_out, part_lse, out_view, lse_view, round_out)
         # the configurations, kept as they are: the text is made only when a sample asks
         self._plan = (
             split_kernel.best_config,
@@ -316,3 +294,54 @@ class TritonBackend(TorchFallbacks):
         if lse_view is not result_lse:
             result_lse.copy_(lse_view)
         return result, result_lse
+
+    def _split_tokens(self, tiles, splits, n_selected, groups, rows_per_group, total_rows, dev):
+        """(splits, tokens a split): the count given, or estimated for the first (preferred)
+        tile, then whole tiles of tokens per split (every candidate's), so no tile
+        straddles two splits."""
+        block_m, parts = tiles[0][0], tiles[0][4]
+        block_n = max(t[1] for t in tiles)
+        if splits is None:
+            splits = choose_splits(
+                n_selected,
+                groups * math.ceil(rows_per_group / block_m) * parts,
+                total_rows,
+                self._sm_count(dev),
+                block_n,
+            )
+        splits = max(1, int(splits))
+        per_split = block_n * math.ceil(max(n_selected, 1) / (splits * block_n))
+        return max(1, math.ceil(max(n_selected, 1) / per_split)), per_split
+
+    def _selection(self, indices, rows: int, heads: int, block_size: int, dev):
+        """What the kernel reads for the tokens each row attends: (idx, groups, rows per
+        group, the stride between groups' selections, tokens selected, page: 0 when idx
+        holds token indices, else the tokens a page of idx holds)."""
+        torch = self.torch
+        if isinstance(indices, DensePages):  # every row attends the same tokens: one group
+            # the page table itself (as FlashMLA's int32 block table): the kernel computes
+            # each token's address, so no per-call list of token indices is built
+            idx = indices.pages.to(device=dev, dtype=torch.int32)
+            return idx, 1, rows * heads, 0, indices.num_tokens, block_size
+        idx = torch.as_tensor(indices).to(device=dev, dtype=torch.int32).contiguous()
+        if idx.dim() == 1:  # one token list that every row attends: one group
+            return idx, 1, rows * heads, 0, idx.shape[-1], 0
+        # per-row selections, -1 padded: one group per decode row
+        return idx, rows, heads, idx.shape[1], idx.shape[-1], 0
+
+    def _cache_operands(self, kv_cache, dim: int, page: int):
+        """The cache as the kernel reads it: a 2-D tensor (contiguous, 16-B aligned), the
+        two TMA descriptors over it (block shapes set by the tuned tile,
+        ``_descriptor_blocks``), and whether the tensor memory accelerator copies whole
+        tiles of a page table's pages (its coordinates are int32)."""
+        kv_flat = kv_cache.reshape(-1, dim)
+        if not kv_flat.is_contiguous():
+            kv_flat = kv_flat.contiguous()
+        if kv_flat.data_ptr() % 16:  # a view at an odd offset: TMA copies need 16-B alignment
+            kv_flat = kv_flat.clone()
+        tma = page > 0 and kv_flat.shape[0] < 2**31
+        own_desc, rp_desc = (
+            self._descriptor(kv_flat, list(kv_flat.shape), list(kv_flat.stride()), [1, 1])
+            for _ in range(2)
+        )
+        return kv_flat, own_desc, rp_desc, tma

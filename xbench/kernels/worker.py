@@ -108,6 +108,79 @@ def sweep_conditions(cfg: SweepConfig, allocator: str | None) -> dict:
     }
 
 
+def _open_store(cfg: SweepConfig, comm, preset, allocator):
+    """The run's store with its metadata (rank 0, or the only process)."""
+    import torch
+
+    from xbench.results.metadata import run_metadata
+    from xbench.results.store import RunStore
+
+    extra = {}
+    if comm is not None:
+        from mpi4py import MPI
+
+        extra["mpi_library"] = mpi_library(MPI)
+    return RunStore(
+        cfg.out_dir,
+        run_metadata(
+            cfg.run_id,
+            "kernel",
+            device=cfg.device,
+            device_name=torch.cuda.get_device_name(0) if cfg.device.startswith("cuda") else None,
+            backend=cfg.backend,
+            launch=cfg.launch,
+            model=preset.name,
+            torch_threads=torch.get_num_threads(),
+            ranks=comm.Get_size() if comm is not None else 1,
+            runs=cfg.runs,
+            conditions=sweep_conditions(cfg, allocator),
+            config=json.loads(cfg.to_json()),
+            **extra,
+        ),
+    )
+
+
+def _ceilings(cfg: SweepConfig, sink, store) -> None:
+    """The copy and matmul ceilings, measured once a run (rank 0, step 0)."""
+    from xbench.kernels.bench import ceiling_rows, measure_ceilings
+    from xbench.results.schema import KERNEL_SAMPLES
+
+    sink.case_started(0, "ceilings")
+    rows = ceiling_rows(
+        measure_ceilings(cfg.device, cfg.dtype), cfg.run_id, cfg.backend, cfg.device, cfg.dtype
+    )
+    store.append(KERNEL_SAMPLES, _stamped(rows, cfg))
+    sink.case_done(0, "ceilings", float("nan"), "")
+
+
+def _timed_rows(cfg: SweepConfig, case, preset, round_: int) -> list[dict]:
+    """One case timed in this process: its samples as rows."""
+    from xbench.kernels.bench import backend_plan, sample_rows, time_case, timed_launch
+
+    timings = time_case(
+        case,
+        cfg.backend,
+        cfg.device,
+        preset.softmax_scale,
+        samples=cfg.samples,
+        warmups=cfg.warmups,
+        min_sample_s=cfg.min_sample_s,
+        seed=1000 * round_ + 100_000 * cfg.process_run,
+        launch=cfg.launch,
+    )
+    return sample_rows(
+        case,
+        timings,
+        cfg.run_id,
+        cfg.backend,
+        cfg.device,
+        preset.name,
+        round_,
+        launch=timed_launch(cfg.device, cfg.launch),
+        plan=backend_plan(cfg.backend) if case.kernel == "partial_attention" else "",
+    )
+
+
 def run_sweep(cfg: SweepConfig, sink, comm=None) -> None:
     """Time every case ``cfg.rounds`` times; rank 0 (or the only process) writes the samples."""
     import torch
@@ -115,19 +188,8 @@ def run_sweep(cfg: SweepConfig, sink, comm=None) -> None:
     from xbench.core.models import get_model
     from xbench.host import steady_allocator
     from xbench.kernels import cpu_bf16
-    from xbench.kernels.bench import (
-        backend_plan,
-        ceiling_rows,
-        measure_ceilings,
-        plan_cases,
-        sample_rows,
-        time_case,
-        timed_launch,
-        timing_turns,
-    )
-    from xbench.results.metadata import run_metadata
+    from xbench.kernels.bench import plan_cases, timing_turns
     from xbench.results.schema import KERNEL_SAMPLES
-    from xbench.results.store import RunStore
 
     rank, size = (comm.Get_rank(), comm.Get_size()) if comm is not None else (0, 1)
     allocator = steady_allocator() if cfg.device == "cpu" else None
@@ -151,46 +213,13 @@ def run_sweep(cfg: SweepConfig, sink, comm=None) -> None:
     turns = timing_turns(cases)
     store = None
     if rank == 0:
-        extra = {}
-        if comm is not None:
-            from mpi4py import MPI
-
-            extra["mpi_library"] = mpi_library(MPI)
-        store = RunStore(
-            cfg.out_dir,
-            run_metadata(
-                cfg.run_id,
-                "kernel",
-                device=cfg.device,
-                device_name=torch.cuda.get_device_name(0)
-                if cfg.device.startswith("cuda")
-                else None,
-                backend=cfg.backend,
-                launch=cfg.launch,
-                model=preset.name,
-                torch_threads=torch.get_num_threads(),
-                ranks=size,
-                runs=cfg.runs,
-                conditions=sweep_conditions(cfg, allocator),
-                config=json.loads(cfg.to_json()),
-                **extra,
-            ),
-        )
+        store = _open_store(cfg, comm, preset, allocator)
         store.plan(KERNEL_SAMPLES, cfg.total_steps(len(cases)))  # one part file a step
         sink.start(cfg.total_steps(len(cases)), cfg.out_dir, "python")
     step = 0
     if cfg.ceilings and cfg.process_run == 0:
         if rank == 0:
-            sink.case_started(step, "ceilings")
-            rows = ceiling_rows(
-                measure_ceilings(cfg.device, cfg.dtype),
-                cfg.run_id,
-                cfg.backend,
-                cfg.device,
-                cfg.dtype,
-            )
-            store.append(KERNEL_SAMPLES, _stamped(rows, cfg))
-            sink.case_done(step, "ceilings", float("nan"), "")
+            _ceilings(cfg, sink, store)
         step += 1
         if comm is not None:
             comm.Barrier()
@@ -201,30 +230,7 @@ def run_sweep(cfg: SweepConfig, sink, comm=None) -> None:
         # Cases alternate the timing rank, so each shape is timed from both cores over the
         # rounds; the other rank waits in the broadcast below, as validate's peer waits.
         timer = (turns[index] + round_ + cfg.process_run) % size
-        rows = None
-        if rank == timer:
-            timings = time_case(
-                case,
-                cfg.backend,
-                cfg.device,
-                preset.softmax_scale,
-                samples=cfg.samples,
-                warmups=cfg.warmups,
-                min_sample_s=cfg.min_sample_s,
-                seed=1000 * round_ + 100_000 * cfg.process_run,
-                launch=cfg.launch,
-            )
-            rows = sample_rows(
-                case,
-                timings,
-                cfg.run_id,
-                cfg.backend,
-                cfg.device,
-                preset.name,
-                round_,
-                launch=timed_launch(cfg.device, cfg.launch),
-                plan=backend_plan(cfg.backend) if case.kernel == "partial_attention" else "",
-            )
+        rows = _timed_rows(cfg, case, preset, round_) if rank == timer else None
         if comm is not None:
             rows = comm.bcast(rows, root=timer)
         if rank == 0:

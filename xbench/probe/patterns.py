@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from xbench.core.units import format_size
+from xbench.errors import XbenchError
 from xbench.fabric.transport import FETCH_MODES, BufferPlan
 
 PATTERNS = ("latency", "bandwidth", "bibw", "rtt", "gather", "offcache", "offgather")
@@ -124,6 +125,18 @@ class SweepSpec:
     blocks: tuple[int, ...] = (1, 4, 16, 64)
     block_bytes: int = 73728  # one 64-token page of bf16 MLA cache
     fetch_modes: tuple[str, ...] = field(default=FETCH_MODES)
+
+    def __post_init__(self):
+        """The sweep's rules, wherever it comes from (the command line, a stored run)."""
+        largest = max(max(self.sizes, default=0), self.payload * max(self.rows, default=0))
+        if largest >= 2**31:
+            raise XbenchError(
+                "messages of 2 GiB or more are not supported", "keep sizes below 2GiB"
+            )
+        if self.window < 1:
+            raise XbenchError(
+                f"--window {self.window}: a window holds messages", "pass e.g. --window 64"
+            )
 
     @classmethod
     def from_dict(cls, data: dict) -> SweepSpec:

@@ -24,12 +24,19 @@ from dataclasses import dataclass, field
 
 from xbench.errors import XbenchError
 from xbench.fabric.launch import thread_level_name
-from xbench.fabric.registry import infer_fabric, make_transport
+from xbench.fabric.registry import TRANSPORTS, infer_fabric, make_transport
 from xbench.fabric.transport import Pair
 from xbench.fabric.watchdog import EXIT_TIMEOUT, Watchdog
 from xbench.probe.patterns import Case, SweepSpec, buffer_plan, osu_counts, plan_cases
 from xbench.ranks import mpi_library
 from xbench.results.schema import PROBE_SAMPLES
+
+# What a configuration may name (the probe command's options offer the same)
+BINDINGS = ("core", "socket", "numa", "hwthread", "none")  # mpiexec's -bind-to
+DEVICES = ("host", "cuda")
+BACKENDS = ("nccl", "gloo")
+LOOPS = ("auto", "c", "python")
+OSU_PATTERNS = ("latency", "bandwidth", "bibw")  # osu_latency, osu_bw, osu_bibw
 
 
 @dataclass
@@ -61,6 +68,48 @@ class ProbeConfig:
     iterations: int | None = None
     skip: int = 0
     osu_compat: bool = False
+
+    def __post_init__(self):
+        """The rules a configuration keeps wherever it comes from (the command line, a stored
+        run's JSON, a baseline rerun by xbench check), each refused in one line."""
+        if self.osu_compat and self.iterations is not None:
+            raise XbenchError(
+                "--osu-compat sets OSU's iteration counts itself",
+                "pass --osu-compat or --iterations",
+            )
+        if self.skip and self.iterations is None:
+            raise XbenchError(
+                f"--skip {self.skip} without --iterations: skip goes with a fixed iteration count",
+                "e.g. --iterations 1000 --skip 10",
+            )
+        if self.iterations is not None and self.iterations < 1 or self.skip < 0:
+            raise XbenchError(
+                f"--iterations {self.iterations} --skip {self.skip}: need iterations >= 1 and skip >= 0",
+                "e.g. --iterations 1000 --skip 10 (skip goes with --iterations)",
+            )
+        beyond_osu = set(self.sweep.patterns) - set(OSU_PATTERNS)
+        if self.osu_compat and beyond_osu:
+            raise XbenchError(
+                f"--osu-compat covers latency, bandwidth and bibw (osu_latency, osu_bw, osu_bibw), "
+                f"not {', '.join(sorted(beyond_osu))}",
+                "pass -p latency,bandwidth with --osu-compat, or --iterations N for any pattern",
+            )
+        if self.samples < 1 or self.warmups < 0:
+            raise XbenchError(
+                "--samples must be at least 1, --warmups at least 0", "pass positive counts"
+            )
+        if self.transport not in TRANSPORTS:
+            raise XbenchError(
+                f"unknown transport {self.transport!r}", f"pick one of {', '.join(TRANSPORTS)}"
+            )
+        for name, value, allowed in (
+            ("binding", self.bind, (*BINDINGS, "by launcher")),
+            ("device", self.device, DEVICES),
+            ("backend", self.backend, BACKENDS),
+            ("loop", self.loop, LOOPS),
+        ):
+            if value not in allowed:
+                raise XbenchError(f"unknown {name} {value!r}", f"pick one of {', '.join(allowed)}")
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))

@@ -74,14 +74,11 @@ class Calibration:
     message_cost: float = 0.0  # s of a rank's core per arrival or message it took in
 
 
-def calibrate(profile, w, jobs_by_rank: list) -> Calibration:
-    """``profile`` with its compute terms scaled to the replay's jobs, the factors, and
-    the spread of the attention calls about the scaled time."""
-    d = profile.device
-    rh = w.rows * w.heads
-    chunk = w.chunk_tokens
-    per_rank = [job_costs([rank_jobs]) for rank_jobs in jobs_by_rank]
-    jobs = [job for rank in per_rank for job in rank]
+def _attention_factors(d, w, per_rank: list) -> tuple[list, float | None, float]:
+    """Per rank, the warm attention calls' measured / modelled ratios; the idle extra
+    fitted on the cold calls once the warm ones' median scales the model (None without an
+    idle term or cold calls); and that median."""
+    rh, chunk = w.rows * w.heads, w.chunk_tokens
 
     def attend(calls: int) -> float:
         return d.compute(calls * rh, chunk)
@@ -101,12 +98,21 @@ def calibrate(profile, w, jobs_by_rank: list) -> Calibration:
     if tau is not None:
         cold = [
             (-math.expm1(-idle / tau), t - f_attend * attend(q))
-            for kind, t, idle, q in jobs
+            for rank in per_rank
+            for kind, t, idle, q in rank
             if kind == "attend" and idle >= WARM_IDLE
         ]
         if cold:
             x, y = np.array(cold).T
             extra = max(float(x @ y / (x @ x)), 0.0)
+    return by_rank, extra, f_attend
+
+
+def _merge_and_move_factors(d, w, jobs: list) -> tuple[float, float, float]:
+    """(merge, gather, move) factors: the median measured / modelled merge (after a wait
+    where the profile measured one) and gather, and the move's whole factor once its
+    splice scales as the gather does."""
+    rh, chunk = w.rows * w.heads, w.chunk_tokens
 
     def merge(idle: float) -> float:
         """The profile's merge: after a wait where it measured one (a routed answer's)."""
@@ -120,14 +126,17 @@ def calibrate(profile, w, jobs_by_rank: list) -> Calibration:
     gather = d.move(chunk) - splice
     gathers = [t / gather for kind, t, _, _ in jobs if kind == "gather"] if gather > 0 else []
     f_gather = float(np.median(gathers)) if gathers else 1.0
-
     # The splice, a copy on the same core as the gather, scales by the gather's ratio: a
     # fetched job's residual (less its attention, merge and idle extra) was tried and is
     # noise, as its attention alone varies by more than the splice costs (it gave 0-2.7x).
-    f_splice = f_gather
-    # the move's pieces scaled so the gather (move - splice) scales by f_gather at this chunk
+    # The move's pieces scale so the gather (move - splice) scales by f_gather at this chunk.
     move = d.move(chunk)
-    f_move = (f_gather * gather + f_splice * splice) / move if move > 0 else 1.0
+    f_move = (f_gather * gather + f_gather * splice) / move if move > 0 else 1.0
+    return f_merge, f_gather, f_move
+
+
+def _scaled_device(d, f_attend: float, f_merge: float, f_move: float, f_splice: float):
+    """The device with each family's terms (and pieces) scaled by its factor."""
     scaled = {}
     for terms, f in (
         (("compute_t0", "compute_per_token", "compute_per_row_token"), f_attend),
@@ -149,16 +158,30 @@ def calibrate(profile, w, jobs_by_rank: list) -> Calibration:
         kind = terms[0].removesuffix("_t0")
         if hasattr(d, f"{kind}_segments"):
             scaled[f"{kind}_segments"] = _pieces(getattr(d, f"{kind}_segments"), f)
+    return scaled
+
+
+def calibrate(profile, w, jobs_by_rank: list) -> Calibration:
+    """``profile`` with its compute terms scaled to the replay's jobs, the factors, and
+    the spread of the attention calls about the scaled time."""
+    d = profile.device
+    per_rank = [job_costs([rank_jobs]) for rank_jobs in jobs_by_rank]
+    jobs = [job for rank in per_rank for job in rank]
+    by_rank, extra, f_attend = _attention_factors(d, w, per_rank)
+    f_merge, f_gather, f_move = _merge_and_move_factors(d, w, jobs)
+    f_splice = f_gather
+    scaled = _scaled_device(d, f_attend, f_merge, f_move, f_splice)
     if extra is not None:
         scaled["idle_extra"] = Coef(extra, extra, extra, "s")
     device = dataclasses.replace(d, **scaled)
+    warm = np.concatenate(by_rank)
     factors = {
         "attention": f_attend,
         "attention_calls": len(warm),
         "idle_extra_us": None if extra is None else extra * 1e6,
         "merge": f_merge,
         "gather": f_gather,
-        "splice": f_splice,  # the gather's: assumed, not measured (see the docstring)
+        "splice": f_splice,  # the gather's: assumed, not measured (see _merge_and_move_factors)
         # the calls' spread: robust sd of log(measured / modelled)
         "attention_spread": float(1.4826 * np.median(np.abs(np.log(warm / f_attend)))),
     }

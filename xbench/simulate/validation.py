@@ -100,6 +100,124 @@ def _simulate(calibration, w: Workload, trace, policy: str, decisions):
     )
 
 
+class _Replays:
+    """One validation's replays and simulations of a workload: each replay launched on two
+    ranks (``launch(config_path, label)`` runs ``xbench.simulate.replay``) into
+    ``out_dir``, each simulation on the profile's costs or a replay's calibration."""
+
+    def __init__(self, profile, w: Workload, out_dir: Path, launch, warn):
+        self.profile, self.w, self.out_dir = profile, w, out_dir
+        self.launch, self.warn = launch, warn
+
+    def replay(self, label: str, policy: str, trace, decisions=()) -> dict:
+        """The replay's measurements (its JSON: latencies, jobs, routed_instead)."""
+        from xbench.simulate.replay import ReplayConfig
+
+        w, out_dir = self.w, self.out_dir
+        cfg = ReplayConfig(
+            out_dir=str(out_dir),
+            run_id=out_dir.name,
+            policy=policy,
+            arrival=(trace.arrival - trace.arrival[0]).tolist(),
+            requester=trace.requester.tolist(),
+            chunk=trace.chunk.tolist(),
+            decisions=list(decisions),
+            chunk_tokens=w.chunk_tokens,
+            rows=w.rows,
+            heads=w.heads,
+            cache_chunks=w.cache_chunks,
+            max_batch_rows=w.max_batch_rows,
+            label=label,
+        )
+        config_path = out_dir / f"replay-{label}.config.json"
+        config_path.write_text(cfg.to_json())
+        self.launch(config_path, label)
+        return json.loads((out_dir / f"replay-{label}.json").read_text())
+
+    def simulated(self, trace, policy: str):
+        """The profile's simulation, and the predicate's paths as it chose them (which the
+        replay and the other simulations follow; None for a static policy)."""
+        result = simulate(self.profile, self.w, trace, policy)
+        return result, [PATHS[p] for p in result.path] if policy == "predicate" else None
+
+    def calibrated_by(self, measured: dict, label: str):
+        """Costs calibrated on a replay's jobs (None, with a warning, where they cannot be)."""
+        from xbench.simulate.calibration import calibrate
+
+        try:
+            return calibrate(self.profile, self.w, measured["jobs"])
+        except ValueError as exc:
+            if self.warn is not None:
+                self.warn(f"no {label} costs ({exc}): that row is not simulated")
+            return None
+
+
+def _rounds(replays: _Replays, policy: str, traces, decisions, count: int):
+    """``count`` rounds of a calibration replay and then the trace's: a shared machine's
+    core runs slower for seconds at a time, so one replay's p99 is one draw of where those
+    spells fell; the medians over rounds compare typical with typical. Returns (the
+    replays' stats per round, per costs the (round, simulated stats) of the rounds whose
+    calibration held, each round's factors, the most uses a round's replay could not
+    follow)."""
+    calibration_trace, trace = traces
+    calibration_decisions, decisions = decisions
+    arrival = trace.arrival - trace.arrival[0]
+    real_runs: list[dict] = []
+    sims: dict = {"calibrated": [], "replayed": []}
+    rounds = []
+    routed_instead = 0
+    for k in range(1, count + 1):
+        again = "" if k == 1 else f"-again-{k}"
+        before = replays.replay(
+            f"calibrate-{policy}{again}", policy, calibration_trace, calibration_decisions or ()
+        )
+        measured = replays.replay(f"{policy}{again}", policy, trace, decisions or ())
+        real_runs.append(_stats(np.asarray(measured["latency"]), arrival))
+        routed_instead = max(routed_instead, measured["routed_instead"])
+        found = {
+            "calibrated": replays.calibrated_by(before, "calibrated"),
+            "replayed": replays.calibrated_by(measured, "own"),
+        }
+        for costs, calibration in found.items():
+            if calibration is not None:
+                sim = _simulate(calibration, replays.w, trace, policy, decisions)
+                sims[costs].append((k - 1, _stats(sim.latency, arrival)))
+        rounds.append({c: v.factors if v is not None else None for c, v in found.items()})
+    return real_runs, sims, rounds, routed_instead
+
+
+def _compared_rows(policy, w, trace, profile_sim, real_runs, sims, routed_instead) -> list[dict]:
+    """One row per costs (the profile's, calibrated, replayed): the simulated against the
+    measured medians, their errors with intervals over the paired rounds, and the floor."""
+    replays = len(real_runs)
+    real = _medians(real_runs)
+    floor = {
+        key: (max(abs(run[key] / real[key] - 1) for run in real_runs) if replays > 1 else math.nan)
+        for key in real
+    }
+    paired = {"profile": [(k, profile_sim) for k in range(replays)], **sims}
+    compared = [("profile", profile_sim)]
+    compared += [(costs, _medians([s for _, s in runs])) for costs, runs in sims.items() if runs]
+    rows = []
+    for costs, sim in compared:
+        row = {"policy": policy, "costs": costs, "requests": len(trace), "rate_per_s": w.rate_per_s}
+        for key in sim:
+            row[f"simulated_{key}"] = sim[key]
+            row[f"measured_{key}"] = real[key]
+            row[f"error_{key}"] = sim[key] / real[key] - 1
+            row[f"error_low_{key}"], row[f"error_high_{key}"] = error_interval(
+                [s[key] for _, s in paired[costs]],
+                [real_runs[k][key] for k, _ in paired[costs]],
+            )
+        row["routed_instead"] = routed_instead
+        row["replays"] = replays
+        row["central"] = "median" if replays > 1 else "one"
+        row["error_coverage"] = ERROR_COVERAGE if replays > 1 else math.nan
+        row.update({f"floor_{key}": value for key, value in floor.items()})
+        rows.append(row)
+    return rows
+
+
 def validate_by_replay(
     profile,
     w: Workload,
@@ -120,44 +238,7 @@ def validate_by_replay(
     simulated (calibrated and own costs) are the medians over rounds, and ``floor_*`` holds
     how far the rounds' replays landed from their median (the largest |replay / median - 1|;
     NaN with one round), the error the machine makes against itself."""
-    from xbench.simulate.calibration import calibrate
-    from xbench.simulate.replay import ReplayConfig
-
-    def replay(label: str, policy: str, trace, decisions=()) -> dict:
-        cfg = ReplayConfig(
-            out_dir=str(out_dir),
-            run_id=out_dir.name,
-            policy=policy,
-            arrival=(trace.arrival - trace.arrival[0]).tolist(),
-            requester=trace.requester.tolist(),
-            chunk=trace.chunk.tolist(),
-            decisions=list(decisions),
-            chunk_tokens=w.chunk_tokens,
-            rows=w.rows,
-            heads=w.heads,
-            cache_chunks=w.cache_chunks,
-            max_batch_rows=w.max_batch_rows,
-            label=label,
-        )
-        config_path = out_dir / f"replay-{label}.config.json"
-        config_path.write_text(cfg.to_json())
-        launch(config_path, label)
-        return json.loads((out_dir / f"replay-{label}.json").read_text())
-
-    def simulated(trace, policy: str):
-        """The profile's simulation, and the predicate's paths as it chose them (which the
-        replay and the other simulations follow; None for a static policy)."""
-        result = simulate(profile, w, trace, policy)
-        return result, [PATHS[p] for p in result.path] if policy == "predicate" else None
-
-    def calibrated_by(measured: dict, label: str):
-        try:
-            return calibrate(profile, w, measured["jobs"])
-        except ValueError as exc:
-            if warn is not None:
-                warn(f"no {label} costs ({exc}): that row is not simulated")
-            return None
-
+    runs = _Replays(profile, w, out_dir, launch, warn)
     # another trace (seed + 1), so nothing validated is fitted to, replayed right before
     # each replay of the policy's own (a shared machine's speed drifts within minutes), as
     # long as it: the tail is rare slow calls, and a shorter replay samples too few of them
@@ -168,72 +249,20 @@ def validate_by_replay(
     rows = []
     factors: dict = {"requests": len(calibration_trace), "by_policy": {}}
     for policy in policies:
-        _, calibration_decisions = simulated(calibration_trace, policy)
-        result, decisions = simulated(trace, policy)
-        # round by round, a calibration replay and then the trace's: a shared machine's core
-        # runs slower for seconds at a time, so one replay's p99 is one draw of where those
-        # spells fell; the medians over rounds compare typical with typical
-        real_runs: list[dict] = []
-        # per costs, (round, simulated stats): a round whose calibration failed has none
-        sims: dict = {"calibrated": [], "replayed": []}
-        rounds = []
-        routed_instead = 0  # the most uses a round's replay could not follow
-        for k in range(1, replays + 1):
-            again = "" if k == 1 else f"-again-{k}"
-            before = replay(
-                f"calibrate-{policy}{again}", policy, calibration_trace, calibration_decisions or ()
-            )
-            measured = replay(f"{policy}{again}", policy, trace, decisions or ())
-            real_runs.append(_stats(np.asarray(measured["latency"]), arrival))
-            routed_instead = max(routed_instead, measured["routed_instead"])
-            found = {
-                "calibrated": calibrated_by(before, "calibrated"),
-                "replayed": calibrated_by(measured, "own"),
-            }
-            for costs, calibration in found.items():
-                if calibration is not None:
-                    sim = _simulate(calibration, w, trace, policy, decisions)
-                    sims[costs].append((k - 1, _stats(sim.latency, arrival)))
-            rounds.append({c: v.factors if v is not None else None for c, v in found.items()})
-        real = _medians(real_runs)
-        floor = {
-            key: (
-                max(abs(run[key] / real[key] - 1) for run in real_runs)
-                if len(real_runs) > 1
-                else math.nan
-            )
-            for key in real
-        }
+        _, calibration_decisions = runs.simulated(calibration_trace, policy)
+        result, decisions = runs.simulated(trace, policy)
+        real_runs, sims, rounds, routed_instead = _rounds(
+            runs,
+            policy,
+            (calibration_trace, trace),
+            (calibration_decisions, decisions),
+            replays,
+        )
         factors["by_policy"][policy] = {
             costs: _medians([r[costs] for r in rounds if r[costs] is not None])
             for costs in ("calibrated", "replayed")
         }
         factors["by_policy"][policy]["rounds"] = rounds
         profile_sim = _stats(result.latency, arrival)
-        paired = {"profile": [(k, profile_sim) for k in range(len(real_runs))], **sims}
-        compared = [("profile", profile_sim)]
-        compared += [
-            (costs, _medians([s for _, s in runs])) for costs, runs in sims.items() if runs
-        ]
-        for costs, sim in compared:
-            row = {
-                "policy": policy,
-                "costs": costs,
-                "requests": len(trace),
-                "rate_per_s": w.rate_per_s,
-            }
-            for key in sim:
-                row[f"simulated_{key}"] = sim[key]
-                row[f"measured_{key}"] = real[key]
-                row[f"error_{key}"] = sim[key] / real[key] - 1
-                row[f"error_low_{key}"], row[f"error_high_{key}"] = error_interval(
-                    [s[key] for _, s in paired[costs]],
-                    [real_runs[k][key] for k, _ in paired[costs]],
-                )
-            row["routed_instead"] = routed_instead
-            row["replays"] = replays
-            row["central"] = "median" if replays > 1 else "one"
-            row["error_coverage"] = ERROR_COVERAGE if replays > 1 else math.nan
-            row.update({f"floor_{key}": value for key, value in floor.items()})
-            rows.append(row)
+        rows += _compared_rows(policy, w, trace, profile_sim, real_runs, sims, routed_instead)
     return pd.DataFrame(rows), factors
