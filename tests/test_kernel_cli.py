@@ -1,7 +1,10 @@
 """xbench kernel and xbench models from the command line."""
 
 import json
+import re
 from concurrent.futures import ThreadPoolExecutor
+
+import pytest
 
 from xbench.core.models import PRESETS, get_model
 from xbench.kernels import cpu_bf16
@@ -226,3 +229,31 @@ def test_prefill_sweep_fits_the_quadratic_recompute_term(xbench, tmp_path):
     r = xbench("simulate", agentic, "--profile", profile, "--requests", "200", "--fabric", "ib")
     assert r.returncode == 0, r.stderr
     assert "T_move runs on the compute" in " ".join(r.stdout.split())
+
+
+@pytest.mark.parametrize(
+    "key, value, words",
+    [
+        ("dtype", "int4", "unknown dtype 'int4'"),
+        ("rounds", 0, "nothing would be measured"),
+        ("ranks", 3, "--np 3: the sweep runs alone or beside one peer"),
+        ("launch", "auto", "unknown launch 'auto'"),  # stored resolved: graph or eager
+    ],
+)
+def test_a_stored_sweep_keeps_the_command_lines_rules(key, value, words):
+    """A kernel sweep's or validate's configuration read back (--config-from, xbench check,
+    the ranks) is checked as the command line's is."""
+    import dataclasses
+
+    from xbench.errors import XbenchError
+    from xbench.kernels.worker import SweepConfig
+    from xbench.validate import ValidateConfig
+
+    good = SweepConfig("x", "r", "deepseek-v3.2", "torch", "cpu", "eager", ["merge"], [1], [64])
+    assert SweepConfig(**json.loads(good.to_json())) == good
+    with pytest.raises(XbenchError, match=re.escape(words)):
+        SweepConfig(**{**json.loads(good.to_json()), key: value})
+    checked = ValidateConfig(out_dir="x", run_id="r")
+    assert ValidateConfig.from_json(checked.to_json()) == checked
+    with pytest.raises(XbenchError, match="unknown --fetch-layout 'scattered'"):
+        dataclasses.replace(checked, fetch_layout="scattered")

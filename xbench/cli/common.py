@@ -71,6 +71,16 @@ def check_rank_count(np: int, spread: bool, oversubscribe: bool) -> None:
         )
 
 
+def choose_cpu_attention(path: str) -> None:
+    """--cpu-attention: the CPU attention's path for this process (refused in one line)."""
+    from xbench.kernels import cpu_bf16
+
+    try:
+        cpu_bf16.choose_path(path)
+    except ValueError as exc:
+        raise XbenchError(str(exc), "pass --cpu-attention torch or auto") from None
+
+
 def check_threads(threads: int | None, option: str = "--threads") -> None:
     """Refuse more torch threads than cores: they would time the scheduler, not the kernel."""
     from xbench.host import usable_cores
@@ -80,15 +90,6 @@ def check_threads(threads: int | None, option: str = "--threads") -> None:
         raise XbenchError(
             f"{option} {threads} is more than this machine's {cores} cores",
             f"pass {option} {cores} or fewer",
-        )
-
-
-def check_repeats(rounds: int, samples: int) -> None:
-    """Refuse a sweep that would measure nothing."""
-    if rounds < 1 or samples < 1:
-        raise XbenchError(
-            f"--rounds {rounds} --samples {samples}: nothing would be measured",
-            "pass --rounds and --samples of 1 or more",
         )
 
 

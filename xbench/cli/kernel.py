@@ -12,8 +12,8 @@ from xbench.cli.common import (
     OutputFormat,
     RoundsOption,
     RunDirOption,
-    check_repeats,
     check_threads,
+    choose_cpu_attention,
     console,
     emit_frame,
     handles_errors,
@@ -165,19 +165,15 @@ def kernel(
 
     # What can be checked without torch is checked first: a mistyped option is refused in
     # under a second, not after the seconds torch takes to import.
+    from xbench.core.sweep_rules import LAUNCHES, check_sweep
+
     preset = get_model(model)
-    if dtype not in ("bf16", "fp32"):
-        raise XbenchError(f"unknown dtype {dtype!r}", "pick bf16 or fp32")
-    check_repeats(rounds, samples)
-    if np not in (1, 2):
-        raise XbenchError(f"--np {np}: the sweep runs alone or beside one peer", "pass --np 1 or 2")
-    if runs < 1:
-        raise XbenchError(f"--runs {runs} launches nothing", "pass --runs 1 or more")
+    check_sweep(dtype, rounds, samples, np, runs)
     # 2^26 tokens is 77 GB of one layer's KV: more than any GPU's memory holds for one chunk
     chunks = parse_int_list(chunk, "--chunk", most=2**26, what="a chunk one device holds")
     row_list = parse_int_list(rows, "--rows", most=2**16, what="rows in one decode call")
     check_threads(threads)
-    if launch not in ("auto", "graph", "eager"):
+    if launch not in ("auto", *LAUNCHES):
         raise XbenchError(f"unknown --launch {launch!r}", "pick auto, graph or eager")
     for option, text, auto_cpu in (
         ("--idle", idle, DEFAULT_IDLE_CPU),
@@ -242,15 +238,11 @@ def _where_it_runs(dev: str, backend: str, launch: str, cpu_attention: str) -> t
     """(backend, launch) for the device: the backend resolved and able to run here, the
     launch (graph on CUDA, eager on CPU, unless asked), and the CPU attention's path chosen;
     each refused in one line where it cannot be."""
-    from xbench.kernels import cpu_bf16
     from xbench.kernels.backend import get_backend, resolve
 
     if dev not in ("cpu", "cuda") and not dev.startswith("cuda:"):
         raise XbenchError(f"unknown device {dev!r}", "pick cpu or cuda")
-    try:
-        cpu_bf16.choose_path(cpu_attention)
-    except ValueError as exc:
-        raise XbenchError(str(exc), "pass --cpu-attention torch or auto") from None
+    choose_cpu_attention(cpu_attention)
     backend = resolve(backend, dev)
     get_backend(backend)  # a backend that cannot run here says why before anything is measured
     if launch == "graph" and not dev.startswith("cuda"):

@@ -12,8 +12,8 @@ from xbench.cli.common import (
     OutputFormat,
     RoundsOption,
     RunDirOption,
-    check_repeats,
     check_threads,
+    choose_cpu_attention,
     coloured,
     console,
     emit_frame,
@@ -101,29 +101,15 @@ def validate(
     from xbench.resources import profile_path
     from xbench.results.metadata import new_run_id
     from xbench.results.store import claim_run_dir
-    from xbench.validate import FETCH_LAYOUTS, ValidateConfig
+    from xbench.validate import ValidateConfig
 
     prof = load_profile(profile_path(profile))
     fab = _fabric(prof, fabric)
     if np != 2:
         raise XbenchError(f"--np {np}: validate runs one requester and one holder", "pass --np 2")
     check_threads(threads)
-    check_repeats(rounds, samples)
-    if dtype not in ("bf16", "fp32"):
-        raise XbenchError(f"unknown dtype {dtype!r}", "pick bf16 or fp32")
-    if runs < 1:
-        raise XbenchError(f"--runs {runs} launches nothing", "pass --runs 1 or more")
-    from xbench.kernels import cpu_bf16
-
-    try:
-        cpu_bf16.choose_path(cpu_attention)
-    except ValueError as exc:
-        raise XbenchError(str(exc), "pass --cpu-attention torch or auto") from None
+    choose_cpu_attention(cpu_attention)
     wire = _check_device(device, wire)
-    if fetch_layout not in FETCH_LAYOUTS:
-        raise XbenchError(
-            f"unknown --fetch-layout {fetch_layout!r}", f"pick {' or '.join(FETCH_LAYOUTS)}"
-        )
     run_id = new_run_id("validate")
     out_dir = out or Path("results") / run_id
     cfg = ValidateConfig(

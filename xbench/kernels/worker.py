@@ -17,6 +17,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from xbench.core.sweep_rules import LAUNCHES, check_sweep
+from xbench.errors import XbenchError
 from xbench.ranks import mpi_library
 
 LAYOUTS = {1: "alone", 2: "peer waiting in MPI"}
@@ -52,6 +54,11 @@ class SweepConfig:
     idle_us: list = field(default_factory=list)
     # merges also timed after these waits (us); a stored config without it had none
     merge_wait_us: list = field(default_factory=list)
+
+    def __post_init__(self):
+        check_sweep(self.dtype, self.rounds, self.samples, self.ranks, self.runs)
+        if self.launch not in LAUNCHES:
+            raise XbenchError(f"unknown launch {self.launch!r}", f"pick {' or '.join(LAUNCHES)}")
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))

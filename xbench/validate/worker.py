@@ -30,6 +30,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from xbench.core.sweep_rules import check_repeats
+from xbench.errors import XbenchError
 from xbench.ranks import mpi_library
 
 OPTIONS = ("route", "fetch", "local")
@@ -76,6 +78,16 @@ class ValidateConfig:
     wire: str = "host"  # how messages cross (xbench.validate.wire): host or staged
     scale: float = 1 / math.sqrt(576)
     extra: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        """The rules a configuration keeps wherever it comes from (the command line, the
+        JSON the ranks read)."""
+        check_repeats(self.dtype, self.rounds, self.samples, self.runs)
+        if self.fetch_layout not in FETCH_LAYOUTS:
+            raise XbenchError(
+                f"unknown --fetch-layout {self.fetch_layout!r}",
+                f"pick {' or '.join(FETCH_LAYOUTS)}",
+            )
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
