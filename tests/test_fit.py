@@ -80,6 +80,45 @@ def test_fabric_fit_recovers_alpha_beta_and_overhead():
     )  # one message: the measured one-way time
 
 
+def test_a_shaped_links_burst_is_said_and_beta_kept_at_the_windowed_rate():
+    """A token bucket lets a message's first B bytes through at once: ping-pong times
+    alpha + (n - B) / R, a line whose intercept is negative. Fitted as it was, alpha sat at
+    its bound 0 without a word and beta came out 24 % above the rate R a full window
+    sustains; now both bounds are said and beta is the windowed rate."""
+    rng = np.random.default_rng(5)
+    rate, burst, alpha, o = 12.5e6, 64e3, 100e-6, 20e-6
+
+    def row(pattern, size, value):
+        return dict(
+            pattern=pattern,
+            fabric="tcp",
+            pair_class="inter-node",
+            transport="tcp",
+            size_bytes=int(size),
+            value=value,
+            warmup=False,
+        )
+
+    rows = []
+    for s in [2**k for k in range(17, 22)]:  # 128 KiB .. 2 MiB
+        rows += [row("latency", s, v * 1e6) for v in noisy(alpha + (s - burst) / rate, rng, 6)]
+        rows += [row("bandwidth", s, s / v / 1e6) for v in noisy(o + s / rate, rng, 6, 0.005)]
+    for s in (8, 64, 256):  # the per-message overhead
+        rows += [row("bandwidth", s, s / v / 1e6) for v in noisy(o, rng, 6)]
+    said = []
+    (fabric,) = fit_fabrics(pd.DataFrame(rows), warnings=said)
+    (segment,) = fabric.segments
+    assert segment.beta.value == pytest.approx(rate, rel=0.01)
+    assert segment.beta.high <= segment.beta.value * (1 + 1e-12)  # nothing faster is kept
+    assert segment.alpha.value == 0
+    assert any("alpha is clamped at 0" in w for w in said)
+    assert any("capped" in w and "above the windowed bandwidth" in w for w in said)
+    # a link the ping-pong line describes: nothing said, nothing capped
+    said = []
+    (plain,) = fit_fabrics(_probe_frame(rng, alpha=1.5e-6, beta=25e9, o=0.4e-6), warnings=said)
+    assert said == [] and plain.segments[-1].beta.value == pytest.approx(25e9, rel=0.03)
+
+
 def _attention(rows: int, chunk: int, seconds: float, **more) -> dict:
     """One partial_attention sample of 16 heads (value in us)."""
     return dict(

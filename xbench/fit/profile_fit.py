@@ -37,6 +37,7 @@ import pandas as pd
 from xbench.core import conditions, device_terms
 from xbench.core.costmodel import Coef, Device, Fabric, Profile, Segment
 from xbench.core.profile import PROFILE_SCHEMA_VERSION
+from xbench.core.units import format_size
 from xbench.errors import XbenchError
 from xbench.fit.linear import fit_linear, percentile_ci
 from xbench.fit.segments import fit_piecewise, fit_segmented_linear, predict, segment_start
@@ -125,15 +126,12 @@ def fit_fabrics(
                 f"fabric {fabric}: no windowed bandwidth samples of {SMALL_WINDOW_BYTES} B or "
                 f"less to fit the per-message overhead o; {source} (probe -p bandwidth measures it)"
             )
-        o, o_lo, o_hi = overhead.value, overhead.low, overhead.high
-        segments = []
+        o = overhead.value
         fits = fit_piecewise(n, t)
-        for i, f in enumerate(fits):
-            alpha = Coef(
-                max(f.a - o, 0.0), max(f.a_ci[0] - o_hi, 0.0), max(f.a_ci[1] - o_lo, 0.0), "s"
-            )
-            beta = _rate(f.g, *f.g_ci)
-            segments.append(Segment(segment_start(fits, i), alpha, beta))
+        windowed = windowed_rates(measured[same_fabric & (measured.pattern == "bandwidth")], o)
+        segments = [
+            _segment(str(fabric), fits, i, overhead, windowed, warnings) for i in range(len(fits))
+        ]
         pages = measured[same_fabric & (measured.pattern == "offgather")]
         page_terms = fit_pages(pages, o)
         if len(pages) and not page_terms:
@@ -153,6 +151,58 @@ def fit_fabrics(
             )
         )
     return fabrics
+
+
+# A segment's beta more than this above the windowed bandwidth measured at its sizes is
+# capped at that bandwidth (a full window's medians vary by about 1 % from launch to launch)
+BETA_ABOVE_WINDOW = 0.03
+
+
+def windowed_rates(bw: pd.DataFrame, o: float) -> dict[float, float]:
+    """Per size, the rate (B/s) a full window of messages sustained once each message's
+    overhead is taken off: n / (n / median bandwidth - o) (sizes where o is most of the
+    time give no rate)."""
+    rates = {}
+    for size, group in bw.groupby("size_bytes"):
+        per_message = size / (float(np.median(group.value)) * 1e6) - o
+        if per_message > 0.1 * (per_message + o):  # o less than 90 % of the message's time
+            rates[float(size)] = size / per_message
+    return rates
+
+
+def _segment(fabric: str, fits, i: int, overhead: Coef, windowed: dict, warnings: list):
+    """Segment i of a fabric from its latency fit: alpha is the intercept less the overhead,
+    beta the slope's rate. Where a bound binds it says so: alpha clamped at 0 (the intercept
+    is not above o), beta capped at the windowed bandwidth measured at the segment's sizes
+    (the ping-pong line through a shaped link's burst is steeper than the link)."""
+    f, o = fits[i], overhead.value
+    start = segment_start(fits, i)
+    where = f"fabric {fabric}: the segment from {format_size(start)}"
+    alpha = Coef(
+        max(f.a - o, 0.0),
+        max(f.a_ci[0] - overhead.high, 0.0),
+        max(f.a_ci[1] - overhead.low, 0.0),
+        "s",
+    )
+    if f.a - o <= 1e-12:
+        warnings.append(
+            f"{where}: the latencies' intercept ({f.a * 1e6:.2f} us) is not above the "
+            f"per-message overhead ({o * 1e6:.2f} us), so alpha is clamped at 0: its small "
+            "messages ran faster than the line through its large ones (a shaped link's burst, "
+            "or a protocol switch inside the segment)"
+        )
+    beta = _rate(f.g, *f.g_ci)
+    inside = [rate for size, rate in windowed.items() if f.lo <= size <= f.hi]
+    if inside and beta.value > max(inside) * (1 + BETA_ABOVE_WINDOW):
+        cap = max(inside)
+        warnings.append(
+            f"{where}: beta from the latencies ({beta.value / 1e6:,.1f} MB/s) is "
+            f"{100 * (beta.value / cap - 1):.1f} % above the windowed bandwidth measured at "
+            f"those sizes ({cap / 1e6:,.1f} MB/s, the per-message overhead taken off); beta is "
+            "capped at it"
+        )
+        beta = Coef(cap, min(beta.low, cap), cap, "B/s")
+    return Segment(start, alpha, beta)
 
 
 def fit_pages(samples: pd.DataFrame, o: float) -> dict:
