@@ -119,6 +119,48 @@ def test_a_shaped_links_burst_is_said_and_beta_kept_at_the_windowed_rate():
     assert said == [] and plain.segments[-1].beta.value == pytest.approx(25e9, rel=0.03)
 
 
+def test_fit_reports_the_models_error_on_batched_round_trips():
+    """The study's validation: b rows out, b answers back, against the segments' two
+    messages. Where the segments describe them, the error is small and nothing is said;
+    where the round trips ran slower (here 1.5x), the fit says by how much, per fabric."""
+    from xbench.fit.profile_fit import fit_profile
+
+    priors = load_profile("profiles/h100-priors.toml")
+    alpha, beta, o = 1.5e-6, 25e9, 0.4e-6
+
+    def with_rtt(rng, slower):
+        rows = []
+        for b in (1, 8, 64):
+            out, back = b * 1152, b * 1028
+            truth = 2 * (alpha + o) + (out + back) / beta
+            for v in noisy(truth * slower, rng, 6):
+                rows.append(
+                    dict(
+                        pattern="rtt",
+                        fabric="ib",
+                        pair_class="inter-node",
+                        transport="mpi",
+                        size_bytes=out,
+                        return_bytes=float(back),
+                        rows=b,
+                        value=v * 1e6,
+                        warmup=False,
+                    )
+                )
+        return pd.concat([_probe_frame(rng, alpha, beta, o), pd.DataFrame(rows)], ignore_index=True)
+
+    rng = np.random.default_rng(7)
+    for slower, said_any in ((1.0, False), (1.5, True)):
+        said = []
+        profile = fit_profile(
+            with_rtt(rng, slower), pd.DataFrame(), name="x", base=priors, warnings=said
+        )
+        error = profile.provenance["rtt_error"]["ib"]
+        assert error["shapes"] == 3
+        assert error["error_median"] == pytest.approx(1 / slower - 1, abs=0.05)
+        assert any("batched round trips" in w for w in said) == said_any
+
+
 def _attention(rows: int, chunk: int, seconds: float, **more) -> dict:
     """One partial_attention sample of 16 heads (value in us)."""
     return dict(

@@ -454,9 +454,8 @@ def _part_samples(samples: pd.DataFrame, notes: dict) -> _KernelSamples:
         spliced = measured[measured.after_splice_tokens > 0]  # a fetch's first attention
         measured = measured[measured.after_splice_tokens == 0]
     after_idle = measured.idle_us > 0 if "idle_us" in measured.columns else None
-    attention = measured.kernel == "partial_attention"
-    if after_idle is not None and (after_idle & attention).any():
-        idle = measured[attention]  # each idle case with its back-to-back twin
+    if after_idle is not None and (after_idle & (measured.kernel == "partial_attention")).any():
+        idle = measured[measured.kernel == "partial_attention"]  # idle cases and their twins
         measured = measured[~after_idle]  # the other terms are back-to-back times
     if "wait_us" in measured.columns and (measured.wait_us > 0).any():
         waited = measured[(measured.wait_us > 0) & (measured.kernel == "merge")]
@@ -595,6 +594,48 @@ def fit_device(samples: pd.DataFrame, base: Device | None, name: str) -> tuple[D
     return Device(name, **terms), notes
 
 
+# The study validated its model's batched round trips within this relative error
+RTT_TARGET = 0.07
+
+
+def rtt_errors(probe: pd.DataFrame, fabrics) -> dict[str, dict]:
+    """Per fabric with rtt samples: the fitted segments' round trip (the query's rows out,
+    their answers back: wire(b P) + wire(b R)) against the measured median per shape, as
+    {shapes, error_low, error_median, error_high} (prediction / measured - 1)."""
+    rtt = probe[(probe.pattern == "rtt") & ~probe.warmup] if not probe.empty else probe
+    out = {}
+    for f in fabrics:
+        mine = rtt[rtt.fabric == f.name] if len(rtt) else rtt
+        errors = (
+            [
+                (f.wire(float(size)) + f.wire(float(back))) / (float(np.median(g.value)) * 1e-6) - 1
+                for (size, back), g in mine.groupby(["size_bytes", "return_bytes"])
+            ]
+            if len(mine)
+            else []
+        )
+        if errors:
+            out[f.name] = {
+                "shapes": len(errors),
+                "error_low": float(min(errors)),
+                "error_median": float(np.median(errors)),
+                "error_high": float(max(errors)),
+            }
+    return out
+
+
+def _rtt_warnings(errors: dict, wire_pattern: dict, warnings: list) -> None:
+    """A line per fabric whose round trips the segments miss by more than the target."""
+    for name, e in errors.items():
+        if max(abs(e["error_low"]), abs(e["error_high"])) > RTT_TARGET:
+            warnings.append(
+                f"fabric {name}: its segments (fitted from {wire_pattern.get(name, 'latency')}) "
+                f"put the measured batched round trips (rtt, {e['shapes']} shapes) at "
+                f"{100 * e['error_low']:+.0f} % to {100 * e['error_high']:+.0f} % (the study "
+                f"validated within {100 * RTT_TARGET:.0f} %)"
+            )
+
+
 def fit_profile(
     probe: pd.DataFrame,
     kernel: pd.DataFrame,
@@ -640,6 +681,9 @@ def fit_profile(
             "beside this CPU's attention in local's time; xbench kernel --kernels prefill "
             "measures this device's"
         )
+    wire_pattern = wire_regimes(probe) if not probe.empty else {}
+    round_trips = rtt_errors(probe, fabrics)
+    _rtt_warnings(round_trips, wire_pattern, warnings)
     provenance = {
         "kind": "fit",
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -649,7 +693,8 @@ def fit_profile(
         "git_revisions": sorted({m.get("git_revision") or "?" for m in meta}),
         "device_notes": {k: (", ".join(v) if isinstance(v, list) else v) for k, v in notes.items()},
         "heldout_mape": {f.name: f.heldout_mape for f in fabrics if f.heldout_mape is not None},
-        "wire_pattern": wire_regimes(probe) if not probe.empty else {},
+        "wire_pattern": wire_pattern,
+        "rtt_error": round_trips,
         "conditions": fitted,
     }
     if base is not None:
