@@ -52,13 +52,13 @@ def confirm_preset(cfg, log_path: Path) -> None:
         )
 
 
-def launch_probe(cfg, np: int, *, hostfile=None, runs: int = 1, progress=_quiet, warn=None):
+def launch_probe(cfg, np: int, *, hostfile=None, runs: int = 1, progress=_quiet):
     """The probe sweep on ``np`` launched ranks, ``runs`` times (separate process sets:
-    placement and start-up state vary), then NCCL's log checked against --fabric."""
+    placement and start-up state vary), then NCCL's log checked against --fabric. The
+    caller has prepared the loop (``prepare_loop``), before anything was written."""
     from xbench.fabric.launch import run_ranks
 
     out_dir = Path(cfg.out_dir)
-    prepare_loop(cfg, warn)
     config_path = out_dir / "probe-config.json"
     for process_run in range(runs):
         cfg.process_run = process_run
@@ -113,7 +113,8 @@ def rerun(baseline, command: str, run_id: str, out_dir, runs=None, *, progress=_
         cfg, np, launches = ProbeConfig.from_stored_run(
             baseline, out_dir=str(out_dir), run_id=run_id, tcp_interface=None, bind="core"
         )
-        launch_probe(cfg, np, runs=runs or launches, progress=progress, warn=warn)
+        prepare_loop(cfg, warn)
+        launch_probe(cfg, np, runs=runs or launches, progress=progress)
         return
     from xbench.kernels.worker import SweepConfig
 

@@ -353,7 +353,7 @@ def launch(
     from xbench.cli.progress import bars
     from xbench.launches import launch_probe
 
-    launch_probe(cfg, np, hostfile=hostfile, runs=runs, progress=bars, warn=warn)
+    launch_probe(cfg, np, hostfile=hostfile, runs=runs, progress=bars)
     if report:
         _report(Path(cfg.out_dir), fmt)
 

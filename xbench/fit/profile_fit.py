@@ -602,18 +602,16 @@ def rtt_errors(probe: pd.DataFrame, fabrics) -> dict[str, dict]:
     """Per fabric with rtt samples: the fitted segments' round trip (the query's rows out,
     their answers back: wire(b P) + wire(b R)) against the measured median per shape, as
     {shapes, error_low, error_median, error_high} (prediction / measured - 1)."""
-    rtt = probe[(probe.pattern == "rtt") & ~probe.warmup] if not probe.empty else probe
+    if probe.empty:
+        return {}
+    rtt = probe[(probe.pattern == "rtt") & ~probe.warmup]
     out = {}
     for f in fabrics:
-        mine = rtt[rtt.fabric == f.name] if len(rtt) else rtt
-        errors = (
-            [
-                (f.wire(float(size)) + f.wire(float(back))) / (float(np.median(g.value)) * 1e-6) - 1
-                for (size, back), g in mine.groupby(["size_bytes", "return_bytes"])
-            ]
-            if len(mine)
-            else []
-        )
+        shapes = rtt[rtt.fabric == f.name].groupby(["size_bytes", "return_bytes"])
+        errors = [
+            (f.wire(float(size)) + f.wire(float(back))) / (float(np.median(g.value)) * 1e-6) - 1
+            for (size, back), g in shapes
+        ]
         if errors:
             out[f.name] = {
                 "shapes": len(errors),

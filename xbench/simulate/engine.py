@@ -607,7 +607,6 @@ class Simulation:
         "prior_span",
         "requesters",
         "reuse",
-        "rows_per_use",
         "seq",
         "spread",
         "start",
@@ -668,7 +667,6 @@ class Simulation:
         # when each core's last job (not taking messages in) ended: idle since before the trace
         self.computed_until = [-math.inf] * inst
         self.spread, self.varied = spread, [0] * inst  # attending calls drawn a factor for
-        self.rows_per_use = w.rows
         # the steady-state waits' prior: PRIOR_USES attentions at the workload's rate
         self.prior_span = PRIOR_USES / costs.arrivals_per_instance
         self.stretches = [
@@ -772,7 +770,7 @@ class Simulation:
             c_attq[k] -= 1
             job.req = [r]
             # others of this chunk are queued: they join this call
-            rows = self._batch(i, job, k) if c_attq[k] else self.rows_per_use
+            rows = self._batch(i, job, k) if c_attq[k] else self.w.rows
             self.batches += 1
             self.batched_rows += rows
             job.work = dur = self.costs.batched[rows]
