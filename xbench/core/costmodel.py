@@ -37,6 +37,7 @@ from itertools import pairwise
 from typing import NamedTuple
 
 from xbench.core import device_terms
+from xbench.core.tracing import Tracer, TracingOps
 
 INF = math.inf
 ROUTE, FETCH, LOCAL = "route", "fetch", "local"
@@ -342,8 +343,8 @@ class Device:
     @property
     def saves_on_splice(self) -> bool:
         """Whether a fetch's first attention is charged less than T_c (``spliced_saving``).
-        The cheap uncertainty bound assumes times are sums of positive terms; a fetch's
-        time then has one subtracted, so its decisions take the exact interval check."""
+        The grid's cheap uncertainty bound assumes times are sums of positive terms; a
+        fetch's time then has one subtracted, so its rows take the exact interval check."""
         return self._saves
 
     @property
@@ -514,9 +515,11 @@ class Profile:
     _by_name: dict = field(init=False, repr=False, compare=False)
     _bound: dict = field(init=False, repr=False, compare=False)
     _candidates: tuple = field(init=False, repr=False, compare=False)
+    _decide: dict = field(init=False, repr=False, compare=False)  # decide() compiled, by shape
 
     def __post_init__(self):
         object.__setattr__(self, "_by_name", {f.name: f for f in self.fabrics})
+        object.__setattr__(self, "_decide", {})
         # What decide() ranks when a request names no fabric: the fabrics no other fabric
         # beats at every size, in profile order, with their hot-path terms unpacked.
         kept = [
@@ -525,7 +528,7 @@ class Profile:
             if not any(_dominates(g, f, strict=i > j) for i, g in enumerate(self.fabrics) if i != j)
         ]
         object.__setattr__(self, "_candidates", tuple(kept))
-        # Per fabric, the cheap uncertainty bound's factors (1 + up, 1 - down): the widest
+        # Per fabric, the grid's cheap uncertainty bound's factors (1 + up, 1 - down): the widest
         # relative spread of the fabric's and the device's coefficients, each way.
         rho = self.device._rho
         bound = {
@@ -558,9 +561,9 @@ class Profile:
         return self.device.prior or any(f.prior for f in self.fabrics)
 
 
-@dataclass(frozen=True, slots=True)
-class Request:
-    """One routing question, per layer."""
+class Request(NamedTuple):
+    """One routing question, per layer. (An immutable record built per request by a
+    scheduler: a NamedTuple builds in a third of a frozen dataclass's time.)"""
 
     rows: int = 1  # b: decode tokens routed together
     heads: int = 128  # h: query rows per token (after tensor parallelism)
@@ -614,6 +617,14 @@ def _scalar_where(cond, if_true, if_false):
     return if_true if cond else if_false
 
 
+def _scalar_minimum(a, b):
+    return a if a <= b else b
+
+
+def _scalar_pick(index, table: tuple):
+    return table[index]
+
+
 class ScalarOps(NamedTuple):
     """Lookups and choices on Python floats (``bisect``; no numpy import). A tuple of plain
     functions: attribute access without descriptors, for decide()'s hot path."""
@@ -622,6 +633,8 @@ class ScalarOps(NamedTuple):
     where: object = _scalar_where
     any: object = bool
     expm1: object = math.expm1
+    minimum: object = _scalar_minimum
+    pick: object = _scalar_pick
 
 
 SCALAR = ScalarOps()
@@ -865,81 +878,173 @@ def thresholds(f: Fabric, device: Device, r: Request) -> tuple[float, float]:
     )
 
 
-def decide(profile: Profile, request: Request) -> Decision:
-    """The predicate for one request: the best option on the best fabric, with its margin."""
-    device = profile.device
-    dev = _request_device(device.terms(VALUE), request)
-    _, _, _, local, _, _, _, _, _, _ = dev  # (local_time(dev), inline: the hot path)
-    s_q, s_o, s_kv = _request_sizes(request)
-    n_seg = request.segments
-    probe = request.probe_bytes if request.include_probe else None
-    if request.fabric is not None:
-        f = profile.fabric(request.fabric)
-        route, fetch = option_times(
-            SCALAR, f.breaks, f.terms(VALUE), dev, s_q, s_o, s_kv, n_seg, probe
-        )
-    else:  # every fabric that no other beats at every size, in profile order
-        best, f = INF, None
-        for cand in profile.candidates:
-            r_c, f_c = option_times(
-                SCALAR, cand._breaks, cand._val, dev, s_q, s_o, s_kv, n_seg, probe
-            )  # the fabric's own fields, not its accessors: this loop is decide()'s hot path
-            tw = r_c if r_c < f_c else f_c
-            if tw > local:
-                tw = local
-            if tw < best:
-                best, f, route, fetch = tw, cand, r_c, f_c
-        if f is None or (best == local and f is not profile.fabrics[0]):
-            # local wins on every fabric: report the profile's first, as the full ranking does
-            f = profile.fabrics[0]
-            route, fetch = option_times(
-                SCALAR, f.breaks, f.terms(VALUE), dev, s_q, s_o, s_kv, n_seg, probe
-            )
-    if route <= fetch and route <= local:
-        choice, win, tw = ROUTE, 0, route
-        second, runner = (1, fetch) if fetch <= local else (2, local)
-        size = s_q
-    elif fetch <= local:
-        choice, win, tw = FETCH, 1, fetch
-        second, runner = (0, route) if route <= local else (2, local)
-        size = s_kv
-    else:
-        choice, win, tw = LOCAL, 2, local
-        second, runner = (0, route) if route <= fetch else (1, fetch)
-        size = s_q
-    # Uncertain: the winner at its slow end reaches the runner-up at its fast end. A cheap
-    # bound from the coefficients' relative spreads settles most cases; near-ties get the
-    # exact interval evaluation.
-    slow, fast = profile.spread(f.name)
-    if tw * slow < runner * fast and not (device._saves and (win == 1 or second == 1)):
-        uncertain = False
-    else:
-        hi = times(f, device, request, HIGH)
-        lo = times(f, device, request, LOW)
-        uncertain = hi[win] >= min(v for i, v in enumerate(lo) if i != win)
-    prior = prior_flag(f.prior, device.prior_by_option, win, second, request.fetch_cost is not None)
-    # tuple.__new__: half the cost of the NamedTuple's own constructor, same object
-    return _new_decision(
-        Decision,
-        (
-            choice,
-            f.name,
-            route,
-            fetch,
-            local,
-            runner - tw,
-            uncertain,
-            "latency" if size < f.half_performance_bytes() else "bandwidth",
-            prior,
+def choose(ops, route, fetch, local):
+    """The winner among route, fetch and local, and the runner-up, the first among equals
+    in that order: (winner 0/1/2, its time, runner-up 0/1/2, its time)."""
+    routes = (route <= fetch) & (route <= local)
+    fetches = fetch <= local
+    where, minimum = ops.where, ops.minimum
+    choice = where(routes, 0, where(fetches, 1, 2))
+    winner = where(routes, route, where(fetches, fetch, local))
+    second = where(
+        routes,
+        where(fetches, 1, 2),
+        where(fetches, where(route <= local, 0, 2), where(route <= fetch, 0, 1)),
+    )
+    runner = where(
+        routes,
+        minimum(fetch, local),
+        where(fetches, minimum(route, local), minimum(route, fetch)),
+    )
+    return choice, winner, second, runner
+
+
+def interval_reaches(ops, choice, slow: tuple, fast: tuple):
+    """Whether the winner at its slow end reaches another option at its fast end (the
+    decision is uncertain): ``slow`` and ``fast`` are (route, fetch, local) at the
+    coefficients' high and low ends."""
+    (route_s, fetch_s, local_s), (route_f, fetch_f, local_f) = slow, fast
+    minimum, where = ops.minimum, ops.where
+    return where(
+        choice == 0,
+        route_s >= minimum(fetch_f, local_f),
+        where(
+            choice == 1,
+            fetch_s >= minimum(route_f, local_f),
+            local_s >= minimum(route_f, fetch_f),
         ),
     )
 
 
-def prior_flag(fabric_prior: bool, by_option: tuple, win: int, second: int, fixed_move: bool):
+def prior_flag(ops, fabric_prior, by_option: tuple, choice, second, fixed_move):
     """Whether a decision rests on a prior: the fabric's, or a device term that enters the
     winner's or the runner-up's time (a given fetch cost replaces the move term)."""
-    if fabric_prior:
-        return True
     route_flag, fetch_flag, local_flag = by_option
-    flags = (route_flag, route_flag if fixed_move else fetch_flag, local_flag)
-    return flags[win] or flags[second]
+    move_flag = ops.where(fixed_move, route_flag, fetch_flag)
+
+    def flag(option):
+        return ops.where(option == 0, route_flag, ops.where(option == 1, move_flag, local_flag))
+
+    return fabric_prior | flag(choice) | flag(second)
+
+
+def _by_index(ops, index, values: tuple):
+    """``values[index]`` for a request-dependent index (a chain of choices)."""
+    out = values[-1]
+    for k in range(len(values) - 2, -1, -1):
+        out = ops.where(index == k, values[k], out)
+    return out
+
+
+class _Shape(NamedTuple):
+    """What a compiled decide() is specialised on: the request's choices that change
+    which terms enter (not its numbers)."""
+
+    fabric: str | None
+    fetch_given: bool
+    probe: bool
+    blocks_local: bool
+    packed: bool  # one message (segments == 1)
+
+
+def decision_formula(ops, profile: Profile, shape: _Shape, read) -> tuple:
+    """decide()'s answer, written once over ``ops``: :func:`decide` runs it compiled for
+    the profile (:mod:`xbench.core.tracing`). ``read(field)`` gives a request field.
+
+    Each fabric's route and fetch at the coefficients' values; the fabric whose best option
+    is fastest (the first among equals; the profile's first when local wins everywhere);
+    the winner and runner-up there; uncertain where the winner's time at the slow end of
+    the intervals reaches another option's at the fast end.
+    """
+    device = profile.device
+    rows = read("rows") * read("heads")
+    chunk = read("chunk_tokens")
+    s_q, s_o, s_kv = (
+        rows * read("payload_bytes"),
+        rows * read("return_bytes"),
+        chunk * read("kv_bytes_per_token"),
+    )
+    n_seg = 1 if shape.packed else read("segments")
+    fetch_cost = read("fetch_cost") if shape.fetch_given else math.nan
+    probe = read("probe_bytes") if shape.probe else None
+    reuse = read("reuse")
+    value, low, high = (
+        device_side(
+            ops, device.terms(end), rows, chunk, reuse, n_seg, fetch_cost, shape.blocks_local
+        )
+        for end in (VALUE, LOW, HIGH)
+    )
+    if shape.fabric is not None:
+        evaluated, ranked = [profile.fabric(shape.fabric)], 0
+    else:  # the fabrics no other beats at every size, and the profile's first
+        evaluated = list(profile.candidates)
+        ranked = len(evaluated)
+        if profile.fabrics[0] not in evaluated:
+            evaluated.append(profile.fabrics[0])
+
+    def on(f: Fabric, end: int, dev: tuple) -> tuple:
+        return option_times(ops, f.breaks, f.terms(end), dev, s_q, s_o, s_kv, n_seg, probe)
+
+    local = local_time(value)
+    at_value = [on(f, VALUE, value) for f in evaluated]
+    index = 0
+    if ranked:
+        best = INF
+        for k, (route_k, fetch_k) in enumerate(at_value[:ranked]):
+            time_k = ops.minimum(ops.minimum(route_k, fetch_k), local)
+            if k == 0:  # (the first's time is below inf, or every time is inf)
+                best = time_k
+                continue
+            better = time_k < best
+            best, index = ops.where(better, time_k, best), ops.where(better, k, index)
+        # local wins on every fabric: the profile's first, as the full ranking reports it
+        index = ops.where(best == local, evaluated.index(profile.fabrics[0]), index)
+    route, fetch = (_by_index(ops, index, times) for times in zip(*at_value, strict=True))
+    choice, winner, second, runner = choose(ops, route, fetch, local)
+
+    def at_end(end: int, dev: tuple) -> tuple:  # (route, fetch, local) on the fabric chosen
+        routes, fetches = zip(*(on(f, end, dev) for f in evaluated), strict=True)
+        return _by_index(ops, index, routes), _by_index(ops, index, fetches), local_time(dev)
+
+    slow, fast = at_end(HIGH, high), at_end(LOW, low)
+    size = ops.where(choice == 1, s_kv, s_q)
+    n_half = ops.pick(index, tuple(f.half_performance_bytes() for f in evaluated))
+    prior = prior_flag(
+        ops, ops.pick(index, tuple(f.prior for f in evaluated)), device.prior_by_option,
+        choice, second, shape.fetch_given,
+    )  # fmt: skip
+    return (
+        ops.pick(choice, (ROUTE, FETCH, LOCAL)),
+        ops.pick(index, tuple(f.name for f in evaluated)),
+        route,
+        fetch,
+        local,
+        runner - winner,
+        interval_reaches(ops, choice, slow, fast),
+        ops.where(size < n_half, "latency", "bandwidth"),
+        prior,
+    )
+
+
+def _compile_decide(profile: Profile, shape: _Shape):
+    tracer = Tracer()
+    results = decision_formula(TracingOps(tracer), profile, shape, tracer.input)
+    return tracer.compile("decide_compiled", Request._fields, results)
+
+
+def decide(profile: Profile, request: Request) -> Decision:
+    """The predicate for one request: the best option on the best fabric, with its margin.
+
+    Runs :func:`decision_formula` compiled for the profile and the request's shape (once
+    each: the profile keeps them).
+    """
+    r = request
+    # (a plain tuple: a _Shape built per call costs a third of the call)
+    key = (r.fabric, r.fetch_cost is not None, r.include_probe, r.blocks_local, r.segments == 1)
+    try:
+        compiled = profile._decide[key]
+    except KeyError:
+        shape = _Shape(key[0], key[1], bool(key[2]), bool(key[3]), key[4])
+        compiled = profile._decide[key] = _compile_decide(profile, shape)
+    # tuple.__new__: half the cost of the NamedTuple's own constructor, same object
+    return _new_decision(Decision, compiled(request))

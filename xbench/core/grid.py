@@ -11,7 +11,6 @@ from __future__ import annotations
 import itertools
 import os
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import fields
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -27,13 +26,16 @@ from xbench.core.costmodel import (
     VALUE,
     Profile,
     Request,
+    choose,
     closed_forms,
     device_side,
+    interval_reaches,
     local_time,
     option_times,
+    prior_flag,
 )
 
-REQUEST_DEFAULTS = {f.name: f.default for f in fields(Request)}
+REQUEST_DEFAULTS = dict(Request._field_defaults)
 CHOICES = pd.CategoricalDtype([ROUTE, FETCH, LOCAL])
 RANKS = pd.CategoricalDtype(["latency", "bandwidth"])
 BLOCK = 1 << 16
@@ -83,6 +85,11 @@ class ArrayOps:
         return bool(np.any(x))
 
     expm1 = staticmethod(np.expm1)
+    minimum = staticmethod(np.minimum)
+
+    @staticmethod
+    def pick(index, table: tuple):
+        return np.asarray(table)[index]
 
 
 ARRAY = ArrayOps()
@@ -350,25 +357,15 @@ def _best_fabric(route_f, fetch_f, local, active, n: int):
     return best_f, route_f.ravel()[flat], fetch_f.ravel()[flat]
 
 
-def _priors(profile: Profile, cols, best_f, choice, route, fetch, local, n: int):
+def _priors(profile: Profile, cols, best_f, choice, second, n: int):
     """Whether each decision rests on a prior: the fabric's, or one that enters the
-    winner's or the runner-up's time on the device side (prior_flag, over arrays)."""
+    winner's or the runner-up's time on the device side (:func:`prior_flag`)."""
     prior = np.array([f.prior for f in profile.fabrics])[best_f]
     if prior.all():
         return prior
-    is_route, is_fetch = choice == 0, choice == 1
-    flags = np.array(profile.device.prior_by_option)
-    second = np.where(
-        is_route,
-        np.where(fetch <= local, 1, 2),
-        np.where(is_fetch, np.where(route <= local, 0, 2), np.where(route <= fetch, 0, 1)),
-    )
     given = cols.fetch_cost
     fixed = ~np.isnan(given) if np.ndim(given) else np.full(n, not np.isnan(given))
-    move_flag = np.where(fixed, flags[0], flags[1])
-    by_choice = np.where(choice == 0, flags[0], np.where(choice == 1, move_flag, flags[2]))
-    by_second = np.where(second == 0, flags[0], np.where(second == 1, move_flag, flags[2]))
-    return prior | by_choice | by_second
+    return prior_flag(ARRAY, prior, profile.device.prior_by_option, choice, second, fixed)
 
 
 def _uncertain(profile: Profile, cols, best_f, choice, times, n: int):
@@ -398,14 +395,7 @@ def _uncertain(profile: Profile, cols, best_f, choice, times, n: int):
         dev_hi, dev_lo = _device(dev.terms(HIGH), sub), _device(dev.terms(LOW), sub)
         hi = (*_options(f, HIGH, dev_hi, sub), local_time(dev_hi))
         lo = (*_options(f, LOW, dev_lo, sub), local_time(dev_lo))
-        r0, f0 = ch == 0, ch == 1
-        hi_w = np.where(r0, hi[0], np.where(f0, hi[1], hi[2]))
-        lo_r = np.where(
-            r0,
-            np.minimum(lo[1], lo[2]),
-            np.where(f0, np.minimum(lo[0], lo[2]), np.minimum(lo[0], lo[1])),
-        )
-        verdict = hi_w >= lo_r
+        verdict = interval_reaches(ARRAY, ch, hi, lo)
         if index is None:
             uncertain = np.where(mine, verdict, uncertain)
         else:
@@ -418,18 +408,10 @@ def _decide_block(profile: Profile, cols, codes, n: int) -> dict:
     local = _full(local_time(dev_val), n)
     route_f, fetch_f, active = _fabric_times(profile, cols, codes, dev_val, n)
     best_f, route, fetch = _best_fabric(route_f, fetch_f, local, active, n)
-    choice = np.where(
-        (route <= fetch) & (route <= local), 0, np.where(fetch <= local, 1, 2)
-    ).astype(np.int8)
-    is_route, is_fetch = choice == 0, choice == 1
-    winner = np.where(is_route, route, np.where(is_fetch, fetch, local))
-    runner = np.where(
-        is_route,
-        np.minimum(fetch, local),
-        np.where(is_fetch, np.minimum(route, local), np.minimum(route, fetch)),
-    )
+    choice, winner, second, runner = choose(ARRAY, route, fetch, local)
+    choice = choice.astype(np.int8)
     n_half = np.array([f.half_performance_bytes() for f in profile.fabrics])[best_f]
-    size = np.where(is_fetch, cols.s_kv, cols.s_q)
+    size = np.where(choice == 1, cols.s_kv, cols.s_q)
     b_star, u_star = _closed_forms(profile, cols, dev_val, best_f, n)
     times = (route, fetch, local, winner, runner)
     return {
@@ -444,5 +426,5 @@ def _decide_block(profile: Profile, cols, codes, n: int) -> dict:
         "margin": runner - winner,
         "uncertain": _uncertain(profile, cols, best_f, choice, times, n),
         "ranked": (size >= n_half).astype(np.int8),
-        "prior": _priors(profile, cols, best_f, choice, route, fetch, local, n),
+        "prior": _priors(profile, cols, best_f, choice, second, n),
     }
