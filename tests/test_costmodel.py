@@ -21,6 +21,7 @@ from xbench.core.costmodel import (
     Request,
     Segment,
     decide,
+    phase_times,
     thresholds,
     times,
 )
@@ -564,3 +565,122 @@ def test_every_shipped_term_has_a_source_and_no_term_beats_the_hardware_it_names
         if not r.within
     }
     assert caught == {"device move_per_token", "device merge_per_row_partial"}
+
+
+# ---------------------------------------------------------------------------------------
+# A decode step: L layers, the chunk on k holders, route's round trip pipelined or not.
+# ---------------------------------------------------------------------------------------
+
+steps = st.tuples(st.integers(1, 96), st.integers(1, 8), st.booleans())
+
+
+def test_a_step_pays_route_per_layer_and_moves_every_layers_kv_once():
+    """The accounting written out by hand on one fabric and one device (no merge-wait,
+    no saving): route L times its round trip, attention and merge; fetch one message of
+    L layers' KV, L moves; local L attentions; pipelined route one round trip."""
+    alpha, beta, o = 2e-6, 1e10, 1e-6
+    profile = one_segment_profile(alpha, beta, o, 5e-6, 1e-9, 1e-12, 3e-5, 2e-9)
+    f, dev = profile.fabrics[0], profile.device
+    layers, rows, chunk, heads = 61, 4, 2048, 16
+    one = Request(rows=rows, chunk_tokens=chunk, heads=heads)
+    step = one._replace(layers=layers)
+    R = rows * heads
+    t_c = dev.compute(R, chunk)
+    t_m = dev.merge(R, 2, chunk)
+    s_q, s_o, s_kv = R * one.payload_bytes, R * one.return_bytes, chunk * one.kv_bytes_per_token
+    round_trip = 2 * alpha + 2 * o + (s_q + s_o) / beta
+    route, fetch, local = times(f, dev, step)
+    assert route == pytest.approx(layers * (t_c + t_m + round_trip), rel=1e-12)
+    moved = alpha + o + layers * s_kv / beta + layers * dev.move(chunk)
+    assert fetch == pytest.approx(moved + layers * (t_c + t_m), rel=1e-12)
+    assert local == pytest.approx(layers * (t_c + dev.recompute(chunk)), rel=1e-12)
+    piped, _, _ = times(f, dev, step._replace(pipeline_layers=True))
+    assert piped == pytest.approx(layers * (t_c + t_m) + round_trip, rel=1e-12)
+
+
+def test_holders_split_the_attention_and_multiply_the_messages():
+    """k holders: each attends c / k at once, the requester sends k queries and merges k + 1
+    partials; fetch pulls k messages."""
+    alpha, beta, o = 2e-6, 1e10, 1e-6
+    profile = one_segment_profile(alpha, beta, o, 5e-6, 1e-9, 1e-12, 3e-5, 2e-9)
+    f, dev = profile.fabrics[0], profile.device
+    k, rows, chunk, heads = 4, 2, 8192, 8
+    r = Request(rows=rows, chunk_tokens=chunk, heads=heads, holders=k)
+    R = rows * heads
+    s_q, s_o, s_kv = R * r.payload_bytes, R * r.return_bytes, chunk * r.kv_bytes_per_token
+    route, fetch, _ = times(f, dev, r)
+    wire = 2 * alpha + 2 * k * o + k * (s_q + s_o) / beta
+    assert route == pytest.approx(
+        dev.compute(R, chunk / k) + dev.merge(R, k + 1, chunk) + wire, rel=1e-12
+    )
+    moved = alpha + k * o + s_kv / beta + dev.move(chunk)
+    assert fetch == pytest.approx(moved + dev.compute(R, chunk) + dev.merge(R, 2, chunk), rel=1e-12)
+    phases = phase_times(f, dev, r)
+    assert sum(phases["route"].values()) == pytest.approx(route, rel=1e-12)
+    assert sum(phases["fetch"].values()) == pytest.approx(fetch, rel=1e-12)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@given(coefs, shapes, st.integers(1, 4096), steps)
+def test_b_star_over_a_step_says_which_side_the_request_is_on(k, shape, rows, step):
+    """b* at the request's own rows (the attention of a holder's share and the merge of
+    k + 1 partials grow with the rows), over L layers and k holders, pipelined or not."""
+    layers, holders, pipelined = step
+    profile = one_segment_profile(**k)
+    f, dev = profile.fabrics[0], profile.device
+    request = Request(rows=rows, layers=layers, holders=holders, pipeline_layers=pipelined, **shape)
+    b_star, _ = thresholds(f, dev, request)
+    route, fetch, _ = times(f, dev, request)
+    assume(abs(route - fetch) > 1e-9 * max(route, fetch))
+    assert (route < fetch) == (rows < b_star), (rows, b_star, route, fetch)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@given(coefs, shapes, st.integers(1, 64), steps)
+def test_u_star_over_a_step_separates_fetch_with_reuse(k, shape, rows, step):
+    layers, holders, pipelined = step
+    profile = one_segment_profile(**k)
+    f, dev = profile.fabrics[0], profile.device
+    base = Request(rows=rows, layers=layers, holders=holders, pipeline_layers=pipelined, **shape)
+    _, u_star = thresholds(f, dev, base)
+    assume(math.isfinite(u_star) and 2 <= u_star <= 1e6)
+    for uses, fetch_wins in (
+        (math.floor(u_star * 0.999), False),
+        (math.ceil(u_star * 1.001), True),
+    ):
+        assume(uses >= 1)
+        route, fetch, _ = times(f, dev, base._replace(reuse=uses - 1))
+        assert (fetch < route) == fetch_wins, (uses, u_star, route, fetch)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    coefs,
+    st.floats(0.0, 0.5),
+    st.lists(
+        st.tuples(st.integers(1, 512), st.integers(1, 20000), st.integers(0, 50), steps),
+        min_size=1,
+        max_size=20,
+    ),
+)
+def test_grid_equals_scalar_over_steps(k, spread, requests):
+    profile = one_segment_profile(**k, spread=spread)
+    grid = pd.DataFrame(
+        [(b, c, r, *step) for b, c, r, step in requests],
+        columns=["rows", "chunk_tokens", "reuse", "layers", "holders", "pipeline_layers"],
+    )
+    out = decide_grid(profile, grid)
+    for row in out.itertuples():
+        req = Request(
+            rows=row.rows, chunk_tokens=row.chunk_tokens, reuse=row.reuse, layers=row.layers,
+            holders=row.holders, pipeline_layers=bool(row.pipeline_layers),
+        )  # fmt: skip
+        d = decide(profile, req)
+        assert (d.choice, d.uncertain, d.ranked_by, d.prior) == (
+            row.decision, row.uncertain, row.ranked_by, row.prior,
+        )  # fmt: skip
+        assert d.t_route == pytest.approx(row.t_route, rel=1e-12)
+        assert d.t_fetch == pytest.approx(row.t_fetch, rel=1e-12)
+        b_star, u_star = thresholds(profile.fabrics[0], profile.device, req)
+        assert b_star == pytest.approx(row.b_star, rel=1e-12)
+        assert u_star == pytest.approx(row.u_star, rel=1e-12)

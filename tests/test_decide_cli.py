@@ -121,6 +121,31 @@ def test_decide_bad_input(xbench):
     )
 
 
+def test_decide_prints_a_decode_step_of_the_models_layers(xbench, tmp_path):
+    """By default a step over DeepSeek-V3.2's 61 layers (or the --model's); --layers 1 is
+    one layer's times; the Parquet says which; --holders and --pipeline-layers change the
+    step; nonsense is refused in one line."""
+    base = ("decide", "--payload", "1KB", "--rows", "8", "--chunk", "2048", "--fabric", "ib")
+    step = xbench(*base, "--out", tmp_path / "step.parquet")
+    assert step.returncode == 0, step.stderr
+    assert "decode step of 61 layers" in " ".join(step.stdout.split())
+    layer = xbench(*base, "--layers", "1", "--out", tmp_path / "layer.parquet", "--format", "json")
+    assert layer.returncode == 0, layer.stderr
+    one, whole = json.loads(layer.stdout)[0], pd.read_parquet(tmp_path / "step.parquet").iloc[0]
+    assert (whole.layers, whole.holders, bool(whole.pipeline_layers)) == (61, 1, False)
+    # route pays everything every layer; fetch's single transfer is paid once
+    assert whole.t_route == pytest.approx(61 * one["t_route"], rel=1e-9)
+    assert whole.t_fetch < 61 * one["t_fetch"]
+    piped = xbench(*base, "--pipeline-layers", "--holders", "2", "--format", "json")
+    assert piped.returncode == 0, piped.stderr
+    row = json.loads(piped.stdout)[0]
+    assert (row["holders"], row["pipeline_layers"]) == (2, True)
+    assert "--layers 0 is not a request shape" in _error_line(xbench(*base, "--layers", "0"))
+    assert "--holders 0 is not a request shape" in _error_line(xbench(*base, "--holders", "0"))
+    said = _error_line(xbench("decide", "--scenario", "span-fanout", "--layers", "4"))
+    assert "--layers would be ignored" in said
+
+
 def test_validate_bad_input(xbench):
     priors = ["--profile", "profiles/h100-priors.toml"]
     for args, words in (

@@ -13,7 +13,7 @@ from xbench.core.costmodel import (
     Profile,
     Request,
     Segment,
-    _Shape,
+    _shape_of,
     decide,
     decision_formula,
 )
@@ -25,10 +25,7 @@ pytestmark = pytest.mark.nompi  # starts no MPI (conftest: the Open MPI run skip
 
 def _on_floats(profile, request):
     """decide()'s formula run on Python floats, uncompiled: the reference."""
-    shape = _Shape(
-        request.fabric, request.fetch_cost is not None, bool(request.include_probe),
-        bool(request.blocks_local), request.segments == 1,
-    )  # fmt: skip
+    shape = _shape_of(request)
     return decision_formula(SCALAR, profile, shape, lambda name: getattr(request, name))
 
 
@@ -45,6 +42,7 @@ requests = st.tuples(
     st.sampled_from([None, 0.0, 1e-4, 3e-3]),
     st.booleans(),
     st.booleans(),
+    st.tuples(st.sampled_from([1, 2, 61]), st.sampled_from([1, 3]), st.booleans()),
 )
 
 
@@ -56,11 +54,12 @@ def test_compiled_decide_is_the_formula_on_floats_to_the_bit(k, shape, spread, d
         "nvlink", (Segment(0.0, c(k["alpha"] / 2), c(k["beta"] * 2, unit="B/s")),), c(k["o"])
     )
     two = Profile("two", (*profile.fabrics, second), profile.device)
-    for rows, reuse, fetch_cost, blocks_local, probe in draws:
+    for rows, reuse, fetch_cost, blocks_local, probe, (layers, holders, piped) in draws:
         for p, fabric in ((profile, None), (two, None), (two, "ib"), (two, "nvlink")):
             req = Request(
                 rows=rows, reuse=reuse, fetch_cost=fetch_cost, blocks_local=blocks_local,
-                include_probe=probe, fabric=fabric, **shape,
+                include_probe=probe, fabric=fabric, layers=layers, holders=holders,
+                pipeline_layers=piped, **shape,
             )  # fmt: skip
             assert _same(decide(p, req), _on_floats(p, req))
 

@@ -20,6 +20,9 @@ from xbench.cli.common import (
 from xbench.cli.render import notes, result_table
 from xbench.errors import XbenchError
 
+# The model whose layers a decode step crosses when no --model is named (mission.md's)
+REFERENCE_MODEL = "deepseek-v3.2"
+
 
 @handles_errors
 def decide(
@@ -92,6 +95,29 @@ def decide(
             "--probe/--no-probe", help="Include the probe round trip (uncached holder lookup)."
         ),
     ] = False,
+    layers: Annotated[
+        int | None,
+        typer.Option(
+            help="Layers a decode step crosses: route pays its round trip each layer, fetch "
+            f"moves every layer's KV once (default: the model's, else {REFERENCE_MODEL}'s; 1: "
+            "one layer's times)."
+        ),
+    ] = None,
+    holders: Annotated[
+        int,
+        typer.Option(
+            help="Instances the chunk is spread over (k): route asks all k and merges k + 1 "
+            "partials, fetch pulls from all k."
+        ),
+    ] = 1,
+    pipeline_layers: Annotated[
+        bool,
+        typer.Option(
+            "--pipeline-layers",
+            help="Route's round trip once a step, the other layers' hidden behind compute "
+            "(micro-batches in flight); default: once a layer.",
+        ),
+    ] = False,
     fabric: Annotated[
         str, typer.Option(help="all (best fabric per request), or a comma list to compare.")
     ] = "all",
@@ -139,6 +165,8 @@ def decide(
         return _decide_scenario(scenario, prof, out, fmt)
     preset = get_model(model) if model else None
     h, pay, ret, kvb = _request_shape(preset, heads, payload, return_, kv_bytes)
+    if layers is None:
+        layers = (preset or get_model(REFERENCE_MODEL)).layers
     # zero or negative rows and tokens are refused below with the scenario files' shapes, by
     # name and with the bound that holds for each
     anything = -(2**62)
@@ -159,6 +187,7 @@ def decide(
         kvb,
     )
     grid["segments"], grid["include_probe"] = segments, probe_phase
+    grid["layers"], grid["holders"], grid["pipeline_layers"] = layers, holders, pipeline_layers
     grid["fetch_cost"] = parse_duration(fetch_cost) if fetch_cost else math.nan
     check_shapes(grid)
     table = decide_grid(prof, grid)
@@ -172,11 +201,12 @@ def decide(
         "fetch_cost_s": parse_duration(fetch_cost) if fetch_cost else None,
         "segments": segments,
         "probe": probe_phase,
+        "layers": layers,
+        "holders": holders,
+        "pipeline_layers": pipeline_layers,
     }
     path = _write(table, prof, settings, out)
-    thresholds = _thresholds(
-        prof, row_list, chunks, h, pay, ret, kvb, segments, settings["fetch_cost_s"], fabrics
-    )
+    thresholds = _thresholds(prof, min(row_list), chunks, settings, fabrics)
     emit_frame(table, fmt, lambda f: _render(f, thresholds, prof, settings, path))
 
 
@@ -231,6 +261,9 @@ _SCENARIO_SETS = (
     "segments",
     "probe_phase",
     "fabric",
+    "layers",
+    "holders",
+    "pipeline_layers",
 )
 
 
@@ -282,19 +315,14 @@ def _decide_scenario(path: Path, prof, out, fmt) -> None:
         "fetch_cost_s": None if math.isnan(req["fetch_cost"]) else req["fetch_cost"],
         "segments": req["segments"],
         "probe": req["include_probe"],
+        # a scenario's times are one layer's, as the simulator runs it
+        "layers": 1,
+        "holders": 1,
+        "pipeline_layers": False,
     }
     written = _write(table, prof, settings, out)
     thresholds = _thresholds(
-        prof,
-        sc["axes"]["rows"],
-        sc["axes"]["chunk_tokens"],
-        req["heads"],
-        req["payload_bytes"],
-        req["return_bytes"],
-        req["kv_bytes_per_token"],
-        req["segments"],
-        settings["fetch_cost_s"],
-        sc["axes"]["fabric"],
+        prof, min(sc["axes"]["rows"]), sc["axes"]["chunk_tokens"], settings, sc["axes"]["fabric"]
     )
     if fmt == OutputFormat.table:
         console.print(
@@ -311,6 +339,8 @@ def _decide_scenario(path: Path, prof, out, fmt) -> None:
 _MOST = 2**40
 # No context comes near 2^30 tokens (a billion; the longest windows are ~10^7)
 _MOST_TOKENS = 2**30
+# No model has 10,000 layers (the deepest published have ~100-200)
+_MOST_LAYERS = 10_000
 
 # Each request field, the option that sets it, and the least and most values that mean
 # something.
@@ -323,6 +353,8 @@ _SHAPES = (
     ("kv_bytes_per_token", "--kv-bytes", 1, _MOST),
     ("segments", "--segments", 1, _MOST),
     ("reuse", "--reuse", 0, _MOST),
+    ("layers", "--layers", 1, _MOST_LAYERS),
+    ("holders", "--holders", 1, _MOST),
 )
 
 
@@ -367,13 +399,20 @@ def _write(table, prof, settings, out: Path | None) -> Path:
     if "fabric" not in frame.columns:
         frame["fabric"] = None
     frame["fetch_cost"] = frame.get("fetch_cost", float("nan"))
+    for column, value in (
+        ("layers", settings["layers"]),
+        ("holders", settings["holders"]),
+        ("pipeline_layers", settings["pipeline_layers"]),
+    ):
+        frame[column] = frame.get(column, value)
     frame["fetch_cost"] = frame["fetch_cost"].where(frame["fetch_cost"].notna(), None)
     for column in ("decision", "fabric_chosen", "ranked_by"):
         frame[column] = frame[column].astype(str)
     return write_table(path, DECISIONS, frame, meta)
 
 
-def _thresholds(prof, rows, chunks, heads, pay, ret, kvb, segments, fetch_cost, fabrics):
+def _thresholds(prof, rows: int, chunks, settings: dict, fabrics) -> list:
+    """(fabric, chunk, b*, u*, n_1/2) at the fewest rows, per fabric and chunk."""
     from xbench.core.costmodel import Request, thresholds
 
     out = []
@@ -381,14 +420,17 @@ def _thresholds(prof, rows, chunks, heads, pay, ret, kvb, segments, fetch_cost, 
     for f in chosen:
         for c in chunks:
             req = Request(
-                rows=min(rows),
-                heads=heads,
+                rows=rows,
+                heads=settings["heads"],
                 chunk_tokens=c,
-                payload_bytes=pay,
-                return_bytes=ret,
-                kv_bytes_per_token=kvb,
-                segments=segments,
-                fetch_cost=fetch_cost,
+                payload_bytes=settings["payload_bytes"],
+                return_bytes=settings["return_bytes"],
+                kv_bytes_per_token=settings["kv_bytes_per_token"],
+                segments=settings["segments"],
+                fetch_cost=settings["fetch_cost_s"],
+                layers=settings["layers"],
+                holders=settings["holders"],
+                pipeline_layers=settings["pipeline_layers"],
             )
             b_star, u_star = thresholds(f, prof.device, req)
             out.append((f.name, c, b_star, u_star, f.half_performance_bytes()))
@@ -401,12 +443,24 @@ def _us(x: float) -> str:
     return "-" if x == math.inf else num(x * 1e6)
 
 
+def _step_words(settings: dict) -> str:
+    """What the times cover: one layer, or a decode step of L layers (k holders, pipelined)."""
+    layers, holders = settings["layers"], settings["holders"]
+    words = "a layer" if layers == 1 else f"a decode step of {layers} layers"
+    if holders > 1:
+        words += f", the chunk on {holders} holders"
+    if settings["pipeline_layers"] and layers > 1:
+        words += ", route's round trip once a step"
+    return words
+
+
 def _render(f, thresholds, prof, settings, path) -> None:
     heads = settings["heads"]
     title = (
-        f"xbench decide on profile '{prof.name}' (times in us): {heads} "
-        f"{'row' if heads == 1 else 'rows'} a token, {settings['payload_bytes']} B out and "
-        f"{settings['return_bytes']} B back a row, {settings['kv_bytes_per_token']} B of KV a token"
+        f"xbench decide on profile '{prof.name}' (times in us {_step_words(settings)}): "
+        f"{heads} {'row' if heads == 1 else 'rows'} a token, {settings['payload_bytes']} B out "
+        f"and {settings['return_bytes']} B back a row, {settings['kv_bytes_per_token']} B of KV "
+        "a token a layer"
     )
     any_prior = bool(f["prior"].any())
     caption = None

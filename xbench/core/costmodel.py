@@ -562,8 +562,9 @@ class Profile:
 
 
 class Request(NamedTuple):
-    """One routing question, per layer. (An immutable record built per request by a
-    scheduler: a NamedTuple builds in a third of a frozen dataclass's time.)"""
+    """One routing question: one layer, or a decode step of ``layers``. (An immutable
+    record built per request by a scheduler: a NamedTuple builds in a third of a frozen
+    dataclass's time.)"""
 
     rows: int = 1  # b: decode tokens routed together
     heads: int = 128  # h: query rows per token (after tensor parallelism)
@@ -578,6 +579,9 @@ class Request(NamedTuple):
     probe_bytes: float = 64
     blocks_local: bool = False
     fabric: str | None = None  # None: every fabric of the profile, best one reported
+    layers: int = 1  # L: the step's layers (1: one layer, the unit of every per-layer term)
+    holders: int = 1  # k: instances the chunk is spread over (route merges k + 1 partials)
+    pipeline_layers: bool = False  # route's round trip once a step, not once a layer
 
 
 class Decision(NamedTuple):
@@ -661,24 +665,55 @@ def interpolation_pieces(points) -> tuple:
     return tuple(float(x) for x, _ in points), tuple(pieces)
 
 
-def device_side(ops, terms: tuple, rows, chunk, reuse, segments, fetch_cost, blocks_local):
-    """The fabric-free part of the times, shared by every fabric that competes.
+class DeviceSide(NamedTuple):
+    """The fabric-free part of one layer's times at one end of the intervals
+    (:func:`device_side`), shared by every fabric that competes."""
 
-    ``terms``: :meth:`Device.terms` at one end; ``rows`` = b*h query rows; ``fetch_cost``
-    NaN where the device's T_move(c) applies. Returns (t_cm, fetch_base, per_use, local,
-    t_move, t_c, t_m0, wait_extra, wait_tau, saved), a plain tuple (the hot path's; readers
-    unpack it by these names): t_cm = T_c + T_m(c), a fetch's attention and merge; saved =
-    S(c), what the fetch's first attention saves on the chunk it has just spliced;
-    fetch_base = T_move - S + (1 + r) t_cm, since one fetch serves this use and r later
-    local uses; per_use = 1 / (1 + r); t_m0 = T_m(R, 2, 0), the merge route's wait adds
-    wait_extra to once it saturates (:func:`route_merge`).
-    """
+    t_cm: float  # T_c + T_m(R, 2, c): a fetch's (and local's) attention and merge
+    fetch_base: float  # T_move - S + (1 + r) t_cm: one fetch serves this use and r later ones
+    per_use: float  # 1 / (1 + r)
+    local: float  # T_c, plus T_recompute where the blocks are not here
+    t_move: float
+    t_c: float  # T_c(R, c): attention over the chunk at the requester
+    t_m0: float  # T_m(R, k + 1, 0): route's merge of its k + 1 partials, before any wait
+    wait_extra: float  # (w0 + (k + 1) R w1): what route's merge adds once its wait saturates
+    wait_tau: float  # 0 without the merge-wait terms
+    saved: float  # S(c): what a fetch's first attention saves on the chunk it just spliced
+    t_c_route: float  # T_c(R, c / k): each of the k holders attends its share, at once
+    t_cm_route: float  # t_c_route + T_m(R, k + 1, c): route's, without the merge-wait terms
+
+
+class Step(NamedTuple):
+    """What a decision covers: one decode step over ``layers`` layers, the chunk spread over
+    ``holders`` instances; ``pipelined``: route's round trip is paid once a step, the other
+    layers' hidden behind compute (else once a layer)."""
+
+    layers: object = 1
+    holders: object = 1
+    pipelined: object = False
+
+
+ONE_LAYER = Step()
+
+
+def device_side(
+    ops, terms: tuple, rows, chunk, reuse, segments, fetch_cost, blocks_local, holders=1
+) -> DeviceSide:
+    """One layer's device times (:class:`DeviceSide`). ``terms``: :meth:`Device.terms` at
+    one end; ``rows`` = b*h query rows; ``fetch_cost`` NaN where the device's T_move(c)
+    applies; ``holders``: the instances the chunk is spread over (route's attention runs
+    on each share at once and merges k + 1 partials; fetch and local attend it whole)."""
     cb, cp, m0, m1, mb, mp, rec, sb, sp, has_splice, m2, rec2, w0, w1, wtau, hb, hp = terms
     # (a term of one piece needs no lookup: the common case, and the hot path's)
     c0, c1, c2 = ops.piece(cb, cp, chunk) if cb else cp[0]
     t_c = c0 + chunk * (c1 + rows * c2)
-    t_m0 = m0 + rows * 2 * m1
-    t_cm = t_c + t_m0 + chunk * m2
+    t_cm = t_c + (m0 + rows * 2 * m1) + chunk * m2
+    share = chunk / holders
+    r0, r1, r2 = ops.piece(cb, cp, share) if cb else cp[0]
+    t_c_route = r0 + share * (r1 + rows * r2)
+    partials = holders + 1
+    t_m0 = m0 + rows * partials * m1
+    t_cm_route = t_c_route + t_m0 + chunk * m2
     g0, g1 = ops.piece(mb, mp, chunk) if mb else mp[0]
     t_move = g0 + chunk * g1
     # A fetch of one message per block leaves the holder's cache as the blocks lie: nothing
@@ -689,101 +724,138 @@ def device_side(ops, terms: tuple, rows, chunk, reuse, segments, fetch_cost, blo
     t_move = ops.where(fetch_cost == fetch_cost, fetch_cost, t_move)  # NaN: not given
     local = recompute_time(chunk, rec, rec2) + t_c
     local = ops.where(blocks_local, t_c, local)
-    wait_extra = w0 + rows * 2 * w1 if wtau else 0.0
+    wait_extra = w0 + rows * partials * w1 if wtau else 0.0
     if len(hb) > 1:  # (none or one point: flat, no lookup, as on the hot path)
         h0, h1 = ops.piece(hb, hp, chunk)
         saved = h0 + chunk * h1
     else:
         saved = hp[0][0]
     fetch_base = t_move - saved + (1.0 + reuse) * t_cm
-    return t_cm, fetch_base, 1.0 / (1.0 + reuse), local, t_move, t_c, t_m0, wait_extra, wtau, saved
+    return DeviceSide(
+        t_cm, fetch_base, 1.0 / (1.0 + reuse), local, t_move, t_c, t_m0, wait_extra, wtau,
+        saved, t_c_route, t_cm_route,
+    )  # fmt: skip
 
 
-def local_time(dev: tuple):
-    """Local's time, out of :func:`device_side`'s tuple."""
-    _, _, _, local, _, _, _, _, _, _ = dev
-    return local
+def local_time(dev: DeviceSide, layers=1):
+    """Local's time over ``layers`` layers."""
+    return layers * dev.local
 
 
-def route_merge(ops, dev: tuple, wire):
-    """Route's merge: after the requester waited for the answer (the holder's attention and
-    route's ``wire``), T_m(R, 2, 0) + (w0 + 2 R w1) (1 - exp(-wait / tau)); without the
-    wait terms, the merge fetch pays (T_m after an attention over the chunk)."""
-    t_cm, _, _, _, _, t_c, t_m0, wait_extra, wtau, _ = dev
-    if not wtau:
-        return t_cm - t_c
-    return t_m0 - wait_extra * ops.expm1(-(t_c + wire) / wtau)
+def route_merge(ops, dev: DeviceSide, wire):
+    """Route's merge of its k + 1 partials: after the requester waited for the answers (a
+    holder's attention and route's ``wire``), T_m(R, k + 1, 0) + (w0 + (k + 1) R w1) (1 -
+    exp(-wait / tau)); without the wait terms, as fetch's (T_m after an attention over the
+    chunk)."""
+    if not dev.wait_tau:
+        return dev.t_cm_route - dev.t_c_route
+    return dev.t_m0 - dev.wait_extra * ops.expm1(-(dev.t_c_route + wire) / dev.wait_tau)
 
 
-def route_legs(ops, breaks: tuple, fabric_terms: tuple, s_q, s_o):
-    """Route's two messages, each alpha + o + bytes/beta of the segment its size falls in:
-    (send, return, (alpha_q, 1/beta_q), (alpha_o, 1/beta_o))."""
+def route_legs(ops, breaks: tuple, fabric_terms: tuple, s_q, s_o, holders=1):
+    """Route's two legs, the query to each of the k holders and their answers back, each
+    message alpha + o + bytes/beta of the segment its size falls in, the k sharing one
+    link: (send, return, (alpha_q, 1/beta_q), (alpha_o, 1/beta_o))."""
     o, segs, _ = fabric_terms
     if breaks:
         a_q, ib_q = ops.piece(breaks, segs, s_q)
         a_o, ib_o = ops.piece(breaks, segs, s_o)
     else:  # one segment
         a_q, ib_q = a_o, ib_o = segs[0]
-    return a_q + o + s_q * ib_q, a_o + o + s_o * ib_o, (a_q, ib_q), (a_o, ib_o)
+    send = a_q + holders * o + holders * s_q * ib_q
+    back = a_o + holders * o + holders * s_o * ib_o
+    return send, back, (a_q, ib_q), (a_o, ib_o)
 
 
-def wire_costs(ops, breaks: tuple, fabric_terms: tuple, s_q, s_o, s_kv, n_seg):
-    """(route's wire, fetch's wire, route's per-byte terms) on one fabric at one end.
+def wire_costs(ops, breaks: tuple, fabric_terms: tuple, s_q, s_o, s_kv, n_seg, layers=1, holders=1):
+    """(route's wire for one layer, fetch's wire for the step, route's per-byte terms) on
+    one fabric at one end.
 
-    route: the query out and the answer back, one message each: 2 alpha + 2 o + bytes/beta;
-    fetch: the KV as n_seg messages: alpha + n_seg o + S_kv/beta. Each size reads the
-    segment (protocol regime) it falls in; a fetch of several pages reads the fabric's page
-    terms instead, where it has them (block_t0 + n_seg o + S_kv/block_beta).
+    route: the query out and the answer back, one message each per holder: 2 alpha + 2 k o
+    + k bytes/beta; fetch: every layer's KV of the chunk once, n_seg messages from each
+    holder: alpha + k n_seg o + L S_kv/beta. Each size reads the segment (protocol regime)
+    it falls in; a fetch of several pages reads the fabric's page terms instead, where it
+    has them (block_t0 + k n_seg o + L S_kv/block_beta).
     """
     o, segs, blocks = fabric_terms
-    send, ret, (a_q, ib_q), (a_o, ib_o) = route_legs(ops, breaks, fabric_terms, s_q, s_o)
-    a_kv, ib_kv = ops.piece(breaks, segs, s_kv) if breaks else segs[0]
-    route_fixed = a_q + a_o + 2 * o
-    fetch_wire = a_kv + n_seg * o + s_kv * ib_kv
+    send, ret, (a_q, ib_q), (a_o, ib_o) = route_legs(ops, breaks, fabric_terms, s_q, s_o, holders)
+    kv = layers * s_kv
+    a_kv, ib_kv = ops.piece(breaks, segs, kv / holders) if breaks else segs[0]
+    messages = holders * n_seg
+    route_fixed = a_q + a_o + 2 * holders * o
+    fetch_wire = a_kv + messages * o + kv * ib_kv
     if blocks is not None and ops.any(n_seg != 1):
-        paged = blocks[0] + n_seg * o + s_kv * blocks[1]
+        paged = blocks[0] + messages * o + kv * blocks[1]
         fetch_wire = ops.where(n_seg != 1, paged, fetch_wire)
     return send + ret, fetch_wire, (route_fixed, ib_q, ib_o)
 
 
-def option_times(ops, breaks, fabric_terms: tuple, dev: tuple, s_q, s_o, s_kv, n_seg, probe_bytes):
-    """(route, fetch) per use on one fabric; ``dev`` from :func:`device_side`.
+def option_times(
+    ops, breaks, fabric_terms: tuple, dev: DeviceSide, s_q, s_o, s_kv, n_seg, probe_bytes,
+    step: Step = ONE_LAYER,
+):  # fmt: skip
+    """(route, fetch) per use on one fabric over a step; ``dev`` from :func:`device_side`.
 
-    ``probe_bytes``: None when no request pays the probe round trip; else its size (NaN
-    where a request does not pay it).
+    Route pays its attention and merge every layer, and its round trip every layer (once a
+    step when pipelined); fetch moves every layer's KV once and splices it layer by layer.
+    ``probe_bytes``: None when no request pays the probe round trip (once a step); else
+    its size (NaN where a request does not pay it).
     """
-    t_cm, fetch_base, per_use, _, _, t_c, _, _, wait_tau, _ = dev
-    route_wire, fetch_wire, _ = wire_costs(ops, breaks, fabric_terms, s_q, s_o, s_kv, n_seg)
+    layers, holders, pipelined = step
+    route_wire, fetch_wire, _ = wire_costs(
+        ops, breaks, fabric_terms, s_q, s_o, s_kv, n_seg, layers, holders
+    )
     # (without the merge-wait terms route merges as fetch does: T_c + T_m, as one sum)
-    route = t_c + route_merge(ops, dev, route_wire) + route_wire if wait_tau else t_cm + route_wire
-    fetch = fetch_base + fetch_wire
+    if dev.wait_tau:
+        route_device = dev.t_c_route + route_merge(ops, dev, route_wire)
+    else:
+        route_device = dev.t_cm_route
+    route = ops.where(
+        pipelined, layers * route_device + route_wire, layers * (route_device + route_wire)
+    )
+    fetch = layers * dev.fetch_base + fetch_wire
     if probe_bytes is not None:
         a_p, ib_p = ops.piece(breaks, fabric_terms[1], probe_bytes)
         probe = ops.where(probe_bytes == probe_bytes, 2 * (a_p + probe_bytes * ib_p), 0.0)
         route = route + probe
         fetch = fetch + probe
-    return route, fetch * per_use
+    return route, fetch * dev.per_use
 
 
-def closed_forms(ops, breaks, fabric_terms, heads, payload, ret, s_q, s_o, s_kv, n_seg, dev):
+def fetch_message_bytes(s_kv, step: Step):
+    """The bytes of one of a fetch's messages (a holder's share of every layer's KV): the
+    size that ranks fabrics by latency or bandwidth."""
+    return step.layers * s_kv / step.holders
+
+
+def closed_forms(
+    ops, breaks, fabric_terms, heads, payload, ret, s_q, s_o, s_kv, n_seg, dev: DeviceSide,
+    step: Step = ONE_LAYER,
+):  # fmt: skip
     """(b*, u*): route beats fetch for every b < b*; fetch beats route once 1 + r > u*.
 
-    From T_route = T_fetch with T_c cancelling (the same device on both sides), and dm =
-    route's merge less fetch's (0 without the merge-wait terms; with them, taken at the
-    request's own rows, since it grows with them), and S the fetch's saving on its spliced
-    chunk (0 without it; it does not grow with the rows):
-    b* = (fetch wire + T_move - S - route's fixed wire - dm) / (h (P/beta_q + R/beta_o)),
-    u* = (fetch wire + T_move - S) / (route wire + dm).
+    Over a step of L layers with the chunk on k holders, route paying its round trip W
+    times (L, or 1 when pipelined): from T_route = T_fetch, with dm = route's attention and
+    merge less fetch's, a layer (0 with one holder and without the merge-wait terms: the
+    same device on both sides; else taken at the request's own rows, since it grows with
+    them), and S the fetch's saving on its spliced chunk (it does not grow with the rows):
+    b* = (fetch wire + L (T_move - S) - W route's fixed wire - L dm) / (W k h (P/beta_q +
+    R/beta_o)), u* = (fetch wire + L (T_move - S)) / (W route wire + L dm).
     """
+    layers, holders, pipelined = step
     route_wire, fetch_wire, (route_fixed, ib_q, ib_o) = wire_costs(
-        ops, breaks, fabric_terms, s_q, s_o, s_kv, n_seg
+        ops, breaks, fabric_terms, s_q, s_o, s_kv, n_seg, layers, holders
     )
-    t_cm, _, _, _, t_move, t_c, _, _, _, saved = dev
-    dm = route_merge(ops, dev, route_wire) - (t_cm - t_c)
-    moved = fetch_wire + t_move - saved
-    per_token = heads * (payload * ib_q + ret * ib_o)
-    b_star = ops.where(per_token > 0, (moved - route_fixed - dm) / _nonzero(ops, per_token), INF)
-    routed = route_wire + dm
+    dm = route_merge(ops, dev, route_wire) - (dev.t_cm - dev.t_c_route)
+    moved = fetch_wire + layers * dev.t_move - layers * dev.saved
+    wired = ops.where(pipelined, 1, layers)  # route's round trips a step
+    per_token = (wired * holders) * (heads * (payload * ib_q + ret * ib_o))
+    b_star = ops.where(
+        per_token > 0,
+        (moved - wired * route_fixed - layers * dm) / _nonzero(ops, per_token),
+        INF,
+    )
+    routed = wired * route_wire + layers * dm
     u_star = ops.where(routed > 0, moved / _nonzero(ops, routed), INF)
     return b_star, u_star
 
@@ -797,18 +869,12 @@ def _nonzero(ops, x):
 # ---------------------------------------------------------------------------------------
 
 
-def _request_device(terms: tuple, r: Request) -> tuple:
+def _request_device(terms: tuple, r: Request) -> DeviceSide:
     fetch_cost = math.nan if r.fetch_cost is None else r.fetch_cost
     return device_side(
-        SCALAR,
-        terms,
-        r.rows * r.heads,
-        r.chunk_tokens,
-        r.reuse,
-        r.segments,
-        fetch_cost,
-        r.blocks_local,
-    )
+        SCALAR, terms, r.rows * r.heads, r.chunk_tokens, r.reuse, r.segments, fetch_cost,
+        r.blocks_local, r.holders,
+    )  # fmt: skip
 
 
 def _request_sizes(r: Request) -> tuple:
@@ -816,46 +882,62 @@ def _request_sizes(r: Request) -> tuple:
     return rows * r.payload_bytes, rows * r.return_bytes, r.chunk_tokens * r.kv_bytes_per_token
 
 
+def _request_step(r: Request) -> Step:
+    return Step(r.layers, r.holders, r.pipeline_layers)
+
+
 def times(f: Fabric, device: Device, r: Request, end: int = VALUE) -> tuple[float, float, float]:
     """(route, fetch, local) per use of ``r`` on fabric ``f``, at one end of the intervals."""
     dev = _request_device(device.terms(end), r)
     s_q, s_o, s_kv = _request_sizes(r)
     probe = r.probe_bytes if r.include_probe else None
+    step = _request_step(r)
     route, fetch = option_times(
-        SCALAR, f.breaks, f.terms(end), dev, s_q, s_o, s_kv, r.segments, probe
+        SCALAR, f.breaks, f.terms(end), dev, s_q, s_o, s_kv, r.segments, probe, step
     )
-    return route, fetch, local_time(dev)
+    return route, fetch, local_time(dev, r.layers)
 
 
 def phase_times(f: Fabric, device: Device, r: Request, end: int = VALUE) -> dict:
     """Each option's time split into the phases validate times, from the same terms as
-    :func:`times` (the phases of an option add up to its time there).
+    :func:`times` (the phases of an option add up to its time there), over the request's
+    step (one layer unless it says more).
 
     route: send, attention, return, merge; fetch (per use): transfer, move, attention,
     merge; local: attention (plus recompute where the blocks are not here). With
     ``include_probe`` route and fetch also carry the probe's round trip as ``probe``.
     """
     dev = _request_device(device.terms(end), r)
-    t_cm, _, per_use, local, t_move, t_c, _, _, _, saved = dev
     s_q, s_o, s_kv = _request_sizes(r)
-    send, ret, _, _ = route_legs(SCALAR, f.breaks, f.terms(end), s_q, s_o)
-    _, fetch_wire, _ = wire_costs(SCALAR, f.breaks, f.terms(end), s_q, s_o, s_kv, r.segments)
+    layers, holders, pipelined = _request_step(r)
+    wired = 1 if pipelined else layers
+    send, ret, _, _ = route_legs(SCALAR, f.breaks, f.terms(end), s_q, s_o, holders)
+    _, fetch_wire, _ = wire_costs(
+        SCALAR, f.breaks, f.terms(end), s_q, s_o, s_kv, r.segments, layers, holders
+    )
     merge = route_merge(SCALAR, dev, send + ret)
-    route = {"send": send, "attention": t_c, "return": ret, "merge": merge}
+    route = {
+        "send": wired * send,
+        "attention": layers * dev.t_c_route,
+        "return": wired * ret,
+        "merge": layers * merge,
+    }
+    per_use = dev.per_use
     fetch = {
         "transfer": fetch_wire * per_use,
-        "move": t_move * per_use,
-        "attention": t_c - saved * per_use,  # the first use's on its spliced chunk, amortised
-        "merge": t_cm - t_c,
+        "move": layers * dev.t_move * per_use,
+        # the first use's on its spliced chunk, amortised
+        "attention": layers * (dev.t_c - dev.saved * per_use),
+        "merge": layers * (dev.t_cm - dev.t_c),
     }
     if r.include_probe:
         _, segments, _ = f.terms(end)
         a_p, ib_p = SCALAR.piece(f.breaks, segments, r.probe_bytes)
         route["probe"] = 2 * (a_p + r.probe_bytes * ib_p)
         fetch["probe"] = route["probe"] * per_use
-    local_phases = {"attention": t_c}
-    if local != t_c:
-        local_phases["recompute"] = local - t_c
+    local_phases = {"attention": layers * dev.t_c}
+    if dev.local != dev.t_c:
+        local_phases["recompute"] = layers * (dev.local - dev.t_c)
     return {"route": route, "fetch": fetch, "local": local_phases}
 
 
@@ -864,18 +946,14 @@ def thresholds(f: Fabric, device: Device, r: Request) -> tuple[float, float]:
     dev = _request_device(device.terms(VALUE), r)
     s_q, s_o, s_kv = _request_sizes(r)
     return closed_forms(
-        SCALAR,
-        f.breaks,
-        f.terms(VALUE),
-        r.heads,
-        r.payload_bytes,
-        r.return_bytes,
-        s_q,
-        s_o,
-        s_kv,
-        r.segments,
-        dev,
-    )
+        SCALAR, f.breaks, f.terms(VALUE), r.heads, r.payload_bytes, r.return_bytes, s_q, s_o,
+        s_kv, r.segments, dev, _request_step(r),
+    )  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------
+# The decision, over one request or a block.
+# ---------------------------------------------------------------------------------------
 
 
 def choose(ops, route, fetch, local):
@@ -945,6 +1023,16 @@ class _Shape(NamedTuple):
     probe: bool
     blocks_local: bool
     packed: bool  # one message (segments == 1)
+    one_layer: bool
+    one_holder: bool
+    pipelined: bool
+
+
+def _shape_of(r: Request) -> _Shape:
+    return _Shape(
+        r.fabric, r.fetch_cost is not None, bool(r.include_probe), bool(r.blocks_local),
+        r.segments == 1, r.layers == 1, r.holders == 1, bool(r.pipeline_layers),
+    )  # fmt: skip
 
 
 def decision_formula(ops, profile: Profile, shape: _Shape, read) -> tuple:
@@ -968,12 +1056,18 @@ def decision_formula(ops, profile: Profile, shape: _Shape, read) -> tuple:
     fetch_cost = read("fetch_cost") if shape.fetch_given else math.nan
     probe = read("probe_bytes") if shape.probe else None
     reuse = read("reuse")
+    step = Step(
+        1 if shape.one_layer else read("layers"),
+        1 if shape.one_holder else read("holders"),
+        shape.pipelined,
+    )
     value, low, high = (
         device_side(
-            ops, device.terms(end), rows, chunk, reuse, n_seg, fetch_cost, shape.blocks_local
+            ops, device.terms(end), rows, chunk, reuse, n_seg, fetch_cost, shape.blocks_local,
+            step.holders,
         )
         for end in (VALUE, LOW, HIGH)
-    )
+    )  # fmt: skip
     if shape.fabric is not None:
         evaluated, ranked = [profile.fabric(shape.fabric)], 0
     else:  # the fabrics no other beats at every size, and the profile's first
@@ -983,9 +1077,9 @@ def decision_formula(ops, profile: Profile, shape: _Shape, read) -> tuple:
             evaluated.append(profile.fabrics[0])
 
     def on(f: Fabric, end: int, dev: tuple) -> tuple:
-        return option_times(ops, f.breaks, f.terms(end), dev, s_q, s_o, s_kv, n_seg, probe)
+        return option_times(ops, f.breaks, f.terms(end), dev, s_q, s_o, s_kv, n_seg, probe, step)
 
-    local = local_time(value)
+    local = local_time(value, step.layers)
     at_value = [on(f, VALUE, value) for f in evaluated]
     index = 0
     if ranked:
@@ -1004,10 +1098,11 @@ def decision_formula(ops, profile: Profile, shape: _Shape, read) -> tuple:
 
     def at_end(end: int, dev: tuple) -> tuple:  # (route, fetch, local) on the fabric chosen
         routes, fetches = zip(*(on(f, end, dev) for f in evaluated), strict=True)
-        return _by_index(ops, index, routes), _by_index(ops, index, fetches), local_time(dev)
+        routes, fetches = (_by_index(ops, index, times) for times in (routes, fetches))
+        return routes, fetches, local_time(dev, step.layers)
 
     slow, fast = at_end(HIGH, high), at_end(LOW, low)
-    size = ops.where(choice == 1, s_kv, s_q)
+    size = ops.where(choice == 1, fetch_message_bytes(s_kv, step), s_q)
     n_half = ops.pick(index, tuple(f.half_performance_bytes() for f in evaluated))
     prior = prior_flag(
         ops, ops.pick(index, tuple(f.prior for f in evaluated)), device.prior_by_option,
@@ -1040,11 +1135,13 @@ def decide(profile: Profile, request: Request) -> Decision:
     """
     r = request
     # (a plain tuple: a _Shape built per call costs a third of the call)
-    key = (r.fabric, r.fetch_cost is not None, r.include_probe, r.blocks_local, r.segments == 1)
+    key = (
+        r.fabric, r.fetch_cost is not None, r.include_probe, r.blocks_local, r.segments == 1,
+        r.layers == 1, r.holders == 1, r.pipeline_layers,
+    )  # fmt: skip
     try:
         compiled = profile._decide[key]
     except KeyError:
-        shape = _Shape(key[0], key[1], bool(key[2]), bool(key[3]), key[4])
-        compiled = profile._decide[key] = _compile_decide(profile, shape)
+        compiled = profile._decide[key] = _compile_decide(profile, _shape_of(r))
     # tuple.__new__: half the cost of the NamedTuple's own constructor, same object
     return _new_decision(Decision, compiled(request))

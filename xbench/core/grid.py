@@ -24,11 +24,14 @@ from xbench.core.costmodel import (
     LOW,
     ROUTE,
     VALUE,
+    DeviceSide,
     Profile,
     Request,
+    Step,
     choose,
     closed_forms,
     device_side,
+    fetch_message_bytes,
     interval_reaches,
     local_time,
     option_times,
@@ -39,6 +42,7 @@ REQUEST_DEFAULTS = dict(Request._field_defaults)
 CHOICES = pd.CategoricalDtype([ROUTE, FETCH, LOCAL])
 RANKS = pd.CategoricalDtype(["latency", "bandwidth"])
 BLOCK = 1 << 16
+_FLAGS = ("include_probe", "blocks_local", "pipeline_layers")
 MAX_THREADS = 8
 
 
@@ -112,13 +116,20 @@ class Columns(NamedTuple):
     heads: object
     payload: object
     ret: object
+    step: Step  # layers, holders, pipelined
 
 
-def _device(terms, cols: Columns) -> tuple:
-    """:func:`device_side` over a block: (t_cm, fetch_base, per_use, local, ...)."""
+def _subset_columns(cols: Columns, index) -> Columns:
+    return Columns(
+        *(_subset(c, index) for c in cols[:-1]), Step(*(_subset(x, index) for x in cols.step))
+    )
+
+
+def _device(terms, cols: Columns) -> DeviceSide:
+    """:func:`device_side` over a block."""
     return device_side(
         ARRAY, terms, cols.rows, cols.chunk, cols.reuse, cols.segments, cols.fetch_cost,
-        cols.blocks_local,
+        cols.blocks_local, cols.step.holders,
     )  # fmt: skip
 
 
@@ -126,7 +137,7 @@ def _options(f, end: int, dev, cols: Columns) -> tuple:
     """(route, fetch) arrays on fabric ``f`` at one end of the coefficients."""
     return option_times(
         ARRAY, f.breaks, f.terms(end), dev, cols.s_q, cols.s_o, cols.s_kv, cols.segments,
-        cols.probe,
+        cols.probe, cols.step,
     )  # fmt: skip
 
 
@@ -209,6 +220,9 @@ RAW_FIELDS = (
     "segments",
     "fetch_cost",
     "blocks_local",
+    "layers",
+    "holders",
+    "pipeline_layers",
 )
 
 
@@ -218,9 +232,7 @@ def _raw_columns(grid: pd.DataFrame) -> dict:
         name: (
             grid[name].to_numpy()
             if name in grid.columns
-            else _column(
-                grid, name, bool if name in ("include_probe", "blocks_local") else np.float64
-            )
+            else _column(grid, name, bool if name in _FLAGS else np.float64)
         )
         for name in RAW_FIELDS
     }
@@ -266,7 +278,7 @@ def _derive(raw: dict) -> Columns:
     f = {
         k: (
             v.astype(np.float64, copy=False)
-            if np.ndim(v) and k not in ("include_probe", "blocks_local", "fetch_cost")
+            if np.ndim(v) and k not in (*_FLAGS, "fetch_cost")
             else v
         )
         for k, v in raw.items()
@@ -289,11 +301,16 @@ def _derive(raw: dict) -> Columns:
         f["reuse"],
         f["segments"],
         fetch_cost,
-        raw["blocks_local"].astype(bool) if np.ndim(raw["blocks_local"]) else raw["blocks_local"],
+        _flag(raw["blocks_local"]),
         f["heads"],
         f["payload_bytes"],
         f["return_bytes"],
+        Step(f["layers"], f["holders"], _flag(raw["pipeline_layers"])),
     )
+
+
+def _flag(values):
+    return values.astype(bool) if np.ndim(values) else bool(values)
 
 
 def _closed_forms(profile: Profile, cols, dev, best_f, n: int):
@@ -306,8 +323,9 @@ def _closed_forms(profile: Profile, cols, dev, best_f, n: int):
         if not mine.any():
             continue
         b, u = closed_forms(
-            ARRAY, f.breaks, f.terms(VALUE), heads, payload, ret, s_q, s_o, s_kv, nseg, dev
-        )
+            ARRAY, f.breaks, f.terms(VALUE), heads, payload, ret, s_q, s_o, s_kv, nseg, dev,
+            cols.step,
+        )  # fmt: skip
         b_star[mine] = np.broadcast_to(b, (n,))[mine]
         u_star[mine] = np.broadcast_to(u, (n,))[mine]
     return b_star, u_star
@@ -329,8 +347,8 @@ def _fabric_times(profile: Profile, cols, codes, dev_val, n: int):
             r, fe = _options(
                 f,
                 VALUE,
-                tuple(_subset(d, idx) for d in dev_val),
-                Columns(*(_subset(c, idx) for c in cols)),
+                DeviceSide(*(_subset(d, idx) for d in dev_val)),
+                _subset_columns(cols, idx),
             )
             route_f[k], fetch_f[k] = np.inf, np.inf
             route_f[k, idx], fetch_f[k, idx] = r, fe
@@ -391,10 +409,10 @@ def _uncertain(profile: Profile, cols, best_f, choice, times, n: int):
             sub, ch, index = cols, choice, None
         else:
             index = np.flatnonzero(mine)
-            sub, ch = Columns(*(_subset(c, index) for c in cols)), choice[index]
+            sub, ch = _subset_columns(cols, index), choice[index]
         dev_hi, dev_lo = _device(dev.terms(HIGH), sub), _device(dev.terms(LOW), sub)
-        hi = (*_options(f, HIGH, dev_hi, sub), local_time(dev_hi))
-        lo = (*_options(f, LOW, dev_lo, sub), local_time(dev_lo))
+        hi = (*_options(f, HIGH, dev_hi, sub), local_time(dev_hi, sub.step.layers))
+        lo = (*_options(f, LOW, dev_lo, sub), local_time(dev_lo, sub.step.layers))
         verdict = interval_reaches(ARRAY, ch, hi, lo)
         if index is None:
             uncertain = np.where(mine, verdict, uncertain)
@@ -405,13 +423,13 @@ def _uncertain(profile: Profile, cols, best_f, choice, times, n: int):
 
 def _decide_block(profile: Profile, cols, codes, n: int) -> dict:
     dev_val = _device(profile.device.terms(VALUE), cols)
-    local = _full(local_time(dev_val), n)
+    local = _full(local_time(dev_val, cols.step.layers), n)
     route_f, fetch_f, active = _fabric_times(profile, cols, codes, dev_val, n)
     best_f, route, fetch = _best_fabric(route_f, fetch_f, local, active, n)
     choice, winner, second, runner = choose(ARRAY, route, fetch, local)
     choice = choice.astype(np.int8)
     n_half = np.array([f.half_performance_bytes() for f in profile.fabrics])[best_f]
-    size = np.where(choice == 1, cols.s_kv, cols.s_q)
+    size = np.where(choice == 1, fetch_message_bytes(cols.s_kv, cols.step), cols.s_q)
     b_star, u_star = _closed_forms(profile, cols, dev_val, best_f, n)
     times = (route, fetch, local, winner, runner)
     return {

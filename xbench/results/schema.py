@@ -22,6 +22,9 @@ decisions v1: written by ``xbench decide`` outside the store, columns as the gri
 decisions v2: through the store with a fixed schema; adds the closed forms ``b_star``,
     ``u_star`` and ``n_half_bytes`` of each row's chosen fabric (v1 files are not migrated:
     re-run decide, which takes microseconds).
+decisions v3: adds ``layers``, ``holders`` and ``pipeline_layers``, the step each row's
+    times cover (L layers, the chunk on k holders, route's round trip once a step or once a
+    layer); v2 rows read as one layer on one holder, not pipelined.
 kernel_samples v3: adds ``process_run`` (``xbench kernel --runs N`` launches the sweep N
     times into one run) and ``timed_by``, the rank that timed the case (``--np 2`` runs it
     beside a peer waiting in MPI, cases alternating the rank), and ``after_tokens``, the
@@ -251,6 +254,9 @@ DECISIONS_SCHEMA = pa.schema(
         pa.field("segments", pa.int64()),
         pa.field("include_probe", pa.bool_()),
         pa.field("fetch_cost", pa.float64()),  # s; null: the profile's T_move
+        pa.field("layers", pa.int64(), nullable=False),  # L: the times cover L layers' step
+        pa.field("holders", pa.int64(), nullable=False),  # k: instances the chunk is on
+        pa.field("pipeline_layers", pa.bool_(), nullable=False),  # route's trip once a step
         pa.field("decision", pa.string(), nullable=False),  # route, fetch, local
         pa.field("fabric_chosen", pa.string(), nullable=False),
         pa.field("t_route", pa.float64(), nullable=False),  # s per use
@@ -421,7 +427,7 @@ SCHEMA_VERSIONS = {
     PROBE_SAMPLES: 2,
     KERNEL_SAMPLES: 7,
     VALIDATE_SAMPLES: 4,
-    DECISIONS: 2,
+    DECISIONS: 3,
     VALIDATE_SUMMARY: 2,
     COMPARISON: 2,
     SIMULATION: 1,
@@ -492,6 +498,11 @@ def _added_central_column(table: pa.Table) -> pa.Table:
     )
 
 
+def _added_step_columns(table: pa.Table) -> pa.Table:
+    table = _added_columns(pa.int64(), layers=1, holders=1)(table)
+    return _added_columns(pa.bool_(), pipeline_layers=False)(table)
+
+
 # MIGRATIONS[table][v] turns a pyarrow.Table of version v into version v + 1.
 def _added_columns(arrow_type, **defaults):
     """A migration for a version that added columns of one type: older rows read as these."""
@@ -525,6 +536,7 @@ MIGRATIONS: dict[str, dict[int, object]] = {
         6: _added_columns(pa.string(), launch="", plan=""),  # v6: neither recorded ("")
     },
     VALIDATE_SUMMARY: {1: _added_summary_phase_columns},  # v1: no phases
+    DECISIONS: {2: _added_step_columns},  # v2: one layer on one holder
     SIMULATION_VALIDATION: {
         1: _added_costs_column,  # v1: the profile's costs only
         2: _added_floor_columns,  # v2: one replay of the validated trace
