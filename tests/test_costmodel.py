@@ -20,6 +20,7 @@ from xbench.core.costmodel import (
     Profile,
     Request,
     Segment,
+    break_evens,
     decide,
     phase_times,
     thresholds,
@@ -684,3 +685,78 @@ def test_grid_equals_scalar_over_steps(k, spread, requests):
         b_star, u_star = thresholds(profile.fabrics[0], profile.device, req)
         assert b_star == pytest.approx(row.b_star, rel=1e-12)
         assert u_star == pytest.approx(row.u_star, rel=1e-12)
+        payload_star, move_star = break_evens(profile.fabrics[0], profile.device, req)
+        assert payload_star == pytest.approx(row.payload_star, rel=1e-12)
+        assert move_star == pytest.approx(row.fetch_cost_star, rel=1e-9, abs=1e-15)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@given(coefs, shapes, st.integers(1, 512), st.sampled_from([0, 1, 10]), steps)
+def test_the_break_even_points_say_where_route_and_fetch_trade_places(k, shape, rows, reuse, step):
+    """F*: fetch wins exactly while a layer's move costs less (fetch is linear in it, route
+    does not read it). P*: at the request's own payload, route wins exactly when its routed
+    bytes a row are below P* (with the merge-wait terms the crossing of others moves)."""
+    layers, holders, pipelined = step
+    profile = one_segment_profile(**k)
+    f, dev = profile.fabrics[0], profile.device
+    request = Request(
+        rows=rows, reuse=reuse, layers=layers, holders=holders, pipeline_layers=pipelined,
+        **shape,
+    )  # fmt: skip
+    payload_star, move_star = break_evens(f, dev, request)
+    route, fetch, _ = times(f, dev, request)
+    assume(abs(route - fetch) > 1e-9 * max(route, fetch))
+    routed = request.payload_bytes + request.return_bytes
+    assert (route < fetch) == (routed < payload_star), (routed, payload_star, route, fetch)
+    assume(math.isfinite(move_star) and move_star > 1e-9)
+    for move, fetch_wins in ((move_star * 0.999, True), (move_star * 1.001, False)):
+        route, fetch, _ = times(f, dev, request._replace(fetch_cost=move))
+        assume(abs(route - fetch) > 1e-9 * max(route, fetch))
+        assert (fetch < route) == fetch_wins, (move, move_star, route, fetch)
+
+
+@settings(max_examples=200, deadline=None)
+@given(coefs, shapes, st.integers(1, 512), steps)
+def test_wire_parts_add_up_to_the_wire(k, shape, rows, step):
+    """The terms the by column compares are the wire's, grouped by coefficient."""
+    from xbench.core.costmodel import SCALAR, Step, wire_costs, wire_parts
+
+    f = one_segment_profile(**k).fabrics[0]
+    r = Request(rows=rows, **shape)
+    s_q, s_o = rows * r.heads * r.payload_bytes, rows * r.heads * r.return_bytes
+    s_kv = r.chunk_tokens * r.kv_bytes_per_token
+    layers, holders, pipelined = step
+    route_wire, fetch_wire, _ = wire_costs(
+        SCALAR, f.breaks, f.terms(), s_q, s_o, s_kv, r.segments, layers, holders
+    )
+    route, fetch = wire_parts(SCALAR, f.breaks, f.terms(), s_q, s_o, s_kv, r.segments, Step(*step))
+    assert sum(route) == pytest.approx((1 if pipelined else layers) * route_wire, rel=1e-12)
+    assert sum(fetch) == pytest.approx(fetch_wire, rel=1e-12)
+
+
+def test_by_names_the_term_that_separated_the_fabrics():
+    """Two undominated fabrics, each better at one term: the by column names the term the
+    runner-up pays most over the chosen fabric; where local wins it names none, and a fabric
+    alone is ranked by the largest of its own terms."""
+    dev = one_segment_profile(1e-6, 1e10, 0, 1e-5, 0, 0, 1e-3, 0).device
+
+    def fabric(name, alpha=1e-6, beta=2.5e10, o=1e-7):
+        return Fabric(name, (Segment(0, c(alpha), c(beta, unit="B/s")),), c(o))
+
+    small = Request(rows=1, heads=1, chunk_tokens=4096)
+    big = Request(rows=4096, heads=128, chunk_tokens=4096)
+    for first, second, request, term in (
+        # a proxy's o against a longer latency (NCCL against IBGDA)
+        (fabric("a", alpha=2e-6), fabric("b", o=4e-6), small, "overhead"),
+        (fabric("a"), fabric("b", alpha=8e-6, beta=1e11), small, "latency"),
+        (fabric("a", alpha=8e-6, beta=1e11), fabric("b"), big, "bandwidth"),
+    ):
+        profile = Profile("two", (first, second), dev)
+        assert len(profile.candidates) == 2
+        d = decide(profile, request)
+        assert (d.fabric, d.ranked_by) == ("a", term)
+    alone = decide(Profile("one", (fabric("a", o=4e-6),), dev), small)
+    assert alone.ranked_by == "overhead"  # 2 x 4 us of o against 2 us of alpha
+    two = Profile("two", (fabric("a"), fabric("b", alpha=8e-6, beta=1e11)), dev)
+    here = decide(two, small._replace(blocks_local=True))
+    assert (here.choice, here.ranked_by) == ("local", "none")

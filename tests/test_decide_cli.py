@@ -146,6 +146,38 @@ def test_decide_prints_a_decode_step_of_the_models_layers(xbench, tmp_path):
     assert "--layers would be ignored" in said
 
 
+def test_decide_sweeps_the_porting_coefficients_and_prints_their_break_even_points(
+    xbench, tmp_path
+):
+    """--payload and --fetch-cost take lists and ranges (a grid axis each, the return
+    following each payload); the thresholds table and the Parquet give where route and fetch
+    trade places along them, and the rows on either side of a break-even point agree."""
+    out = tmp_path / "d.parquet"
+    r = xbench(
+        "decide", "--payload", "256B:64KiB", "--fetch-cost", "1us,30us,1ms", "--rows", "8",
+        "--chunk", "2048", "--fabric", "ib", "--layers", "1", "--heads", "128", "--out", out,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    said = " ".join(r.stdout.split())
+    assert "P* (route if B/row <)" in said and "F* (fetch if move <, us)" in said
+    assert "as much back a row" in said
+    table = pd.read_parquet(out)
+    assert len(table) == 9 * 3 and set(table.payload_bytes) == {256 * 2**i for i in range(9)}
+    assert (table.return_bytes == table.payload_bytes).all()
+    assert sorted(table.fetch_cost.unique()) == pytest.approx([1e-6, 30e-6, 1e-3])
+    for row in table.itertuples():
+        if row.decision == "local":
+            continue
+        routed = row.payload_bytes + row.return_bytes
+        assert (row.decision == "route") == (routed < row.payload_star)
+        assert (row.decision == "fetch") == (row.fetch_cost < row.fetch_cost_star)
+    assert set(table.decision) == {"route", "fetch"}  # the sweep crosses F*
+    assert "--fetch-cost" in _error_line(
+        xbench("decide", "--payload", "1KB", "--fetch-cost", "fast")
+    )
+    assert "--fetch-cost" in _error_line(xbench("decide", "--payload", "1KB", "--fetch-cost", "2h"))
+
+
 def test_validate_bad_input(xbench):
     priors = ["--profile", "profiles/h100-priors.toml"]
     for args, words in (

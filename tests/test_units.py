@@ -91,6 +91,15 @@ def test_durations_and_int_lists():
 
 def test_duration_lists_are_sorted_distinct_and_bounded():
     assert parse_duration_list("2ms, 500us,2ms", "--idle", 1e-6, 1.0, "500us,2ms") == [5e-4, 2e-3]
-    for bad, words in (("2ms,,4ms", "empty item"), ("2s", "--idle 2s is outside 1us-1s")):
+    for bad, words in (
+        ("2ms,,4ms", "empty item"),
+        ("2s", "--idle 2s is outside 1us-1s"),
+        ("soon", "bad duration 'soon' in --idle"),
+        ("4ms:1ms", "bad --idle range"),
+        ("1ms:2s", "outside 1us-1s"),
+    ):
         with pytest.raises(XbenchError, match=words):
             parse_duration_list(bad, "--idle", 1e-6, 1.0, "500us,2ms")
+    # a doubling range, its ends included
+    got = parse_duration_list("10us:80us,1ms", "--fetch-cost", 0.0, 1.0, "10us:1ms")
+    assert got == pytest.approx([10e-6, 20e-6, 40e-6, 80e-6, 1e-3])

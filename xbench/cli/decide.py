@@ -37,7 +37,8 @@ def decide(
     payload: Annotated[
         str | None,
         typer.Option(
-            help="Routed bytes per query row (S_q/row), e.g. 1KB. One of the two porting coefficients."
+            help="Routed bytes per query row (S_q/row), e.g. 1KB, a list or a doubling range "
+            "256B:64KB. One of the two porting coefficients."
         ),
     ] = None,
     return_: Annotated[
@@ -49,8 +50,8 @@ def decide(
     fetch_cost: Annotated[
         str | None,
         typer.Option(
-            help="Move-the-cache cost of one layer besides the wire, e.g. 50us (default: the "
-            "profile's T_move(c))."
+            help="Move-the-cache cost of one layer besides the wire, e.g. 50us, a list or a "
+            "doubling range 10us:10ms (default: the profile's T_move(c))."
         ),
     ] = None,
     profile: Annotated[
@@ -143,7 +144,7 @@ def decide(
     from xbench.core.grid import decide_grid, expand
     from xbench.core.models import get_model
     from xbench.core.profile import load_profile
-    from xbench.core.units import parse_duration, parse_int_list
+    from xbench.core.units import parse_int_list
     from xbench.resources import DEFAULT_PROFILE, profile_path
     from xbench.results.store import refuse_overwrite
 
@@ -164,7 +165,8 @@ def decide(
         _refuse_overridden(ctx)
         return _decide_scenario(scenario, prof, out, fmt)
     preset = get_model(model) if model else None
-    h, pay, ret, kvb = _request_shape(preset, heads, payload, return_, kv_bytes)
+    h, pays, ret, kvb = _request_shape(preset, heads, payload, return_, kv_bytes)
+    moves = _fetch_costs(fetch_cost)
     if layers is None:
         layers = (preset or get_model(REFERENCE_MODEL)).layers
     # zero or negative rows and tokens are refused below with the scenario files' shapes, by
@@ -178,27 +180,25 @@ def decide(
         raise XbenchError(
             "--segments must be at least 1", "1 = packed fetch, k = one message per block"
         )
-    axes = {"rows": row_list, "chunk_tokens": chunks, "reuse": reuses, "fabric": fabrics}
+    axes = {
+        "rows": row_list, "chunk_tokens": chunks, "reuse": reuses, "fabric": fabrics,
+        "payload_bytes": pays, "fetch_cost": moves,
+    }  # fmt: skip
     grid = expand(axes)
-    grid["heads"], grid["payload_bytes"], grid["return_bytes"], grid["kv_bytes_per_token"] = (
-        h,
-        pay,
-        ret,
-        kvb,
-    )
+    grid["heads"], grid["kv_bytes_per_token"] = h, kvb
+    grid["return_bytes"] = grid["payload_bytes"] if ret is None else ret
     grid["segments"], grid["include_probe"] = segments, probe_phase
     grid["layers"], grid["holders"], grid["pipeline_layers"] = layers, holders, pipeline_layers
-    grid["fetch_cost"] = parse_duration(fetch_cost) if fetch_cost else math.nan
     check_shapes(grid)
     table = decide_grid(prof, grid)
     settings = {
         "profile": prof.name,
         "model": preset.name if preset else None,
         "heads": h,
-        "payload_bytes": pay,
-        "return_bytes": ret,
+        "payload_bytes": pays[0] if len(pays) == 1 else pays,
+        "return_bytes": ret,  # None: each row's payload
         "kv_bytes_per_token": kvb,
-        "fetch_cost_s": parse_duration(fetch_cost) if fetch_cost else None,
+        "fetch_cost_s": None if math.isnan(moves[0]) else (moves[0] if len(moves) == 1 else moves),
         "segments": segments,
         "probe": probe_phase,
         "layers": layers,
@@ -211,23 +211,34 @@ def decide(
 
 
 def _request_shape(preset, heads, payload, return_, kv_bytes) -> tuple:
-    """(heads, payload, return, KV bytes a token) from the options, else the model's."""
-    from xbench.core.units import parse_size
+    """(heads, payloads, return (None: each payload), KV bytes a token) from the options,
+    else the model's."""
+    from xbench.core.units import parse_size, parse_size_list
 
     if preset is None and payload is None:
         raise XbenchError(
             "give --payload (routed bytes per query row) or --model",
             "e.g. xbench decide --payload 1KB, or --model deepseek-v3.2",
         )
-    pay = parse_size(payload) if payload else preset.query_bytes_per_row()
+    # (zero is refused below with the other shapes, by name)
+    pays = parse_size_list(payload, allow_zero=True) if payload else [preset.query_bytes_per_row()]
     ret = (
         parse_size(return_)
         if return_
-        else (preset.return_bytes_per_row() if preset and not payload else pay)
+        else (preset.return_bytes_per_row() if preset and not payload else None)
     )
     kvb = parse_size(kv_bytes) if kv_bytes else (preset.kv_bytes_per_token() if preset else 1152)
     h = heads if heads is not None else (preset.q_heads if preset else 1)
-    return h, pay, ret, kvb
+    return h, pays, ret, kvb
+
+
+def _fetch_costs(fetch_cost: str | None) -> list[float]:
+    """--fetch-cost: the move costs in seconds, or [NaN] (the profile's T_move)."""
+    from xbench.core.units import parse_duration_list
+
+    if not fetch_cost:
+        return [math.nan]
+    return parse_duration_list(fetch_cost, "--fetch-cost", 0.0, 3600.0, "50us,1ms or 10us:10ms")
 
 
 def _fabrics(prof, fabric: str) -> list:
@@ -411,29 +422,36 @@ def _write(table, prof, settings, out: Path | None) -> Path:
     return write_table(path, DECISIONS, frame, meta)
 
 
+def _first(value):
+    """A setting's value, or its first where it holds a list."""
+    return value[0] if isinstance(value, list) else value
+
+
 def _thresholds(prof, rows: int, chunks, settings: dict, fabrics) -> list:
-    """(fabric, chunk, b*, u*, n_1/2) at the fewest rows, per fabric and chunk."""
-    from xbench.core.costmodel import Request, thresholds
+    """(fabric, chunk, b*, u*, P*, F*, n_1/2) at the fewest rows, the first payload and
+    fetch cost, per fabric and chunk."""
+    from xbench.core.costmodel import Request, break_evens, thresholds
 
     out = []
     chosen = prof.fabrics if fabrics == [None] else [prof.fabric(n) for n in fabrics]
+    payload = _first(settings["payload_bytes"])
     for f in chosen:
         for c in chunks:
             req = Request(
                 rows=rows,
                 heads=settings["heads"],
                 chunk_tokens=c,
-                payload_bytes=settings["payload_bytes"],
-                return_bytes=settings["return_bytes"],
+                payload_bytes=payload,
+                return_bytes=settings["return_bytes"] or payload,
                 kv_bytes_per_token=settings["kv_bytes_per_token"],
                 segments=settings["segments"],
-                fetch_cost=settings["fetch_cost_s"],
+                fetch_cost=_first(settings["fetch_cost_s"]),
                 layers=settings["layers"],
                 holders=settings["holders"],
                 pipeline_layers=settings["pipeline_layers"],
             )
-            b_star, u_star = thresholds(f, prof.device, req)
-            out.append((f.name, c, b_star, u_star, f.half_performance_bytes()))
+            forms = (*thresholds(f, prof.device, req), *break_evens(f, prof.device, req))
+            out.append((f.name, c, *forms, f.half_performance_bytes()))
     return out
 
 
@@ -454,34 +472,39 @@ def _step_words(settings: dict) -> str:
     return words
 
 
+def _sizes_words(settings: dict) -> str:
+    payload, back = settings["payload_bytes"], settings["return_bytes"]
+    out = f"{min(payload)}-{max(payload)} B" if isinstance(payload, list) else f"{payload} B"
+    return f"{out} out and {'as much' if back is None else f'{back} B'} back a row"
+
+
 def _render(f, thresholds, prof, settings, path) -> None:
+    from xbench.core.units import format_duration, format_size
+
     heads = settings["heads"]
-    title = (
-        f"xbench decide on profile '{prof.name}' (times in us {_step_words(settings)}): "
-        f"{heads} {'row' if heads == 1 else 'rows'} a token, {settings['payload_bytes']} B out "
-        f"and {settings['return_bytes']} B back a row, {settings['kv_bytes_per_token']} B of KV "
-        "a token a layer"
+    title = f"xbench decide on profile '{prof.name}': times in us {_step_words(settings)}"
+    shapes = (
+        f"{heads} {'row' if heads == 1 else 'rows'} a token, {_sizes_words(settings)}, "
+        f"{settings['kv_bytes_per_token']} B of KV a token a layer"
     )
     any_prior = bool(f["prior"].any())
-    caption = None
-    table = result_table(title, caption)
-    for col in (
-        "rows",
-        "chunk",
-        "reuse",
-        "decision",
-        "fabric",
-        "by",
-        "route",
-        "fetch",
-        "local",
-        "margin",
-    ):
+    table = result_table(title, shapes)
+    # the porting coefficients get a column where the run swept them
+    swept = [
+        (name, column, show)
+        for name, column, show in (
+            ("payload", "payload_bytes", lambda v: format_size(int(v))),
+            ("move", "fetch_cost", format_duration),
+        )
+        if column in f.columns and f[column].nunique() > 1
+    ]
+    columns = ["rows", "chunk", "reuse", *(name for name, _, _ in swept)]
+    for col in (*columns, "decision", "fabric", "by", "route", "fetch", "local", "margin"):
         table.add_column(
             col,
             justify="left" if col in ("decision", "fabric", "by") else "right",
             no_wrap=True,
-            min_width=len(col),
+            min_width=max(len(col), 3),
         )
     for r in f.itertuples():
         flags = ("?" if r.uncertain else "") + ("*" if r.prior else "")
@@ -490,9 +513,10 @@ def _render(f, thresholds, prof, settings, path) -> None:
             str(r.rows),
             str(r.chunk_tokens),
             str(r.reuse),
+            *(show(getattr(r, column)) for _, column, show in swept),
             Text.assemble((r.decision, style), flags),
             str(r.fabric_chosen),
-            "lat" if r.ranked_by == "latency" else "bw",
+            _BY[r.ranked_by],
             _us(r.t_route),
             _us(r.t_fetch),
             _us(r.t_local),
@@ -501,8 +525,9 @@ def _render(f, thresholds, prof, settings, path) -> None:
     console.print(table)
     notes(
         f"written to {path}",
-        "? = uncertain (the coefficients' 95% intervals allow another answer); by: latency "
-        "or bandwidth ranked the fabric"
+        "? = uncertain (the coefficients' 95% intervals allow another answer); by: the wire "
+        "term (lat: alpha, bw: bytes/beta, ovh: o) the next fabric pays most over the chosen "
+        "one (with one fabric, the largest of its own; - where local wins)"
         + (
             "; * rests on datasheet priors: measure and xbench fit to replace them"
             if any_prior
@@ -510,15 +535,9 @@ def _render(f, thresholds, prof, settings, path) -> None:
         ),
     )
     th = result_table("closed-form thresholds (at the smallest batch)")
-    for col in (
-        "fabric",
-        "chunk",
-        "b* (route if b <)",
-        "u* (fetch if 1+r >)",
-        "n1/2 (B)",
-    ):
+    for col in ("fabric", "chunk", "b* (route if b <)", "u* (fetch if 1+r >)", "n1/2 (B)"):
         th.add_column(col, justify="left" if col == "fabric" else "right")
-    for name, c, b_star, u_star, n_half in thresholds:
+    for name, c, b_star, u_star, _, _, n_half in thresholds:
         th.add_row(
             name,
             str(c),
@@ -527,3 +546,30 @@ def _render(f, thresholds, prof, settings, path) -> None:
             f"{n_half:,.0f}",
         )
     console.print(th)
+    even = result_table("where route and fetch trade places (at the smallest batch)")
+    for col in ("fabric", "chunk", "P* (route if B/row <)", "F* (fetch if move <, us)"):
+        even.add_column(col, justify="left" if col == "fabric" else "right")
+    for name, c, _, _, payload_star, move_star, _ in thresholds:
+        even.add_row(
+            name,
+            str(c),
+            _break_even(payload_star, "{:,.0f}"),
+            _break_even(move_star * 1e6, "{:,.1f}"),
+        )
+    console.print(even)
+    notes(
+        "P*: routed bytes a row, out and back; F*: a layer's move cost besides the wire; "
+        "never: the other option wins at any value"
+    )
+
+
+# The by column's short names for what ranked the fabric (Decision.ranked_by)
+_BY = {"latency": "lat", "bandwidth": "bw", "overhead": "ovh", "none": "-"}
+
+
+def _break_even(value: float, form: str) -> str:
+    """A break-even point, or where nothing flips along it: never (the other option wins
+    at any value) or - (no crossing)."""
+    if value == math.inf:
+        return "-"
+    return form.format(value) if value > 0 else "never"

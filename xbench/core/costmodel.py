@@ -594,7 +594,7 @@ class Decision(NamedTuple):
     t_local: float  # s (inf when the blocks are remote and no recompute cost is known)
     margin: float  # runner-up time minus winner time, s
     uncertain: bool  # the coefficients' intervals allow another answer
-    ranked_by: str  # latency or bandwidth: what ranked the chosen fabric
+    ranked_by: str  # latency, bandwidth, overhead (the wire term that ranked the fabric) or none
     prior: bool  # rests on at least one datasheet prior
 
 
@@ -625,6 +625,10 @@ def _scalar_minimum(a, b):
     return a if a <= b else b
 
 
+def _scalar_maximum(a, b):
+    return a if a >= b else b
+
+
 def _scalar_pick(index, table: tuple):
     return table[index]
 
@@ -638,6 +642,7 @@ class ScalarOps(NamedTuple):
     any: object = bool
     expm1: object = math.expm1
     minimum: object = _scalar_minimum
+    maximum: object = _scalar_maximum
     pick: object = _scalar_pick
 
 
@@ -822,17 +827,62 @@ def option_times(
     return route, fetch * dev.per_use
 
 
-def fetch_message_bytes(s_kv, step: Step):
-    """The bytes of one of a fetch's messages (a holder's share of every layer's KV): the
-    size that ranks fabrics by latency or bandwidth."""
-    return step.layers * s_kv / step.holders
+def wire_parts(ops, breaks, fabric_terms: tuple, s_q, s_o, s_kv, n_seg, step: Step) -> tuple:
+    """Each option's wire over a step split by what it pays for: ((overhead, latency,
+    bandwidth) of route's round trips, the same of fetch's transfer), the terms of
+    :func:`wire_costs` grouped by coefficient (o, alpha, 1/beta) instead of by message."""
+    layers, holders, pipelined = step
+    o, segs, blocks = fabric_terms
+    _, _, (a_q, ib_q), (a_o, ib_o) = route_legs(ops, breaks, fabric_terms, s_q, s_o, holders)
+    wired = ops.where(pipelined, 1, layers)
+    route = (
+        wired * (2 * holders * o),
+        wired * (a_q + a_o),
+        wired * (holders * (s_q * ib_q + s_o * ib_o)),
+    )
+    kv = layers * s_kv
+    a_kv, ib_kv = ops.piece(breaks, segs, kv / holders) if breaks else segs[0]
+    fetch = (holders * n_seg * o, a_kv, kv * ib_kv)
+    if blocks is not None and ops.any(n_seg != 1):
+        paged = n_seg != 1
+        fetch = (
+            fetch[0],
+            ops.where(paged, blocks[0], a_kv),
+            ops.where(paged, kv * blocks[1], fetch[2]),
+        )
+    return route, fetch
+
+
+# What separated the chosen fabric from the others (Decision.ranked_by), in the order ties
+# are settled; "none" where local wins (no wire)
+SEPARATING = ("latency", "bandwidth", "overhead", "none")
+
+
+def separating_term(ops, choice, own: tuple, other: tuple, has_other, labels=SEPARATING):
+    """The wire term that ranked the chosen fabric: of the winner's terms (latency,
+    bandwidth, overhead: :func:`wire_parts`), the one by which the runner-up fabric pays
+    most over the chosen one; where no other fabric competed, the largest of the chosen
+    fabric's own; ``labels[3]`` where local wins. ``own`` and ``other``: wire_parts of the
+    chosen and the runner-up fabric; ``labels``: names, or codes for a grid."""
+    where = ops.where
+
+    def winners(parts):  # (latency, bandwidth, overhead) of the option that won
+        (r_o, r_a, r_b), (f_o, f_a, f_b) = parts
+        return tuple(where(choice == 0, r, f) for r, f in ((r_a, f_a), (r_b, f_b), (r_o, f_o)))
+
+    mine, theirs = winners(own), winners(other)
+    lat, bw, ovh = (where(has_other, t - m, m) for m, t in zip(mine, theirs, strict=True))
+    label = where((lat >= bw) & (lat >= ovh), labels[0], where(bw >= ovh, labels[1], labels[2]))
+    return where(choice == 2, labels[3], label)
 
 
 def closed_forms(
     ops, breaks, fabric_terms, heads, payload, ret, s_q, s_o, s_kv, n_seg, dev: DeviceSide,
     step: Step = ONE_LAYER,
 ):  # fmt: skip
-    """(b*, u*): route beats fetch for every b < b*; fetch beats route once 1 + r > u*.
+    """(b*, u*, P*, F*): route beats fetch for every b < b*; fetch beats route once 1 + r >
+    u*; route beats fetch while its routed bytes a row (out and back, in the request's
+    ratio) are below P*; fetch beats route while a layer's move costs less than F*.
 
     Over a step of L layers with the chunk on k holders, route paying its round trip W
     times (L, or 1 when pipelined): from T_route = T_fetch, with dm = route's attention and
@@ -840,7 +890,13 @@ def closed_forms(
     same device on both sides; else taken at the request's own rows, since it grows with
     them), and S the fetch's saving on its spliced chunk (it does not grow with the rows):
     b* = (fetch wire + L (T_move - S) - W route's fixed wire - L dm) / (W k h (P/beta_q +
-    R/beta_o)), u* = (fetch wire + L (T_move - S)) / (W route wire + L dm).
+    R/beta_o)), u* = (fetch wire + L (T_move - S)) / (W route wire + L dm). With r reuses,
+    route's byte terms scaled by x meet fetch's time per use at x* = ((fetch wire + L (T_move
+    - S)) / (1 + r) - L dm - W route's fixed wire) / (W k (S_q/beta_q + S_o/beta_o)), so P*
+    = x* (P + R); and F* = ((W route wire + L dm) (1 + r) - fetch wire) / L + S. P* and F*
+    hold where the request's messages stay in their segments (the porting coefficients'
+    break-even points); each is inf where nothing flips along it and <= 0 where the other
+    option wins at any value.
     """
     layers, holders, pipelined = step
     route_wire, fetch_wire, (route_fixed, ib_q, ib_o) = wire_costs(
@@ -857,7 +913,11 @@ def closed_forms(
     )
     routed = wired * route_wire + layers * dm
     u_star = ops.where(routed > 0, moved / _nonzero(ops, routed), INF)
-    return b_star, u_star
+    bytes_time = (wired * holders) * (s_q * ib_q + s_o * ib_o)
+    scale = (moved * dev.per_use - layers * dm - wired * route_fixed) / _nonzero(ops, bytes_time)
+    payload_star = ops.where(bytes_time > 0, scale * (payload + ret), INF)
+    fetch_cost_star = (routed / dev.per_use - fetch_wire) / layers + dev.saved
+    return b_star, u_star, payload_star, fetch_cost_star
 
 
 def _nonzero(ops, x):
@@ -941,14 +1001,25 @@ def phase_times(f: Fabric, device: Device, r: Request, end: int = VALUE) -> dict
     return {"route": route, "fetch": fetch, "local": local_phases}
 
 
-def thresholds(f: Fabric, device: Device, r: Request) -> tuple[float, float]:
-    """Closed forms (b*, u*) for ``r``'s shape on fabric ``f`` (see :func:`closed_forms`)."""
+def _closed_forms(f: Fabric, device: Device, r: Request) -> tuple:
     dev = _request_device(device.terms(VALUE), r)
     s_q, s_o, s_kv = _request_sizes(r)
     return closed_forms(
         SCALAR, f.breaks, f.terms(VALUE), r.heads, r.payload_bytes, r.return_bytes, s_q, s_o,
         s_kv, r.segments, dev, _request_step(r),
     )  # fmt: skip
+
+
+def thresholds(f: Fabric, device: Device, r: Request) -> tuple[float, float]:
+    """Closed forms (b*, u*) for ``r``'s shape on fabric ``f`` (see :func:`closed_forms`)."""
+    return _closed_forms(f, device, r)[:2]
+
+
+def break_evens(f: Fabric, device: Device, r: Request) -> tuple[float, float]:
+    """Where route and fetch trade places along the two porting coefficients, for ``r``'s
+    shape on fabric ``f`` (:func:`closed_forms`): (routed bytes a row, out and back, below
+    which route wins; a layer's move cost, in s, below which fetch wins)."""
+    return _closed_forms(f, device, r)[2:]
 
 
 # ---------------------------------------------------------------------------------------
@@ -1014,18 +1085,27 @@ def _by_index(ops, index, values: tuple):
     return out
 
 
-class _Shape(NamedTuple):
-    """What a compiled decide() is specialised on: the request's choices that change
-    which terms enter (not its numbers)."""
+def _parts_by_index(ops, index, parts: list) -> tuple:
+    """:func:`wire_parts` of the fabric ``index`` picks among ``parts``."""
+    return tuple(
+        tuple(_by_index(ops, index, [p[option][term] for p in parts]) for term in range(3))
+        for option in range(2)
+    )
 
-    fabric: str | None
-    fetch_given: bool
-    probe: bool
-    blocks_local: bool
+
+class _Shape(NamedTuple):
+    """What a compiled decision is specialised on: the request's choices that change which
+    terms enter (not its numbers). None: the choice is a column of a grid, per row."""
+
+    fabric: str | None  # the fabric asked for; None: every undominated fabric competes
+    fetch_given: bool | None  # a fetch cost replaces T_move (a grid's column: NaN where not)
+    probe: bool | None  # the probe's round trip is paid (a grid's: include_probe)
+    blocks_local: bool | None
     packed: bool  # one message (segments == 1)
     one_layer: bool
     one_holder: bool
-    pipelined: bool
+    pipelined: bool | None
+    codes: bool = False  # a grid's: answers as codes, the closed forms after them
 
 
 def _shape_of(r: Request) -> _Shape:
@@ -1035,39 +1115,86 @@ def _shape_of(r: Request) -> _Shape:
     )  # fmt: skip
 
 
-def decision_formula(ops, profile: Profile, shape: _Shape, read) -> tuple:
-    """decide()'s answer, written once over ``ops``: :func:`decide` runs it compiled for
-    the profile (:mod:`xbench.core.tracing`). ``read(field)`` gives a request field.
+class _Terms(NamedTuple):
+    """A request as the formulas read it (values, traced values or a grid's columns)."""
 
-    Each fabric's route and fetch at the coefficients' values; the fabric whose best option
-    is fastest (the first among equals; the profile's first when local wins everywhere);
-    the winner and runner-up there; uncertain where the winner's time at the slow end of
-    the intervals reaches another option's at the fast end.
-    """
-    device = profile.device
+    rows: object  # b * h query rows
+    chunk: object
+    s_q: object
+    s_o: object
+    s_kv: object
+    n_seg: object
+    probe: object  # None: no probe; NaN where a row does not pay it
+    step: Step
+    ends: tuple  # device_side at the value, low and high ends
+    fixed_move: object  # a fetch cost replaces T_move
+
+
+def _request_terms(ops, device: Device, shape: _Shape, read) -> _Terms:
+    def column_or(flag, name):  # a choice the shape fixes, or the grid's column
+        return read(name) if flag is None else flag
+
     rows = read("rows") * read("heads")
     chunk = read("chunk_tokens")
-    s_q, s_o, s_kv = (
-        rows * read("payload_bytes"),
-        rows * read("return_bytes"),
-        chunk * read("kv_bytes_per_token"),
-    )
+    s_q, s_o = rows * read("payload_bytes"), rows * read("return_bytes")
+    s_kv = chunk * read("kv_bytes_per_token")
     n_seg = 1 if shape.packed else read("segments")
-    fetch_cost = read("fetch_cost") if shape.fetch_given else math.nan
-    probe = read("probe_bytes") if shape.probe else None
-    reuse = read("reuse")
+    fetch_cost = math.nan if shape.fetch_given is False else read("fetch_cost")
+    fixed_move = fetch_cost == fetch_cost if shape.fetch_given is None else shape.fetch_given
+    if shape.probe is None:  # NaN where a row does not pay it
+        probe = ops.where(read("include_probe"), read("probe_bytes"), math.nan)
+    else:
+        probe = read("probe_bytes") if shape.probe else None
     step = Step(
         1 if shape.one_layer else read("layers"),
         1 if shape.one_holder else read("holders"),
-        shape.pipelined,
+        column_or(shape.pipelined, "pipeline_layers"),
     )
-    value, low, high = (
+    blocks_local = column_or(shape.blocks_local, "blocks_local")
+    ends = tuple(
         device_side(
-            ops, device.terms(end), rows, chunk, reuse, n_seg, fetch_cost, shape.blocks_local,
+            ops, device.terms(end), rows, chunk, read("reuse"), n_seg, fetch_cost, blocks_local,
             step.holders,
         )
         for end in (VALUE, LOW, HIGH)
     )  # fmt: skip
+    return _Terms(rows, chunk, s_q, s_o, s_kv, n_seg, probe, step, ends, fixed_move)
+
+
+def _rank(ops, at_value: list, local, ranked: int, first: int) -> tuple:
+    """(the fabric chosen, the next best or -1) among the first ``ranked`` of ``at_value``
+    ((route, fetch) per fabric): the fabric whose best option is fastest, the first among
+    equals; ``first`` (the profile's first fabric) where local wins on every fabric."""
+    index, runner_up = 0, -1
+    if not ranked:
+        return index, runner_up
+    best = second_best = INF
+    for k, (route_k, fetch_k) in enumerate(at_value[:ranked]):
+        time_k = ops.minimum(ops.minimum(route_k, fetch_k), local)
+        if k == 0:  # (the first's time is below inf, or every time is inf)
+            best = time_k
+            continue
+        better, second = time_k < best, time_k < second_best
+        runner_up = ops.where(better, index, ops.where(second, k, runner_up))
+        second_best = ops.where(better, best, ops.where(second, time_k, second_best))
+        best, index = ops.where(better, time_k, best), ops.where(better, k, index)
+    return ops.where(best == local, first, index), runner_up
+
+
+def decision_formula(ops, profile: Profile, shape: _Shape, read) -> tuple:
+    """decide()'s answer, written once over ``ops``: :func:`decide` runs it compiled for
+    the profile (:mod:`xbench.core.tracing`), the grid compiled for numpy blocks.
+    ``read(field)`` gives a request field.
+
+    Each fabric's route and fetch at the coefficients' values; the fabric whose best option
+    is fastest (the first among equals; the profile's first when local wins everywhere);
+    the winner and runner-up there; uncertain where the winner's time at the slow end of
+    the intervals reaches another option's at the fast end; what ranked the fabric. With
+    ``shape.codes`` (a grid's), the answers are codes and the closed forms on the chosen
+    fabric and its n_1/2 follow them.
+    """
+    device, t = profile.device, _request_terms(ops, profile.device, shape, read)
+    value, low, high = t.ends
     if shape.fabric is not None:
         evaluated, ranked = [profile.fabric(shape.fabric)], 0
     else:  # the fabrics no other beats at every size, and the profile's first
@@ -1077,48 +1204,61 @@ def decision_formula(ops, profile: Profile, shape: _Shape, read) -> tuple:
             evaluated.append(profile.fabrics[0])
 
     def on(f: Fabric, end: int, dev: tuple) -> tuple:
-        return option_times(ops, f.breaks, f.terms(end), dev, s_q, s_o, s_kv, n_seg, probe, step)
+        wire = (t.s_q, t.s_o, t.s_kv, t.n_seg)
+        return option_times(ops, f.breaks, f.terms(end), dev, *wire, t.probe, t.step)
 
-    local = local_time(value, step.layers)
+    local = local_time(value, t.step.layers)
     at_value = [on(f, VALUE, value) for f in evaluated]
-    index = 0
-    if ranked:
-        best = INF
-        for k, (route_k, fetch_k) in enumerate(at_value[:ranked]):
-            time_k = ops.minimum(ops.minimum(route_k, fetch_k), local)
-            if k == 0:  # (the first's time is below inf, or every time is inf)
-                best = time_k
-                continue
-            better = time_k < best
-            best, index = ops.where(better, time_k, best), ops.where(better, k, index)
-        # local wins on every fabric: the profile's first, as the full ranking reports it
-        index = ops.where(best == local, evaluated.index(profile.fabrics[0]), index)
+    first = evaluated.index(profile.fabrics[0]) if ranked else 0
+    index, runner_up = _rank(ops, at_value, local, ranked, first)
     route, fetch = (_by_index(ops, index, times) for times in zip(*at_value, strict=True))
     choice, winner, second, runner = choose(ops, route, fetch, local)
 
     def at_end(end: int, dev: tuple) -> tuple:  # (route, fetch, local) on the fabric chosen
         routes, fetches = zip(*(on(f, end, dev) for f in evaluated), strict=True)
         routes, fetches = (_by_index(ops, index, times) for times in (routes, fetches))
-        return routes, fetches, local_time(dev, step.layers)
+        return routes, fetches, local_time(dev, t.step.layers)
 
-    slow, fast = at_end(HIGH, high), at_end(LOW, low)
-    size = ops.where(choice == 1, fetch_message_bytes(s_kv, step), s_q)
-    n_half = ops.pick(index, tuple(f.half_performance_bytes() for f in evaluated))
+    parts = [
+        wire_parts(ops, f.breaks, f.terms(VALUE), t.s_q, t.s_o, t.s_kv, t.n_seg, t.step)
+        for f in evaluated
+    ]
+    codes = shape.codes
+    by = separating_term(
+        ops, choice, _parts_by_index(ops, index, parts),
+        _parts_by_index(ops, ops.maximum(runner_up, 0), parts), runner_up >= 0,
+        (0, 1, 2, 3) if codes else SEPARATING,
+    )  # fmt: skip
     prior = prior_flag(
         ops, ops.pick(index, tuple(f.prior for f in evaluated)), device.prior_by_option,
-        choice, second, shape.fetch_given,
+        choice, second, t.fixed_move,
     )  # fmt: skip
-    return (
-        ops.pick(choice, (ROUTE, FETCH, LOCAL)),
-        ops.pick(index, tuple(f.name for f in evaluated)),
+    names = [profile.fabrics.index(f) for f in evaluated] if codes else [f.name for f in evaluated]
+    answer = (
+        choice if codes else ops.pick(choice, (ROUTE, FETCH, LOCAL)),
+        ops.pick(index, tuple(names)),
         route,
         fetch,
         local,
         runner - winner,
-        interval_reaches(ops, choice, slow, fast),
-        ops.where(size < n_half, "latency", "bandwidth"),
+        interval_reaches(ops, choice, at_end(HIGH, high), at_end(LOW, low)),
+        by,
         prior,
     )
+    return answer + (_grid_extras(ops, evaluated, index, t, read) if codes else ())
+
+
+def _grid_extras(ops, evaluated: list, index, t: _Terms, read) -> tuple:
+    """b*, u*, P* and F* on the fabric chosen, and its n_1/2."""
+    forms = [
+        closed_forms(
+            ops, f.breaks, f.terms(VALUE), read("heads"), read("payload_bytes"),
+            read("return_bytes"), t.s_q, t.s_o, t.s_kv, t.n_seg, t.ends[0], t.step,
+        )
+        for f in evaluated
+    ]  # fmt: skip
+    chosen = tuple(_by_index(ops, index, column) for column in zip(*forms, strict=True))
+    return chosen + (ops.pick(index, tuple(f.half_performance_bytes() for f in evaluated)),)
 
 
 def _compile_decide(profile: Profile, shape: _Shape):

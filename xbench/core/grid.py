@@ -23,6 +23,7 @@ from xbench.core.costmodel import (
     LOCAL,
     LOW,
     ROUTE,
+    SEPARATING,
     VALUE,
     DeviceSide,
     Profile,
@@ -31,16 +32,17 @@ from xbench.core.costmodel import (
     choose,
     closed_forms,
     device_side,
-    fetch_message_bytes,
     interval_reaches,
     local_time,
     option_times,
     prior_flag,
+    separating_term,
+    wire_parts,
 )
 
 REQUEST_DEFAULTS = dict(Request._field_defaults)
 CHOICES = pd.CategoricalDtype([ROUTE, FETCH, LOCAL])
-RANKS = pd.CategoricalDtype(["latency", "bandwidth"])
+RANKS = pd.CategoricalDtype(list(SEPARATING))
 BLOCK = 1 << 16
 _FLAGS = ("include_probe", "blocks_local", "pipeline_layers")
 MAX_THREADS = 8
@@ -182,6 +184,8 @@ def decide_grid(profile: Profile, grid, *, threads: int | None = None) -> pd.Dat
         "prior": np.empty(n, bool),
         "b_star": np.empty(n),
         "u_star": np.empty(n),
+        "payload_star": np.empty(n),
+        "fetch_cost_star": np.empty(n),
         "n_half": np.empty(n),
     }
 
@@ -266,6 +270,8 @@ def _decisions(results: dict, names: list, index) -> pd.DataFrame:
             "prior": results["prior"],
             "b_star": results["b_star"],
             "u_star": results["u_star"],
+            "payload_star": results["payload_star"],
+            "fetch_cost_star": results["fetch_cost_star"],
             "n_half_bytes": results["n_half"],
         },
         index=index,
@@ -313,22 +319,22 @@ def _flag(values):
     return values.astype(bool) if np.ndim(values) else bool(values)
 
 
-def _closed_forms(profile: Profile, cols, dev, best_f, n: int):
-    """b* and u* of each request on the fabric chosen for it."""
-    b_star, u_star = np.empty(n), np.empty(n)
+def _closed_forms(profile: Profile, cols, dev, best_f, n: int) -> list:
+    """b*, u*, P* and F* of each request on the fabric chosen for it."""
+    out = [np.empty(n) for _ in range(4)]
     s_q, s_o, s_kv, nseg = cols.s_q, cols.s_o, cols.s_kv, cols.segments
     heads, payload, ret = cols.heads, cols.payload, cols.ret
     for k, f in enumerate(profile.fabrics):
         mine = best_f == k
         if not mine.any():
             continue
-        b, u = closed_forms(
+        forms = closed_forms(
             ARRAY, f.breaks, f.terms(VALUE), heads, payload, ret, s_q, s_o, s_kv, nseg, dev,
             cols.step,
         )  # fmt: skip
-        b_star[mine] = np.broadcast_to(b, (n,))[mine]
-        u_star[mine] = np.broadcast_to(u, (n,))[mine]
-    return b_star, u_star
+        for column, form in zip(out, forms, strict=True):
+            column[mine] = np.broadcast_to(form, (n,))[mine]
+    return out
 
 
 def _fabric_times(profile: Profile, cols, codes, dev_val, n: int):
@@ -365,14 +371,53 @@ def _best_fabric(route_f, fetch_f, local, active, n: int):
     if len(active) == 1:
         return best_f, route_f[first], fetch_f[first]
     best_t = np.full(n, np.inf)
-    for k, rows_k in active:
-        t_k = np.minimum(np.minimum(route_f[k], fetch_f[k]), local)
-        if rows_k is not None and not rows_k.all():
-            t_k[~rows_k] = np.inf  # local is open to every row, this fabric is not
+    for k, t_k in _best_times(route_f, fetch_f, local, active):
         np.putmask(best_f, t_k < best_t, k)
         np.minimum(best_t, t_k, out=best_t)
     flat = best_f * n + np.arange(n)
     return best_f, route_f.ravel()[flat], fetch_f.ravel()[flat]
+
+
+def _best_times(route_f, fetch_f, local, active):
+    """(fabric, its best option's time per row, inf where the row may not take it)."""
+    for k, rows_k in active:
+        t_k = np.minimum(np.minimum(route_f[k], fetch_f[k]), local)
+        if rows_k is not None and not rows_k.all():
+            t_k[~rows_k] = np.inf  # local is open to every row, this fabric is not
+        yield k, t_k
+
+
+def _runner_up(profile: Profile, route_f, fetch_f, local, active, best_f, n: int):
+    """Per row, the undominated fabric next to the one chosen (the first among equals), as
+    decide() ranks them; -1 where no other competed."""
+    kept = {i for i, f in enumerate(profile.fabrics) if f in profile.candidates}
+    runner_f, second_t = np.full(n, -1, dtype=np.intp), np.full(n, np.inf)
+    for k, t_k in _best_times(route_f, fetch_f, local, [a for a in active if a[0] in kept]):
+        better = (t_k < second_t) & (best_f != k)
+        np.putmask(runner_f, better, k)
+        np.putmask(second_t, better, t_k)
+    return runner_f
+
+
+def _separating(profile: Profile, cols, choice, best_f, runner_f, n: int):
+    """:func:`separating_term` per row, as codes of SEPARATING."""
+    own = [[np.zeros(n) for _ in range(3)] for _ in range(2)]
+    other = [[np.zeros(n) for _ in range(3)] for _ in range(2)]
+    for k, f in enumerate(profile.fabrics):
+        mine, theirs = best_f == k, runner_f == k
+        if not (mine.any() or theirs.any()):
+            continue
+        parts = wire_parts(
+            ARRAY, f.breaks, f.terms(VALUE), cols.s_q, cols.s_o, cols.s_kv, cols.segments,
+            cols.step,
+        )  # fmt: skip
+        for option in range(2):
+            for term in range(3):
+                value = np.broadcast_to(parts[option][term], (n,))
+                own[option][term][mine] = value[mine]
+                other[option][term][theirs] = value[theirs]
+    codes = separating_term(ARRAY, choice, own, other, runner_f >= 0, labels=(0, 1, 2, 3))
+    return np.asarray(codes, dtype=np.int8)
 
 
 def _priors(profile: Profile, cols, best_f, choice, second, n: int):
@@ -426,15 +471,17 @@ def _decide_block(profile: Profile, cols, codes, n: int) -> dict:
     local = _full(local_time(dev_val, cols.step.layers), n)
     route_f, fetch_f, active = _fabric_times(profile, cols, codes, dev_val, n)
     best_f, route, fetch = _best_fabric(route_f, fetch_f, local, active, n)
+    runner_f = _runner_up(profile, route_f, fetch_f, local, active, best_f, n)
     choice, winner, second, runner = choose(ARRAY, route, fetch, local)
     choice = choice.astype(np.int8)
     n_half = np.array([f.half_performance_bytes() for f in profile.fabrics])[best_f]
-    size = np.where(choice == 1, fetch_message_bytes(cols.s_kv, cols.step), cols.s_q)
-    b_star, u_star = _closed_forms(profile, cols, dev_val, best_f, n)
+    b_star, u_star, payload_star, fetch_cost_star = _closed_forms(profile, cols, dev_val, best_f, n)
     times = (route, fetch, local, winner, runner)
     return {
         "b_star": b_star,
         "u_star": u_star,
+        "payload_star": payload_star,
+        "fetch_cost_star": fetch_cost_star,
         "n_half": n_half,
         "choice": choice,
         "fabric": best_f.astype(np.int16),
@@ -443,6 +490,6 @@ def _decide_block(profile: Profile, cols, codes, n: int) -> dict:
         "local": local,
         "margin": runner - winner,
         "uncertain": _uncertain(profile, cols, best_f, choice, times, n),
-        "ranked": (size >= n_half).astype(np.int8),
+        "ranked": _separating(profile, cols, choice, best_f, runner_f, n),
         "prior": _priors(profile, cols, best_f, choice, second, n),
     }

@@ -81,11 +81,15 @@ class Tracer:
     """Records the lines of one function: each operation on traced values is one line
     ``vN = <expression>`` (the same expression twice is one line), constants are folded."""
 
-    def __init__(self):
+    def __init__(self, array: bool = False):
         self.lines: list[tuple[tuple, str, tuple]] = []  # (targets, expression, uses)
         self.constants: dict = {}
+        self._tables: dict = {}  # table -> its constant's name
         self._seen: dict[str, Traced | tuple] = {}
         self._names = count()
+        # array: the function runs on numpy arrays (a block of requests), choices and
+        # lookups by numpy's where and searchsorted; else on Python floats
+        self.array = array
 
     def input(self, name: str) -> Traced:
         """A field of the function's argument, a NamedTuple (unpacked on entry)."""
@@ -99,9 +103,15 @@ class Tracer:
             return "INF" if x > 0 else "-INF" if x < 0 else "NAN"
         if isinstance(x, (bool, int, float, str)) or x is None:
             return repr(x)
-        name = f"K{len(self.constants)}"  # a table (tuple): a named constant
-        self.constants[name] = x
-        return name
+        key = (tuple(map(type, x)), x)  # (True == 1: a table of flags is not one of ints)
+        if key not in self._tables:  # a table (tuple): a named constant
+            name = self._tables[key] = f"K{len(self.constants)}"
+            if self.array:
+                import numpy as np
+
+                x = np.asarray(x)
+            self.constants[name] = x
+        return self._tables[key]
 
     def line(self, expression: str, uses: tuple, width: int = 0):
         """The value(s) of ``expression``; ``width`` > 0 unpacks a tuple of that many."""
@@ -154,13 +164,15 @@ class Tracer:
         """The function of one argument ``r``, a tuple of ``fields``, that returns
         ``results`` as a tuple."""
         text = self.source(name, fields, results)
-        namespace = {
-            "bisect_right": bisect_right,
-            "expm1": math.expm1,
-            "INF": math.inf,
-            "NAN": math.nan,
-            **self.constants,
-        }
+        namespace = {"bisect_right": bisect_right, "expm1": math.expm1, "INF": math.inf}
+        namespace |= {"NAN": math.nan, **self.constants}
+        if self.array:
+            import numpy as np
+
+            namespace |= {
+                "where": np.where, "searchsorted": np.searchsorted, "minimum": np.minimum,
+                "maximum": np.maximum, "expm1": np.expm1,
+            }  # fmt: skip
         exec(compile(text, f"<xbench: {name}>", "exec"), namespace)  # noqa: S102 (our own text)
         function = namespace[name]
         function.source = text
@@ -177,8 +189,14 @@ class TracingOps:
         if not isinstance(x, Traced):
             return pieces[bisect_right(breaks, x)]
         t = self.tracer
-        index = t.line(f"bisect_right({t.text(breaks)}, {x.name})", (x.name,))
-        return t.line(f"{t.text(pieces)}[{index.name}]", (index.name,), width=len(pieces[0]))
+        if not t.array:
+            index = t.line(f"bisect_right({t.text(breaks)}, {x.name})", (x.name,))
+            return t.line(f"{t.text(pieces)}[{index.name}]", (index.name,), width=len(pieces[0]))
+        index = t.line(f"searchsorted({t.text(breaks)}, {x.name}, 'right')", (x.name,))
+        return tuple(
+            t.line(f"{t.text(tuple(column))}[{index.name}]", (index.name,))
+            for column in zip(*pieces, strict=True)
+        )
 
     def where(self, cond, if_true, if_false):
         if not isinstance(cond, Traced):
@@ -188,7 +206,10 @@ class TracingOps:
                 return if_true
         t = self.tracer
         uses = tuple(x.name for x in (cond, if_true, if_false) if isinstance(x, Traced))
-        return t.line(f"{t.text(if_true)} if {cond.name} else {t.text(if_false)}", uses)
+        a, b = t.text(if_true), t.text(if_false)
+        if t.array:
+            return t.line(f"where({cond.name}, {a}, {b})", uses)
+        return t.line(f"{a} if {cond.name} else {b}", uses)
 
     def any(self, x) -> bool:
         return True if isinstance(x, Traced) else bool(x)
@@ -201,7 +222,21 @@ class TracingOps:
     def minimum(self, a, b):
         if not (isinstance(a, Traced) or isinstance(b, Traced)):
             return a if a <= b else b
+        if self.tracer.array:
+            return self._call("minimum", a, b)
         return self.where(a <= b, a, b)
+
+    def maximum(self, a, b):
+        if not (isinstance(a, Traced) or isinstance(b, Traced)):
+            return a if a >= b else b
+        if self.tracer.array:
+            return self._call("maximum", a, b)
+        return self.where(a >= b, a, b)
+
+    def _call(self, function: str, *args):
+        t = self.tracer
+        uses = tuple(x.name for x in args if isinstance(x, Traced))
+        return t.line(f"{function}({', '.join(map(t.text, args))})", uses)
 
     def pick(self, index, table: tuple):
         """``table[index]``: a profile constant chosen by a request-dependent index."""

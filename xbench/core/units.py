@@ -131,19 +131,34 @@ def parse_int_list(
 
 
 def parse_duration_list(text: str, name: str, least: float, most: float, example: str):
-    """Parse ``500us,2ms`` into sorted, distinct seconds, each within [least, most]."""
+    """Parse ``500us,2ms`` and doubling ranges ``10us:1ms`` into sorted, distinct seconds,
+    each within [least, most]."""
     seconds: set[float] = set()
     for item in str(text).split(","):
         item = item.strip()
         if not item:
             raise XbenchError(f"bad {name} {text!r}: empty item", f"write {name} as {example}")
-        value = parse_duration(item)
-        if not least <= value <= most:
+        try:
+            ends = [parse_duration(end) for end in item.split(":")]
+        except XbenchError:
             raise XbenchError(
-                f"{name} {item} is outside {format_duration(least)}-{format_duration(most)}",
-                f"pass times like {example}",
+                f"bad duration {item!r} in {name}", f"write {name} as {example}"
+            ) from None
+        if len(ends) > 2 or (len(ends) == 2 and not 0 < ends[0] <= ends[1]):
+            raise XbenchError(
+                f"bad {name} range {item!r}", f"write a doubling range low:high, e.g. {example}"
             )
+        for value in (ends[0], ends[-1]):
+            if not least <= value <= most:
+                raise XbenchError(
+                    f"{name} {item} is outside {format_duration(least)}-{format_duration(most)}",
+                    f"pass times like {example}",
+                )
+        value = ends[0]
         seconds.add(value)
+        while len(ends) == 2 and value * 2 <= ends[1] * (1 + 1e-12):
+            value *= 2
+            seconds.add(value)
     return sorted(seconds)
 
 

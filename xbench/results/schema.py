@@ -24,7 +24,9 @@ decisions v2: through the store with a fixed schema; adds the closed forms ``b_s
     re-run decide, which takes microseconds).
 decisions v3: adds ``layers``, ``holders`` and ``pipeline_layers``, the step each row's
     times cover (L layers, the chunk on k holders, route's round trip once a step or once a
-    layer); v2 rows read as one layer on one holder, not pipelined.
+    layer), v2 rows reading as one layer on one holder, not pipelined; and the break-even
+    points of the two porting coefficients on the chosen fabric, ``payload_star`` (routed
+    bytes a row) and ``fetch_cost_star`` (a layer's move, s), null in v2 rows.
 kernel_samples v3: adds ``process_run`` (``xbench kernel --runs N`` launches the sweep N
     times into one run) and ``timed_by``, the rank that timed the case (``--np 2`` runs it
     beside a peer waiting in MPI, cases alternating the rank), and ``after_tokens``, the
@@ -264,10 +266,16 @@ DECISIONS_SCHEMA = pa.schema(
         pa.field("t_local", pa.float64(), nullable=False),  # inf: no local option
         pa.field("margin", pa.float64(), nullable=False),  # runner-up minus winner, s
         pa.field("uncertain", pa.bool_(), nullable=False),
-        pa.field("ranked_by", pa.string(), nullable=False),  # latency or bandwidth
+        # the wire term that ranked the chosen fabric: latency, bandwidth, overhead; none
+        # where local wins (v2: latency or bandwidth, from the message size against n_1/2)
+        pa.field("ranked_by", pa.string(), nullable=False),
         pa.field("prior", pa.bool_(), nullable=False),  # rests on a datasheet prior
         pa.field("b_star", pa.float64(), nullable=False),  # route wins for b < b*
         pa.field("u_star", pa.float64(), nullable=False),  # fetch wins once 1 + reuse > u*
+        # route wins while its bytes a row (out and back) are below P*, fetch while a
+        # layer's move costs less than F* (s)
+        pa.field("payload_star", pa.float64()),
+        pa.field("fetch_cost_star", pa.float64()),
         pa.field("n_half_bytes", pa.float64(), nullable=False),  # alpha * beta, chosen fabric
     ]
 )
@@ -500,7 +508,12 @@ def _added_central_column(table: pa.Table) -> pa.Table:
 
 def _added_step_columns(table: pa.Table) -> pa.Table:
     table = _added_columns(pa.int64(), layers=1, holders=1)(table)
-    return _added_columns(pa.bool_(), pipeline_layers=False)(table)
+    table = _added_columns(pa.bool_(), pipeline_layers=False)(table)
+    for name in ("payload_star", "fetch_cost_star"):
+        table = table.append_column(
+            pa.field(name, pa.float64()), pa.nulls(table.num_rows, pa.float64())
+        )
+    return table
 
 
 # MIGRATIONS[table][v] turns a pyarrow.Table of version v into version v + 1.
