@@ -269,10 +269,9 @@ def test_uncertain_only_where_the_intervals_allow_the_other_answer():
 def test_uncertain_is_what_the_intervals_say_whichever_check_decides(
     k, shape, rows, reuse, spread, w1_high, recompute
 ):
-    """decide()'s cheap bound only settles what the exact intervals settle: its verdict is
-    the exact one, with coefficients fitted at ~0 over a wide interval (as a CPU fit leaves
-    route's merge-wait per row-partial), fetch's saving subtracted, and local with a known
-    recompute cost or none."""
+    """decide()'s verdict is the exact intervals' one, with coefficients fitted at ~0 over
+    a wide interval (as a CPU fit leaves route's merge-wait per row-partial), fetch's saving
+    subtracted, and local with a known recompute cost or none."""
     profile = one_segment_profile(**k, spread=spread)
     device = profile.device
     if device.merge_wait_tau is not None:

@@ -108,3 +108,49 @@ def test_a_traced_value_has_no_truth_value():
     with pytest.raises(TypeError, match="ops.where"):
         if t.input("x") > 1.0:
             pass
+
+
+def test_the_array_form_reuses_buffers_only_once_their_values_are_dead():
+    """A formula whose values live across many operations, compiled for numpy blocks into
+    reused buffers, against numpy on fresh arrays; on two threads at once."""
+    import threading
+
+    import numpy as np
+
+    def formula(ops, x, y):
+        a, b = x * 2.0, y * 3.0
+        c = ops.where(a > b, a - b, b - a)  # a and b read again below
+        d = ops.minimum(c, a) + ops.maximum(b, 1.0)
+        flag = (x > 0.5) & (y < 0.5)
+        code = ops.where(flag, 1, ops.where(d > 2.0, 2, 0))
+        return d * a + ops.expm1(-c) - b, code, flag, ops.pick(code, (0.5, 1.5, 2.5)), 7.0
+
+    class Numpy:
+        where, minimum, maximum, expm1 = np.where, np.minimum, np.maximum, np.expm1
+
+        @staticmethod
+        def pick(index, table):
+            return np.asarray(table)[index]
+
+    t = Tracer(array=True)
+    compiled = t.compile("f", ("x", "y"), formula(TracingOps(t), t.input("x"), t.input("y")))
+    assert "out=F[" in compiled.source and "copyto" in compiled.source
+    rng = np.random.default_rng(1)
+    blocks = [(rng.random(n), rng.random(n)) for n in (1000, 3000, 1000)]
+    expected = [formula(Numpy, x, y) for x, y in blocks]
+    failures = []
+
+    def check():
+        for (x, y), want in zip(blocks * 20, expected * 20, strict=True):
+            out = tuple(np.empty(len(x), np.asarray(w).dtype) for w in want)
+            got = [o if g is None else g for g, o in zip(compiled((x, y), out), out, strict=True)]
+            for g, w in zip(got, want, strict=True):
+                if not np.array_equal(np.broadcast_to(g, np.shape(w)), w):
+                    failures.append((g, w))
+
+    threads = [threading.Thread(target=check) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures

@@ -61,23 +61,6 @@ class Coef:
         return Coef(value, value, value, unit, prior)
 
 
-def _relative_spread(coefs) -> tuple[float, float]:
-    """(up, down): every time built from these coefficients lies in [(1-down) T, (1+up) T].
-
-    Times are sums of non-negative multiples of coefficients (and of 1/beta), so the
-    largest relative distance of any coefficient's interval end from its value bounds them.
-    """
-    up = down = 0.0
-    for c in coefs:
-        if c.unit == "B/s":  # time scales with 1/beta: the low end of beta is the slow end
-            up, down = max(up, c.value / c.low - 1.0), max(down, 1.0 - c.value / c.high)
-        elif c.value > 0:
-            up, down = max(up, c.high / c.value - 1.0), max(down, 1.0 - c.low / c.value)
-        elif c.high > 0:
-            up = INF
-    return up, down
-
-
 class DeviceTerms(NamedTuple):
     """A device's terms at one end of the intervals, as the formulas read them. Piecewise
     terms are (breaks, pieces); the wait's tau and the saving are taken at the other end (a
@@ -133,7 +116,6 @@ class Fabric:
     _hi: tuple = field(init=False, repr=False, compare=False)
     _n_half: float = field(init=False, repr=False, compare=False)
     _prior: bool = field(init=False, repr=False, compare=False)
-    _rho: tuple = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         segs = tuple(sorted(self.segments, key=lambda s: s.min_bytes))
@@ -157,7 +139,6 @@ class Fabric:
         coefs = [self.overhead] + [c for seg in segs for c in (seg.alpha, seg.beta)]
         coefs += [t0, beta] if t0 is not None else []
         object.__setattr__(self, "_prior", any(c.prior for c in coefs))
-        object.__setattr__(self, "_rho", _relative_spread(coefs))
 
     @property
     def prior(self) -> bool:
@@ -272,7 +253,6 @@ class Device:
     _ends: tuple = field(init=False, repr=False, compare=False)
     _named_ends: tuple = field(init=False, repr=False, compare=False)
     _prior: bool = field(init=False, repr=False, compare=False)
-    _rho: tuple = field(init=False, repr=False, compare=False)
     _prior_by_option: tuple = field(init=False, repr=False, compare=False)
     _saves: bool = field(init=False, repr=False, compare=False)
 
@@ -297,7 +277,6 @@ class Device:
         object.__setattr__(self, "_ends", tuple(map(tuple, named)))
         coefs = self._all_coefs()
         object.__setattr__(self, "_prior", any(c.prior for c in coefs))
-        object.__setattr__(self, "_rho", self._spread(coefs))
         # Which option's time a prior enters: compute/merge (all), move (fetch), recompute (local).
         shared = any(c.prior for c in self._shared_coefs())
         move = any(c.prior for c in self._move_coefs()) or any(
@@ -320,31 +299,13 @@ class Device:
     def _wait_coefs(self) -> list[Coef]:
         return self._flat_coefs("route")
 
-    def _spread(self, coefs) -> tuple[float, float]:
-        """The relative spread of every time built from the terms: route's merge extra after
-        a wait, (w0 + R p w1) (1 - exp(-g / tau)), compounds its terms' spread with tau's
-        (a shorter tau is the slow end)."""
-        up, down = _relative_spread(coefs)
-        if self.merge_wait_tau is None:
-            return up, down
-        tau = self.merge_wait_tau
-        w_up, w_down = _relative_spread([self.merge_wait_t0, self.merge_wait_per_row_partial])
-        tau_up = tau.value / tau.low - 1.0 if tau.low > 0 else INF
-        tau_down = 1.0 - tau.value / tau.high if tau.high > 0 else 0.0
-        return (
-            (1 + max(up, w_up)) * (1 + tau_up) - 1.0,
-            1.0 - (1 - max(down, w_down)) * (1 - tau_down),
-        )
-
     @property
     def prior(self) -> bool:
         return self._prior
 
     @property
     def saves_on_splice(self) -> bool:
-        """Whether a fetch's first attention is charged less than T_c (``spliced_saving``).
-        The grid's cheap uncertainty bound assumes times are sums of positive terms; a
-        fetch's time then has one subtracted, so its rows take the exact interval check."""
+        """Whether a fetch's first attention is charged less than T_c (``spliced_saving``)."""
         return self._saves
 
     @property
@@ -513,7 +474,6 @@ class Profile:
     provenance: dict = field(default_factory=dict, compare=False)
     ceilings: Ceilings | None = field(default=None, compare=False)
     _by_name: dict = field(init=False, repr=False, compare=False)
-    _bound: dict = field(init=False, repr=False, compare=False)
     _candidates: tuple = field(init=False, repr=False, compare=False)
     _decide: dict = field(init=False, repr=False, compare=False)  # decide() compiled, by shape
 
@@ -528,25 +488,12 @@ class Profile:
             if not any(_dominates(g, f, strict=i > j) for i, g in enumerate(self.fabrics) if i != j)
         ]
         object.__setattr__(self, "_candidates", tuple(kept))
-        # Per fabric, the grid's cheap uncertainty bound's factors (1 + up, 1 - down): the widest
-        # relative spread of the fabric's and the device's coefficients, each way.
-        rho = self.device._rho
-        bound = {
-            f.name: (1.0 + max(f._rho[0], rho[0]), 1.0 - max(f._rho[1], rho[1]))
-            for f in self.fabrics
-        }
-        object.__setattr__(self, "_bound", bound)
 
     @property
     def candidates(self) -> tuple[Fabric, ...]:
         """The fabrics no other fabric beats at every size, in profile order: what
         :func:`decide` ranks when a request names no fabric (the others can never win)."""
         return self._candidates
-
-    def spread(self, name: str) -> tuple[float, float]:
-        """(1 + up, 1 - down): every time on fabric ``name`` lies within these factors of its
-        value, from the widest relative spread of the fabric's and the device's intervals."""
-        return self._bound[name]
 
     def fabric(self, name: str) -> Fabric:
         try:

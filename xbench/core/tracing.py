@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import operator
+import threading
 from bisect import bisect_right
 from itertools import count
 
@@ -36,6 +37,13 @@ _FOLD = {
     "&": operator.and_,
     "|": operator.or_,
 }
+# The numpy function of each operator, for the array form (the same operation, into a buffer)
+_UFUNC = {
+    "+": "add", "-": "subtract", "*": "multiply", "/": "true_divide", "<": "less",
+    "<=": "less_equal", ">": "greater", ">=": "greater_equal", "==": "equal",
+    "!=": "not_equal", "&": "logical_and", "|": "logical_or",
+}  # fmt: skip
+_FLAG_OPS = ("<", "<=", ">", ">=", "==", "!=", "&", "|")
 
 
 class Traced:
@@ -66,7 +74,8 @@ class Traced:
     __hash__ = object.__hash__
 
     def __neg__(self):
-        return self.tracer.line(f"-{self.name}", (self.name,))
+        t = self.tracer
+        return t.line(f"-{self.name}", (self.name,), op=("negative", self), kind=t.kind(self))
 
 
 def _is_zero(x) -> bool:
@@ -82,7 +91,12 @@ class Tracer:
     ``vN = <expression>`` (the same expression twice is one line), constants are folded."""
 
     def __init__(self, array: bool = False):
-        self.lines: list[tuple[tuple, str, tuple]] = []  # (targets, expression, uses)
+        # (targets, expression, uses, op, kind): op is the array form's (function and
+        # arguments; None: the expression as it is), kind its result's (f: float, b: flag,
+        # i: integer, x: anything else)
+        self.lines: list[tuple] = []
+        self.kinds: dict[str, str] = {}
+        self.inputs: list[str] = []
         self.constants: dict = {}
         self._tables: dict = {}  # table -> its constant's name
         self._seen: dict[str, Traced | tuple] = {}
@@ -91,9 +105,24 @@ class Tracer:
         # lookups by numpy's where and searchsorted; else on Python floats
         self.array = array
 
-    def input(self, name: str) -> Traced:
-        """A field of the function's argument, a NamedTuple (unpacked on entry)."""
+    def input(self, name: str, kind: str = "f") -> Traced:
+        """A field of the function's argument, a tuple (unpacked on entry)."""
+        self.kinds[name] = kind
+        self.inputs.append(name)
         return Traced(self, name)
+
+    def kind(self, x) -> str:
+        if isinstance(x, Traced):
+            return self.kinds[x.name]
+        return {bool: "b", int: "i", float: "f"}.get(type(x), "x")
+
+    def merged_kind(self, *values) -> str:
+        """The kind that holds every one of ``values`` (a float holds an integer)."""
+        kinds = {self.kind(v) for v in values}
+        for kind in ("x", "f", "i", "b"):
+            if kind in kinds:
+                return kind
+        return "x"
 
     def text(self, x) -> str:
         """``x`` as it appears in an expression."""
@@ -113,12 +142,14 @@ class Tracer:
             self.constants[name] = x
         return self._tables[key]
 
-    def line(self, expression: str, uses: tuple, width: int = 0):
+    def line(self, expression: str, uses: tuple, width: int = 0, op=None, kind: str = "f"):
         """The value(s) of ``expression``; ``width`` > 0 unpacks a tuple of that many."""
         if expression in self._seen:
             return self._seen[expression]
         targets = tuple(f"v{next(self._names)}" for _ in range(max(width, 1)))
-        self.lines.append((targets, expression, uses))
+        self.lines.append((targets, expression, uses, op, kind))
+        for target in targets:
+            self.kinds[target] = kind
         out = Traced(self, targets[0]) if not width else tuple(Traced(self, t) for t in targets)
         self._seen[expression] = out
         return out
@@ -144,35 +175,46 @@ class Tracer:
         if op == "/" and _is_one(b):
             return a
         uses = tuple(x.name for x in (a, b) if isinstance(x, Traced))
-        return self.line(f"{self.text(a)} {op} {self.text(b)}", uses)
+        kind = "b" if op in _FLAG_OPS else "f"
+        return self.line(
+            f"{self.text(a)} {op} {self.text(b)}", uses, op=(_UFUNC[op], a, b), kind=kind
+        )
 
     def source(self, name: str, fields: tuple, results: tuple) -> str:
         """The function's text: its argument unpacked into ``fields`` (one unpacking costs
         less than reading two attributes), the lines ``results`` depend on, its return."""
         needed = {x.name for x in results if isinstance(x, Traced)}
         kept = []
-        for targets, expression, uses in reversed(self.lines):
-            if needed.intersection(targets):
-                kept.append(f"    {', '.join(targets)} = {expression}")
-                needed.update(uses)
+        for line in reversed(self.lines):
+            if needed.intersection(line[0]):
+                kept.append(line)
+                needed.update(line[2])
+        kept.reverse()
         unpacked = ", ".join(f if f in needed else "_" for f in fields)
-        body = "\n".join([f"    {unpacked}, = r", *reversed(kept)])
-        returned = ", ".join(self.text(x) for x in results)
-        return f"def {name}(r):\n{body}\n    return ({returned},)\n"
+        returned = [self.text(x) for x in results]
+        if self.array:  # results computed into the caller's arrays come back as None
+            body, direct = _in_buffers(self, kept, results)
+            returned = ["None" if j in direct else text for j, text in enumerate(returned)]
+        else:
+            body = [f"{', '.join(targets)} = {expression}" for targets, expression, *_ in kept]
+        body = "\n".join(f"    {line}" for line in [f"{unpacked}, = r", *body])
+        arguments = "r, out" if self.array else "r"
+        return f"def {name}({arguments}):\n{body}\n    return ({', '.join(returned)},)\n"
 
     def compile(self, name: str, fields: tuple, results: tuple):
         """The function of one argument ``r``, a tuple of ``fields``, that returns
-        ``results`` as a tuple."""
+        ``results`` as a tuple. The array form takes a second, ``out``: one array per
+        result, where a result computed from the inputs is written (and None returned)."""
         text = self.source(name, fields, results)
         namespace = {"bisect_right": bisect_right, "expm1": math.expm1, "INF": math.inf}
         namespace |= {"NAN": math.nan, **self.constants}
         if self.array:
             import numpy as np
 
-            namespace |= {
-                "where": np.where, "searchsorted": np.searchsorted, "minimum": np.minimum,
-                "maximum": np.maximum, "expm1": np.expm1,
-            }  # fmt: skip
+            namespace |= {name: getattr(np, name) for name in (*_UFUNC.values(), "minimum")}
+            namespace |= {name: getattr(np, name) for name in ("maximum", "expm1", "negative")}
+            namespace |= {"searchsorted": np.searchsorted, "take": np.take, "copyto": np.copyto}
+            namespace["scratch"] = _scratch
         exec(compile(text, f"<xbench: {name}>", "exec"), namespace)  # noqa: S102 (our own text)
         function = namespace[name]
         function.source = text
@@ -192,11 +234,14 @@ class TracingOps:
         if not t.array:
             index = t.line(f"bisect_right({t.text(breaks)}, {x.name})", (x.name,))
             return t.line(f"{t.text(pieces)}[{index.name}]", (index.name,), width=len(pieces[0]))
-        index = t.line(f"searchsorted({t.text(breaks)}, {x.name}, 'right')", (x.name,))
-        return tuple(
-            t.line(f"{t.text(tuple(column))}[{index.name}]", (index.name,))
-            for column in zip(*pieces, strict=True)
-        )
+        index = t.line(f"searchsorted({t.text(breaks)}, {x.name}, 'right')", (x.name,), kind="x")
+        return tuple(self._take(tuple(column), index) for column in zip(*pieces, strict=True))
+
+    def _take(self, table: tuple, index):
+        t = self.tracer
+        expression = f"{t.text(table)}[{index.name}]"
+        kind = t.merged_kind(*table)
+        return t.line(expression, (index.name,), op=("take", table, index), kind=kind)
 
     def where(self, cond, if_true, if_false):
         if not isinstance(cond, Traced):
@@ -207,9 +252,11 @@ class TracingOps:
         t = self.tracer
         uses = tuple(x.name for x in (cond, if_true, if_false) if isinstance(x, Traced))
         a, b = t.text(if_true), t.text(if_false)
+        kind = t.merged_kind(if_true, if_false)
         if t.array:
-            return t.line(f"where({cond.name}, {a}, {b})", uses)
-        return t.line(f"{a} if {cond.name} else {b}", uses)
+            op = ("where", cond, if_true, if_false)
+            return t.line(f"where({cond.name}, {a}, {b})", uses, op=op, kind=kind)
+        return t.line(f"{a} if {cond.name} else {b}", uses, kind=kind)
 
     def any(self, x) -> bool:
         return True if isinstance(x, Traced) else bool(x)
@@ -217,7 +264,7 @@ class TracingOps:
     def expm1(self, x):
         if not isinstance(x, Traced):
             return math.expm1(x)
-        return self.tracer.line(f"expm1({x.name})", (x.name,))
+        return self._call("expm1", x)
 
     def minimum(self, a, b):
         if not (isinstance(a, Traced) or isinstance(b, Traced)):
@@ -236,7 +283,9 @@ class TracingOps:
     def _call(self, function: str, *args):
         t = self.tracer
         uses = tuple(x.name for x in args if isinstance(x, Traced))
-        return t.line(f"{function}({', '.join(map(t.text, args))})", uses)
+        expression = f"{function}({', '.join(map(t.text, args))})"
+        kind = "f" if function == "expm1" else t.merged_kind(*args)
+        return t.line(expression, uses, op=(function, *args), kind=kind)
 
     def pick(self, index, table: tuple):
         """``table[index]``: a profile constant chosen by a request-dependent index."""
@@ -244,5 +293,103 @@ class TracingOps:
             return table[index]
         if len(set(map(repr, table))) == 1:
             return table[0]
-        t = self.tracer
-        return t.line(f"{t.text(tuple(table))}[{index.name}]", (index.name,))
+        return self._take(tuple(table), index)
+
+
+# ---------------------------------------------------------------------------------------
+# The array form: every operation writes into a buffer of a per-thread scratch, reused once
+# its value is dead. A new array per operation would cost more than the operation: blocks
+# of more than 128 KiB come from mmap, so every temporary faults its pages in afresh.
+# ---------------------------------------------------------------------------------------
+
+_DTYPE = {"f": "float64", "b": "bool", "i": "int64"}
+_scratch_local = threading.local()
+
+
+def _scratch(kind: str, count: int, n: int):
+    """``count`` buffers of ``n`` values of ``kind``, this thread's (rows of one array)."""
+    import numpy as np
+
+    pool = _scratch_local.__dict__
+    have = pool.get(kind)
+    if have is None or have.shape[0] < count or have.shape[1] < n:
+        rows = max(count, 0 if have is None else have.shape[0])
+        width = max(n, 0 if have is None else have.shape[1])
+        have = pool[kind] = np.empty((rows, width), _DTYPE[kind])
+    return have[:count, :n]
+
+
+def _in_buffers(tracer: Tracer, kept: list, results: tuple) -> tuple[list[str], set]:
+    """The lines of the array form: each operation into a buffer (``F[3]``, ``B[0]``,
+    ``I[1]``: float, flag, integer), the buffers of values no line reads again reused; a
+    result straight into the caller's array for it (``out[j]``). Returns (the lines, the
+    results so written)."""
+    computed = {line[0][0] for line in kept if line[3] is not None and line[4] in _DTYPE}
+    direct: dict[str, int] = {}
+    for j, x in enumerate(results):
+        if isinstance(x, Traced) and x.name in computed and x.name not in direct:
+            direct[x.name] = j
+    last = {}
+    for i, (_, _, uses, _, _) in enumerate(kept):
+        for name in uses:
+            last[name] = i
+    for x in results:
+        if isinstance(x, Traced):
+            last[x.name] = len(kept)  # alive to the end
+    free = {kind: [] for kind in _DTYPE}
+    used = dict.fromkeys(_DTYPE, 0)
+    slot: dict[str, tuple[str, int]] = {}
+
+    def release(names, i):
+        for name in names:
+            if last.get(name) == i and name in slot:
+                kind, row = slot.pop(name)
+                free[kind].append(row)
+
+    def allocate(kind: str) -> int:
+        if free[kind]:
+            return free[kind].pop()
+        used[kind] += 1
+        return used[kind] - 1
+
+    text, body = tracer.text, []
+    for i, (targets, expression, uses, op, kind) in enumerate(kept):
+        if op is None or kind not in _DTYPE:  # numpy allocates (indices into tables)
+            body.append(f"{', '.join(targets)} = {expression}")
+            release(uses, i)
+            continue
+        target = targets[0]
+        if target in direct:  # the caller's array (its own dtype: take casts through a copy)
+            buffer = f"out[{direct[target]}]"
+            release(uses, i)
+            if op[0] == "take":
+                body.append(
+                    f"{target} = {buffer}; copyto({target}, take({text(op[1])}, {op[2].name}))"
+                )
+                continue
+        else:
+            elementwise = op[0] not in ("where", "take")
+            if elementwise:  # an operand read for the last time may hold the result
+                release(uses, i)
+            row = allocate(kind)
+            if not elementwise:
+                release(uses, i)
+            buffer = f"{kind.upper()}[{row}]"
+            slot[target] = (kind, row)
+        if op[0] == "where":
+            cond, if_true, if_false = op[1:]
+            body.append(
+                f"{target} = {buffer}; copyto({target}, {text(if_false)}); "
+                f"copyto({target}, {text(if_true)}, where={cond.name})"
+            )
+        elif op[0] == "take":
+            body.append(f"{target} = take({text(op[1])}, {op[2].name}, out={buffer})")
+        else:
+            args = ", ".join(map(text, op[1:]))
+            body.append(f"{target} = {op[0]}({args}, out={buffer})")
+    first = next(name for name in tracer.inputs if name in last)
+    sizes = [
+        f"{kind.upper()} = scratch({kind!r}, {used[kind]}, n)" for kind in _DTYPE if used[kind]
+    ]
+    prologue = [f"n = len({first})", *sizes] if sizes else []
+    return prologue + body, set(direct.values())
