@@ -39,7 +39,10 @@ class _Sources(HTMLParser):
 def test_report_draws_every_kind_of_result(xbench, tmp_path):
     quick = ["--samples", "3", "--warmups", "1"]
     probe = tmp_path / "probe"
-    r = xbench("probe", "-p", "latency,bandwidth", "--sizes", "8B:64KiB", *quick, "--out", probe)
+    r = xbench(
+        "probe", "-p", "latency,bandwidth,rtt", "--sizes", "8B:64KiB", "--rows", "1,8", *quick,
+        "--out", probe,
+    )  # fmt: skip
     assert r.returncode == 0, r.stderr
     kernel = tmp_path / "kernel"
     r = xbench(
@@ -84,6 +87,7 @@ def test_report_draws_every_kind_of_result(xbench, tmp_path):
     kinds = {p.name.split("-")[0] for p in pngs}
     assert kinds == {
         "fabrics",
+        "roundtrips",
         "roofline",
         "validate",
         "compare",

@@ -598,28 +598,42 @@ def fit_device(samples: pd.DataFrame, base: Device | None, name: str) -> tuple[D
 RTT_TARGET = 0.07
 
 
-def rtt_errors(probe: pd.DataFrame, fabrics) -> dict[str, dict]:
-    """Per fabric with rtt samples: the fitted segments' round trip (the query's rows out,
-    their answers back: wire(b P) + wire(b R)) against the measured median per shape, as
-    {shapes, error_low, error_median, error_high} (prediction / measured - 1)."""
+def rtt_points(probe: pd.DataFrame, fabrics) -> pd.DataFrame:
+    """Per fabric and shape of the probe's ``rtt`` pattern (b rows of P bytes out, b of R
+    back): the measured round trip's median and quartiles (us), the fabric's prediction
+    (wire(b P) + wire(b R): route's two messages), and its error (prediction / measured -
+    1). Empty without rtt samples."""
+    columns = ["fabric", "rows", "out_bytes", "back_bytes", "measured_us", "low_us"]
+    columns += ["high_us", "predicted_us", "error"]
     if probe.empty:
-        return {}
+        return pd.DataFrame(columns=columns)
     rtt = probe[(probe.pattern == "rtt") & ~probe.warmup]
-    out = {}
+    points = []
     for f in fabrics:
-        shapes = rtt[rtt.fabric == f.name].groupby(["size_bytes", "return_bytes"])
-        errors = [
-            (f.wire(float(size)) + f.wire(float(back))) / (float(np.median(g.value)) * 1e-6) - 1
-            for (size, back), g in shapes
-        ]
-        if errors:
-            out[f.name] = {
-                "shapes": len(errors),
-                "error_low": float(min(errors)),
-                "error_median": float(np.median(errors)),
-                "error_high": float(max(errors)),
-            }
-    return out
+        for (size, back), g in rtt[rtt.fabric == f.name].groupby(["size_bytes", "return_bytes"]):
+            measured = float(np.median(g.value))
+            predicted = (f.wire(float(size)) + f.wire(float(back))) * 1e6
+            low, high = np.percentile(g.value, [25, 75])
+            points.append(
+                (f.name, int(g.rows.iloc[0]), float(size), float(back), measured, float(low),
+                 float(high), predicted, predicted / measured - 1)
+            )  # fmt: skip
+    return pd.DataFrame(points, columns=columns)
+
+
+def rtt_errors(probe: pd.DataFrame, fabrics) -> dict[str, dict]:
+    """Per fabric with rtt samples, the model's error on them (:func:`rtt_points`) as
+    {shapes, error_low, error_median, error_high}."""
+    points = rtt_points(probe, fabrics)
+    return {
+        str(name): {
+            "shapes": len(g),
+            "error_low": float(g.error.min()),
+            "error_median": float(g.error.median()),
+            "error_high": float(g.error.max()),
+        }
+        for name, g in points.groupby("fabric", sort=False)
+    }
 
 
 def _rtt_warnings(errors: dict, wire_pattern: dict, warnings: list) -> None:

@@ -1,7 +1,7 @@
 """``xbench report``: PNG figures and one self-contained HTML page from stored results.
 
 What it reads, by what each path holds: a probe run (fabric curves with the fitted segments
-and residuals), a kernel run (the roofline), a validate run (predicted against measured), a
+and residuals; its batched round trips against the model where it ran ``rtt``), a kernel run (the roofline), a validate run (predicted against measured), a
 comparison Parquet from ``xbench compare --out`` (ratios per case), a profile TOML (the
 decision map). A probe run without a profile is fitted on the spot for its curves.
 """
@@ -19,6 +19,7 @@ from xbench.errors import XbenchError
 # The first word of each figure's file name (fabrics-1-run.png): what a report writes
 FIGURE_KINDS = (
     "fabrics",
+    "roundtrips",
     "roofline",
     "validate",
     "compare",
@@ -101,6 +102,13 @@ def build(paths, out_dir: Path, heads: int = 16) -> list[Figure]:
             samples = read_table(path, PROBE_SAMPLES)
             fabrics = list(profiles[0].fabrics) if profiles else _fit_fabrics(samples)
             save(figures.probe_figure(samples, fabrics), f"fabrics-{tag}", f"Fabrics ({path})")
+            from xbench.fit.profile_fit import RTT_TARGET, rtt_points
+
+            save(
+                figures.round_trip_figure(rtt_points(samples, fabrics), RTT_TARGET),
+                f"roundtrips-{tag}",
+                f"Batched round trips ({path})",
+            )
         elif kind == "kernel":
             from xbench.kernels.summary import ceilings_from, summarize_kernels
 

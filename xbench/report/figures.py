@@ -71,6 +71,40 @@ def probe_figure(samples: pd.DataFrame, fabrics) -> plt.Figure | None:
     return fig
 
 
+def round_trip_figure(points: pd.DataFrame, target: float) -> plt.Figure | None:
+    """Per fabric: the batched round trips the probe measured (median and quartiles, by
+    rows) against the fitted model's (route's two messages), and the model's error, with
+    the study's target band (``target``, a fraction)."""
+    if points.empty:
+        return None
+    names = list(dict.fromkeys(points.fabric))
+    fig, axes = plt.subplots(2, len(names), figsize=(5.5 * len(names), 7), squeeze=False)
+    fig.suptitle("Batched round trips (rtt): measured against the model")
+    for col, name in enumerate(names):
+        time_ax, error_ax = axes[0][col], axes[1][col]
+        mine = points[points.fabric == name].sort_values("rows")
+        below, above = mine.measured_us - mine.low_us, mine.high_us - mine.measured_us
+        time_ax.errorbar(
+            mine.rows, mine.measured_us, yerr=[below, above], fmt="o", ms=4, capsize=3,
+            label="measured (median, quartiles)",
+        )  # fmt: skip
+        time_ax.plot(mine.rows, mine.predicted_us, "k-", lw=1.2, label="model (fitted segments)")
+        error_ax.plot(mine.rows, 100 * mine.error, "s-", color="#d62728", ms=4)
+        error_ax.axhspan(-100 * target, 100 * target, color="grey", alpha=0.15, lw=0)
+        error_ax.axhline(0, color="k", lw=0.8)
+        for ax in (time_ax, error_ax):
+            ax.set_xscale("log", base=2)
+            ax.grid(True, which="both", alpha=0.3)
+        time_ax.set_yscale("log")
+        time_ax.set_title(f"{name}: round trip of b rows")
+        time_ax.set_ylabel("us")
+        time_ax.legend(fontsize=7)
+        error_ax.set_ylabel(f"model error, % (band: +-{100 * target:.0f} %)")
+        error_ax.set_xlabel("rows b")
+    fig.tight_layout()
+    return fig
+
+
 def roofline_figure(summary: pd.DataFrame, ceilings: dict) -> plt.Figure | None:
     """The kernel sweep against the device's ceilings: attained FLOP/s against arithmetic
     intensity, with the measured copy bandwidth and matmul rate as the roof."""
