@@ -456,9 +456,23 @@ def _thresholds(prof, rows: int, chunks, settings: dict, fabrics) -> list:
 
 
 def _us(x: float) -> str:
+    return _time(x, 1e6)
+
+
+def _time(x: float, per_second: float) -> str:
     from xbench.cli.render import num
 
-    return "-" if x == math.inf else num(x * 1e6)
+    return "-" if x == math.inf else num(x * per_second)
+
+
+def _time_unit(f) -> tuple[float, str]:
+    """us, or ms where a time reaches 100 ms (a step over many layers): the table keeps
+    every digit in 80 columns."""
+    import numpy as np
+
+    times = f[["t_route", "t_fetch", "t_local"]].to_numpy()
+    finite = times[np.isfinite(times)] if len(times) else times
+    return (1e3, "ms") if len(finite) and finite.max() >= 0.1 else (1e6, "us")
 
 
 def _step_words(settings: dict) -> str:
@@ -482,7 +496,8 @@ def _render(f, thresholds, prof, settings, path) -> None:
     from xbench.core.units import format_duration, format_size
 
     heads = settings["heads"]
-    title = f"xbench decide on profile '{prof.name}': times in us {_step_words(settings)}"
+    per_second, unit = _time_unit(f)
+    title = f"xbench decide on profile '{prof.name}': times in {unit} {_step_words(settings)}"
     shapes = (
         f"{heads} {'row' if heads == 1 else 'rows'} a token, {_sizes_words(settings)}, "
         f"{settings['kv_bytes_per_token']} B of KV a token a layer"
@@ -517,10 +532,7 @@ def _render(f, thresholds, prof, settings, path) -> None:
             Text.assemble((r.decision, style), flags),
             str(r.fabric_chosen),
             _BY[r.ranked_by],
-            _us(r.t_route),
-            _us(r.t_fetch),
-            _us(r.t_local),
-            _us(r.margin),
+            *(_time(t, per_second) for t in (r.t_route, r.t_fetch, r.t_local, r.margin)),
         )
     console.print(table)
     notes(
