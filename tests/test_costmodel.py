@@ -759,3 +759,18 @@ def test_by_names_the_term_that_separated_the_fabrics():
     two = Profile("two", (fabric("a"), fabric("b", alpha=8e-6, beta=1e11)), dev)
     here = decide(two, small._replace(blocks_local=True))
     assert (here.choice, here.ranked_by) == ("local", "none")
+
+
+def test_a_grid_of_defaults_needs_no_column():
+    """A grid naming only fabrics (every request field at its default) is all constants
+    once compiled: its answers are decide()'s, row by row; an empty grid answers nothing."""
+    profile = load_profile(PRIORS)
+    fabrics = [None, "ib", "nvlink"]
+    out = decide_grid(profile, pd.DataFrame({"fabric": fabrics}))
+    for fabric, row in zip(fabrics, out.itertuples(), strict=True):
+        d = decide(profile, Request(fabric=fabric))
+        assert (d.choice, d.fabric, d.ranked_by, d.uncertain) == (
+            row.decision, row.fabric_chosen, row.ranked_by, row.uncertain,
+        )  # fmt: skip
+        assert d.t_route == row.t_route and d.t_fetch == row.t_fetch
+    assert decide_grid(profile, pd.DataFrame({"rows": pd.Series([], dtype=int)})).empty

@@ -197,7 +197,8 @@ class Tracer:
             returned = ["None" if j in direct else text for j, text in enumerate(returned)]
         else:
             body = [f"{', '.join(targets)} = {expression}" for targets, expression, *_ in kept]
-        body = "\n".join(f"    {line}" for line in [f"{unpacked}, = r", *body])
+        unpacking = [f"{unpacked}, = r"] if fields else []  # (a grid of defaults: no column)
+        body = "\n".join(f"    {line}" for line in [*unpacking, *body])
         arguments = "r, out" if self.array else "r"
         return f"def {name}({arguments}):\n{body}\n    return ({', '.join(returned)},)\n"
 
@@ -387,7 +388,7 @@ def _in_buffers(tracer: Tracer, kept: list, results: tuple) -> tuple[list[str], 
         else:
             args = ", ".join(map(text, op[1:]))
             body.append(f"{target} = {op[0]}({args}, out={buffer})")
-    first = next(name for name in tracer.inputs if name in last)
+    first = next((name for name in tracer.inputs if name in last), None)
     sizes = [
         f"{kind.upper()} = scratch({kind!r}, {used[kind]}, n)" for kind in _DTYPE if used[kind]
     ]
