@@ -92,6 +92,7 @@ def test_report_draws_every_kind_of_result(xbench, tmp_path):
         "validate",
         "compare",
         "decisions",
+        "breakeven",
         "simulate",
         "prefill",
     }, kinds

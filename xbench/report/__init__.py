@@ -3,7 +3,8 @@
 What it reads, by what each path holds: a probe run (fabric curves with the fitted segments
 and residuals; its batched round trips against the model where it ran ``rtt``), a kernel run (the roofline), a validate run (predicted against measured), a
 comparison Parquet from ``xbench compare --out`` (ratios per case), a profile TOML (the
-decision map). A probe run without a profile is fitted on the spot for its curves.
+decision map, and the porting coefficients' break-even points). A probe run without a
+profile is fitted on the spot for its curves.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ FIGURE_KINDS = (
     "validation",
     "prefill",
     "decisions",
+    "breakeven",
 )
 
 
@@ -141,6 +143,11 @@ def build(paths, out_dir: Path, heads: int = 16) -> list[Figure]:
             save(figures.prefill_figure(frame), f"prefill-{tag}", f"Prefill offload ({path})")
     for k, prof in enumerate(profiles):
         save(figures.decision_map(prof, heads), f"decisions-{k + 1}", f"Decision map ({prof.name})")
+        save(
+            figures.break_even_figure(prof, heads),
+            f"breakeven-{k + 1}",
+            f"Break-even points of the porting coefficients ({prof.name})",
+        )
     if not made:
         raise XbenchError("nothing to draw in the given results", "pass runs that hold samples")
     write_html(made, out_dir / "index.html")

@@ -184,6 +184,59 @@ def decision_map(profile, heads: int = 16, rows=None, chunks=None) -> plt.Figure
     return fig
 
 
+def break_even_figure(profile, heads: int = 16, chunks=None) -> plt.Figure | None:
+    """Where route and fetch trade places along the two porting coefficients, per fabric
+    against the chunk (one decode row, one layer): the routed bytes a row (out and back)
+    below which route wins (P*, with the default request's bytes marked), and a layer's move
+    cost below which fetch wins (F*, with the profile's own T_move). A fabric drawn where
+    the point exists (positive and finite)."""
+    from xbench.core.costmodel import Request
+    from xbench.core.grid import decide_grid
+
+    chunks = chunks or [64 * 2**k for k in range(10)]
+    names = [f.name for f in profile.fabrics]
+    if not names:
+        return None
+    grid = pd.DataFrame(
+        [(c, name, heads) for name in names for c in chunks],
+        columns=["chunk_tokens", "fabric", "heads"],
+    )
+    out = decide_grid(profile, grid, threads=1)
+    fig, (bytes_ax, move_ax) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for name in names:
+        mine = out[out.fabric == name]
+        for ax, column, scale in (
+            (bytes_ax, "payload_star", 1.0),
+            (move_ax, "fetch_cost_star", 1e6),
+        ):
+            values = mine[column].to_numpy() * scale
+            shown = np.isfinite(values) & (values > 0)
+            if shown.any():
+                ax.plot(mine.chunk_tokens[shown], values[shown], "o-", ms=3, label=name)
+    request = Request(heads=heads)
+    bytes_ax.axhline(
+        request.payload_bytes + request.return_bytes, color="grey", ls="--", lw=1,
+        label="the default row (1152 + 1028 B)",
+    )  # fmt: skip
+    move_ax.plot(
+        chunks, [profile.device.move(c) * 1e6 for c in chunks], "k--", lw=1,
+        label="the profile's T_move",
+    )  # fmt: skip
+    bytes_ax.set_title("route wins below P* (routed bytes a row)")
+    bytes_ax.set_ylabel("bytes a row, out and back")
+    move_ax.set_title("fetch wins below F* (a layer's move)")
+    move_ax.set_ylabel("us")
+    for ax in (bytes_ax, move_ax):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("chunk, tokens")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"Break-even points of profile {profile.name} (1 row of {heads} heads, a layer)")
+    fig.tight_layout()
+    return fig
+
+
 def validate_figure(summary: pd.DataFrame) -> plt.Figure | None:
     """Predicted against measured per case, with the 7 % band the model aims for."""
     if summary.empty:
