@@ -156,14 +156,19 @@ def test_b_star_at_the_requests_rows_says_which_side_it_is_on(k, shape, rows):
 def test_u_star_separates_fetch_with_reuse(k, shape, rows):
     profile = one_segment_profile(**k)
     f, dev = profile.fabrics[0], profile.device
-    _, u_star = thresholds(f, dev, Request(rows=rows, **shape))
+    _assert_u_star_separates(f, dev, Request(rows=rows, **shape))
+
+
+def _assert_u_star_separates(f, dev, base) -> None:
+    """Just below u* uses route wins, just above fetch does (u* kept to 2-1e6 uses)."""
+    _, u_star = thresholds(f, dev, base)
     assume(math.isfinite(u_star) and 2 <= u_star <= 1e6)
     for uses, fetch_wins in (
         (math.floor(u_star * 0.999), False),
         (math.ceil(u_star * 1.001), True),
     ):
         assume(uses >= 1)
-        route, fetch, _ = times(f, dev, Request(rows=rows, reuse=uses - 1, **shape))
+        route, fetch, _ = times(f, dev, base._replace(reuse=uses - 1))
         assert (fetch < route) == fetch_wins, (uses, u_star, route, fetch)
 
 
@@ -642,15 +647,7 @@ def test_u_star_over_a_step_separates_fetch_with_reuse(k, shape, rows, step):
     profile = one_segment_profile(**k)
     f, dev = profile.fabrics[0], profile.device
     base = Request(rows=rows, layers=layers, holders=holders, pipeline_layers=pipelined, **shape)
-    _, u_star = thresholds(f, dev, base)
-    assume(math.isfinite(u_star) and 2 <= u_star <= 1e6)
-    for uses, fetch_wins in (
-        (math.floor(u_star * 0.999), False),
-        (math.ceil(u_star * 1.001), True),
-    ):
-        assume(uses >= 1)
-        route, fetch, _ = times(f, dev, base._replace(reuse=uses - 1))
-        assert (fetch < route) == fetch_wins, (uses, u_star, route, fetch)
+    _assert_u_star_separates(f, dev, base)
 
 
 @settings(max_examples=60, deadline=None)

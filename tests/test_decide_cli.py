@@ -1,6 +1,7 @@
 """xbench decide / fit / validate from the command line; bad profiles are one-line errors."""
 
 import json
+import re
 
 import pandas as pd
 import pytest
@@ -172,6 +173,21 @@ def test_decide_sweeps_the_porting_coefficients_and_prints_their_break_even_poin
         assert (row.decision == "route") == (routed < row.payload_star)
         assert (row.decision == "fetch") == (row.fetch_cost < row.fetch_cost_star)
     assert set(table.decision) == {"route", "fetch"}  # the sweep crosses F*
+    # at 80 columns the swept axes take the place of the single-valued ones, which the
+    # caption names, and nothing is cut
+    from conftest import assert_fits_80
+
+    sweep = (
+        "decide", "--payload", "256B:16KiB", "--fetch-cost", "10us,100us,1ms", "--rows", "8",
+        "--chunk", "2048", "--fabric", "ib",
+    )  # fmt: skip
+    shown = [
+        xbench(*sweep, "--out", tmp_path / f"w{w}.parquet", env={"COLUMNS": str(w)}).stdout
+        for w in (80, 250)
+    ]
+    shown = [re.sub(r"written\s+to\s+\S+", "", text) for text in shown]  # two paths
+    assert_fits_80(*shown)
+    assert "margin" in shown[0] and "rows 8, chunk 2048, reuse 0" in " ".join(shown[0].split())
     assert "--fetch-cost" in _error_line(
         xbench("decide", "--payload", "1KB", "--fetch-cost", "fast")
     )

@@ -503,8 +503,8 @@ def _render(f, thresholds, prof, settings, path) -> None:
         f"{settings['kv_bytes_per_token']} B of KV a token a layer"
     )
     any_prior = bool(f["prior"].any())
-    table = result_table(title, shapes)
-    # the porting coefficients get a column where the run swept them
+    # the porting coefficients get a column where the run swept them; then the request's
+    # axes that hold one value go to the caption, so the table keeps 80 columns
     swept = [
         (name, column, show)
         for name, column, show in (
@@ -513,7 +513,14 @@ def _render(f, thresholds, prof, settings, path) -> None:
         )
         if column in f.columns and f[column].nunique() > 1
     ]
-    columns = ["rows", "chunk", "reuse", *(name for name, _, _ in swept)]
+    axes = [("rows", "rows", str), ("chunk", "chunk_tokens", str), ("reuse", "reuse", str)]
+    if swept:
+        fixed = [(name, column) for name, column, _ in axes if f[column].nunique() == 1]
+        shapes += "".join(f", {name} {f[column].iloc[0]}" for name, column in fixed)
+        axes = [axis for axis in axes if axis[:2] not in fixed]
+    shown = axes + swept
+    table = result_table(title, shapes)
+    columns = [name for name, _, _ in shown]
     for col in (*columns, "decision", "fabric", "by", "route", "fetch", "local", "margin"):
         table.add_column(
             col,
@@ -525,10 +532,7 @@ def _render(f, thresholds, prof, settings, path) -> None:
         flags = ("?" if r.uncertain else "") + ("*" if r.prior else "")
         style = {"route": "green", "fetch": "yellow", "local": "cyan"}[r.decision]
         table.add_row(
-            str(r.rows),
-            str(r.chunk_tokens),
-            str(r.reuse),
-            *(show(getattr(r, column)) for _, column, show in swept),
+            *(show(getattr(r, column)) for _, column, show in shown),
             Text.assemble((r.decision, style), flags),
             str(r.fabric_chosen),
             _BY[r.ranked_by],

@@ -46,8 +46,13 @@ OUTPUTS = (
     "choice", "fabric", "route", "fetch", "local", "margin", "uncertain", "ranked", "prior",
     "b_star", "u_star", "payload_star", "fetch_cost_star", "n_half",
 )  # fmt: skip
-_DTYPES = {"choice": np.int8, "fabric": np.int16, "ranked": np.int8, "uncertain": bool}
-_DTYPES["prior"] = bool
+_DTYPES = {
+    "choice": np.int8,
+    "fabric": np.int16,
+    "ranked": np.int8,
+    "uncertain": bool,
+    "prior": bool,
+}
 
 
 def expand(axes: dict) -> pd.DataFrame:

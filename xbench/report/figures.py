@@ -18,6 +18,18 @@ import pandas as pd  # noqa: E402
 COLOURS = {"route": "#1f77b4", "fetch": "#ff7f0e", "local": "#2ca02c"}
 
 
+def _times_over_powers_of_two(time_ax, title: str, *below) -> None:
+    """A panel of times in us (log-log) over panels that share its power-of-two axis
+    (sizes, rows): one grid and scale for all, the title and legend on the times."""
+    for ax in (time_ax, *below):
+        ax.set_xscale("log", base=2)
+        ax.grid(True, which="both", alpha=0.3)
+    time_ax.set_yscale("log")
+    time_ax.set_title(title)
+    time_ax.set_ylabel("us")
+    time_ax.legend(fontsize=7)
+
+
 def probe_figure(samples: pd.DataFrame, fabrics) -> plt.Figure | None:
     """Per fabric: one-way latency against size with the fitted segments over the samples
     and their residuals, and windowed bandwidth against size."""
@@ -57,13 +69,7 @@ def probe_figure(samples: pd.DataFrame, fabrics) -> plt.Figure | None:
             med = bw.groupby("size_bytes").value.median()
             bw_ax.plot(med.index, med.values / 1e3, "o-", color="#9467bd", ms=4, label="windowed")
             bw_ax.legend(fontsize=8)
-        for ax in (lat_ax, res_ax, bw_ax):
-            ax.set_xscale("log", base=2)
-            ax.grid(True, which="both", alpha=0.3)
-        lat_ax.set_yscale("log")
-        lat_ax.set_title(f"{name}: one-way time")
-        lat_ax.set_ylabel("us")
-        lat_ax.legend(fontsize=7)
+        _times_over_powers_of_two(lat_ax, f"{name}: one-way time", res_ax, bw_ax)
         res_ax.set_ylabel("fit residual, %")
         bw_ax.set_ylabel("GB/s")
         bw_ax.set_xlabel("message size, bytes")
@@ -92,13 +98,7 @@ def round_trip_figure(points: pd.DataFrame, target: float) -> plt.Figure | None:
         error_ax.plot(mine.rows, 100 * mine.error, "s-", color="#d62728", ms=4)
         error_ax.axhspan(-100 * target, 100 * target, color="grey", alpha=0.15, lw=0)
         error_ax.axhline(0, color="k", lw=0.8)
-        for ax in (time_ax, error_ax):
-            ax.set_xscale("log", base=2)
-            ax.grid(True, which="both", alpha=0.3)
-        time_ax.set_yscale("log")
-        time_ax.set_title(f"{name}: round trip of b rows")
-        time_ax.set_ylabel("us")
-        time_ax.legend(fontsize=7)
+        _times_over_powers_of_two(time_ax, f"{name}: round trip of b rows", error_ax)
         error_ax.set_ylabel(f"model error, % (band: +-{100 * target:.0f} %)")
         error_ax.set_xlabel("rows b")
     fig.tight_layout()
