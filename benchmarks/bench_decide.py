@@ -4,7 +4,8 @@
 
 decide() runs the model compiled for the profile and the request's shape
 (xbench.core.tracing): the three ends of the intervals on every undominated fabric, every
-call. It is timed over two mixes of requests: the README's grid (``xbench decide --rows
+call; after 1,000 calls of a shape, as C (xbench.core.native_code; ``XBENCH_PREDICATE=python``
+times the Python form throughout, and the line after the mixes says which ran). It is timed over two mixes of requests: the README's grid (``xbench decide --rows
 1,8,64 --chunk 64:16384 --reuse 0,1,10,100``, 108 requests) and the grid benchmark's random
 draw (rows 1-4096, chunks 64-16,384 tokens, reuse 0-99), each with the best of the profile's
 fabrics and with its first fabric fixed, and the cost of building a Request is printed
@@ -115,6 +116,10 @@ def main() -> None:
     for mix, draw in (("README grid", readme_grid), ("random draw", random_draw)):
         for fabric, which in ((None, best), (first, f"fabric={first}")):
             report_mix(profile, f"decide(), {mix}, {which}", draw(fabric), 50_000, args.repeats)
+    from xbench.core.native_code import is_native
+
+    forms = sorted({"C" if is_native(f) else "Python" for f in profile._decide.values()})
+    print(f"{'decide() ran as':44s} {' and '.join(forms)} ({len(profile._decide)} shapes)")
     built = request_cost(args.repeats)
     print(
         f"{'Request(...) built':44s} mean {min(built) * 1e6:5.2f} us (median of repeats "

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import NamedTuple
 
-from xbench.core import device_terms
+from xbench.core import device_terms, native_code
 from xbench.core.tracing import Tracer, TracingOps
 
 INF = math.inf
@@ -1208,10 +1208,30 @@ def _grid_extras(ops, evaluated: list, index, t: _Terms, read) -> tuple:
     return chosen + (ops.pick(index, tuple(f.half_performance_bytes() for f in evaluated)),)
 
 
-def _compile_decide(profile: Profile, shape: _Shape):
+def _compile_decide(profile: Profile, shape: _Shape, key: tuple):
+    """decide's function for the profile and the request's shape: the traced formula in
+    Python, then, once it has been called often (``native_code.mode``), in C."""
     tracer = Tracer()
     results = decision_formula(TracingOps(tracer), profile, shape, tracer.input)
-    return tracer.compile("decide_compiled", Request._fields, results)
+    python = tracer.compile("decide_compiled", Request._fields, results)
+    wanted = native_code.mode()
+    if wanted == "python":
+        return python
+
+    def native():
+        return native_code.build(tracer, Request._fields, results, python) or python
+
+    if wanted == "native":
+        return native()
+    calls_left = [native_code.AFTER_CALLS]
+
+    def warming(request):
+        calls_left[0] -= 1
+        if not calls_left[0]:
+            profile._decide[key] = native()
+        return python(request)
+
+    return warming
 
 
 def decide(profile: Profile, request: Request) -> Decision:
@@ -1229,6 +1249,6 @@ def decide(profile: Profile, request: Request) -> Decision:
     try:
         compiled = profile._decide[key]
     except KeyError:
-        compiled = profile._decide[key] = _compile_decide(profile, _shape_of(r))
+        compiled = profile._decide[key] = _compile_decide(profile, _shape_of(r), key)
     # tuple.__new__: half the cost of the NamedTuple's own constructor, same object
     return _new_decision(Decision, compiled(request))

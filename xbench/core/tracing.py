@@ -183,13 +183,7 @@ class Tracer:
     def source(self, name: str, fields: tuple, results: tuple) -> str:
         """The function's text: its argument unpacked into ``fields`` (one unpacking costs
         less than reading two attributes), the lines ``results`` depend on, its return."""
-        needed = {x.name for x in results if isinstance(x, Traced)}
-        kept = []
-        for line in reversed(self.lines):
-            if needed.intersection(line[0]):
-                kept.append(line)
-                needed.update(line[2])
-        kept.reverse()
+        kept, needed = self.kept(results)
         unpacked = ", ".join(f if f in needed else "_" for f in fields)
         returned = [self.text(x) for x in results]
         if self.array:  # results computed into the caller's arrays come back as None
@@ -201,6 +195,17 @@ class Tracer:
         body = "\n".join(f"    {line}" for line in [*unpacking, *body])
         arguments = "r, out" if self.array else "r"
         return f"def {name}({arguments}):\n{body}\n    return ({', '.join(returned)},)\n"
+
+    def kept(self, results: tuple) -> tuple[list[tuple], set[str]]:
+        """The lines ``results`` depend on, in order, and every name they read."""
+        needed = {x.name for x in results if isinstance(x, Traced)}
+        kept = []
+        for line in reversed(self.lines):
+            if needed.intersection(line[0]):
+                kept.append(line)
+                needed.update(line[2])
+        kept.reverse()
+        return kept, needed
 
     def compile(self, name: str, fields: tuple, results: tuple):
         """The function of one argument ``r``, a tuple of ``fields``, that returns
@@ -232,9 +237,11 @@ class TracingOps:
         if not isinstance(x, Traced):
             return pieces[bisect_right(breaks, x)]
         t = self.tracer
-        if not t.array:
-            index = t.line(f"bisect_right({t.text(breaks)}, {x.name})", (x.name,))
-            return t.line(f"{t.text(pieces)}[{index.name}]", (index.name,), width=len(pieces[0]))
+        if not t.array:  # (the ops, for a native build: native_code)
+            found = ("bisect_right", breaks, x)
+            index = t.line(f"bisect_right({t.text(breaks)}, {x.name})", (x.name,), op=found)
+            expression, row = f"{t.text(pieces)}[{index.name}]", ("row", pieces, index)
+            return t.line(expression, (index.name,), width=len(pieces[0]), op=row)
         index = t.line(f"searchsorted({t.text(breaks)}, {x.name}, 'right')", (x.name,), kind="x")
         return tuple(self._take(tuple(column), index) for column in zip(*pieces, strict=True))
 
@@ -257,7 +264,8 @@ class TracingOps:
         if t.array:
             op = ("where", cond, if_true, if_false)
             return t.line(f"where({cond.name}, {a}, {b})", uses, op=op, kind=kind)
-        return t.line(f"{a} if {cond.name} else {b}", uses, kind=kind)
+        op = ("where", cond, if_true, if_false)
+        return t.line(f"{a} if {cond.name} else {b}", uses, op=op, kind=kind)
 
     def any(self, x) -> bool:
         return True if isinstance(x, Traced) else bool(x)
