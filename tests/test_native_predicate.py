@@ -5,6 +5,8 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -148,3 +150,58 @@ def test_a_line_without_a_c_form_keeps_the_python_form():
     x = tracer.input("x", kind="x")
     same = x == "ib"
     assert native_code.build(tracer, ("x",), (same,), lambda r: None) is None
+
+
+def _grid(profile, n: int, seed: int):
+    """Requests with every field varying: flags, a fetch cost given or not (NaN), steps
+    over holders, fabrics named or left to the predicate."""
+    rng = np.random.default_rng(seed)
+    names = [f.name for f in profile.fabrics]
+    return pd.DataFrame(
+        {
+            "rows": rng.integers(1, 4096, n),
+            "heads": rng.choice([1, 16, 128], n),
+            "chunk_tokens": rng.integers(1, 70000, n),
+            "reuse": rng.integers(0, 300, n),
+            "payload_bytes": rng.choice([64, 1152, 1 << 20], n),
+            "fetch_cost": np.where(rng.random(n) < 0.5, np.nan, rng.random(n) * 1e-3),
+            "include_probe": rng.random(n) < 0.5,
+            "blocks_local": rng.random(n) < 0.3,
+            "segments": rng.choice([1, 4, 64], n),
+            "layers": rng.choice([1, 61], n),
+            "holders": rng.choice([1, 2, 5], n),
+            "pipeline_layers": rng.random(n) < 0.5,
+            "fabric": pd.Series(rng.choice([None, *names], n), dtype=object),
+        }
+    )
+
+
+def test_the_native_grid_is_the_numpy_grid_to_the_bit(monkeypatch, tmp_path):
+    from xbench.core.grid import decide_grid
+
+    monkeypatch.setenv("XBENCH_CACHE_DIR", str(tmp_path))
+    for seed, path in enumerate(PROFILES):
+        grid = _grid(load_profile(path), 3000, seed)
+        monkeypatch.setenv("XBENCH_PREDICATE", "python")
+        numpy_form = decide_grid(load_profile(path), grid)
+        monkeypatch.setenv("XBENCH_PREDICATE", "native")
+        profile = load_profile(path)
+        native = decide_grid(profile, grid)
+        assert all(forms.native for forms in profile._decide.values())  # built, every group
+        pd.testing.assert_frame_equal(native, numpy_form, check_exact=True)
+
+
+def test_a_large_grid_builds_its_native_form_and_a_small_one_does_not(monkeypatch, tmp_path):
+    from xbench.core import grid as grids
+
+    monkeypatch.setenv("XBENCH_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("XBENCH_PREDICATE", raising=False)
+    monkeypatch.setattr(grids, "NATIVE_ROWS", 500)
+    profile = load_profile("profiles/h100-priors.toml")
+    small = _grid(profile, 100, 0).drop(columns="fabric")
+    grids.decide_grid(profile, small)
+    (forms,) = profile._decide.values()
+    assert forms.native is None
+    large = _grid(profile, 600, 0)[small.columns]
+    answer = grids.decide_grid(profile, large)
+    assert forms.native and len(answer) == 600

@@ -7,7 +7,9 @@ the grid with the decision columns appended.
 
 It runs the same formula as :func:`decide` (``costmodel.decision_formula``), traced for
 numpy blocks (:mod:`xbench.core.tracing`): once per profile, fabric asked for, and set of
-columns the grid has (a field it lacks is a constant, folded in), then block by block.
+columns the grid has (a field it lacks is a constant, folded in), then block by block; for
+a grid of NATIVE_ROWS requests or more, the same traced lines run as C, row by row with the
+GIL released (:mod:`xbench.core.native_code`), with the same answers to the bit.
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ import itertools
 import math
 import os
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 import pandas as pd
 
+from xbench.core import native_code
 from xbench.core.costmodel import (
     FETCH,
     LOCAL,
@@ -92,7 +96,7 @@ def decide_grid(profile: Profile, grid, *, threads: int | None = None) -> pd.Dat
     results = {key: np.empty(n, _DTYPES.get(key, np.float64)) for key in OUTPUTS}
     tasks = []
     for fabric, rows in _by_fabric(grid, profile, names):
-        compiled = _compiled(profile, fabric, tuple(columns))
+        compiled = _compiled(profile, fabric, tuple(columns), n if rows is None else len(rows))
         starts = range(0, n if rows is None else len(rows), BLOCK)
         tasks += [(compiled, rows, start) for start in starts]
 
@@ -168,12 +172,39 @@ def _by_fabric(grid: pd.DataFrame, profile: Profile, names: list):
         yield (None if code < 0 else names[code]), np.flatnonzero(codes == code)
 
 
-def _compiled(profile: Profile, fabric: str | None, present: tuple):
-    """decision_formula traced for numpy blocks of the columns ``present`` (a field absent
-    takes the Request default, folded in); kept on the profile."""
+# A grid this large is worth a C build of its shape (once; then cached on disk)
+NATIVE_ROWS = 100_000
+
+
+@dataclass
+class _BlockForms:
+    """decision_formula traced for numpy blocks of one shape: the numpy form, and its C
+    form once a grid was large enough (``native_code.mode``; False: it has none)."""
+
+    tracer: Tracer
+    answer: tuple
+    present: tuple
+    numpy: object
+    native: object = None
+
+
+def _compiled(profile: Profile, fabric: str | None, present: tuple, rows: int):
+    """decision_formula for numpy blocks of the columns ``present`` (a field absent takes
+    the Request default, folded in), in C for a grid of ``rows`` >= NATIVE_ROWS; kept on
+    the profile."""
     key = ("grid", fabric, present)
-    if key in profile._decide:
-        return profile._decide[key]
+    forms = profile._decide.get(key)
+    if forms is None:
+        forms = profile._decide[key] = _traced(profile, fabric, present)
+    wanted = native_code.mode()
+    if forms.native is None and (wanted == "native" or (wanted == "auto" and rows >= NATIVE_ROWS)):
+        dtypes = tuple(np.dtype(_DTYPES.get(name, np.float64)).name for name in OUTPUTS)
+        built = native_code.build_block(forms.tracer, present, forms.answer, dtypes, forms.numpy)
+        forms.native = built or False
+    return forms.native or forms.numpy
+
+
+def _traced(profile: Profile, fabric: str | None, present: tuple) -> _BlockForms:
     shape = _Shape(
         fabric,
         None if "fetch_cost" in present else False,
@@ -194,8 +225,8 @@ def _compiled(profile: Profile, fabric: str | None, present: tuple):
         return np.nan if default is None else default
 
     answer = decision_formula(TracingOps(tracer), profile, shape, read)
-    compiled = profile._decide[key] = tracer.compile("decide_block", present, answer)
-    return compiled
+    numpy_form = tracer.compile("decide_block", present, answer)
+    return _BlockForms(tracer, answer, present, numpy_form)
 
 
 def _decisions(results: dict, names: list, index) -> pd.DataFrame:

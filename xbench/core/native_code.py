@@ -78,8 +78,10 @@ class _Emitter:
     ``b`` flag (int 0/1), ``n`` index (Py_ssize_t) or ``o`` object (a constant's
     PyObject*), and whether it may be an integer in Python (checked against 2**53)."""
 
-    def __init__(self, tracer: Tracer):
-        self.tracer = tracer
+    def __init__(self, tracer: Tracer, numpy: bool = False):
+        # numpy: the array form's semantics (a division by zero is inf, a minimum of NaN
+        # is NaN), every input a float64 or a flag; else Python's, with its fallbacks
+        self.tracer, self.numpy = tracer, numpy
         self.objects: list = []  # the object constants, K[i] in C
         self.tables: list[str] = []  # static arrays
         self.types: dict[str, str] = {}
@@ -109,7 +111,7 @@ class _Emitter:
         decl = {"d": "double", "b": "int", "n": "Py_ssize_t", "o": "PyObject *"}[ctype]
         self.body.append(f"{decl} {name} = {text};")
         self.types[name], self.integral[name] = ctype, integral
-        if integral and ctype == "d":  # Python's int is exact: the double must be too
+        if integral and ctype == "d" and not self.numpy:  # Python's int is exact: so here
             self.body.append(f"if (!(fabs({name}) < EXACT)) goto fallback;")
 
     def table(self, values: tuple) -> tuple[str, str, bool]:
@@ -149,6 +151,11 @@ class _Emitter:
                 self._take(target, column, index)
         elif kind == "take":
             self._take(targets[0], *args)
+        elif kind in ("minimum", "maximum"):  # numpy's: NaN if either is NaN
+            (ta, _, ia), (tb, _, ib) = self.operand(args[0]), self.operand(args[1])
+            pick = "<=" if kind == "minimum" else ">="
+            text = f"{ta} != {ta} ? {ta} : {tb} != {tb} ? {tb} : {ta} {pick} {tb} ? {ta} : {tb}"
+            self.define(targets[0], "d", text, ia and ib)
         else:
             raise _Unsupported(kind)
 
@@ -164,7 +171,8 @@ class _Emitter:
         elif kind in _COMPARE:
             self.define(target, "b", f"{ta} {symbol} {tb}")
         elif kind == "true_divide":
-            self.body.append(f"if ({tb} == 0) goto fallback;")  # Python raises
+            if not self.numpy:
+                self.body.append(f"if ({tb} == 0) goto fallback;")  # Python raises
             self.define(target, "d", f"(double){ta} / {tb}")
         else:  # bools count as integers in Python's arithmetic
             integral = (ia or ca == "b") and (ib or cb == "b")
@@ -299,15 +307,142 @@ PyMODINIT_FUNC PyInit_{module}(void) {{ return PyModule_Create(&definition); }}
     return text, tuple(emit.objects)
 
 
+_OUT_C = {"int8": "signed char", "int16": "short", "float64": "double", "bool": "unsigned char"}
+
+
+def block_source(tracer: Tracer, fields: tuple, results: tuple, dtypes: tuple, module: str):
+    """The C extension's text for a traced array form (numpy blocks): ``block(inputs,
+    outputs, n)`` runs the lines row by row over ``fields``' float64 or flag arrays into
+    the output arrays of ``dtypes`` (numpy names), the GIL released; it returns 1 where a
+    row needs the numpy form (an index out of its table), else 0."""
+    kept, needed = tracer.kept(results)
+    emit = _Emitter(tracer, numpy=True)
+    reads = []
+    for i, field in enumerate(fields):
+        if field not in needed:
+            continue
+        flag = tracer.kinds[field] == "b"
+        ctype = "const unsigned char" if flag else "const double"
+        reads.append(f"{'int' if flag else 'double'} {field} = (({ctype} *)in[{i}])[i];")
+        emit.types[field], emit.integral[field] = ("b" if flag else "d"), False
+    for targets, _, _, op, _ in kept:
+        if op is None:
+            raise _Unsupported("a line without its operation")
+        emit.line(targets, op)
+    writes = []
+    for j, (x, dtype) in enumerate(zip(results, dtypes, strict=True)):
+        text, ctype, _ = emit.operand(x)
+        if ctype in ("o", "n") or dtype not in _OUT_C:
+            raise _Unsupported(f"result {j} of type {ctype} into {dtype}")
+        value = f"({text}) != 0" if dtype == "bool" else text
+        writes.append(f"(({_OUT_C[dtype]} *)out[{j}])[i] = ({_OUT_C[dtype]})({value});")
+    body = "\n".join(f"        {line}" for line in (*reads, *emit.body, *writes))
+    n_in, n_out = len(fields), len(results)
+    return f"""#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#define EXACT 9007199254740992.0
+static PyObject *K[1];
+{chr(10).join(emit.tables)}
+
+static int rows(const void **in, void **out, Py_ssize_t n) {{
+    for (Py_ssize_t i = 0; i < n; i++) {{
+{body}
+    }}
+    return 0;
+fallback:
+    return 1;
+}}
+
+static const Py_ssize_t ITEM_IN[] = {{{", ".join("1" if tracer.kinds[f] == "b" else "8" for f in fields) or "0"}}};
+static const Py_ssize_t ITEM_OUT[] = {{{", ".join("1" if d in ("int8", "bool") else "2" if d == "int16" else "8" for d in dtypes)}}};
+
+static PyObject *block(PyObject *self, PyObject *args) {{
+    PyObject *inputs, *outputs;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "O!O!n", &PyTuple_Type, &inputs, &PyTuple_Type, &outputs, &n))
+        return NULL;
+    if (PyTuple_GET_SIZE(inputs) != {n_in} || PyTuple_GET_SIZE(outputs) != {n_out}) {{
+        PyErr_SetString(PyExc_ValueError, "wrong number of arrays");
+        return NULL;
+    }}
+    Py_buffer views[{n_in + n_out}];
+    const void *in[{max(n_in, 1)}];
+    void *out[{n_out}];
+    int held = 0, status = 2;
+    for (; held < {n_in + n_out}; held++) {{
+        int writing = held >= {n_in};
+        PyObject *array = writing ? PyTuple_GET_ITEM(outputs, held - {n_in}) : PyTuple_GET_ITEM(inputs, held);
+        Py_ssize_t item = writing ? ITEM_OUT[held - {n_in}] : ITEM_IN[held];
+        if (PyObject_GetBuffer(array, &views[held], PyBUF_C_CONTIGUOUS | (writing ? PyBUF_WRITABLE : 0)) < 0)
+            goto done;
+        if (views[held].len < n * item) {{
+            PyErr_SetString(PyExc_ValueError, "an array shorter than the block");
+            held++;
+            goto done;
+        }}
+        if (writing) out[held - {n_in}] = views[held].buf; else in[held] = views[held].buf;
+    }}
+    Py_BEGIN_ALLOW_THREADS
+    status = rows(in, out, n);
+    Py_END_ALLOW_THREADS
+done:
+    for (int k = 0; k < held; k++) PyBuffer_Release(&views[k]);
+    if (status == 2) return NULL;
+    return PyLong_FromLong(status);
+}}
+
+static PyMethodDef methods[] = {{
+    {{"block", block, METH_VARARGS, NULL}},
+    {{NULL, NULL, 0, NULL}},
+}};
+static struct PyModuleDef definition = {{PyModuleDef_HEAD_INIT, "{module}", NULL, -1, methods}};
+PyMODINIT_FUNC PyInit_{module}(void) {{ return PyModule_Create(&definition); }}
+"""
+
+
+def build_block(tracer: Tracer, fields: tuple, results: tuple, dtypes: tuple, numpy_form):
+    """The C form of a traced array form, called as ``numpy_form`` is (``(block, out)``,
+    every result into ``out``); a block the C form hands back runs in ``numpy_form``.
+    None where there is no C form (as :func:`build`)."""
+    try:
+        text = block_source(tracer, fields, results, dtypes, "MODULE")
+    except _Unsupported:
+        return None
+    extension = _load(text, ())
+    if extension is None:
+        return None
+    rows = extension.block
+
+    def block(columns, out):
+        if rows(tuple(columns), tuple(out), len(out[0])):
+            return numpy_form(columns, out)
+        return (None,) * len(out)
+
+    return block
+
+
 def build(tracer: Tracer, fields: tuple, results: tuple, python):
     """The C form of the traced function (``python`` serves what it hands back), or None
     where it has no C form, gcc or Python's headers are missing, or gcc fails."""
-    headers = Path(sysconfig.get_paths()["include"]) / "Python.h"
-    if shutil.which("gcc") is None or not headers.exists():
-        return None
     try:
         text, objects = c_source(tracer, fields, results, "MODULE")
     except _Unsupported:
+        return None
+    extension = _load(text, objects)
+    if extension is None:
+        return None
+    # one module per text and constants: a second profile with the same ones shares it,
+    # and either's Python form answers its fallbacks the same
+    extension.setup(objects, python)
+    return extension.predicate
+
+
+def _load(text: str, objects: tuple):
+    """The extension module of ``text`` (``MODULE`` standing for its name), built once and
+    cached; None without gcc or Python's headers, or where gcc fails."""
+    headers = Path(sysconfig.get_paths()["include"]) / "Python.h"
+    if shutil.which("gcc") is None or not headers.exists():
         return None
     key = text + repr(objects) + " ".join(_CFLAGS) + sysconfig.get_config_var("SOABI")
     module = f"xbench_predicate_{hashlib.sha256(key.encode()).hexdigest()[:20]}"
@@ -321,10 +456,7 @@ def build(tracer: Tracer, fields: tuple, results: tuple, python):
     spec = importlib.util.spec_from_file_location(module, target, loader=loader)
     extension = importlib.util.module_from_spec(spec)
     loader.exec_module(extension)
-    # one module per text and constants: a second profile with the same ones shares it,
-    # and either's Python form answers its fallbacks the same
-    extension.setup(objects, python)
-    return extension.predicate
+    return extension
 
 
 def _compile(text: str, target: Path, include: Path) -> bool:

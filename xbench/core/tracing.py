@@ -242,7 +242,10 @@ class TracingOps:
             index = t.line(f"bisect_right({t.text(breaks)}, {x.name})", (x.name,), op=found)
             expression, row = f"{t.text(pieces)}[{index.name}]", ("row", pieces, index)
             return t.line(expression, (index.name,), width=len(pieces[0]), op=row)
-        index = t.line(f"searchsorted({t.text(breaks)}, {x.name}, 'right')", (x.name,), kind="x")
+        found = ("bisect_right", breaks, x)  # (numpy's searchsorted: its op for native_code)
+        index = t.line(
+            f"searchsorted({t.text(breaks)}, {x.name}, 'right')", (x.name,), op=found, kind="x"
+        )
         return tuple(self._take(tuple(column), index) for column in zip(*pieces, strict=True))
 
     def _take(self, table: tuple, index):
