@@ -32,15 +32,16 @@ from xbench.kernels.selection import DensePages
 from xbench.kernels.triton_backend import choose_splits
 
 
-def split_counts(case, tile, sm_count: int) -> list[int]:
-    """One split, the backend's estimate for this tile, one and two waves of programs."""
+def split_counts(case, tile, sm_count: int, extra: tuple = ()) -> list[int]:
+    """One split, the backend's estimate for this tile, one and two waves of programs, and
+    the ``extra`` counts asked for (each at most one per tile of tokens)."""
     rows, tokens, parts = case.rows, case.chunk, tile[4]
     groups, per_group = (rows, case.heads) if case.sparse else (1, rows * case.heads)
     programs = groups * math.ceil(per_group / tile[0]) * parts
     tiles = max(1, math.ceil(tokens / tile[1]))
     own = choose_splits(tokens, programs, rows * case.heads, sm_count, tile[1])
     waves = [math.ceil(k * sm_count / programs) for k in (1, 2)]
-    return sorted({min(tiles, max(1, s)) for s in (1, own, *waves)})
+    return sorted({min(tiles, max(1, s)) for s in (1, own, *waves, *extra)})
 
 
 def time_tile(backend, model, case, device, launch, args, tile, splits, form) -> float:
@@ -76,6 +77,11 @@ def main(argv=None) -> int:
         help="how a dense selection reaches the kernel: its page table (the backend's way) "
         "or a list of token indices built in the call (the way before it); both: each timed",
     )
+    ap.add_argument(
+        "--splits",
+        default="",
+        help="split counts to time besides the usual ones, e.g. 16,33,44,88 (a comma list)",
+    )
     ap.add_argument("--samples", type=int, default=3)
     ap.add_argument("--min-sample-time", type=float, default=0.01, help="seconds")
     ap.add_argument("--out", type=Path, default=None, help="every timing, as JSON")
@@ -90,6 +96,10 @@ def main(argv=None) -> int:
         )
     except ValueError:
         ap.error("--tiles takes rows,tokens,warps,stages,parts, e.g. 128,32,8,2,2")
+    try:
+        extra = tuple(int(v) for v in args.splits.split(",") if v.strip())
+    except ValueError:
+        ap.error("--splits takes whole numbers, e.g. 16,33,44")
     if any(len(t) != 5 or t[4] not in (1, 2) for t in tiles):
         ap.error("--tiles takes five integers each, the last (output parts) 1 or 2")
     device, cuda = args.device, args.device.startswith("cuda")
@@ -112,7 +122,8 @@ def main(argv=None) -> int:
         forms = ["tokens"] if case.sparse else args.dense_indices
         for tile in tiles:
             try:
-                for splits, form in itertools.product(split_counts(case, tile, sm_count), forms):
+                counts = split_counts(case, tile, sm_count, extra)
+                for splits, form in itertools.product(counts, forms):
                     us = time_tile(backend, model, case, device, launch, args, tile, splits, form)
                     row = {
                         "case": case.label,

@@ -328,6 +328,17 @@ def test_the_tile_benchmark_times_each_tile_and_split_count(tmp_path):
     assert set(ways.values()) == {2} and {t["indices"] for t in timings} == {"pages", "tokens"}
     r = subprocess.run([*script, "--tiles", "16,16,4"], capture_output=True, text=True, env=env)
     assert r.returncode == 2 and "five integers" in r.stderr
+    # split counts asked for besides the usual ones (at most one a tile of tokens)
+    r = subprocess.run(
+        [*script, "--rows", "1", "--tokens", "40", "--topk", "0", "--heads", "16",
+         "--tiles", "16,16,4,1,1", "--splits", "2,9", "--samples", "1",
+         "--min-sample-time", "0.001", "--out", str(out)],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert {t["splits"] for t in json.loads(out.read_text())["timings"]} >= {2, 3}
+    r = subprocess.run([*script, "--splits", "many"], capture_output=True, text=True, env=env)
+    assert r.returncode == 2 and "whole numbers" in r.stderr
 
 
 class _FakeGpuClock:

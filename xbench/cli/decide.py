@@ -492,19 +492,12 @@ def _sizes_words(settings: dict) -> str:
     return f"{out} out and {'as much' if back is None else f'{back} B'} back a row"
 
 
-def _render(f, thresholds, prof, settings, path) -> None:
+def _request_columns(f, caption: str) -> tuple[list, str]:
+    """The request's columns of the table, (name, frame column, how shown), and the caption.
+    The porting coefficients get a column where the run swept them; then the axes that hold
+    one value go to the caption, so the table keeps 80 columns."""
     from xbench.core.units import format_duration, format_size
 
-    heads = settings["heads"]
-    per_second, unit = _time_unit(f)
-    title = f"xbench decide on profile '{prof.name}': times in {unit} {_step_words(settings)}"
-    shapes = (
-        f"{heads} {'row' if heads == 1 else 'rows'} a token, {_sizes_words(settings)}, "
-        f"{settings['kv_bytes_per_token']} B of KV a token a layer"
-    )
-    any_prior = bool(f["prior"].any())
-    # the porting coefficients get a column where the run swept them; then the request's
-    # axes that hold one value go to the caption, so the table keeps 80 columns
     swept = [
         (name, column, show)
         for name, column, show in (
@@ -516,9 +509,22 @@ def _render(f, thresholds, prof, settings, path) -> None:
     axes = [("rows", "rows", str), ("chunk", "chunk_tokens", str), ("reuse", "reuse", str)]
     if swept:
         fixed = [(name, column) for name, column, _ in axes if f[column].nunique() == 1]
-        shapes += "".join(f", {name} {f[column].iloc[0]}" for name, column in fixed)
+        caption += "".join(f", {name} {f[column].iloc[0]}" for name, column in fixed)
         axes = [axis for axis in axes if axis[:2] not in fixed]
-    shown = axes + swept
+    return axes + swept, caption
+
+
+def _render(f, thresholds, prof, settings, path) -> None:
+
+    heads = settings["heads"]
+    per_second, unit = _time_unit(f)
+    title = f"xbench decide on profile '{prof.name}': times in {unit} {_step_words(settings)}"
+    shapes = (
+        f"{heads} {'row' if heads == 1 else 'rows'} a token, {_sizes_words(settings)}, "
+        f"{settings['kv_bytes_per_token']} B of KV a token a layer"
+    )
+    any_prior = bool(f["prior"].any())
+    shown, shapes = _request_columns(f, shapes)
     table = result_table(title, shapes)
     columns = [name for name, _, _ in shown]
     for col in (*columns, "decision", "fabric", "by", "route", "fetch", "local", "margin"):

@@ -33,6 +33,7 @@ import sysconfig
 import tempfile
 import types
 from pathlib import Path
+from string import Template
 
 from xbench.core.tracing import Traced, Tracer
 
@@ -233,6 +234,118 @@ class _Emitter:
         return f"PyFloat_FromDouble({text})"
 
 
+# The C texts (string.Template: C's braces stay as they are). A module per function, named
+# by a hash of its text; its one function reads the request tuple (the scalar form) or the
+# arrays of a block (the block form, the GIL released while it runs).
+_HEAD = """#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#define EXACT 9007199254740992.0
+"""
+_SCALAR = Template(
+    _HEAD
+    + """static PyObject *K[$objects];
+static PyObject *FALLBACK;
+$tables
+
+static PyObject *predicate(PyObject *self, PyObject *r) {
+    if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) != $fields) goto fallback;
+$body
+    {
+    PyObject *out = PyTuple_New($results);
+    if (out == NULL) return NULL;
+$fill
+    return out;
+    }
+fallback:
+    return PyObject_CallOneArg(FALLBACK, r);
+}
+
+static PyObject *setup(PyObject *self, PyObject *args) {
+    PyObject *constants, *fallback;
+    if (!PyArg_ParseTuple(args, "O!O", &PyTuple_Type, &constants, &fallback)) return NULL;
+    if (PyTuple_GET_SIZE(constants) != $constants) {
+        PyErr_SetString(PyExc_ValueError, "wrong number of constants");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < $constants; i++)
+        Py_XSETREF(K[i], Py_NewRef(PyTuple_GET_ITEM(constants, i)));
+    Py_XSETREF(FALLBACK, Py_NewRef(fallback));
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"predicate", predicate, METH_O, NULL},
+    {"setup", setup, METH_VARARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+static struct PyModuleDef definition = {PyModuleDef_HEAD_INIT, "$module", NULL, -1, methods};
+PyMODINIT_FUNC PyInit_$module(void) { return PyModule_Create(&definition); }
+"""
+)
+_BLOCK = Template(
+    _HEAD
+    + """static PyObject *K[1];
+$tables
+
+static int rows(const void **in, void **out, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+$body
+    }
+    return 0;
+fallback:
+    return 1;
+}
+
+static const Py_ssize_t ITEM_IN[] = {$item_in};
+static const Py_ssize_t ITEM_OUT[] = {$item_out};
+
+static PyObject *block(PyObject *self, PyObject *args) {
+    PyObject *inputs, *outputs;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "O!O!n", &PyTuple_Type, &inputs, &PyTuple_Type, &outputs, &n))
+        return NULL;
+    if (PyTuple_GET_SIZE(inputs) != $n_in || PyTuple_GET_SIZE(outputs) != $n_out) {
+        PyErr_SetString(PyExc_ValueError, "wrong number of arrays");
+        return NULL;
+    }
+    Py_buffer views[$views];
+    const void *in[$in_slots];
+    void *out[$n_out];
+    int held = 0, status = 2;
+    for (; held < $views; held++) {
+        int writing = held >= $n_in;
+        PyObject *array = writing ? PyTuple_GET_ITEM(outputs, held - $n_in)
+                                  : PyTuple_GET_ITEM(inputs, held);
+        Py_ssize_t item = writing ? ITEM_OUT[held - $n_in] : ITEM_IN[held];
+        int flags = PyBUF_C_CONTIGUOUS | (writing ? PyBUF_WRITABLE : 0);
+        if (PyObject_GetBuffer(array, &views[held], flags) < 0) goto done;
+        if (views[held].len < n * item) {
+            PyErr_SetString(PyExc_ValueError, "an array shorter than the block");
+            held++;
+            goto done;
+        }
+        if (writing) out[held - $n_in] = views[held].buf; else in[held] = views[held].buf;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    status = rows(in, out, n);
+    Py_END_ALLOW_THREADS
+done:
+    for (int k = 0; k < held; k++) PyBuffer_Release(&views[k]);
+    if (status == 2) return NULL;
+    return PyLong_FromLong(status);
+}
+
+static PyMethodDef methods[] = {
+    {"block", block, METH_VARARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+static struct PyModuleDef definition = {PyModuleDef_HEAD_INIT, "$module", NULL, -1, methods};
+PyMODINIT_FUNC PyInit_$module(void) { return PyModule_Create(&definition); }
+"""
+)
+
+
 def c_source(tracer: Tracer, fields: tuple, results: tuple, module: str) -> tuple[str, tuple]:
     """The C extension's text for ``results`` of a traced function of ``fields``, and the
     object constants its ``setup`` takes. _Unsupported where a line has no C form."""
@@ -262,48 +375,10 @@ def c_source(tracer: Tracer, fields: tuple, results: tuple, module: str) -> tupl
     )
     objects = max(1, len(emit.objects))
     body = "\n".join(f"    {line}" for line in (*reads, *emit.body))
-    text = f"""#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <math.h>
-#define EXACT 9007199254740992.0
-static PyObject *K[{objects}];
-static PyObject *FALLBACK;
-{chr(10).join(emit.tables)}
-
-static PyObject *predicate(PyObject *self, PyObject *r) {{
-    if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) != {len(fields)}) goto fallback;
-{body}
-    {{
-    PyObject *out = PyTuple_New({len(returned)});
-    if (out == NULL) return NULL;
-{fill}
-    return out;
-    }}
-fallback:
-    return PyObject_CallOneArg(FALLBACK, r);
-}}
-
-static PyObject *setup(PyObject *self, PyObject *args) {{
-    PyObject *constants, *fallback;
-    if (!PyArg_ParseTuple(args, "O!O", &PyTuple_Type, &constants, &fallback)) return NULL;
-    if (PyTuple_GET_SIZE(constants) != {len(emit.objects)}) {{
-        PyErr_SetString(PyExc_ValueError, "wrong number of constants");
-        return NULL;
-    }}
-    for (Py_ssize_t i = 0; i < {len(emit.objects)}; i++)
-        Py_XSETREF(K[i], Py_NewRef(PyTuple_GET_ITEM(constants, i)));
-    Py_XSETREF(FALLBACK, Py_NewRef(fallback));
-    Py_RETURN_NONE;
-}}
-
-static PyMethodDef methods[] = {{
-    {{"predicate", predicate, METH_O, NULL}},
-    {{"setup", setup, METH_VARARGS, NULL}},
-    {{NULL, NULL, 0, NULL}},
-}};
-static struct PyModuleDef definition = {{PyModuleDef_HEAD_INIT, "{module}", NULL, -1, methods}};
-PyMODINIT_FUNC PyInit_{module}(void) {{ return PyModule_Create(&definition); }}
-"""
+    text = _SCALAR.substitute(
+        tables="\n".join(emit.tables), objects=objects, constants=len(emit.objects),
+        fields=len(fields), body=body, results=len(returned), fill=fill, module=module,
+    )  # fmt: skip
     return text, tuple(emit.objects)
 
 
@@ -337,68 +412,13 @@ def block_source(tracer: Tracer, fields: tuple, results: tuple, dtypes: tuple, m
         value = f"({text}) != 0" if dtype == "bool" else text
         writes.append(f"(({_OUT_C[dtype]} *)out[{j}])[i] = ({_OUT_C[dtype]})({value});")
     body = "\n".join(f"        {line}" for line in (*reads, *emit.body, *writes))
-    n_in, n_out = len(fields), len(results)
-    return f"""#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <math.h>
-#define EXACT 9007199254740992.0
-static PyObject *K[1];
-{chr(10).join(emit.tables)}
-
-static int rows(const void **in, void **out, Py_ssize_t n) {{
-    for (Py_ssize_t i = 0; i < n; i++) {{
-{body}
-    }}
-    return 0;
-fallback:
-    return 1;
-}}
-
-static const Py_ssize_t ITEM_IN[] = {{{", ".join("1" if tracer.kinds[f] == "b" else "8" for f in fields) or "0"}}};
-static const Py_ssize_t ITEM_OUT[] = {{{", ".join("1" if d in ("int8", "bool") else "2" if d == "int16" else "8" for d in dtypes)}}};
-
-static PyObject *block(PyObject *self, PyObject *args) {{
-    PyObject *inputs, *outputs;
-    Py_ssize_t n;
-    if (!PyArg_ParseTuple(args, "O!O!n", &PyTuple_Type, &inputs, &PyTuple_Type, &outputs, &n))
-        return NULL;
-    if (PyTuple_GET_SIZE(inputs) != {n_in} || PyTuple_GET_SIZE(outputs) != {n_out}) {{
-        PyErr_SetString(PyExc_ValueError, "wrong number of arrays");
-        return NULL;
-    }}
-    Py_buffer views[{n_in + n_out}];
-    const void *in[{max(n_in, 1)}];
-    void *out[{n_out}];
-    int held = 0, status = 2;
-    for (; held < {n_in + n_out}; held++) {{
-        int writing = held >= {n_in};
-        PyObject *array = writing ? PyTuple_GET_ITEM(outputs, held - {n_in}) : PyTuple_GET_ITEM(inputs, held);
-        Py_ssize_t item = writing ? ITEM_OUT[held - {n_in}] : ITEM_IN[held];
-        if (PyObject_GetBuffer(array, &views[held], PyBUF_C_CONTIGUOUS | (writing ? PyBUF_WRITABLE : 0)) < 0)
-            goto done;
-        if (views[held].len < n * item) {{
-            PyErr_SetString(PyExc_ValueError, "an array shorter than the block");
-            held++;
-            goto done;
-        }}
-        if (writing) out[held - {n_in}] = views[held].buf; else in[held] = views[held].buf;
-    }}
-    Py_BEGIN_ALLOW_THREADS
-    status = rows(in, out, n);
-    Py_END_ALLOW_THREADS
-done:
-    for (int k = 0; k < held; k++) PyBuffer_Release(&views[k]);
-    if (status == 2) return NULL;
-    return PyLong_FromLong(status);
-}}
-
-static PyMethodDef methods[] = {{
-    {{"block", block, METH_VARARGS, NULL}},
-    {{NULL, NULL, 0, NULL}},
-}};
-static struct PyModuleDef definition = {{PyModuleDef_HEAD_INIT, "{module}", NULL, -1, methods}};
-PyMODINIT_FUNC PyInit_{module}(void) {{ return PyModule_Create(&definition); }}
-"""
+    item = {"int8": 1, "bool": 1, "int16": 2, "float64": 8}
+    return _BLOCK.substitute(
+        tables="\n".join(emit.tables), body=body, n_in=len(fields), n_out=len(results),
+        views=len(fields) + len(results), in_slots=max(len(fields), 1),
+        item_in=", ".join("1" if tracer.kinds[f] == "b" else "8" for f in fields) or "0",
+        item_out=", ".join(str(item[d]) for d in dtypes), module=module,
+    )  # fmt: skip
 
 
 def build_block(tracer: Tracer, fields: tuple, results: tuple, dtypes: tuple, numpy_form):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import datetime as _dt
 import html
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,6 +68,55 @@ def _kind(path: Path) -> str:
 def build(paths, out_dir: Path, heads: int = 16) -> list[Figure]:
     """Render every figure the inputs allow into ``out_dir`` (PNG) and return them."""
     from xbench.core.profile import load_profile
+    from xbench.results.store import ensure_writable_dir
+
+    inputs = [(Path(p), _kind(Path(p))) for p in paths]
+    profiles = [load_profile(p) for p, kind in inputs if kind == "profile"]
+    # only once the inputs are known good: a refused report leaves no empty folder behind
+    out_dir = ensure_writable_dir(Path(out_dir))
+    for old in out_dir.glob("*.png"):  # an earlier report's figures, not left beside these
+        if old.name.split("-")[0] in FIGURE_KINDS:
+            old.unlink()
+    # drawn one at a time, each saved and closed before the next is drawn
+    drawn = itertools.chain(
+        (
+            drawing
+            for i, (path, kind) in enumerate(inputs)
+            for drawing in _run_figures(path, kind, f"{i + 1}-{path.stem}", profiles)
+        ),
+        _profile_figures(profiles, heads),
+    )
+    made = [_save(fig, out_dir, name, title) for fig, name, title in drawn if fig is not None]
+    if not made:
+        raise XbenchError("nothing to draw in the given results", "pass runs that hold samples")
+    write_html(made, out_dir / "index.html")
+    return made
+
+
+def _profile_figures(profiles: list, heads: int):
+    """(figure or None, file name, title) for each figure the profiles give."""
+    from xbench.report import figures
+
+    for k, prof in enumerate(profiles):
+        yield figures.decision_map(prof, heads), f"decisions-{k + 1}", f"Decision map ({prof.name})"
+        yield (
+            figures.break_even_figure(prof, heads),
+            f"breakeven-{k + 1}",
+            f"Break-even points of the porting coefficients ({prof.name})",
+        )
+
+
+def _save(fig, out_dir: Path, name: str, title: str) -> Figure:
+    import matplotlib.pyplot as plt
+
+    path = out_dir / f"{name}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Figure(name, title, path)
+
+
+def _run_figures(path: Path, kind: str, tag: str, profiles: list):
+    """(figure or None, file name, title) for each figure one run (or table) gives."""
     from xbench.report import figures
     from xbench.results.schema import (
         COMPARISON,
@@ -77,81 +127,50 @@ def build(paths, out_dir: Path, heads: int = 16) -> list[Figure]:
         SIMULATION_VALIDATION,
         VALIDATE_SUMMARY,
     )
-    from xbench.results.store import ensure_writable_dir, read_table
+    from xbench.results.store import read_table
 
-    inputs = [(Path(p), _kind(Path(p))) for p in paths]
-    profiles = [load_profile(p) for p, kind in inputs if kind == "profile"]
-    # only once the inputs are known good: a refused report leaves no empty folder behind
-    out_dir = ensure_writable_dir(Path(out_dir))
-    for old in out_dir.glob("*.png"):  # an earlier report's figures, not left beside these
-        if old.name.split("-")[0] in FIGURE_KINDS:
-            old.unlink()
-    made: list[Figure] = []
+    if kind == "probe":
+        from xbench.fit.profile_fit import RTT_TARGET, rtt_points
 
-    def save(fig, name: str, title: str) -> None:
-        if fig is None:
-            return
-        path = out_dir / f"{name}.png"
-        fig.savefig(path, dpi=110)
-        import matplotlib.pyplot as plt
-
-        plt.close(fig)
-        made.append(Figure(name, title, path))
-
-    for i, (path, kind) in enumerate(inputs):
-        tag = f"{i + 1}-{path.stem}"
-        if kind == "probe":
-            samples = read_table(path, PROBE_SAMPLES)
-            fabrics = list(profiles[0].fabrics) if profiles else _fit_fabrics(samples)
-            save(figures.probe_figure(samples, fabrics), f"fabrics-{tag}", f"Fabrics ({path})")
-            from xbench.fit.profile_fit import RTT_TARGET, rtt_points
-
-            save(
-                figures.round_trip_figure(rtt_points(samples, fabrics), RTT_TARGET),
-                f"roundtrips-{tag}",
-                f"Batched round trips ({path})",
-            )
-        elif kind == "kernel":
-            from xbench.kernels.summary import ceilings_from, summarize_kernels
-
-            samples = read_table(path, KERNEL_SAMPLES)
-            save(
-                figures.roofline_figure(summarize_kernels(samples), ceilings_from(samples)),
-                f"roofline-{tag}",
-                f"Kernels against the ceilings ({path})",
-            )
-        elif kind == "validate":
-            summary_file = path / "validate_summary.parquet"
-            if summary_file.exists():
-                summary = read_table([summary_file], VALIDATE_SUMMARY)
-                save(figures.validate_figure(summary), f"validate-{tag}", f"Validate ({path})")
-        elif kind == "comparison":
-            cases = read_table([path], COMPARISON)
-            save(figures.comparison_figure(cases), f"compare-{tag}", f"Comparison ({path})")
-        elif kind == "simulation":
-            frame = read_table([path], SIMULATION)
-            save(figures.simulation_figure(frame), f"simulate-{tag}", f"Simulation ({path})")
-        elif kind == "simulation_validation":
-            frame = read_table([path], SIMULATION_VALIDATION)
-            save(
-                figures.simulation_validation_figure(frame),
-                f"validation-{tag}",
-                f"Simulated against replayed ({path})",
-            )
-        elif kind == "prefill_simulation":
-            frame = read_table([path], PREFILL_SIMULATION)
-            save(figures.prefill_figure(frame), f"prefill-{tag}", f"Prefill offload ({path})")
-    for k, prof in enumerate(profiles):
-        save(figures.decision_map(prof, heads), f"decisions-{k + 1}", f"Decision map ({prof.name})")
-        save(
-            figures.break_even_figure(prof, heads),
-            f"breakeven-{k + 1}",
-            f"Break-even points of the porting coefficients ({prof.name})",
+        samples = read_table(path, PROBE_SAMPLES)
+        fabrics = list(profiles[0].fabrics) if profiles else _fit_fabrics(samples)
+        yield figures.probe_figure(samples, fabrics), f"fabrics-{tag}", f"Fabrics ({path})"
+        points = rtt_points(samples, fabrics)
+        yield (
+            figures.round_trip_figure(points, RTT_TARGET),
+            f"roundtrips-{tag}",
+            f"Batched round trips ({path})",
         )
-    if not made:
-        raise XbenchError("nothing to draw in the given results", "pass runs that hold samples")
-    write_html(made, out_dir / "index.html")
-    return made
+    elif kind == "kernel":
+        from xbench.kernels.summary import ceilings_from, summarize_kernels
+
+        samples = read_table(path, KERNEL_SAMPLES)
+        yield (
+            figures.roofline_figure(summarize_kernels(samples), ceilings_from(samples)),
+            f"roofline-{tag}",
+            f"Kernels against the ceilings ({path})",
+        )
+    elif kind == "validate":
+        summary_file = path / "validate_summary.parquet"
+        if summary_file.exists():
+            summary = read_table([summary_file], VALIDATE_SUMMARY)
+            yield figures.validate_figure(summary), f"validate-{tag}", f"Validate ({path})"
+    elif kind == "comparison":
+        cases = read_table([path], COMPARISON)
+        yield figures.comparison_figure(cases), f"compare-{tag}", f"Comparison ({path})"
+    elif kind == "simulation":
+        frame = read_table([path], SIMULATION)
+        yield figures.simulation_figure(frame), f"simulate-{tag}", f"Simulation ({path})"
+    elif kind == "simulation_validation":
+        frame = read_table([path], SIMULATION_VALIDATION)
+        yield (
+            figures.simulation_validation_figure(frame),
+            f"validation-{tag}",
+            f"Simulated against replayed ({path})",
+        )
+    elif kind == "prefill_simulation":
+        frame = read_table([path], PREFILL_SIMULATION)
+        yield figures.prefill_figure(frame), f"prefill-{tag}", f"Prefill offload ({path})"
 
 
 def _fit_fabrics(samples):
