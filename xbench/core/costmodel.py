@@ -1227,7 +1227,9 @@ def _compile_decide(profile: Profile, shape: _Shape, key: tuple):
 
     def warming(request):
         calls_left[0] -= 1
-        if not calls_left[0]:
+        # (threads may race past zero: the first to see the count spent, while this is
+        # still the profile's function, builds; a second build finds it cached)
+        if calls_left[0] <= 0 and profile._decide.get(key) is warming:
             profile._decide[key] = native()
         return python(request)
 
