@@ -150,6 +150,13 @@ def test_a_line_without_a_c_form_keeps_the_python_form():
     x = tracer.input("x", kind="x")
     same = x == "ib"
     assert native_code.build(tracer, ("x",), (same,), lambda r: None) is None
+    # nor has a block that chooses between objects
+    from xbench.core.tracing import TracingOps
+
+    block = Tracer(array=True)
+    y = block.input("y")
+    named = TracingOps(block).where(y > 1.0, "many", "few")
+    assert native_code.build_block(block, ("y",), (named,), ("int8",), lambda c, o: None) is None
 
 
 def _grid(profile, n: int, seed: int):

@@ -404,6 +404,8 @@ def block_source(tracer: Tracer, fields: tuple, results: tuple, dtypes: tuple, m
         if op is None:
             raise _Unsupported("a line without its operation")
         emit.line(targets, op)
+    if emit.objects:  # the block form keeps no object constants (K holds none there)
+        raise _Unsupported("an object in a block")
     writes = []
     for j, (x, dtype) in enumerate(zip(results, dtypes, strict=True)):
         text, ctype, _ = emit.operand(x)
