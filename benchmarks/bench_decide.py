@@ -4,13 +4,14 @@
 
 decide() runs the model compiled for the profile and the request's shape
 (xbench.core.tracing): the three ends of the intervals on every undominated fabric, every
-call; after 1,000 calls of a shape, as C (xbench.core.native_code; ``XBENCH_PREDICATE=python``
-times the Python form throughout, and the line after the mixes says which ran); a grid of
-100,000 rows or more runs as C too (its numpy form under ``XBENCH_PREDICATE=python``). It is timed over two mixes of requests: the README's grid (``xbench decide --rows
-1,8,64 --chunk 64:16384 --reuse 0,1,10,100``, 108 requests) and the grid benchmark's random
-draw (rows 1-4096, chunks 64-16,384 tokens, reuse 0-99), each with the best of the profile's
-fabrics and with its first fabric fixed, and the cost of building a Request is printed
-beside them. Targets (issue 41): a scalar decide() costs at most 1 us; decide_grid()
+call; after 1,000 calls of a shape, as C (xbench.core.native_code;
+``XBENCH_PREDICATE=python`` times the Python form throughout, and the line after the mixes
+says which ran); a grid of 100,000 rows or more runs as C too (its numpy form under
+``XBENCH_PREDICATE=python``). It is timed over two mixes of requests: the README's grid
+(``xbench decide --rows 1,8,64 --chunk 64:16384 --reuse 0,1,10,100``, 108 requests) and
+the grid benchmark's random draw (rows 1-4096, chunks 64-16,384 tokens, reuse 0-99), each
+with the best of the profile's fabrics and with its first fabric fixed, and the cost of
+building a Request is printed beside them. Targets (issue 41): a scalar decide() costs at most 1 us; decide_grid()
 evaluates at least 20 million decisions per second on one fabric. Prints the best of
 several repeats (timeit-style: the minimum is the figure least disturbed by other load on
 the machine) and the median.

@@ -1,9 +1,6 @@
 """decide()'s native form (xbench.core.native_code) against its Python form, to the bit."""
 
-import shutil
-import sysconfig
 import tempfile
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -20,8 +17,7 @@ from xbench.core.profile import load_profile
 pytestmark = [
     pytest.mark.nompi,  # starts no MPI (conftest: the Open MPI run skips it)
     pytest.mark.skipif(
-        shutil.which("gcc") is None
-        or not (Path(sysconfig.get_paths()["include"]) / "Python.h").exists(),
+        not native_code.available(),
         reason="the native predicate needs gcc and Python's headers (python3-dev)",
     ),
 ]

@@ -455,10 +455,6 @@ def _thresholds(prof, rows: int, chunks, settings: dict, fabrics) -> list:
     return out
 
 
-def _us(x: float) -> str:
-    return _time(x, 1e6)
-
-
 def _time(x: float, per_second: float) -> str:
     from xbench.cli.render import num
 
@@ -515,7 +511,6 @@ def _request_columns(f, caption: str) -> tuple[list, str]:
 
 
 def _render(f, thresholds, prof, settings, path) -> None:
-
     heads = settings["heads"]
     per_second, unit = _time_unit(f)
     title = f"xbench decide on profile '{prof.name}': times in {unit} {_step_words(settings)}"

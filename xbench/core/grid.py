@@ -183,7 +183,6 @@ class _BlockForms:
 
     tracer: Tracer
     answer: tuple
-    present: tuple
     numpy: object
     native: object = None
 
@@ -226,7 +225,7 @@ def _traced(profile: Profile, fabric: str | None, present: tuple) -> _BlockForms
 
     answer = decision_formula(TracingOps(tracer), profile, shape, read)
     numpy_form = tracer.compile("decide_block", present, answer)
-    return _BlockForms(tracer, answer, present, numpy_form)
+    return _BlockForms(tracer, answer, numpy_form)
 
 
 def _decisions(results: dict, names: list, index) -> pd.DataFrame:

@@ -35,23 +35,30 @@ import types
 from pathlib import Path
 from string import Template
 
-from xbench.core.tracing import Traced, Tracer
+from xbench.core.tracing import _FLAG_OPS, _UFUNC, Traced, Tracer
 
 AFTER_CALLS = 1000
 EXACT = 2.0**53  # an integer below this is a double exactly
 _CFLAGS = ("-O2", "-shared", "-fPIC", "-ffp-contract=off", "-fno-fast-math", "-w")
-_INFIX = {
-    "add": "+", "subtract": "-", "multiply": "*", "true_divide": "/", "less": "<",
-    "less_equal": "<=", "greater": ">", "greater_equal": ">=", "equal": "==",
-    "not_equal": "!=", "logical_and": "&", "logical_or": "|",
-}  # fmt: skip
-_COMPARE = {"less", "less_equal", "greater", "greater_equal", "equal", "not_equal"}
+# a traced line names its operator by numpy's function (tracing's table); C spells it as
+# Python does (& and | of flags: 0 or 1)
+_INFIX = {function: symbol for symbol, function in _UFUNC.items()}
+_COMPARE = {_UFUNC[symbol] for symbol in _FLAG_OPS if symbol not in ("&", "|")}
 
 
 def mode() -> str:
     """``python``, ``native`` (build at once) or ``auto`` (after AFTER_CALLS calls)."""
     wanted = os.environ.get("XBENCH_PREDICATE", "auto")
     return wanted if wanted in ("python", "native") else "auto"
+
+
+def available() -> bool:
+    """Whether C forms can be built here: gcc on PATH and Python's headers (python3-dev)."""
+    return shutil.which("gcc") is not None and _headers().exists()
+
+
+def _headers() -> Path:
+    return Path(sysconfig.get_paths()["include"]) / "Python.h"
 
 
 def is_native(function) -> bool:
@@ -129,6 +136,13 @@ class _Emitter:
             raise _Unsupported(f"table {values!r}")
         self.tables.append(f"static const {decl} {name}[] = {{{', '.join(items)}}};")
         return name, ctype, integral
+
+    def lines(self, kept: list) -> None:
+        """C for each of the traced lines ``kept`` (tracer.kept), in order."""
+        for targets, _, _, op, _ in kept:
+            if op is None:
+                raise _Unsupported("a line without its operation")
+            self.line(targets, op)
 
     def line(self, targets: tuple, op: tuple) -> None:
         kind, args = op[0], op[1:]
@@ -365,10 +379,7 @@ def c_source(tracer: Tracer, fields: tuple, results: tuple, module: str) -> tupl
             "else goto fallback; }"
         )
         emit.types[field], emit.integral[field] = "d", True  # an int, for all it knows
-    for targets, _, _, op, _ in kept:
-        if op is None:
-            raise _Unsupported("a line without its operation")
-        emit.line(targets, op)
+    emit.lines(kept)
     returned = [emit.result(x) for x in results]
     fill = "\n".join(
         f"    PyTuple_SET_ITEM(out, {j}, {value});" for j, value in enumerate(returned)
@@ -400,10 +411,7 @@ def block_source(tracer: Tracer, fields: tuple, results: tuple, dtypes: tuple, m
         ctype = "const unsigned char" if flag else "const double"
         reads.append(f"{'int' if flag else 'double'} {field} = (({ctype} *)in[{i}])[i];")
         emit.types[field], emit.integral[field] = ("b" if flag else "d"), False
-    for targets, _, _, op, _ in kept:
-        if op is None:
-            raise _Unsupported("a line without its operation")
-        emit.line(targets, op)
+    emit.lines(kept)
     if emit.objects:  # the block form keeps no object constants (K holds none there)
         raise _Unsupported("an object in a block")
     writes = []
@@ -463,8 +471,7 @@ def build(tracer: Tracer, fields: tuple, results: tuple, python):
 def _load(text: str, objects: tuple):
     """The extension module of ``text`` (``MODULE`` standing for its name), built once and
     cached; None without gcc or Python's headers, or where gcc fails."""
-    headers = Path(sysconfig.get_paths()["include"]) / "Python.h"
-    if shutil.which("gcc") is None or not headers.exists():
+    if not available():
         return None
     key = text + repr(objects) + " ".join(_CFLAGS) + sysconfig.get_config_var("SOABI")
     module = f"xbench_predicate_{hashlib.sha256(key.encode()).hexdigest()[:20]}"
@@ -472,7 +479,7 @@ def _load(text: str, objects: tuple):
     from xbench.native import cache_dir
 
     target = cache_dir() / f"{module}{sysconfig.get_config_var('EXT_SUFFIX')}"
-    if not target.exists() and not _compile(text, target, headers.parent):
+    if not target.exists() and not _compile(text, target, _headers().parent):
         return None
     loader = importlib.machinery.ExtensionFileLoader(module, str(target))
     spec = importlib.util.spec_from_file_location(module, target, loader=loader)

@@ -237,12 +237,11 @@ class TracingOps:
         if not isinstance(x, Traced):
             return pieces[bisect_right(breaks, x)]
         t = self.tracer
-        if not t.array:  # (the ops, for a native build: native_code)
-            found = ("bisect_right", breaks, x)
+        found = ("bisect_right", breaks, x)  # (each line's op: what native_code builds from)
+        if not t.array:
             index = t.line(f"bisect_right({t.text(breaks)}, {x.name})", (x.name,), op=found)
             expression, row = f"{t.text(pieces)}[{index.name}]", ("row", pieces, index)
             return t.line(expression, (index.name,), width=len(pieces[0]), op=row)
-        found = ("bisect_right", breaks, x)  # (numpy's searchsorted: its op for native_code)
         index = t.line(
             f"searchsorted({t.text(breaks)}, {x.name}, 'right')", (x.name,), op=found, kind="x"
         )
@@ -264,10 +263,9 @@ class TracingOps:
         uses = tuple(x.name for x in (cond, if_true, if_false) if isinstance(x, Traced))
         a, b = t.text(if_true), t.text(if_false)
         kind = t.merged_kind(if_true, if_false)
-        if t.array:
-            op = ("where", cond, if_true, if_false)
-            return t.line(f"where({cond.name}, {a}, {b})", uses, op=op, kind=kind)
         op = ("where", cond, if_true, if_false)
+        if t.array:
+            return t.line(f"where({cond.name}, {a}, {b})", uses, op=op, kind=kind)
         return t.line(f"{a} if {cond.name} else {b}", uses, op=op, kind=kind)
 
     def any(self, x) -> bool:

@@ -216,7 +216,7 @@ def break_even_figure(profile, heads: int = 16, chunks=None) -> plt.Figure | Non
     request = Request(heads=heads)
     bytes_ax.axhline(
         request.payload_bytes + request.return_bytes, color="grey", ls="--", lw=1,
-        label="the default row (1152 + 1028 B)",
+        label=f"the default row ({request.payload_bytes} + {request.return_bytes} B)",
     )  # fmt: skip
     move_ax.plot(
         chunks, [profile.device.move(c) * 1e6 for c in chunks], "k--", lw=1,
