@@ -119,6 +119,33 @@ def test_a_shaped_links_burst_is_said_and_beta_kept_at_the_windowed_rate():
     assert said == [] and plain.segments[-1].beta.value == pytest.approx(25e9, rel=0.03)
 
 
+RTT_TRUTH = dict(alpha=1.5e-6, beta=25e9, o=0.4e-6)
+
+
+def _with_rtt(rng, slower, alpha, beta, o):
+    """The probe frame plus rtt samples of 1, 8 and 64 rows (1152 B out, 1028 B back a
+    row), ``slower`` times what the segments put them at."""
+    rows = []
+    for b in (1, 8, 64):
+        out, back = b * 1152, b * 1028
+        truth = 2 * (alpha + o) + (out + back) / beta
+        for v in noisy(truth * slower, rng, 6):
+            rows.append(
+                dict(
+                    pattern="rtt",
+                    fabric="ib",
+                    pair_class="inter-node",
+                    transport="mpi",
+                    size_bytes=out,
+                    return_bytes=float(back),
+                    rows=b,
+                    value=v * 1e6,
+                    warmup=False,
+                )
+            )
+    return pd.concat([_probe_frame(rng, alpha, beta, o), pd.DataFrame(rows)], ignore_index=True)
+
+
 def test_fit_reports_the_models_error_on_batched_round_trips():
     """The study's validation: b rows out, b answers back, against the segments' two
     messages. Where the segments describe them, the error is small and nothing is said;
@@ -126,39 +153,47 @@ def test_fit_reports_the_models_error_on_batched_round_trips():
     from xbench.fit.profile_fit import fit_profile
 
     priors = load_profile("profiles/h100-priors.toml")
-    alpha, beta, o = 1.5e-6, 25e9, 0.4e-6
-
-    def with_rtt(rng, slower):
-        rows = []
-        for b in (1, 8, 64):
-            out, back = b * 1152, b * 1028
-            truth = 2 * (alpha + o) + (out + back) / beta
-            for v in noisy(truth * slower, rng, 6):
-                rows.append(
-                    dict(
-                        pattern="rtt",
-                        fabric="ib",
-                        pair_class="inter-node",
-                        transport="mpi",
-                        size_bytes=out,
-                        return_bytes=float(back),
-                        rows=b,
-                        value=v * 1e6,
-                        warmup=False,
-                    )
-                )
-        return pd.concat([_probe_frame(rng, alpha, beta, o), pd.DataFrame(rows)], ignore_index=True)
-
     rng = np.random.default_rng(7)
     for slower, said_any in ((1.0, False), (1.5, True)):
         said = []
         profile = fit_profile(
-            with_rtt(rng, slower), pd.DataFrame(), name="x", base=priors, warnings=said
-        )
+            _with_rtt(rng, slower, **RTT_TRUTH), pd.DataFrame(), name="x", base=priors,
+            warnings=said,
+        )  # fmt: skip
         error = profile.provenance["rtt_error"]["ib"]
         assert error["shapes"] == 3
         assert error["error_median"] == pytest.approx(1 / slower - 1, abs=0.05)
         assert any("batched round trips" in w for w in said) == said_any
+        assert profile.provenance["rtt_error_warm"] == {}  # segments already warm
+
+
+def test_round_trips_are_checked_in_their_own_regime_where_segments_are_cold():
+    """Segments fitted from cold-cache ping-pong (offcache, here 3 us slower a message)
+    price messages after attention, not rtt's warm loop: the fit reports the round trips
+    against both the profile's segments and a refit from the warm latency samples, and
+    says both where the cold ones miss."""
+    from xbench.fit.profile_fit import fit_profile, warm_refits
+
+    priors = load_profile("profiles/h100-priors.toml")
+    rng = np.random.default_rng(11)
+    frame = _with_rtt(rng, 1.0, **RTT_TRUTH)
+    latency = frame[frame.pattern == "latency"]
+    cold = latency.assign(pattern="offcache", value=latency.value + 3.0)
+    said = []
+    profile = fit_profile(
+        pd.concat([frame, cold], ignore_index=True), pd.DataFrame(), name="x", base=priors,
+        warnings=said,
+    )  # fmt: skip
+    assert profile.provenance["wire_pattern"] == {"ib": "offcache"}
+    cold_error = profile.provenance["rtt_error"]["ib"]
+    warm_error = profile.provenance["rtt_error_warm"]["ib"]
+    assert cold_error["error_low"] > 0.3  # two messages each 3 us too slow
+    assert abs(warm_error["error_low"]) < 0.05 and abs(warm_error["error_high"]) < 0.05
+    (line,) = [w for w in said if "batched round trips" in w]
+    assert "fitted from offcache" in line and "refitted from its warm latency samples" in line
+    (refit,) = warm_refits(pd.concat([frame, cold], ignore_index=True))
+    assert refit.segments[0].alpha.value == pytest.approx(RTT_TRUTH["alpha"], rel=0.1)
+    assert warm_refits(frame) == []  # nothing cold to refit
 
 
 def _attention(rows: int, chunk: int, seconds: float, **more) -> dict:

@@ -10,7 +10,9 @@ from pathlib import Path
 import matplotlib.colors
 import matplotlib.image
 import numpy as np
+import pandas as pd
 
+from xbench.report import figures
 from xbench.results.schema import PROBE_SAMPLES
 from xbench.results.store import read_run_meta, read_table, write_table
 
@@ -137,3 +139,23 @@ def test_report_bad_input(xbench, tmp_path):
     r = xbench("report", empty, "--out", tmp_path / "r")
     assert r.returncode == 2 and "not something xbench report draws" in r.stderr
     assert not (tmp_path / "r").exists()  # refused before the folder was made
+
+
+def test_round_trip_figure_draws_the_warm_refit_beside_the_profiles_segments():
+    """Where a fabric's segments came from cold caches, the round trips are drawn against
+    both models: the profile's and the refit from warm latency."""
+    columns = ["fabric", "rows", "out_bytes", "back_bytes", "measured_us", "low_us"]
+    columns += ["high_us", "predicted_us", "error"]
+    measured = [(1, 3.0), (8, 9.0), (64, 19.0)]
+    cold = pd.DataFrame(
+        [("shm", b, 1152.0 * b, 1028.0 * b, t, t * 0.9, t * 1.1, 5 * t, 4.0) for b, t in measured],
+        columns=columns,
+    )
+    warm = cold.assign(predicted_us=cold.measured_us * 1.02, error=0.02)
+    fig = figures.round_trip_figure(cold, 0.07, warm)
+    time_ax, error_ax = fig.axes[0], fig.axes[1]
+    labels = [line.get_label() for line in time_ax.get_lines()]
+    assert "model (fitted segments)" in labels
+    assert "model (refitted from warm latency)" in labels
+    assert len(error_ax.get_lines()) == 3  # the profile's error, the refit's, the zero line
+    assert len(figures.round_trip_figure(cold, 0.07).axes[1].get_lines()) == 2

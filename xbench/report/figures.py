@@ -77,10 +77,13 @@ def probe_figure(samples: pd.DataFrame, fabrics) -> plt.Figure | None:
     return fig
 
 
-def round_trip_figure(points: pd.DataFrame, target: float) -> plt.Figure | None:
+def round_trip_figure(
+    points: pd.DataFrame, target: float, warm: pd.DataFrame | None = None
+) -> plt.Figure | None:
     """Per fabric: the batched round trips the probe measured (median and quartiles, by
     rows) against the fitted model's (route's two messages), and the model's error, with
-    the study's target band (``target``, a fraction)."""
+    the study's target band (``target``, a fraction); ``warm``, the same points against
+    segments refitted from warm latency where the fabric's came from cold caches."""
     if points.empty:
         return None
     names = list(dict.fromkeys(points.fabric))
@@ -96,6 +99,12 @@ def round_trip_figure(points: pd.DataFrame, target: float) -> plt.Figure | None:
         )  # fmt: skip
         time_ax.plot(mine.rows, mine.predicted_us, "k-", lw=1.2, label="model (fitted segments)")
         error_ax.plot(mine.rows, 100 * mine.error, "s-", color="#d62728", ms=4)
+        refit = pd.DataFrame() if warm is None else warm[warm.fabric == name].sort_values("rows")
+        if not refit.empty:
+            label = "model (refitted from warm latency)"
+            time_ax.plot(refit.rows, refit.predicted_us, "k--", lw=1.2, label=label)
+            error_ax.plot(refit.rows, 100 * refit.error, "^--", color="#9467bd", ms=4, label=label)
+            error_ax.legend(fontsize=7)
         error_ax.axhspan(-100 * target, 100 * target, color="grey", alpha=0.15, lw=0)
         error_ax.axhline(0, color="k", lw=0.8)
         _times_over_powers_of_two(time_ax, f"{name}: round trip of b rows", error_ax)
