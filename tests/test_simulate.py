@@ -50,6 +50,31 @@ def test_one_request_costs_the_models_phases():
     assert home.latency[0] == pytest.approx(c.attend) and PATHS[home.path[0]] == "present"
 
 
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_a_use_over_a_decode_step_costs_the_models_step(pipelined):
+    """A use of 61 layers on idle instances: route, fetch and local take the cost model's
+    times for the same step (decide --layers 61), route's round trip every layer or, where
+    pipelined, once; the chunk's KV of every layer crosses once."""
+    from dataclasses import replace
+
+    from xbench.core.costmodel import Request, times
+
+    step = replace(W, layers=61, pipeline_layers=pipelined)
+    one, c = _Costs(PRIORS, W), _Costs(PRIORS, step)
+    remote = _trace((0.0, 0, 1))
+    r = Request(rows=1, heads=16, chunk_tokens=2048, fabric="ib", layers=61,
+                pipeline_layers=pipelined)  # fmt: skip
+    route, fetch, local = times(PRIORS.fabric("ib"), PRIORS.device, r)
+    assert simulate(PRIORS, step, remote, "route").latency[0] == pytest.approx(route)
+    assert simulate(PRIORS, step, remote, "fetch").latency[0] == pytest.approx(fetch)
+    assert simulate(PRIORS, step, remote, "local").latency[0] == pytest.approx(local)
+    assert c.attend == pytest.approx(61 * one.attend)
+    assert c.send_occ == pytest.approx((1 if pipelined else 61) * one.send_occ)
+    assert c.s_kv == 61 * one.s_kv
+    moved = simulate(PRIORS, step, remote, "fetch").bytes_moved
+    assert moved == pytest.approx(61 * simulate(PRIORS, W, remote, "fetch").bytes_moved)
+
+
 def test_a_busy_holder_queues_and_batches_one_chunk():
     c = _Costs(PRIORS, W)
     same_time = _trace(*[(0.0, 0, 1)] * 8)  # eight queries for chunk 1 at once
@@ -192,6 +217,15 @@ def test_a_routed_merge_after_its_wait_pays_the_measured_extra():
     answered = c.send_occ + c.send_fly + c.attend + c.back_occ + c.back_fly
     merge = device.merge(c.rows, 2) + (w0 + c.rows * 2 * w1)
     assert res.latency[0] == pytest.approx(answered + merge)
+    # over a step of 3 layers: the model prices each layer's merge after that layer's round
+    # trip; the engine gives each layer's merge its share of the (saturated) wait
+    step = replace(W, layers=3)
+    r3 = Request(rows=1, heads=16, chunk_tokens=2048, fabric="ib", layers=3)
+    assert _Costs(waited, step).per_use()["route"] == pytest.approx(
+        times(waited.fabric("ib"), device, r3)[0]
+    )
+    res = simulate(waited, step, _trace((0.0, 0, 1)), "route")
+    assert res.latency[0] == pytest.approx(3 * (answered + merge))
 
 
 def test_a_fetched_chunk_is_attended_for_less_right_after_its_splice():
@@ -506,6 +540,9 @@ def test_every_shipped_scenario_with_a_workload_loads():
         ('kind = "prefill"\nchunks = 4', "unknown [workload] field 'chunks'"),
         ('reports = ["speedup"]', "reports ['speedup'] are not reports"),
         ('kind = "prefill"\nreports = ["batching"]', "unknown [workload] field 'reports'"),
+        ("layers = 0", "layers = 0 is out of range"),
+        ("pipeline_layers = 1", "give pipeline_layers as true or false"),
+        ("layers = true", "give layers as a number"),
     ],
 )
 def test_workload_errors_name_the_file_and_field(tmp_path, table, words):
@@ -559,6 +596,35 @@ def test_simulate_cli_every_scenario_writes_parquet(xbench, tmp_path):
     assert 8 < fast / slow < 12
 
 
+def test_simulate_and_decide_take_a_scenarios_decode_step(xbench, tmp_path):
+    """[workload] layers = 61 makes a use one decode step of 61 layers: simulate --layers 61
+    gives the same figures, an idle route takes 61 layers' round trips, the table says what
+    its times cover, and decide --scenario prices the same step."""
+    src = [s for s in SCENARIOS if s.stem == "decode-route-vs-fetch"][0]
+    step = tmp_path / "step.toml"
+    step.write_text(src.read_text().replace("[workload]", "[workload]\nlayers = 61", 1))
+    args = ("--requests", "300", "--fabric", "ib", "--rate", "20/s")
+    runs = [
+        {r["policy"]: r for r in json.loads(xbench("simulate", *more, *args, "--format", "json").stdout)}
+        for more in ((step,), (src, "--layers", "61"), (src,))
+    ]  # fmt: skip
+    by_file, by_flag, one = runs
+    assert {p: r["mean_us"] for p, r in by_file.items()} == {
+        p: r["mean_us"] for p, r in by_flag.items()
+    }
+    assert by_file["route"]["p50_us"] == pytest.approx(61 * one["route"]["p50_us"], rel=0.02)
+    table = xbench("simulate", step, *args, env={"COLUMNS": "200"}).stdout
+    assert "times per use of a decode step of 61 layers" in table
+    assert (
+        "times per use of one layer"
+        in xbench("simulate", src, *args, env={"COLUMNS": "200"}).stdout
+    )
+    rows = json.loads(xbench("decide", "--scenario", step, "--format", "json").stdout)
+    assert rows and {r["layers"] for r in rows} == {61}
+    rows = json.loads(xbench("decide", "--scenario", src, "--format", "json").stdout)
+    assert {r["layers"] for r in rows} == {1}
+
+
 def test_simulate_cli_bad_input(xbench, tmp_path):
     agentic = [s for s in SCENARIOS if s.stem == "agentic-codebase"][0]
     for args, words in [
@@ -571,6 +637,9 @@ def test_simulate_cli_bad_input(xbench, tmp_path):
         ((agentic, "--fabric", ","), "empty item"),
         ((agentic, "--replays", "2"), "--replays counts --validate's replays"),
         ((agentic, "--validate", "--replays", "0"), "'--replays'"),
+        ((agentic, "--validate", "--layers", "2"), "--validate replays one layer"),
+        ((agentic, "--layers", "0"), "'--layers'"),
+        (("prefill-as-a-service", "--layers", "4"), "takes its layers from its model"),
         ((tmp_path / "none.toml",), "does not exist"),
     ]:
         r = xbench("simulate", *args)

@@ -294,6 +294,20 @@ def _refuse_overridden(ctx) -> None:
         )
 
 
+def _scenario_step(path: Path) -> tuple[int, bool]:
+    """(layers, pipelined) of the scenario's decode [workload]; one layer without one."""
+    import tomllib
+
+    from xbench.core.scenario import load_workload
+
+    if "workload" not in tomllib.loads(path.read_text()):
+        return 1, False
+    spec = load_workload(path)
+    if spec["kind"] != "decode":
+        return 1, False
+    return spec["fields"]["layers"], spec["fields"]["pipeline_layers"]
+
+
 def _decide_scenario(path: Path, prof, out, fmt) -> None:
     from xbench.core.grid import decide_grid, expand
     from xbench.core.scenario import load_scenario
@@ -311,6 +325,10 @@ def _decide_scenario(path: Path, prof, out, fmt) -> None:
     grid = expand(sc["axes"])
     for key, value in sc["request"].items():
         grid[key] = value
+    # a scenario's times cover what its simulated use covers: one layer, or the decode step
+    # its [workload] names (layers, pipeline_layers), so decide and simulate answer alike
+    layers, pipelined = _scenario_step(path)
+    grid["layers"], grid["pipeline_layers"] = layers, pipelined
     check_shapes(grid, f"scenario {path}")
     table = decide_grid(prof, grid)
     req = sc["request"]
@@ -326,10 +344,9 @@ def _decide_scenario(path: Path, prof, out, fmt) -> None:
         "fetch_cost_s": None if math.isnan(req["fetch_cost"]) else req["fetch_cost"],
         "segments": req["segments"],
         "probe": req["include_probe"],
-        # a scenario's times are one layer's, as the simulator runs it
-        "layers": 1,
+        "layers": layers,
         "holders": 1,
-        "pipeline_layers": False,
+        "pipeline_layers": pipelined,
     }
     written = _write(table, prof, settings, out)
     thresholds = _thresholds(

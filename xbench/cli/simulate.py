@@ -50,6 +50,24 @@ def simulate(
             "carries far less than the H100 rates the scenarios are written for)."
         ),
     ] = None,
+    layers: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Layers a use's decode step crosses, instead of the scenario's (default 1: "
+            "one layer's times): attention, merge and move every layer, route's round trip "
+            "every layer, fetch every layer's KV in one transfer, as decide --layers.",
+        ),
+    ] = None,
+    pipeline_layers: Annotated[
+        bool | None,
+        typer.Option(
+            "--pipeline-layers/--no-pipeline-layers",
+            help="Route's round trip once a step instead of once a layer (default: the "
+            "scenario's, else once a layer).",
+            show_default=False,
+        ),
+    ] = None,
     validate: Annotated[
         bool,
         typer.Option(
@@ -104,6 +122,7 @@ def simulate(
         if not per_s > 0 or per_s == float("inf"):
             raise XbenchError(f"--rate {rate!r} is not a rate", "write e.g. --rate 50/s")
         spec["fields"]["rate_per_s"] = per_s
+    _set_step(spec, layers, pipeline_layers, validate)
     known = PREFILL_POLICIES if spec["kind"] == "prefill" else POLICIES
     policies = (
         list(known) if policy == "all" else parse_name_list(policy, "--policy", known, "policy")
@@ -157,6 +176,37 @@ def simulate(
         emit_frame(frame, fmt, lambda f: _table(f, spec, prof.name, n, gains, out, reuse))
 
 
+def _set_step(spec: dict, layers: int | None, pipelined: bool | None, validate: bool) -> None:
+    """--layers and --pipeline-layers into a decode workload's fields (refused for a
+    prefill workload, whose model sets its layers, and for --validate's one-layer replay)."""
+    given = [flag for flag, v in (("--layers", layers), ("--pipeline-layers", pipelined)) if v]
+    if given and spec["kind"] != "decode":
+        raise XbenchError(
+            f"{' and '.join(given)}: a prefill workload takes its layers from its model",
+            f"drop {' and '.join(given)}",
+        )
+    fields = spec["fields"]
+    if layers is not None:
+        fields["layers"] = layers
+    if pipelined is not None:
+        fields["pipeline_layers"] = pipelined
+    if validate and fields.get("layers", 1) != 1:
+        raise XbenchError(
+            f"--validate replays one layer between two ranks; this workload's use is "
+            f"{fields['layers']} layers",
+            "pass --layers 1, or drop --validate",
+        )
+
+
+def _step_words(fields: dict) -> str:
+    """What a simulated use's times cover."""
+    layers = fields.get("layers", 1)
+    if layers == 1:
+        return "times per use of one layer"
+    words = f"times per use of a decode step of {layers} layers"
+    return words + (" (route's round trip once a step)" if fields["pipeline_layers"] else "")
+
+
 def _write(out, frame, spec, prof, seed: int, prefill: bool) -> None:
     """The policies' rows to --out, with the run's metadata."""
     from xbench.results.metadata import new_run_id, run_metadata
@@ -164,8 +214,10 @@ def _write(out, frame, spec, prof, seed: int, prefill: bool) -> None:
     from xbench.results.store import write_table
 
     meta = run_metadata(
-        new_run_id("simulate"), "simulate", scenario=spec["name"], profile=prof.name, seed=seed
-    )
+        new_run_id("simulate"), "simulate", scenario=spec["name"], profile=prof.name, seed=seed,
+        layers=spec["fields"].get("layers", 1),
+        pipeline_layers=spec["fields"].get("pipeline_layers", False),
+    )  # fmt: skip
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     write_table(Path(out), PREFILL_SIMULATION if prefill else SIMULATION, frame, meta)
 
@@ -180,6 +232,7 @@ def _table(frame, spec, profile: str, n: int, gains, out, reuse=None) -> None:
             if spec["fields"].get("move_on_compute")
             else ""
         )
+        + f"{_step_words(spec['fields'])};  "
         + "link, gpu: the busiest instance's egress and compute;  shares: present "
         "(home, cached or arriving) / route / fetch / local;  vs best: the predicate's mean "
         "latency against the better of always-route and always-fetch on the same trace",

@@ -168,6 +168,10 @@ WORKLOAD_KEYS = {
     "requests": (int, 1),
     "spans": (list, None),
     "reports": (list, None),
+    # a use as one decode step of this many layers (default 1: one layer's times), route's
+    # round trip once a step where pipelined (the cost model's step, as decide --layers)
+    "layers": (int, 1),
+    "pipeline_layers": (bool, None),
 }
 # What a decode workload may ask ``xbench simulate`` to report beside its policies:
 # "batching", always-route with the holder batching the queries that converge on a chunk
@@ -251,13 +255,14 @@ def _check_table(path, table: dict, keys: dict) -> None:
                 f"use {', '.join(sorted(keys))}",
             )
         kind, least = keys[key]
-        ok = isinstance(value, kind) and not isinstance(value, bool)
+        ok = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
         if kind is float:
             ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         if not ok:
+            wanted = {int: "a number", float: "a number", bool: "true or false"}
             raise ScenarioError(
                 f"scenario {path}: [workload] {key} = {value!r} has the wrong type",
-                f"give {key} as {'a number' if kind in (int, float) else 'text or a list'}",
+                f"give {key} as {wanted.get(kind, 'text or a list')}",
             )
         if least is not None and value < least:
             raise ScenarioError(
@@ -344,6 +349,8 @@ def _decode_fields(path: Path, table: dict, req: dict) -> dict:
         "cache_chunks": table.get("cache_chunks", 16),
         "max_batch_rows": table.get("max_batch_rows", 1024),
         "spans": spans,
+        "layers": table.get("layers", 1),
+        "pipeline_layers": table.get("pipeline_layers", False),
     }
 
 

@@ -195,6 +195,8 @@ def span_reuse(profile, spec: dict, requests: int, seed: int) -> pd.DataFrame:
             kv_bytes_per_token=w.kv_bytes_per_token,
             segments=w.segments,
             fabric=fabric,
+            layers=w.layers,
+            pipeline_layers=w.pipeline_layers,
         )
         u_star = thresholds(profile.fabric(fabric), profile.device, shape)[1]
         remote = trace.holder != trace.requester

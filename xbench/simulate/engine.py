@@ -81,6 +81,11 @@ class Workload:
     # servers, as on a CPU where the ranks gather and splice themselves; otherwise a delay
     # on the fetch's path (the GPU priors' 3 ms software stack, beside the kernels)
     move_on_compute: bool = False
+    # a use is one decode step of this many layers, as the cost model's step (1: one
+    # layer's times, as the scenarios were written); pipelined, route's round trip is paid
+    # once a step, hidden behind the other layers' compute
+    layers: int = 1
+    pipeline_layers: bool = False
 
     def uses_per_request(self, prefixes: bool = True) -> float:
         """Uses per request, on average over the expressions (1 without spans)."""
@@ -184,34 +189,44 @@ class _Memo(dict):
 
 
 class _Costs:
-    """The model's times for one workload shape, read once from the profile."""
+    """The model's times for one workload shape, read once from the profile.
+
+    A use is one decode step of ``w.layers`` layers, accounted as the cost model's step
+    (``costmodel.option_times``): attention, merge, move and recompute every layer; route's
+    round trip every layer (``wired`` times: once where layers are pipelined), as one
+    message each way holding every round trip's link time and flight; fetch's KV of every
+    layer in one transfer. With one layer these are the per-layer times as they were."""
 
     def __init__(self, profile, w: Workload):
         f = profile.fabric(w.fabric)
         d = profile.device
         self.w, self.fabric, self.device = w, f, d
+        layers = self.layers = w.layers
+        self.wired = wired = 1 if w.pipeline_layers else layers
         rh = w.rows * w.heads
         self.rows = rh
         self.s_q, self.s_o = rh * w.payload_bytes, rh * w.return_bytes
-        self.s_kv = w.chunk_tokens * w.kv_bytes_per_token
-        self.attend = d.compute(rh, w.chunk_tokens)
+        self.s_kv = layers * w.chunk_tokens * w.kv_bytes_per_token
+        self.attend = layers * d.compute(rh, w.chunk_tokens)
         # a fetch's first attention, on the chunk it has just spliced (partly in cache)
-        self.fetch_attend = self.attend - d.saved_on_splice(w.chunk_tokens)
-        self.merge = d.merge(rh, 2, w.chunk_tokens)
-        self.move = d.move(w.chunk_tokens, w.segments)
+        self.fetch_attend = self.attend - layers * d.saved_on_splice(w.chunk_tokens)
+        self.merge = layers * d.merge(rh, 2, w.chunk_tokens)
+        self.move = layers * d.move(w.chunk_tokens, w.segments)
         # where the move runs on the compute (move_on_compute): the splice at the requester
         # (T_splice where measured, else all of T_move) and the gather, the rest, at the holder
-        splice = d.move(w.chunk_tokens, 2) if d.splice_t0 is not None else self.move
+        splice = layers * d.move(w.chunk_tokens, 2) if d.splice_t0 is not None else self.move
         self.splice = min(splice, self.move)
         self.gather = self.move - self.splice
-        rec = d.recompute_per_token
-        self.recompute = w.chunk_tokens * rec.value if rec is not None else math.inf
-        self.send_occ, self.send_fly = self._link(self.s_q, 1)
-        self.back_occ, self.back_fly = self._link(self.s_o, 1)
+        self.recompute = layers * d.recompute(w.chunk_tokens)  # inf without a prefill cost
+        send_occ, send_fly = self._link(self.s_q, 1)
+        back_occ, back_fly = self._link(self.s_o, 1)
+        self.send_occ, self.send_fly = wired * send_occ, wired * send_fly
+        self.back_occ, self.back_fly = wired * back_occ, wired * back_fly
         # a routed use merges after its requester waited for the answer (where the profile
-        # measured merges after a wait; else as a fetch merges, after its attention)
-        answered = self.send_occ + self.send_fly + self.attend + self.back_occ + self.back_fly
-        self.route_merge = d.merge_after_wait(rh, 2, w.chunk_tokens, answered)
+        # measured merges after a wait; else as a fetch merges, after its attention): each
+        # layer's merge after that layer's round trip
+        answered = send_occ + send_fly + self.attend / layers + back_occ + back_fly
+        self.route_merge = layers * d.merge_after_wait(rh, 2, w.chunk_tokens, answered)
         self.kv_occ, self.kv_fly = self._link(self.s_kv, w.segments)
         # what the predicate reads on every request, computed once
         self.arrivals_per_instance = w.uses_per_s / w.instances
@@ -243,7 +258,7 @@ class _Costs:
         return self.joins[queued]
 
     def _batched_attend(self, rows: int) -> float:
-        return self.device.compute(rows * self.w.heads, self.w.chunk_tokens)
+        return self.layers * self.device.compute(rows * self.w.heads, self.w.chunk_tokens)
 
     def _joins_batch(self, queued: int) -> float:
         rows = self.w.rows
@@ -719,8 +734,15 @@ class Simulation:
             return dur
         wait = now - self.computed_until[i]
         costs = self.costs
-        measured = self.device.merge_after_wait(costs.rows, 2, self.w.chunk_tokens, wait)
-        return dur + (measured - costs.merge)
+        if costs.layers == 1:
+            measured = self.device.merge_after_wait(costs.rows, 2, self.w.chunk_tokens, wait)
+            return dur + (measured - costs.merge)
+        # every layer's merge after its share of the step's wait
+        layers = costs.layers
+        per_layer = self.device.merge_after_wait(
+            costs.rows, 2, self.w.chunk_tokens, wait / costs.wired
+        )
+        return dur + layers * per_layer - costs.merge
 
     # ---- the servers ----
 
