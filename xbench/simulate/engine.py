@@ -383,7 +383,12 @@ def _predicate(
     holder: the growth of the batched call it joins there (far less than T_c when queries
     of this chunk are already queued); a fetch adds its chunk's time on the holder's link,
     which every message reaching that link meanwhile (an answer for each use routed there)
-    waits behind. A later use of a fetched chunk attends here behind
+    waits behind, less the answers this use and its joiners would have sent there routed
+    (a credit where those outweigh the chunk: a congested link, many joiners). A routed
+    answer, this use's and each joiner's, leaves behind what the holder's link still holds
+    when its attention is done, as a fetch and its joiners wait behind it: without that, a link
+    overloaded with answers (moska-shared-chunk, where fetches coalesce) read as free to
+    route over. A later use of a fetched chunk attends here behind
     its request's other uses (``attend_here``), which routing would have run in parallel.
     Where the move runs on the compute (``move_on_compute``), a fetch's gather waits behind
     the holder's backlog and adds to it, and its splice adds to the requester's.
@@ -396,13 +401,21 @@ def _predicate(
     route_later = later * (per_use["route"] + queue_holder + queue_me)
     after_idle = costs.device.after_idle
     route = per_use["route"] + link_me + wait_holder + wait_me
+    # its answer leaves behind what the holder's link still holds once the attention is
+    # done, and so do the answers of the uses that arrive meanwhile (a fetch's joiners wait
+    # behind it too); later ones find it drained
+    answer_wait = max(link_holder - wait_holder - costs.attend, 0.0)
+    route += answer_wait * (1 + joiners)
     route += after_idle(idle_holder) if idle_holder else 0.0
     route += lam * (wait_holder + holder_adds) * holder_adds + route_later
     first = link_holder + costs.fetch_once
     here = costs.fetch_attend
-    # the chunk occupies the holder's link for kv_occ: every message that reaches that link
-    # while its backlog drains (a routed answer for each use there) waits that much longer
-    fetch = lam * (link_holder + costs.kv_occ) * costs.kv_occ
+    # the chunk occupies the holder's link for kv_occ, less the answers its uses would have
+    # sent there routed: every message that reaches that link while its backlog drains (a
+    # routed answer for each use there) waits that much longer, or, where the answers
+    # saved outweigh the chunk (a congested link, many joiners), that much less
+    freed = costs.kv_occ - (1 + joiners) * costs.back_occ
+    fetch = lam * (link_holder + max(freed, 0.0)) * freed
     if costs.w.move_on_compute:  # the gather queues at the holder's compute, and loads it
         first += wait_holder
         fetch += lam * (wait_holder + costs.gather) * costs.gather
