@@ -1064,3 +1064,42 @@ def test_the_predicate_prices_routed_answers_on_a_congested_holders_link():
     assert frame.mean_us["fetch"] < frame.mean_us["route"] / 3  # the workload's premise
     assert frame.mean_us["predicate"] <= 2.5 * frame.mean_us["fetch"], frame.mean_us
     assert frame.share_fetch["predicate"] + frame.share_present["predicate"] > 0.5
+
+
+def test_decide_and_simulate_agree_on_every_shipped_scenario_or_say_why(xbench):
+    """One answer for one question: on every shipped decode scenario and fabric (the
+    sourced priors, seeds 0-2), decide for one use of the workload's shape, at the reuse a
+    fetch found in the simulation (uses that joined it or found it cached), names the better
+    static policy, or always-route kept a link or compute busy (decide prices idle
+    resources), and simulate says which."""
+    from xbench.resources import profile_path, scenario_path
+    from xbench.simulate import BUSY, decide_beside, run
+
+    sourced = load_profile(profile_path("h100-priors"))
+    decode = [
+        s.stem
+        for s in SCENARIOS
+        if "[workload]" in s.read_text() and load_workload(s)["kind"] == "decode"
+    ]
+    assert {
+        "decode-route-vs-fetch",
+        "span-fanout",
+        "agentic-codebase",
+        "moska-shared-chunk",
+    } <= set(decode)
+    parted = []
+    for name in decode:
+        spec = load_workload(scenario_path(name))
+        for seed in range(3):
+            beside = decide_beside(
+                sourced, spec, run(sourced, spec, ["route", "fetch"], 4000, seed)
+            )
+            assert list(beside.fabric) == spec["fabrics"]
+            same = beside.decide_at_uses == beside.better_static
+            assert (same | (beside.route_busy >= BUSY)).all(), (name, seed, beside)
+            parted += [(name, f) for f in beside.fabric[~same]]
+    assert ("moska-shared-chunk", "nvlink") in parted  # coalesced fetches on a congested link
+    r = xbench("simulate", "moska-shared-chunk", "--requests", "4000", env={"COLUMNS": "400"})
+    lines = [line for line in r.stdout.splitlines() if line.startswith("decide on ")]
+    assert len(lines) == 2 and "(decide prices idle resources)" in lines[1], r.stdout
+    assert "here a fetch served" in lines[0] and "at which decide says fetch" in lines[0]

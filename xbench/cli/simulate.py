@@ -104,7 +104,14 @@ def simulate(
     from xbench.core.scenario import load_workload
     from xbench.resources import DEFAULT_PROFILE, profile_path, scenario_path
     from xbench.results.store import refuse_overwrite
-    from xbench.simulate import POLICIES, batching_gain, moves_on_compute, run, span_reuse
+    from xbench.simulate import (
+        POLICIES,
+        batching_gain,
+        decide_beside,
+        moves_on_compute,
+        run,
+        span_reuse,
+    )
     from xbench.simulate.prefill import PREFILL_POLICIES, run_prefill
 
     prof = load_profile(profile_path(profile or DEFAULT_PROFILE))
@@ -168,12 +175,13 @@ def simulate(
             frame = run(prof, spec, policies, n, seed, on_step=step)
     gains = batching_gain(prof, spec, n, seed) if "batching" in spec["reports"] else []
     reuse = span_reuse(prof, spec, n, seed) if spec["fields"].get("spans") else None
+    beside = None if prefill else decide_beside(prof, spec, frame)
     if out is not None:
         _write(out, frame, spec, prof, seed, prefill)
     if prefill:
         emit_frame(frame, fmt, lambda f: _prefill_table(f, spec, prof.name, n, facts, out))
     else:
-        emit_frame(frame, fmt, lambda f: _table(f, spec, prof.name, n, gains, out, reuse))
+        emit_frame(frame, fmt, lambda f: _table(f, spec, prof.name, n, gains, out, reuse, beside))
 
 
 def _set_step(spec: dict, layers: int | None, pipelined: bool | None, validate: bool) -> None:
@@ -222,7 +230,7 @@ def _write(out, frame, spec, prof, seed: int, prefill: bool) -> None:
     write_table(Path(out), PREFILL_SIMULATION if prefill else SIMULATION, frame, meta)
 
 
-def _table(frame, spec, profile: str, n: int, gains, out, reuse=None) -> None:
+def _table(frame, spec, profile: str, n: int, gains, out, reuse=None, beside=None) -> None:
     table = result_table(
         f"xbench simulate: {spec['name']} ({n:,} requests, profile {profile})",
         (f"{out}  |  " if out else "")
@@ -269,8 +277,35 @@ def _table(frame, spec, profile: str, n: int, gains, out, reuse=None) -> None:
             "against serving the same queries one by one",
             highlight=False,
         )
+    if beside is not None:
+        for line in _decide_lines(beside):
+            console.print(line, highlight=False)
     if reuse is not None and len(reuse):
         _reuse_table(reuse)
+
+
+def _decide_lines(beside):
+    """Per fabric, decide's answer for one use of this shape beside what the simulation
+    found, and, where they part, why."""
+    from xbench.simulate import BUSY
+
+    for r in beside.itertuples():
+        line = (
+            f"decide on {r.fabric}, one use of this shape on idle resources: {r.decide_idle} "
+            f"(a fetch pays from u* = {r.u_star:.1f} uses)"
+        )
+        if r.uses_per_fetch == r.uses_per_fetch:
+            line += (
+                f"; here a fetch served {r.uses_per_fetch:.1f} (joined or cached), at which "
+                f"decide says {r.decide_at_uses}"
+            )
+        line += f"; the better static policy: {r.better_static}"
+        if r.decide_at_uses != r.better_static and r.route_busy >= BUSY:
+            line += (
+                f", since always-route kept a link or compute {100 * r.route_busy:.0f} % busy "
+                "(decide prices idle resources)"
+            )
+        yield line
 
 
 def _reuse_table(reuse) -> None:

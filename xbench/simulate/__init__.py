@@ -178,7 +178,7 @@ def span_reuse(profile, spec: dict, requests: int, seed: int) -> pd.DataFrame:
     model's u* for the workload's shape on that fabric (a fetch pays from about u* uses on
     idle resources), and the share of those uses the predicate routed: decisions flip from
     route to fetch past the reuse threshold."""
-    from xbench.core.costmodel import Request, thresholds
+    from xbench.core.costmodel import thresholds
     from xbench.core.scenario import span_chunks
 
     rows = []
@@ -186,19 +186,7 @@ def span_reuse(profile, spec: dict, requests: int, seed: int) -> pd.DataFrame:
         w = Workload(**spec["fields"], fabric=fabric)
         trace = make_trace(w, requests, seed)
         result = simulate(profile, w, trace, "predicate")
-        shape = Request(
-            rows=w.rows,
-            heads=w.heads,
-            chunk_tokens=w.chunk_tokens,
-            payload_bytes=w.payload_bytes,
-            return_bytes=w.return_bytes,
-            kv_bytes_per_token=w.kv_bytes_per_token,
-            segments=w.segments,
-            fabric=fabric,
-            layers=w.layers,
-            pipeline_layers=w.pipeline_layers,
-        )
-        u_star = thresholds(profile.fabric(fabric), profile.device, shape)[1]
+        u_star = thresholds(profile.fabric(fabric), profile.device, workload_request(w))[1]
         remote = trace.holder != trace.requester
         for k, name in enumerate(span_chunks(w.spans)):
             uses = remote & (trace.chunk == k)
@@ -214,15 +202,72 @@ def span_reuse(profile, spec: dict, requests: int, seed: int) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def workload_request(w: Workload, reuse: float = 0.0):
+    """The routing question one use of ``w`` asks ``decide`` on ``w``'s fabric."""
+    from xbench.core.costmodel import Request
+
+    return Request(
+        rows=w.rows,
+        heads=w.heads,
+        chunk_tokens=w.chunk_tokens,
+        reuse=reuse,
+        payload_bytes=w.payload_bytes,
+        return_bytes=w.return_bytes,
+        kv_bytes_per_token=w.kv_bytes_per_token,
+        segments=w.segments,
+        fabric=w.fabric,
+        layers=w.layers,
+        pipeline_layers=w.pipeline_layers,
+    )
+
+
+def decide_beside(profile, spec: dict, frame: pd.DataFrame) -> pd.DataFrame:
+    """Per fabric of a decode workload that ran always-route and always-fetch (``run``'s
+    frame): what ``decide`` answers for one use of the workload's shape on idle resources
+    (at reuse 0, with u*), and at the uses a fetch served in the simulation (always-fetch's
+    uses, not at home, per fetch: those that joined one on its way or found the chunk
+    cached), beside the better static policy and how busy always-route kept its busiest
+    link or compute. decide prices a use on idle resources: where, at that reuse, it names
+    the policy that lost, a busy route (``route_busy`` >= ``BUSY``) is why. Empty without
+    both static policies."""
+    from xbench.core.costmodel import decide, thresholds
+
+    rows = []
+    for fabric in spec["fabrics"]:
+        by = frame[frame.fabric == fabric].set_index("policy")
+        if not {"route", "fetch"} <= set(by.index):
+            continue
+        w = Workload(**spec["fields"], fabric=fabric)
+        # always-route caches nothing, so what it found present was at home
+        away, fetches = 1.0 - by.share_present["route"], by.share_fetch["fetch"]
+        served = away / fetches if fetches > 0 else float("nan")
+        idle = workload_request(w)
+        at_served = workload_request(w, max(served - 1.0, 0.0)) if fetches > 0 else idle
+        rows.append(
+            {
+                "fabric": fabric,
+                "decide_idle": decide(profile, idle).choice,
+                "u_star": thresholds(profile.fabric(fabric), profile.device, idle)[1],
+                "uses_per_fetch": served,
+                "decide_at_uses": decide(profile, at_served).choice,
+                "better_static": by.mean_us[["route", "fetch"]].idxmin(),
+                "route_busy": max(by.link_util_max["route"], by.compute_util_max["route"]),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
 __all__ = [
     "PATHS",
     "POLICIES",
     "Workload",
     "batching_gain",
+    "decide_beside",
     "make_trace",
     "predicate_gains",
     "random_workloads",
     "run",
     "simulate",
     "span_reuse",
+    "workload_request",
 ]
