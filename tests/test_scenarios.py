@@ -10,12 +10,26 @@ pytestmark = pytest.mark.nompi  # starts no MPI (conftest: the Open MPI run skip
 SHIPPED = sorted(Path("scenarios").glob("*.toml"))
 
 
-@pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
+PREFILL = [p for p in SHIPPED if 'kind = "prefill"' in p.read_text()]
+DECODE = [p for p in SHIPPED if p not in PREFILL]
+
+
+@pytest.mark.parametrize("path", DECODE, ids=[p.stem for p in DECODE])
 def test_shipped_scenarios_decide(xbench, tmp_path, path):
     r = xbench("decide", "--scenario", path, "--out", tmp_path / "d.parquet", "--format", "json")
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout)
     assert rows and {row["decision"] for row in rows} <= {"route", "fetch", "local"}
+
+
+def test_decide_refuses_a_prefill_scenario_and_names_simulate(xbench, tmp_path):
+    """A prefill workload asks where to prefill, not where a decode query attends."""
+    assert [p.stem for p in PREFILL] == ["prefill-as-a-service"]
+    out = tmp_path / "d.parquet"
+    r = xbench("decide", "--scenario", "prefill-as-a-service", "--out", out)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and not out.exists()
+    line = r.stderr.strip().splitlines()[-1]
+    assert "is a prefill workload" in line and "xbench simulate" in line, r.stderr
 
 
 def test_span_query_reuse_flips_route_to_fetch(xbench, tmp_path):

@@ -294,8 +294,9 @@ def _refuse_overridden(ctx) -> None:
         )
 
 
-def _scenario_step(path: Path) -> tuple[int, bool]:
-    """(layers, pipelined) of the scenario's decode [workload]; one layer without one."""
+def _scenario_step(path: Path, given) -> tuple[int, bool]:
+    """(layers, pipelined) of the scenario's decode [workload]; one layer without one. A
+    prefill workload is refused."""
     import tomllib
 
     from xbench.core.scenario import load_workload
@@ -304,7 +305,12 @@ def _scenario_step(path: Path) -> tuple[int, bool]:
         return 1, False
     spec = load_workload(path)
     if spec["kind"] != "decode":
-        return 1, False
+        # a prefill workload asks where to prefill, not where a decode query attends
+        raise XbenchError(
+            f"scenario {spec['name']} is a {spec['kind']} workload: decide answers a decode "
+            "query's route, fetch or local, a question its system never asks",
+            f"run xbench simulate {given} (where to prefill, the offload threshold)",
+        )
     return spec["fields"]["layers"], spec["fields"]["pipeline_layers"]
 
 
@@ -313,8 +319,11 @@ def _decide_scenario(path: Path, prof, out, fmt) -> None:
     from xbench.core.scenario import load_scenario
     from xbench.resources import scenario_path
 
-    path = scenario_path(path)
+    given, path = path, scenario_path(path)
     sc = load_scenario(path)
+    # a scenario's times cover what its simulated use covers: one layer, or the decode step
+    # its [workload] names (layers, pipeline_layers), so decide and simulate answer alike
+    layers, pipelined = _scenario_step(path, given)
     names = [f.name for f in prof.fabrics]
     bad = [f for f in sc["axes"]["fabric"] if f is not None and f not in names]
     if bad:
@@ -325,9 +334,6 @@ def _decide_scenario(path: Path, prof, out, fmt) -> None:
     grid = expand(sc["axes"])
     for key, value in sc["request"].items():
         grid[key] = value
-    # a scenario's times cover what its simulated use covers: one layer, or the decode step
-    # its [workload] names (layers, pipeline_layers), so decide and simulate answer alike
-    layers, pipelined = _scenario_step(path)
     grid["layers"], grid["pipeline_layers"] = layers, pipelined
     check_shapes(grid, f"scenario {path}")
     table = decide_grid(prof, grid)
