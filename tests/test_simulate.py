@@ -706,6 +706,31 @@ def test_prefill_costs_are_the_models_recompute_over_the_instance():
     )
 
 
+def test_a_remote_prefill_pays_its_prompt_and_the_splice_here():
+    """Offloading sends the prompt there and splices every landed layer's KV here, which a
+    local prefill (writing its KV in place) does not: on idle resources both are in its
+    time, as a pipeline over the layers with the prefill and the transfer, and in the
+    length from which it wins."""
+    c = PrefillCosts(PRIORS, PW)
+    d = PRIORS.device
+    tokens = 8192
+    assert c.prompt(tokens) == pytest.approx(PRIORS.fabric("tcp").wire(4 * tokens))
+    splice = d.move(tokens, 2) if d.splice_t0 is not None else d.move(tokens, 1)
+    assert c.splice(tokens) == pytest.approx(splice) and splice > 0
+    stages = (c.prefill(tokens) / 4, c.transfer(tokens) / 4, splice)
+    assert c.offload(tokens) == pytest.approx(c.prompt(tokens) + sum(stages) + 3 * max(stages))
+    parts = c.parts(tokens)
+    assert parts["offload"] == c.offload(tokens) and parts["splice"] == pytest.approx(4 * splice)
+    assert (
+        parts["offload"]
+        < parts["prompt"] + parts["remote_prefill"] + parts["transfer"] + parts["splice"]
+    )
+    t = c.idle_threshold()
+    assert 0 < t < math.inf
+    assert c.offload(t) < c.local(t) and c.offload(t - 1) >= c.local(t - 1)
+    assert c.parts(math.inf) is None and c.parts(0.0) is None
+
+
 def test_prefill_queues_at_instances_and_the_link():
     c = PrefillCosts(PRIORS, PW)
     both = _prefill_trace((0.0, 4096), (0.0, 4096))
@@ -735,6 +760,9 @@ def test_prefill_scenario_finds_a_threshold(xbench, tmp_path):
     r = xbench("simulate", scenario, "--requests", "1500", "--out", out)
     assert r.returncode == 0, r.stderr
     assert "offload threshold (tcp):" in r.stdout and "Gb/s" in r.stdout
+    said = " ".join(r.stdout.split())
+    assert "on idle resources offloading wins from" in said
+    assert "the prompt sent" in said and "spliced here" in said  # the costs it counted
     frame = read_table([out], PREFILL_SIMULATION)
     grid = frame[frame.policy == "threshold"]
     assert len(grid) > 10 and grid.best.sum() == 1

@@ -333,6 +333,25 @@ def _reuse_table(reuse) -> None:
     console.print(table)
 
 
+def _idle_line(fact: dict) -> str:
+    """Where offloading starts to win on idle resources, and why at that length: both
+    options' times with what a remote prefill pays besides the prefill."""
+    idle, parts = fact["idle_threshold"], fact.get("idle_parts")
+    if idle == float("inf"):
+        return "on idle resources offloading never wins"
+    if parts is None:
+        return "on idle resources offloading wins at every length"
+    d = format_duration
+    return (
+        f"on idle resources offloading wins from {_tokens(idle)} tokens: there, prefilling "
+        f"here takes {d(parts['local'])} (at {parts['local_speed']:g} of the remote's "
+        f"speed), shipping {d(parts['offload'])}: the prompt sent {d(parts['prompt'])}, "
+        f"remote prefill {d(parts['remote_prefill'])}, the KV over {fact['fabric']} "
+        f"{d(parts['transfer'])}, spliced here {d(parts['splice'])}, the last three "
+        "overlapped layer by layer"
+    )
+
+
 def _tokens(n: float) -> str:
     """4K for 4096 (a power-of-two length), 16.5K for 16503, 128 below a thousand."""
     if n >= 1024 and n % 1024 == 0:
@@ -390,13 +409,7 @@ def _prefill_table(frame, spec, profile: str, n: int, facts, out) -> None:
                 f"{fact['link_gbps']:.0f} Gb/s)",
                 highlight=False,
             )
-        idle = fact["idle_threshold"]
-        console.print(
-            f"on idle resources offloading wins from {_tokens(idle)} tokens"
-            if idle < float("inf")
-            else "on idle resources offloading never wins",
-            highlight=False,
-        )
+        console.print(_idle_line(fact), highlight=False)
         rates = ", ".join(f"{g:.1f} at {_tokens(t)}" for t, g in fact["kv_gbps"].items())
         console.print(
             f"KV one remote instance produces while it prefills, Gb/s: {rates} tokens",

@@ -3,11 +3,13 @@
 Two clusters joined by one link (the scenario's fabric: 100 Gbps Ethernet for the study's
 setting). A request arrives with ``L`` uncached tokens. Local: one of this cluster's
 instances prefills them (FIFO, the instance that frees first); its GPUs are slower for
-prefill (``local_speed`` of the profile's device: an H20 against an H200). Offload: a
-compute-dense remote instance prefills them and streams the KV here layer by layer over
-the shared link (FIFO in the order their first layers become ready), so the KV arrives
-``max(prefill / layers + transfer, prefill + transfer / layers)`` after the prefill starts,
-later behind what the link already carries.
+prefill (``local_speed`` of the profile's device: an H20 against an H200). Offload: the
+prompt's token ids go there, a compute-dense remote instance prefills them and streams
+the KV here layer by layer over the shared link (FIFO in the order their first layers
+become ready), and each landed layer is spliced into this cluster's cache (T_splice, which
+a local prefill writing in place does not pay): on idle resources the prompt's trip plus
+one layer of each stage and the slowest stage for every further layer, later behind
+what the link already carries.
 
 Prefill time, per layer on one GPU as every device term is: ``T_recompute(L) = L p1 + L^2
 p2`` (the cost model's; p2 is attention's quadratic term), times the model's layers, over
@@ -67,6 +69,9 @@ def make_prefill_trace(w: PrefillWorkload, requests: int, seed: int = 0) -> Pref
     return PrefillTrace(arrival, length)
 
 
+PROMPT_BYTES_PER_TOKEN = 4  # a token id (int32): what a remote prefill is sent
+
+
 class PrefillCosts:
     """The model's times for one prefill workload, read once from the profile."""
 
@@ -89,12 +94,43 @@ class PrefillCosts:
         """The KV of ``tokens`` over the link, one message per layer."""
         return self.fabric.wire(tokens * self.kv_per_token, self.w.layers)
 
+    def prompt(self, tokens: float) -> float:
+        """The prompt's trip to the remote cluster: its token ids, one message."""
+        return self.fabric.wire(tokens * PROMPT_BYTES_PER_TOKEN)
+
+    def splice(self, tokens: float) -> float:
+        """Splicing one layer's landed KV into this cluster's cache (T_splice where the
+        profile measured it, else T_move): what a local prefill, writing its KV in place,
+        does not pay."""
+        d = self.device
+        return d.move(tokens, 2) if d.splice_t0 is not None else d.move(tokens, 1)
+
     def offload(self, tokens: float) -> float:
-        """On idle resources: remote prefill streamed over the link, layer by layer: the
-        link starts with the first layer's KV and ends after the last layer's, whichever
-        of the prefill and the transfer is the longer."""
+        """On idle resources: the prompt sent there, then remote prefill, transfer and
+        splice here as a pipeline over the layers (the link starts with the first layer's
+        KV; each landed layer is spliced in turn): one layer of each stage plus the slowest
+        stage for every further layer."""
         x, p, layers = self.transfer(tokens), self.prefill(tokens), self.w.layers
-        return max(p / layers + x, p + x / layers)
+        s = self.splice(tokens)
+        stages = (p / layers, x / layers, s)
+        return self.prompt(tokens) + sum(stages) + (layers - 1) * max(stages)
+
+    def parts(self, tokens: float) -> dict | None:
+        """Both options' times at ``tokens`` on idle resources, offload's by stage summed
+        over the layers (they overlap: offload's time is less than their sum); None where
+        ``tokens`` is not a length (inf or 0)."""
+        if not 0 < tokens < math.inf:
+            return None
+        layers = self.w.layers
+        return {
+            "local": self.local(tokens),
+            "offload": self.offload(tokens),
+            "prompt": self.prompt(tokens),
+            "remote_prefill": self.prefill(tokens),
+            "transfer": self.transfer(tokens),
+            "splice": layers * self.splice(tokens),
+            "local_speed": self.w.local_speed,
+        }
 
     def kv_rate(self, tokens: float) -> float:
         """Bytes per second one remote instance produces prefilling ``tokens``."""
@@ -160,8 +196,11 @@ def simulate_prefill(
             end = max(start + x, prefill_end + x / w.layers)
             link_free = end
             link_busy += x
-            latency[r] = end - trace.arrival[r]
-            last = max(last, end)
+            # each landed layer is spliced here in turn, the last after it lands
+            s = costs.splice(trace.length[r])
+            done = max(end + s, start + x / w.layers + w.layers * s)
+            latency[r] = done - trace.arrival[r]
+            last = max(last, done)
 
     for r, (now, tokens) in enumerate(
         zip(trace.arrival.tolist(), trace.length.tolist(), strict=True)
@@ -178,13 +217,14 @@ def simulate_prefill(
             ship = tokens > threshold
         else:
             local_done = max(local_free[i], now) + costs.local(tokens)
-            start = max(remote_free[j], now)
-            x = costs.transfer(tokens)
+            start = max(remote_free[j], now + costs.prompt(tokens))
+            x, s = costs.transfer(tokens), costs.splice(tokens)
             link_start = max(link_free, start + remote_prefill / w.layers) + pending_work
-            ship_done = max(link_start + x, start + remote_prefill + x / w.layers)
+            sent = max(link_start + x, start + remote_prefill + x / w.layers)
+            ship_done = max(sent + s, link_start + x / w.layers + w.layers * s)
             ship = ship_done < local_done
         if ship:
-            start = max(remote_free[j], now)
+            start = max(remote_free[j], now + costs.prompt(tokens))
             remote_free[j] = start + remote_prefill
             remote_busy[j] += remote_prefill
             x = costs.transfer(tokens)
@@ -267,6 +307,7 @@ def run_prefill(profile, spec: dict, requests: int, seed: int, on_step=None):
             {
                 "fabric": fabric,
                 "idle_threshold": costs.idle_threshold(),
+                "idle_parts": costs.parts(costs.idle_threshold()),
                 "kv_gbps": {t: 8 * costs.kv_rate(t) / 1e9 for t in (4096, 32768, 131072)},
                 "link_gbps": 8 * 1e9 / costs.fabric.wire(1e9) / 1e9,  # what 1 GB moves at
             }
