@@ -187,7 +187,8 @@ def simulate(
 def _set_step(spec: dict, layers: int | None, pipelined: bool | None, validate: bool) -> None:
     """--layers and --pipeline-layers into a decode workload's fields (refused for a
     prefill workload, whose model sets its layers, and for --validate's one-layer replay)."""
-    given = [flag for flag, v in (("--layers", layers), ("--pipeline-layers", pipelined)) if v]
+    steps = (("--layers", layers), ("--pipeline-layers", pipelined))
+    given = [flag for flag, value in steps if value is not None]
     if given and spec["kind"] != "decode":
         raise XbenchError(
             f"{' and '.join(given)}: a prefill workload takes its layers from its model",
