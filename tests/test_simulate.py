@@ -642,6 +642,7 @@ def test_simulate_cli_bad_input(xbench, tmp_path):
         ((agentic, "--layers", "0"), "'--layers'"),
         (("prefill-as-a-service", "--layers", "4"), "takes its layers from its model"),
         (("prefill-as-a-service", "--no-pipeline-layers"), "takes its layers from its model"),
+        (("prefill-as-a-service", "--validate"), "--validate replays decode workloads"),
         ((tmp_path / "none.toml",), "does not exist"),
     ]:
         r = xbench("simulate", *args)

@@ -294,14 +294,12 @@ def _refuse_overridden(ctx) -> None:
         )
 
 
-def _scenario_step(path: Path, given) -> tuple[int, bool]:
+def _scenario_step(path: Path, given, sc: dict) -> tuple[int, bool]:
     """(layers, pipelined) of the scenario's decode [workload]; one layer without one. A
     prefill workload is refused."""
-    import tomllib
-
     from xbench.core.scenario import load_workload
 
-    if "workload" not in tomllib.loads(path.read_text()):
+    if not sc["workload"]:
         return 1, False
     spec = load_workload(path)
     if spec["kind"] != "decode":
@@ -323,7 +321,7 @@ def _decide_scenario(path: Path, prof, out, fmt) -> None:
     sc = load_scenario(path)
     # a scenario's times cover what its simulated use covers: one layer, or the decode step
     # its [workload] names (layers, pipeline_layers), so decide and simulate answer alike
-    layers, pipelined = _scenario_step(path, given)
+    layers, pipelined = _scenario_step(path, given, sc)
     names = [f.name for f in prof.fabrics]
     bad = [f for f in sc["axes"]["fabric"] if f is not None and f not in names]
     if bad:

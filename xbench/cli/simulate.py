@@ -199,7 +199,7 @@ def _set_step(spec: dict, layers: int | None, pipelined: bool | None, validate: 
         fields["layers"] = layers
     if pipelined is not None:
         fields["pipeline_layers"] = pipelined
-    if validate and fields.get("layers", 1) != 1:
+    if validate and spec["kind"] == "decode" and fields["layers"] != 1:
         raise XbenchError(
             f"--validate replays one layer between two ranks; this workload's use is "
             f"{fields['layers']} layers",
@@ -222,10 +222,11 @@ def _write(out, frame, spec, prof, seed: int, prefill: bool) -> None:
     from xbench.results.schema import PREFILL_SIMULATION, SIMULATION
     from xbench.results.store import write_table
 
+    # a decode use's step (a prefill workload's layers are its model's, in its fields)
+    step = {} if prefill else {k: spec["fields"][k] for k in ("layers", "pipeline_layers")}
     meta = run_metadata(
         new_run_id("simulate"), "simulate", scenario=spec["name"], profile=prof.name, seed=seed,
-        layers=spec["fields"].get("layers", 1),
-        pipeline_layers=spec["fields"].get("pipeline_layers", False),
+        **step,
     )  # fmt: skip
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     write_table(Path(out), PREFILL_SIMULATION if prefill else SIMULATION, frame, meta)

@@ -406,6 +406,11 @@ class Device:
         h0, h1 = pieces[bisect_right(breaks, chunk)] if breaks else pieces[0]
         return h0 + chunk * h1
 
+    def splice(self, chunk: float) -> float:
+        """T_splice: landed pages spliced into the cache, one message per block, where the
+        profile measured it; else all of T_move (``move`` with several segments)."""
+        return self.move(chunk, 2)
+
     def move(self, chunk: float, segments: int = 1) -> float:
         """T_move of a packed fetch (``segments`` 1), or of one message per block (T_splice)."""
         terms = self._named_ends[VALUE]

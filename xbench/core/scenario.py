@@ -120,7 +120,8 @@ def _grid_axes(grid: dict, path: Path) -> dict:
 
 
 def load_scenario(path) -> dict:
-    """Parse and check a scenario; returns {name, description, source, request, axes}."""
+    """Parse and check a scenario; returns {name, description, source, model, request,
+    axes, workload} (``workload``: whether it has a [workload] for ``xbench simulate``)."""
     path = Path(path)
     data = _read_toml(path)
     head = data.get("scenario", {})
@@ -147,6 +148,7 @@ def load_scenario(path) -> dict:
         "model": head.get("model"),
         "request": _request_shape(req, preset, path),
         "axes": _grid_axes(grid, path),
+        "workload": "workload" in data,
     }
 
 

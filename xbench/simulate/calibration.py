@@ -122,7 +122,7 @@ def _merge_and_move_factors(d, w, jobs: list) -> tuple[float, float, float]:
 
     merges = [t / merge(idle) for kind, t, idle, _ in jobs if kind == "merge"]
     f_merge = float(np.median(merges)) if merges else 1.0
-    splice = min(d.move(chunk, 2) if d.splice_t0 is not None else d.move(chunk), d.move(chunk))
+    splice = min(d.splice(chunk), d.move(chunk))
     gather = d.move(chunk) - splice
     gathers = [t / gather for kind, t, _, _ in jobs if kind == "gather"] if gather > 0 else []
     f_gather = float(np.median(gathers)) if gathers else 1.0

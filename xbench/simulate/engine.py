@@ -207,15 +207,15 @@ class _Costs:
         self.rows = rh
         self.s_q, self.s_o = rh * w.payload_bytes, rh * w.return_bytes
         self.s_kv = layers * w.chunk_tokens * w.kv_bytes_per_token
-        self.attend = layers * d.compute(rh, w.chunk_tokens)
+        attend = d.compute(rh, w.chunk_tokens)  # one layer's
+        self.attend = layers * attend
         # a fetch's first attention, on the chunk it has just spliced (partly in cache)
         self.fetch_attend = self.attend - layers * d.saved_on_splice(w.chunk_tokens)
         self.merge = layers * d.merge(rh, 2, w.chunk_tokens)
         self.move = layers * d.move(w.chunk_tokens, w.segments)
         # where the move runs on the compute (move_on_compute): the splice at the requester
         # (T_splice where measured, else all of T_move) and the gather, the rest, at the holder
-        splice = layers * d.move(w.chunk_tokens, 2) if d.splice_t0 is not None else self.move
-        self.splice = min(splice, self.move)
+        self.splice = min(layers * d.splice(w.chunk_tokens), self.move)
         self.gather = self.move - self.splice
         self.recompute = layers * d.recompute(w.chunk_tokens)  # inf without a prefill cost
         send_occ, send_fly = self._link(self.s_q, 1)
@@ -225,7 +225,7 @@ class _Costs:
         # a routed use merges after its requester waited for the answer (where the profile
         # measured merges after a wait; else as a fetch merges, after its attention): each
         # layer's merge after that layer's round trip
-        answered = send_occ + send_fly + self.attend / layers + back_occ + back_fly
+        answered = send_occ + send_fly + attend + back_occ + back_fly
         self.route_merge = layers * d.merge_after_wait(rh, 2, w.chunk_tokens, answered)
         self.kv_occ, self.kv_fly = self._link(self.s_kv, w.segments)
         # what the predicate reads on every request, computed once
@@ -747,15 +747,11 @@ class Simulation:
             return dur
         wait = now - self.computed_until[i]
         costs = self.costs
-        if costs.layers == 1:
-            measured = self.device.merge_after_wait(costs.rows, 2, self.w.chunk_tokens, wait)
-            return dur + (measured - costs.merge)
-        # every layer's merge after its share of the step's wait
-        layers = costs.layers
+        # every layer's merge after its share of the step's wait (one layer: all of it)
         per_layer = self.device.merge_after_wait(
             costs.rows, 2, self.w.chunk_tokens, wait / costs.wired
         )
-        return dur + layers * per_layer - costs.merge
+        return dur + (costs.layers * per_layer - costs.merge)
 
     # ---- the servers ----
 

@@ -99,11 +99,9 @@ class PrefillCosts:
         return self.fabric.wire(tokens * PROMPT_BYTES_PER_TOKEN)
 
     def splice(self, tokens: float) -> float:
-        """Splicing one layer's landed KV into this cluster's cache (T_splice where the
-        profile measured it, else T_move): what a local prefill, writing its KV in place,
-        does not pay."""
-        d = self.device
-        return d.move(tokens, 2) if d.splice_t0 is not None else d.move(tokens, 1)
+        """Splicing one layer's landed KV into this cluster's cache (the device's T_splice):
+        what a local prefill, writing its KV in place, does not pay."""
+        return self.device.splice(tokens)
 
     def offload(self, tokens: float) -> float:
         """On idle resources: the prompt sent there, then remote prefill, transfer and
