@@ -480,16 +480,20 @@ def test_predicate_against_the_better_static_policy_over_seeds():
     """Seeds 0-19, 40 workloads each, not chosen: with the engine fixture (the H100 priors
     as shipped until 2026-11-26, a layer's move charged 3 ms) the predicate ties the
     better static policy on all but 22 (it routes everywhere, as they do); on those it
-    was better on 17, its excess at the 90th percentile +1.9 %, worst +6.6 % (seed 2; seeds
-    0-59 give 56 compared, better on 42, worst +6.7 %: the slow test). Before routed
-    answers paid the holder's link backlog (moska-shared-chunk), 18 and 45 were better. A 3
-    % bound on every workload, as this test once asserted on one seed, does not hold."""
+    was better on 18, its excess at the 90th percentile +1.8 %, worst +6.6 % (seed 2; seeds
+    0-59 give 55 compared, better on 44, worst +6.7 %: the slow test). Before routed
+    answers paid the holder's link backlog (moska-shared-chunk), 18 and 45 were better;
+    before links were priced at their own message rates, 17 and 42. A 3 % bound on every
+    workload, as this test once asserted on one seed, does not hold."""
     _assert_the_predicates_property(_priors_tail(range(20)), worst=0.07)
 
 
 def test_predicate_on_a_cpu_profile_over_seeds():
     """Seeds 0-4 of the CPU profile's workloads, where the better static policy was not
-    busy (seeds 0-19: 303 compared, better on 245, p99 +7.5 %, worst +9.4 %)."""
+    busy (seeds 0-19: 303 compared, better on 245, p99 +9.1 %, worst +10.6 %: seed 9's
+    workload 19, 500 requests on shm where the link is 4 % busy, moved from +7.5 % when
+    links were priced at their own message rates; its few fetch-or-route choices sit near
+    the tie, and the property's tail moves with them)."""
     _assert_the_predicates_property(_cpu_tail(range(5)), worst=0.10)
 
 
@@ -497,7 +501,7 @@ def test_predicate_on_a_cpu_profile_over_seeds():
 def test_predicate_property_over_sixty_and_twenty_seeds():
     """The property over every seed the figures in the docstrings above came from."""
     _assert_the_predicates_property(_priors_tail(range(60)), worst=0.07)
-    _assert_the_predicates_property(_cpu_tail(range(20)), worst=0.10)
+    _assert_the_predicates_property(_cpu_tail(range(20)), worst=0.11)
 
 
 def test_the_move_runs_on_the_compute_where_the_profile_was_fitted_on_cpu_kernels():
@@ -1078,22 +1082,24 @@ def test_a_fetch_pays_for_the_answers_it_holds_up_on_the_holders_link():
 
 
 def test_the_predicate_prices_routed_answers_on_a_congested_holders_link():
-    """moska-shared-chunk on ib (the sourced priors, seed 0): routing every use overloads
-    the holders' links with answers, while fetches coalesce (uses arriving during one join
-    it). Pricing each routed answer's wait behind the link's backlog, and a fetch's link
-    time net of the answers its uses would have sent, keeps the predicate within 2.5x
-    always-fetch's mean latency (6.4x when answers rode the link for free; 1.9-2.1x over
-    seeds 0-4 as measured)."""
+    """moska-shared-chunk (the sourced priors, seed 0), every instance a holder: routing
+    every use overloads the links with answers, while fetches coalesce (uses arriving during
+    one join it). Each routed answer and query waits behind its link's backlog, the joiners'
+    too, and each option pays for the link time it adds at that link's own message rate:
+    the predicate stays within 6 % of always-fetch's mean latency on both fabrics (seeds
+    0-4 as measured: ib +0.2 to +3.2 %, nvlink +0.8 to +2.2 %; 6.4x on ib when answers rode
+    the link for free, 1.9-2.1x with a fetch's link time charged at the arrivals' rate)."""
     from xbench.resources import profile_path, scenario_path
     from xbench.simulate import run
 
     sourced = load_profile(profile_path("h100-priors"))
     spec = load_workload(scenario_path("moska-shared-chunk"))
-    spec["fabrics"] = ["ib"]
-    frame = run(sourced, spec, ["route", "fetch", "predicate"], 20000, 0).set_index("policy")
-    assert frame.mean_us["fetch"] < frame.mean_us["route"] / 3  # the workload's premise
-    assert frame.mean_us["predicate"] <= 2.5 * frame.mean_us["fetch"], frame.mean_us
-    assert frame.share_fetch["predicate"] + frame.share_present["predicate"] > 0.5
+    assert spec["fabrics"] == ["ib", "nvlink"]
+    frame = run(sourced, spec, ["route", "fetch", "predicate"], 20000, 0)
+    for fabric, by in frame.groupby("fabric"):
+        mean = by.set_index("policy").mean_us
+        assert mean["fetch"] < mean["route"] / 3, (fabric, mean)  # the workload's premise
+        assert mean["predicate"] <= 1.06 * mean["fetch"], (fabric, mean)
 
 
 def test_decide_and_simulate_agree_on_every_shipped_scenario_or_say_why(xbench):
