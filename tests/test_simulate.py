@@ -789,12 +789,21 @@ def test_span_expressions_parse_and_bad_ones_are_named(tmp_path):
 
     assert parse_span("system + {repo/a, repo/b}") == ("system", ("repo/a", "repo/b"))
     assert parse_span("{x}") == (None, ("x",))
-    for bad in ("system + repo/a", "{a, a}", "{}", "a + b + {c}"):
+    # the paper's forms: positional parts joined into the requester's own prefix, every
+    # name in braces (nested too) a shared chunk
+    assert parse_span("system + tools + {a, b}") == ("system + tools", ("a", "b"))
+    assert parse_span("system + {a, b} + question") == ("system + question", ("a", "b"))
+    assert parse_span("{a, {b, c}}") == (None, ("a", "b", "c"))
+    for bad in ("system + repo/a", "{a, a}", "{}", "{a, {a}}"):
         with pytest.raises(ValueError):
             parse_span(bad)
     head = '[scenario]\nname = "s"\nmodel = "deepseek-v3.2"\n[workload]\n'
     for table, words in [
-        ('spans = [{ expr = "{a, a}" }]', "spans[0] expr = '{a, a}' is not a span expression"),
+        ('spans = [{ expr = "{a, a}" }]', "spans[0] expr = '{a, a}': a named twice"),
+        ('spans = [{ expr = "s + {a b}" }]', "expr = 's + {a b}': at column 8: expected"),
+        ('spans = [{ expr = "{a}" }]\nspan_tokens = { b = 4 }', "names 'b', which no span does"),
+        ('spans = [{ expr = "{a}" }]\nspan_tokens = { a = 0 }', "span_tokens.a = 0 is not"),
+        ("chunks = 4\nblock_tokens = 16", "gives block_tokens without spans"),
         ('spans = [{ expr = "{a}", weight = 0 }]', "spans[0] weight = 0 is not a positive"),
         ('spans = [{ expr = "{a}" }]\nzipf = 1.0', "gives spans and zipf"),
         ("spans = []", "spans must be a non-empty list"),

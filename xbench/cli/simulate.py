@@ -110,6 +110,7 @@ def simulate(
         decide_beside,
         moves_on_compute,
         run,
+        span_hit_rates,
         span_reuse,
     )
     from xbench.simulate.prefill import PREFILL_POLICIES, run_prefill
@@ -175,13 +176,16 @@ def simulate(
             frame = run(prof, spec, policies, n, seed, on_step=step)
     gains = batching_gain(prof, spec, n, seed) if "batching" in spec["reports"] else []
     reuse = span_reuse(prof, spec, n, seed) if spec["fields"].get("spans") else None
+    hits = span_hit_rates(prof, spec) if spec.get("span_cache") else None
     beside = None if prefill else decide_beside(prof, spec, frame)
     if out is not None:
         _write(out, frame, spec, prof, seed, prefill)
     if prefill:
         emit_frame(frame, fmt, lambda f: _prefill_table(f, spec, prof.name, n, facts, out))
     else:
-        emit_frame(frame, fmt, lambda f: _table(f, spec, prof.name, n, gains, out, reuse, beside))
+        emit_frame(
+            frame, fmt, lambda f: _table(f, spec, prof.name, n, gains, out, reuse, beside, hits)
+        )
 
 
 def _set_step(spec: dict, layers: int | None, pipelined: bool | None, validate: bool) -> None:
@@ -232,7 +236,9 @@ def _write(out, frame, spec, prof, seed: int, prefill: bool) -> None:
     write_table(Path(out), PREFILL_SIMULATION if prefill else SIMULATION, frame, meta)
 
 
-def _table(frame, spec, profile: str, n: int, gains, out, reuse=None, beside=None) -> None:
+def _table(
+    frame, spec, profile: str, n: int, gains, out, reuse=None, beside=None, hits=None
+) -> None:
     table = result_table(
         f"xbench simulate: {spec['name']} ({n:,} requests, profile {profile})",
         (f"{out}  |  " if out else "")
@@ -284,6 +290,36 @@ def _table(frame, spec, profile: str, n: int, gains, out, reuse=None, beside=Non
             console.print(line, highlight=False)
     if reuse is not None and len(reuse):
         _reuse_table(reuse)
+    if hits is not None and len(hits):
+        _hit_table(hits, spec["span_cache"]["block"])
+
+
+def _hit_table(hits, block: int) -> None:
+    """Span workloads: each expression's KV-cache hit rate and time to first token, asked
+    once in the order written, under prefix caching and position-independent caching."""
+    ttft = "ttft_dependent_s" in hits
+    table = result_table(
+        "span hit rates: each expression asked once, in the order written, against the KV "
+        "cache the ones above it left",
+        f"whole blocks of {block} tokens;  prefix: position-dependent (prefix caching);  "
+        "span: position-independent (each commuting set's members cached from their own "
+        "start)" + (";  TTFT: prefilling what missed, the profile's prefill terms" if ttft else ""),
+    )
+    columns = ["expression", "tokens", "hit prefix", "hit span"]
+    columns += ["TTFT prefix", "TTFT span"] if ttft else []
+    for col in columns:
+        table.add_column(col, justify="left" if col == "expression" else "right")
+    for r in hits.itertuples():
+        cells = [
+            r.expr,
+            f"{r.tokens:,}",
+            f"{100 * r.hit_rate_dependent:.0f}%",
+            f"{100 * r.hit_rate_independent:.0f}%",
+        ]
+        if ttft:
+            cells += [format_duration(r.ttft_dependent_s), format_duration(r.ttft_independent_s)]
+        table.add_row(*cells)
+    console.print(table)
 
 
 def _decide_lines(beside):

@@ -21,11 +21,13 @@ says where the question comes from (``[scenario]``). Example: ``scenarios/*.toml
 from __future__ import annotations
 
 import math
-import re
 import sys
 from pathlib import Path
 
 from xbench.core.models import get_model
+from xbench.core.spans import names as span_names
+from xbench.core.spans import parse as parse_span_tree
+from xbench.core.spans import positional_and_shared
 from xbench.core.units import parse_duration, parse_size
 from xbench.errors import XbenchError
 
@@ -169,6 +171,10 @@ WORKLOAD_KEYS = {
     "fabric": ((str, list), None),
     "requests": (int, 1),
     "spans": (list, None),
+    # the span report's KV cache: its block (tokens) and each name's tokens (others:
+    # chunk_tokens)
+    "block_tokens": (int, 1),
+    "span_tokens": (dict, None),
     "reports": (list, None),
     # a use as one decode step of this many layers (default 1: one layer's times), route's
     # round trip once a step where pipelined (the cost model's step, as decide --layers)
@@ -196,23 +202,23 @@ PREFILL_KEYS = {
 WORKLOAD_KINDS = {"decode": WORKLOAD_KEYS, "prefill": PREFILL_KEYS}
 
 
-# Span expressions (span queries, arXiv 2511.02749): "PREFIX + {A, B, C}" or "{A, B}". The
-# prefix is positional (its KV depends on where it sits: each requester computes its own);
-# the chunks in braces commute (position-independent: the KV of one serves every request
-# that names it, wherever it sits), so their reuse counts come from the expressions.
-_NAME = r"[A-Za-z0-9_./:-]+"
-_SPAN = re.compile(rf"^\s*(?:({_NAME})\s*\+\s*)?\{{\s*({_NAME}(?:\s*,\s*{_NAME})*)\s*,?\s*\}}\s*$")
+# Span expressions (span queries, arXiv 2511.02749; grammar in core.spans): the parts outside
+# braces are positional (their KV depends on where they sit: each requester computes its own,
+# the simulator's prefix); the names in braces commute (position-independent: the KV of one
+# serves every request that names it, wherever it sits), so their reuse counts come from the
+# expressions.
 
 
 def parse_span(expr: str) -> tuple[str | None, tuple[str, ...]]:
-    """(prefix or None, the commuting chunks) of one span expression; ValueError if bad."""
-    m = _SPAN.match(expr)
-    if not m:
-        raise ValueError(expr)
-    chunks = tuple(name.strip() for name in m.group(2).split(","))
-    if len(set(chunks)) != len(chunks):
-        raise ValueError(expr)
-    return m.group(1), chunks
+    """(the positional parts joined, or None; the commuting chunks) of one span expression;
+    ValueError saying where it is wrong, or that it shares nothing."""
+    outside, inside = positional_and_shared(parse_span_tree(expr))
+    if not inside:
+        raise ValueError("no commuting set: name the shared chunks in braces, e.g. {a, b}")
+    repeated = sorted({c for c in inside if inside.count(c) > 1})
+    if repeated:
+        raise ValueError(f"{', '.join(repeated)} named twice in its sets")
+    return (" + ".join(outside) or None), tuple(inside)
 
 
 def _spans(path, raw) -> tuple:
@@ -234,10 +240,11 @@ def _spans(path, raw) -> tuple:
             )
         try:
             prefix, chunks = parse_span(str(item["expr"]))
-        except ValueError:
+        except ValueError as e:
             raise ScenarioError(
-                f"scenario {path}: [workload] spans[{i}] expr = {item['expr']!r} is not a span expression",
-                'write "PREFIX + {chunk, chunk, ...}" or "{chunk, ...}", each chunk named once',
+                f"scenario {path}: [workload] spans[{i}] expr = {item['expr']!r}: {e}",
+                'write e.g. "system + tools + {doc1, {doc2, doc3}} + question": parts in '
+                "sequence joined by +, commuting ones in braces, each shared chunk named once",
             ) from None
         out.append((prefix, chunks, float(weight)))
     return tuple(out)
@@ -324,6 +331,12 @@ def _decode_fields(path: Path, table: dict, req: dict) -> dict:
             f"scenario {path}: [workload] reports {unknown} are not reports",
             f"use {', '.join(REPORTS)}, or drop reports",
         )
+    cache_keys = sorted({"block_tokens", "span_tokens"} & set(table))
+    if cache_keys and "spans" not in table:
+        raise ScenarioError(
+            f"scenario {path}: [workload] gives {' and '.join(cache_keys)} without spans",
+            "they size the span report's KV cache: add spans, or drop them",
+        )
     spans = _spans(path, table["spans"]) if "spans" in table else ()
     if spans and {"chunks", "zipf"} & set(table):
         raise ScenarioError(
@@ -388,4 +401,30 @@ def load_workload(path) -> dict:
         "fabrics": fabric if isinstance(fabric, list) else [fabric],
         "requests": table.get("requests", 20000),
         "reports": tuple(table.get("reports", ())),
+        "span_cache": _span_cache(path, table) if kind == "decode" and "spans" in table else None,
+    }
+
+
+def _span_cache(path, table: dict) -> dict:
+    """What the span report's KV cache reads: the expressions in the order written, its
+    block, and each name's tokens (chunk_tokens where span_tokens does not say)."""
+    exprs = tuple(str(item["expr"]) for item in table["spans"])
+    named = {n for e in exprs for n in span_names(parse_span_tree(e))}
+    lengths = table.get("span_tokens", {})
+    for name, tokens in lengths.items():
+        if name not in named:
+            raise ScenarioError(
+                f"scenario {path}: [workload] span_tokens names {name!r}, which no span does",
+                f"name one of {', '.join(sorted(named))}",
+            )
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+            raise ScenarioError(
+                f"scenario {path}: [workload] span_tokens.{name} = {tokens!r} is not a token count",
+                "give each name's tokens as a whole number >= 1",
+            )
+    return {
+        "exprs": exprs,
+        "block": table.get("block_tokens", 16),
+        "lengths": dict(lengths),
+        "default_tokens": table.get("chunk_tokens", 2048),
     }

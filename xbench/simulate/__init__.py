@@ -172,6 +172,26 @@ def gain_tail(gains) -> dict:
     }
 
 
+def span_hit_rates(profile, spec: dict) -> pd.DataFrame:
+    """A span workload's expressions asked once each, in the order written: each one's KV-cache
+    hit rate against what the ones before it left, position-dependent (prefix caching) and
+    position-independent (its commuting sets cached member by member), and the time to first
+    token from the profile's prefill terms (``core.spans.hit_rates``)."""
+    from xbench.core.spans import hit_rates
+
+    cache = spec["span_cache"]
+    prefill = profile.device.recompute
+    return pd.DataFrame(
+        hit_rates(
+            cache["exprs"],
+            block=cache["block"],
+            lengths=cache["lengths"],
+            default_tokens=cache["default_tokens"],
+            prefill=None if prefill(1) == float("inf") else prefill,
+        )
+    )
+
+
 def span_reuse(profile, spec: dict, requests: int, seed: int) -> pd.DataFrame:
     """Per fabric and commuting chunk of a span workload: how often a requester that does
     not hold the chunk uses it over the trace (the reuse the expressions give it), the
@@ -266,6 +286,7 @@ __all__ = [
     "make_trace",
     "predicate_gains",
     "random_workloads",
+    "span_hit_rates",
     "run",
     "simulate",
     "span_reuse",
