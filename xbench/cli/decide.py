@@ -142,7 +142,7 @@ def decide(
 ) -> None:
     """Evaluate the predicate over rows x chunk x reuse (x fabric); write the decision table."""
     from xbench.core.grid import decide_grid, expand
-    from xbench.core.models import get_model
+    from xbench.core.models import get_model, mla_model
     from xbench.core.profile import load_profile
     from xbench.core.units import parse_int_list
     from xbench.resources import DEFAULT_PROFILE, profile_path
@@ -164,7 +164,7 @@ def decide(
     if scenario is not None:
         _refuse_overridden(ctx)
         return _decide_scenario(scenario, prof, out, fmt)
-    preset = get_model(model) if model else None
+    preset = mla_model(model, "--model") if model else None
     h, pays, ret, kvb = _request_shape(preset, heads, payload, return_, kv_bytes)
     moves = _fetch_costs(fetch_cost)
     if layers is None:

@@ -161,13 +161,13 @@ def kernel(
     fmt: FormatOption = OutputFormat.table,
 ) -> None:
     """Time the compute side of cross-instance attention; write samples as Parquet."""
-    from xbench.core.models import get_model
+    from xbench.core.models import mla_model
 
     # What can be checked without torch is checked first: a mistyped option is refused in
     # under a second, not after the seconds torch takes to import.
     from xbench.core.sweep_rules import LAUNCHES, check_sweep
 
-    preset = get_model(model)
+    preset = mla_model(model, "--model")
     check_sweep(dtype, rounds, samples, np, runs)
     # 2^26 tokens is 77 GB of one layer's KV: more than any GPU's memory holds for one chunk
     chunks = parse_int_list(chunk, "--chunk", most=2**26, what="a chunk one device holds")

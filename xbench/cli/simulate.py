@@ -110,6 +110,7 @@ def simulate(
         decide_beside,
         moves_on_compute,
         run,
+        sharing_report,
         span_hit_rates,
         span_reuse,
     )
@@ -177,6 +178,7 @@ def simulate(
     gains = batching_gain(prof, spec, n, seed) if "batching" in spec["reports"] else []
     reuse = span_reuse(prof, spec, n, seed) if spec["fields"].get("spans") else None
     hits = span_hit_rates(prof, spec) if spec.get("span_cache") else None
+    sharing = sharing_report(prof, spec) if spec.get("sharing") else None
     beside = None if prefill else decide_beside(prof, spec, frame)
     if out is not None:
         _write(out, frame, spec, prof, seed, prefill)
@@ -184,7 +186,9 @@ def simulate(
         emit_frame(frame, fmt, lambda f: _prefill_table(f, spec, prof.name, n, facts, out))
     else:
         emit_frame(
-            frame, fmt, lambda f: _table(f, spec, prof.name, n, gains, out, reuse, beside, hits)
+            frame,
+            fmt,
+            lambda f: _table(f, spec, prof.name, n, gains, out, reuse, beside, hits, sharing),
         )
 
 
@@ -237,7 +241,7 @@ def _write(out, frame, spec, prof, seed: int, prefill: bool) -> None:
 
 
 def _table(
-    frame, spec, profile: str, n: int, gains, out, reuse=None, beside=None, hits=None
+    frame, spec, profile: str, n: int, gains, out, reuse=None, beside=None, hits=None, sharing=None
 ) -> None:
     table = result_table(
         f"xbench simulate: {spec['name']} ({n:,} requests, profile {profile})",
@@ -292,6 +296,73 @@ def _table(
         _reuse_table(reuse)
     if hits is not None and len(hits):
         _hit_table(hits, spec["span_cache"]["block"])
+    if sharing is not None:
+        _sharing_tables(*sharing)
+
+
+def _sharing_tables(calls, sweep, facts: dict) -> None:
+    """Shared-KV batching (MoSKA): one call against B calls, then a step's throughput over
+    the shared context's size, and what bounds the gain against the paper's."""
+    from xbench.core.units import format_size
+
+    knee, ridge = facts["knee"], facts["ridge"]
+    needed = facts["paper"] * facts["keep"]  # the call bound the paper's figure implies
+    table = result_table(
+        f"shared-KV batching ({facts['model']}, {facts['kv_format']} KV, {facts['heads']} "
+        "query heads): one call of B queries over a shared chunk against B calls, one layer",
+        f"the profile's device terms (fitted on {facts['reference']}) scaled by KV bytes a "
+        f"token and FLOPs a row-token;  knee: B = {knee:.1f}, where a call's row term "
+        "overtakes its token term (memory-bound below, compute-bound above)"
+        + (f";  the [ceilings]' ridge point: B = {ridge:.1f}" if ridge else ""),
+    )
+    for col in ("B", "batched", "B calls", "gain", "bound"):
+        table.add_column(col, justify="right")
+    for r in calls.itertuples():
+        table.add_row(
+            f"{r.batch:,}",
+            format_duration(r.batched_s),
+            format_duration(r.separate_s),
+            f"x{r.gain:.1f}",
+            "memory" if r.batch < knee else "compute",
+        )
+    console.print(table)
+    table = result_table(
+        f"a decode step of {facts['batch']} requests, every layer: the shared context "
+        f"batched, routed top-k (keep {100 * facts['keep']:.0f} % of its chunks), against "
+        "each request holding its own copy",
+        "shared, unique, merge: the step's parts (unique: each request's own KV, one call "
+        "each; merge: the partials, one batched call);  gain: the copies' step over this "
+        "one;  unique elsewhere: the gain with the unique KV on nodes of its own",
+    )
+    columns = ("shared tokens", "chunks read", "shared", "unique", "merge", "step")
+    columns += ("copies' step", "tokens/s", "copies' tokens/s", "gain", "unique elsewhere")
+    for col in columns:
+        table.add_column(col, justify="right")
+    for r in sweep.itertuples():
+        table.add_row(
+            f"{r.shared_tokens:,}",
+            f"{r.chunks_read:,.0f}",
+            format_duration(r.shared_s),
+            format_duration(r.unique_s),
+            format_duration(r.merge_s),
+            format_duration(r.step_s),
+            format_duration(r.separate_step_s),
+            f"{r.throughput_per_s:,.1f}",
+            f"{r.separate_throughput_per_s:,.2f}",
+            f"x{r.gain:.1f}",
+            f"x{r.gain_unique_elsewhere:.1f}",
+        )
+    console.print(table)
+    console.print(
+        f"against MoSKA's x{facts['paper']}: one call's gain cannot pass "
+        f"x{facts['call_bound']:.1f} (B calls' launches and token reads saved, none of their "
+        f"FLOPs), and routing multiplies it by 1 / keep: at most x{facts['ceiling']:.1f} "
+        f"here. The paper's figure needs a call bound near x{needed:.0f}, a matmul rate per "
+        f"byte read about {needed / facts['call_bound']:.1f} times this profile's, or a "
+        "baseline that pays more than reading its copy: one copy of the largest context is "
+        f"{format_size(int(facts['copy_bytes']))}, more than one GPU holds",
+        highlight=False,
+    )
 
 
 def _hit_table(hits, block: int) -> None:

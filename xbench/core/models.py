@@ -5,7 +5,11 @@ In absorbed MLA decode one query row per head has ``qk_dim`` elements (512 laten
 RoPE = 576 for DeepSeek-V3), the partial result per head is ``v_dim`` elements plus one
 fp32 log-sum-exp, and one cached token per layer is ``qk_dim`` elements in the chosen KV
 format. DeepSeek-V4 keeps one 512-wide KV head (448 + 64 RoPE) that serves as key and
-value, so its query row is 512 elements and its output is 512 wide.
+value, so its query row is 512 elements and its output is 512 wide. A GQA model (Llama-3.1-8B)
+caches ``kv_heads`` keys and values of ``qk_dim`` each per token and layer, shared by groups
+of query heads: its query row and partial are one head's, its KV bytes a token are all
+heads' K and V. xbench's kernels are MLA's (one KV head serving every query head); a GQA
+preset prices bytes and FLOPs (decide, simulate) and is refused by ``xbench kernel``.
 """
 
 from __future__ import annotations
@@ -37,6 +41,18 @@ class ModelPreset:
     # parameters active per token (MoE): the FLOPs of a layer's matmuls are about
     # 2 * active_params / layers per token; None where not published
     active_params: float | None = None
+    # KV heads a token caches: 1 for MLA (one latent serves every query head), the group
+    # count for GQA
+    kv_heads: int = 1
+
+    @property
+    def attention(self) -> str:
+        return "MLA" if self.kv_heads == 1 else "GQA"
+
+    def flops_per_row_token(self) -> int:
+        """FLOPs one query row spends on one cached token: q.k over qk_dim and p.v over
+        v_dim, a multiply and an add each (absorbed MLA: 2 x (576 + 512))."""
+        return 2 * (self.qk_dim + self.v_dim)
 
     def query_bytes_per_row(self, dtype: str = "bf16") -> int:
         """S_q per query row (one head of one decode token)."""
@@ -68,6 +84,8 @@ class ModelPreset:
             "return_bytes_per_row": self.return_bytes_per_row(),
             "kv_bytes_per_token": self.kv_bytes_per_token(),
             "softmax_scale": self.softmax_scale,
+            "attention": self.attention,
+            "kv_heads": self.kv_heads,
         }
 
 
@@ -154,6 +172,24 @@ PRESETS: dict[str, ModelPreset] = {
             1 / 512**0.5,
             "1 KV head of 512 (448 + 64 RoPE), K = V; top-1024 over 4x-compressed entries",
         ),
+        # Llama-3.1-8B (MoSKA's model): 32 query heads, 8 KV heads of 128, RoPE over the
+        # whole head; a token's K and V in every KV head: 2 x 8 x 128 elements a layer
+        ModelPreset(
+            "llama-3.1-8b",
+            32,
+            128,
+            128,
+            128,
+            32,
+            None,
+            {"fp8": 2048, "bf16": 4096},
+            1 / 128**0.5,
+            "GQA: 8 KV heads of 128 for 32 query heads (MoSKA's model, FP8 KV)",
+            prefill_qk_dim=128,
+            prefill_v_dim=128,
+            active_params=8.0e9,
+            kv_heads=8,
+        ),
     ]
 }
 ALIASES = {"deepseek-r1": "deepseek-v3", "glm-5.1": "glm-5"}
@@ -167,3 +203,17 @@ def get_model(name: str) -> ModelPreset:
             f"pick one of {', '.join([*PRESETS, *ALIASES])} (xbench models lists them)",
         )
     return PRESETS[key]
+
+
+def mla_model(name: str, use: str) -> ModelPreset:
+    """``get_model``, refusing a GQA preset where MLA kernels' terms would price it (``use``
+    names the option or file that asked)."""
+    preset = get_model(name)
+    if preset.kv_heads != 1:
+        raise XbenchError(
+            f"{use} {name}: {preset.name} is {preset.attention} ({preset.kv_heads} KV heads), "
+            "and xbench's kernels and the profiles' device terms are MLA's",
+            "pick an MLA preset (xbench models lists them); a GQA preset prices shared-KV "
+            "batching in a scenario's [workload] sharing report",
+        )
+    return preset

@@ -24,7 +24,7 @@ import math
 import sys
 from pathlib import Path
 
-from xbench.core.models import get_model
+from xbench.core.models import get_model, mla_model
 from xbench.core.spans import names as span_names
 from xbench.core.spans import parse as parse_span_tree
 from xbench.core.spans import positional_and_shared
@@ -142,7 +142,7 @@ def load_scenario(path) -> dict:
             f"scenario {path} has unknown keys {sorted(unknown)}",
             f"[request] takes {sorted(REQUEST_KEYS)}, [grid] takes {sorted(GRID_KEYS)}",
         )
-    preset = get_model(head["model"]) if head.get("model") else None
+    preset = mla_model(head["model"], f"scenario {path}: model") if head.get("model") else None
     return {
         "name": head["name"],
         "description": head.get("description", ""),
@@ -175,6 +175,8 @@ WORKLOAD_KEYS = {
     # chunk_tokens)
     "block_tokens": (int, 1),
     "span_tokens": (dict, None),
+    # the shared-KV batching report (MoSKA): model, KV format, contexts, batch, top-k keep
+    "sharing": (dict, None),
     "reports": (list, None),
     # a use as one decode step of this many layers (default 1: one layer's times), route's
     # round trip once a step where pipelined (the cost model's step, as decide --layers)
@@ -402,7 +404,75 @@ def load_workload(path) -> dict:
         "requests": table.get("requests", 20000),
         "reports": tuple(table.get("reports", ())),
         "span_cache": _span_cache(path, table) if kind == "decode" and "spans" in table else None,
+        "sharing": _sharing(path, table["sharing"], scenario) if "sharing" in table else None,
+        "model": scenario["model"],
     }
+
+
+# [workload] sharing: the keys, each one's type and least value, and its default (MoSKA's
+# setup: Llama-3.1-8B with FP8 KV, 1M-16M shared tokens beside 64K unique, 75 % sparsity)
+SHARING_KEYS = {
+    "model": (str, None, "llama-3.1-8b"),
+    "kv_format": (str, None, "fp8"),
+    "heads": (int, 1, None),  # query rows a decode token (default: the model's heads)
+    "shared_tokens": (list, None, [2**20, 2**21, 2**22, 2**23, 2**24]),
+    "unique_tokens": (int, 1, 65536),
+    "chunk_tokens": (int, 1, 65536),  # the router's unit over the shared context
+    "keep": (float, 1e-9, 0.25),  # the fraction of shared chunks a query's router keeps
+    "batch": (int, 1, 256),  # concurrent requests a step
+    "batches": (list, None, [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]),
+}
+
+
+def _sharing(path, raw: dict, scenario: dict) -> dict:
+    """[workload] sharing = { ... }: SHARING_KEYS, checked, defaults filled."""
+    where = f"scenario {path}: [workload] sharing"
+    if not scenario["model"]:
+        raise ScenarioError(
+            f"{where} needs the [scenario] model the profile's device terms were fitted on",
+            'add model = "deepseek-v3.2" (or the MLA preset the profile measured) to [scenario]',
+        )
+    unknown = sorted(set(raw) - set(SHARING_KEYS))
+    if unknown:
+        raise ScenarioError(f"{where} has unknown keys {unknown}", f"use {', '.join(SHARING_KEYS)}")
+    out = {}
+    for key, (kind, least, default) in SHARING_KEYS.items():
+        value = raw.get(key, default)
+        if kind is list:
+            ok = (
+                isinstance(value, list)
+                and value
+                and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value)
+            )
+            if not ok:
+                raise ScenarioError(
+                    f"{where}.{key} = {value!r} is not a list of whole numbers >= 1",
+                    f"write e.g. {key} = {default!r}",
+                )
+        elif value is not None:
+            number = kind in (int, float)
+            ok = isinstance(value, (int, float) if kind is float else kind) and not (
+                number and isinstance(value, bool)
+            )
+            if not ok or (least is not None and value < least):
+                raise ScenarioError(
+                    f"{where}.{key} = {value!r} is not {'a number' if number else 'text'}"
+                    + (f" >= {least:g}" if least is not None and number else ""),
+                    f"write e.g. {key} = {default!r}" if default is not None else f"drop {key}",
+                )
+        out[key] = value
+    if out["keep"] > 1:
+        raise ScenarioError(
+            f"{where}.keep = {out['keep']} is more than every chunk",
+            "give the fraction of shared chunks a query keeps, in (0, 1]",
+        )
+    try:
+        preset = get_model(out["model"])
+        preset.kv_bytes_per_token(out["kv_format"])  # refuses a format the model lacks
+    except XbenchError as e:
+        raise ScenarioError(f"{where}: {e.problem}", e.fix) from None
+    out["heads"] = out["heads"] or preset.q_heads
+    return out
 
 
 def _span_cache(path, table: dict) -> dict:

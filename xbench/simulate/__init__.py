@@ -172,6 +172,71 @@ def gain_tail(gains) -> dict:
     }
 
 
+def sharing_report(profile, spec: dict) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    """A scenario's [workload] sharing (MoSKA), on the profile's device terms scaled from the
+    scenario's model to the one asked (``core.sharing``): one batched call over the shared
+    context against B calls at each B; a decode step's throughput with the shared context
+    batched and routed top-k against each request holding its own copy, per shared context
+    size; and the figures that bound the gain (the knee, the ridge, their ceiling)."""
+    from xbench.core.models import get_model
+    from xbench.core.sharing import Attention, batched_against_separate, ridge_batch, step
+
+    cfg, fields = spec["sharing"], spec["fields"]
+    preset = get_model(cfg["model"])
+    reference = get_model(spec["model"])
+    att = Attention.for_preset(
+        profile.device,
+        cfg["heads"],
+        preset,
+        cfg["kv_format"],
+        fields["kv_bytes_per_token"],
+        reference.flops_per_row_token(),
+    )
+    chunk = cfg["chunk_tokens"]
+    calls = pd.DataFrame(batched_against_separate(att, chunk, cfg["batches"]))
+    sweep = pd.DataFrame(
+        [
+            step(
+                att,
+                profile.device.merge,
+                batch=cfg["batch"],
+                shared=s,
+                unique=cfg["unique_tokens"],
+                chunk=chunk,
+                keep=cfg["keep"],
+                layers=preset.layers,
+            )
+            for s in cfg["shared_tokens"]
+        ]
+    )
+    # with the unique KV on nodes of its own (MoSKA's disaggregation): the shared part alone
+    sweep["gain_unique_elsewhere"] = sweep.separate_step_s / (sweep.shared_s + sweep.merge_s)
+    knee = att.knee(chunk)
+    one = att.call(cfg["heads"], chunk)
+    call_bound = one / (one - att.call(0, chunk))
+    facts = {
+        "model": preset.name,
+        "kv_format": cfg["kv_format"],
+        "heads": cfg["heads"],
+        "reference": reference.name,
+        "knee": knee,
+        "ridge": ridge_batch(profile.ceilings, preset, cfg["kv_format"], cfg["heads"]),
+        # one call's gain cannot pass T_c(heads) over its row term (B calls' launches and
+        # token reads saved, none of their FLOPs), and routing multiplies it by 1 / keep
+        # (each query's rows attend keep of the shared chunks, dense copies all of them)
+        "call_bound": call_bound,
+        "ceiling": call_bound / cfg["keep"],
+        "keep": cfg["keep"],
+        "batch": cfg["batch"],
+        # what one request's own copy of the largest context holds, every layer
+        "copy_bytes": (max(cfg["shared_tokens"]) + cfg["unique_tokens"])
+        * preset.kv_bytes_per_token(cfg["kv_format"])
+        * preset.layers,
+        "paper": 538.7,
+    }
+    return calls, sweep, facts
+
+
 def span_hit_rates(profile, spec: dict) -> pd.DataFrame:
     """A span workload's expressions asked once each, in the order written: each one's KV-cache
     hit rate against what the ones before it left, position-dependent (prefix caching) and
@@ -286,6 +351,7 @@ __all__ = [
     "make_trace",
     "predicate_gains",
     "random_workloads",
+    "sharing_report",
     "span_hit_rates",
     "run",
     "simulate",

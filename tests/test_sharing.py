@@ -1,0 +1,139 @@
+"""Shared-KV batching (MoSKA) on the cost model's device terms (core.sharing), its report in
+xbench simulate, and the GQA preset it prices."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from xbench.core.models import get_model
+from xbench.core.profile import load_profile
+from xbench.core.scenario import load_workload
+from xbench.core.sharing import Attention, batched_against_separate, chunks_read, ridge_batch, step
+from xbench.errors import XbenchError
+
+ROOT = Path(__file__).resolve().parents[1]
+PRIORS = load_profile(ROOT / "profiles" / "h100-priors.toml")
+DS = get_model("deepseek-v3.2")
+LLAMA = get_model("llama-3.1-8b")
+
+
+def test_the_gqa_preset_holds_llama_3_1_8b():
+    assert (LLAMA.q_heads, LLAMA.kv_heads, LLAMA.layers, LLAMA.attention) == (32, 8, 32, "GQA")
+    # a token's K and V in 8 heads of 128: 2,048 B in FP8, 4,096 in BF16; a query head's row
+    # spends 2 x (128 + 128) FLOP a token, absorbed MLA's 2 x (576 + 512)
+    assert LLAMA.kv_bytes_per_token("fp8") == 2048 and LLAMA.kv_bytes_per_token("bf16") == 4096
+    assert LLAMA.flops_per_row_token() == 512 and DS.flops_per_row_token() == 2176
+    assert DS.attention == "MLA" and DS.kv_heads == 1
+
+
+@pytest.mark.parametrize("heads", [16, 32])
+def test_the_batched_gain_is_the_kernel_terms_ratio_at_each_b(heads):
+    """Same model as the terms: one call of B x heads rows against B calls of heads rows,
+    exactly B T_c(heads, c) / T_c(B heads, c) from the device's own T_c."""
+    att = Attention(PRIORS.device, heads)
+    c = 65536
+    for row in batched_against_separate(att, c, [1, 3, 16, 100, 1024]):
+        b = row["batch"]
+        expected = b * PRIORS.device.compute(heads, c) / PRIORS.device.compute(b * heads, c)
+        assert row["gain"] == pytest.approx(expected, rel=1e-12)
+        assert row["batched_s"] == pytest.approx(PRIORS.device.compute(b * heads, c))
+
+
+def test_scaling_to_a_preset_scales_the_token_term_by_bytes_and_the_row_term_by_flops():
+    att = Attention.for_preset(PRIORS.device, 32, LLAMA, "fp8", 1152, DS.flops_per_row_token())
+    d, c = PRIORS.device, 4096
+    t0 = d.compute(0, 0)
+    memory = (d.compute(0, c) - t0) * 2048 / 1152
+    flops = (d.compute(32, c) - d.compute(0, c)) * 512 / 2176
+    assert att.call(32, c) == pytest.approx(t0 + memory + flops, rel=1e-12)
+    # the knee: where one query's row term equals the call's token term
+    assert att.knee(c) == pytest.approx(memory / flops, rel=1e-12)
+    # the hardware's ridge in queries: matmul rate / bandwidth over one query's FLOP a byte
+    ceilings = PRIORS.ceilings
+    assert ridge_batch(ceilings, LLAMA, "fp8", 32) == pytest.approx(
+        ceilings.matmul / ceilings.memory / (32 * 512 / 2048)
+    )
+    assert ridge_batch(None, LLAMA, "fp8", 32) is None
+
+
+def test_a_router_reads_the_chunks_any_query_chose():
+    assert chunks_read(16, 1.0, 5) == 16  # dense: every chunk
+    assert chunks_read(16, 0.25, 1) == pytest.approx(4)  # one query: its own
+    assert chunks_read(16, 0.25, 256) == pytest.approx(16)  # many: nearly all
+    assert chunks_read(16, 0.25, 2) == pytest.approx(16 * (1 - 0.75**2))
+
+
+def test_a_step_adds_its_parts_and_its_gain_stays_under_the_bound():
+    att = Attention.for_preset(PRIORS.device, 32, LLAMA, "fp8", 1152, DS.flops_per_row_token())
+    gains = []
+    for shared in (2**20, 2**22, 2**24):
+        r = step(
+            att,
+            PRIORS.device.merge,
+            batch=256,
+            shared=shared,
+            unique=65536,
+            chunk=65536,
+            keep=0.25,
+            layers=32,
+        )
+        assert r["step_s"] == pytest.approx(r["shared_s"] + r["unique_s"] + r["merge_s"])
+        assert r["separate_step_s"] == pytest.approx(32 * 256 * att.call(32, shared + 65536))
+        assert r["throughput_per_s"] == pytest.approx(256 / r["step_s"])
+        one = att.call(32, 65536)
+        bound = one / (one - att.call(0, 65536)) / 0.25
+        assert r["separate_step_s"] / (r["shared_s"] + r["merge_s"]) < bound
+        gains.append(r["gain"])
+    assert gains[0] < gains[1] < gains[2]  # the more context is shared, the more it saves
+
+
+def test_simulate_prints_the_sharing_report_against_the_papers_figure(xbench):
+    r = xbench("simulate", "moska-shared-chunk", "--requests", "2000", env={"COLUMNS": "220"})
+    assert r.returncode == 0, r.stderr
+    flat = " ".join(r.stdout.split())  # (titles and captions wrap)
+    assert "shared-KV batching (llama-3.1-8b, fp8 KV, 32 query heads)" in flat
+    assert re.search(r"knee: B = \d+\.\d", flat) and "ridge point: B = " in flat
+    assert "16,777,216" in flat and "1,048,576" in flat
+    assert re.search(r"against MoSKA's x538\.7: .* at most x\d+\.\d here", flat), flat
+
+
+def _scenario(tmp_path, body: str, model: str = "deepseek-v3.2") -> Path:
+    path = tmp_path / "s.toml"
+    path.write_text(
+        f'[scenario]\nname = "s"\nmodel = "{model}"\n[workload]\nchunks = 4\n' + body + "\n"
+    )
+    return path
+
+
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        ("sharing = { keep = 2.0 }", "sharing.keep = 2.0 is more than every chunk"),
+        ("sharing = { keep = 0 }", "sharing.keep = 0 is not a number >= 1e-09"),
+        ("sharing = { batches = [0, 2] }", "sharing.batches = [0, 2] is not a list"),
+        ("sharing = { colour = 1 }", "sharing has unknown keys ['colour']"),
+        ('sharing = { kv_format = "fp4" }', "llama-3.1-8b has no KV format 'fp4'"),
+        ('sharing = { model = "gpt-9" }', "unknown model 'gpt-9'"),
+    ],
+)
+def test_a_bad_sharing_table_is_named(tmp_path, body, words):
+    with pytest.raises(Exception, match=re.escape(words)):
+        load_workload(_scenario(tmp_path, body))
+
+
+def test_the_sharing_table_fills_the_papers_setup(tmp_path):
+    cfg = load_workload(_scenario(tmp_path, "sharing = {}"))["sharing"]
+    assert cfg["model"] == "llama-3.1-8b" and cfg["kv_format"] == "fp8" and cfg["heads"] == 32
+    assert cfg["unique_tokens"] == 65536 and cfg["keep"] == 0.25
+    assert cfg["shared_tokens"][0] == 2**20 and cfg["shared_tokens"][-1] == 2**24
+
+
+def test_mla_kernels_and_terms_refuse_a_gqa_preset(xbench, tmp_path):
+    with pytest.raises(XbenchError, match="llama-3.1-8b is GQA"):
+        load_workload(_scenario(tmp_path, "", model="llama-3.1-8b"))
+    for args in (("kernel", "--model", "llama-3.1-8b"), ("decide", "--model", "llama-3.1-8b")):
+        r = xbench(*args, "--out", tmp_path / "never")
+        assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
+        assert "is GQA (8 KV heads)" in r.stderr and "MLA" in r.stderr
+        assert not (tmp_path / "never").exists()
