@@ -311,3 +311,89 @@ def run_prefill(profile, spec: dict, requests: int, seed: int, on_step=None):
             }
         )
     return pd.DataFrame(rows), facts
+
+
+# A policy keeps up with a rate when the requests completed by the last arrival are at
+# least this share of those that arrived: under the capacity, all but the few in flight
+# (their mean latency times the rate); past it, the completions fall behind by the excess.
+# So a rate found this way is within 2 % of the capacity.
+KEEP_UP = 0.98
+
+
+def keeps_up(result: PrefillResult, trace: PrefillTrace) -> bool:
+    done = trace.arrival + result.latency
+    last = trace.arrival[-1]
+    return bool((done <= last).sum() >= KEEP_UP * len(trace))
+
+
+def sustainable_rate(
+    profile, w: PrefillWorkload, policy: str, requests: int, seed: int, threshold=math.inf
+) -> float:
+    """The highest arrival rate ``policy`` keeps up with (``keeps_up``), by bisection on a
+    log scale to 1 %, on one trace whose gaps are scaled with the rate (the same lengths
+    and the same draws at every rate)."""
+    from dataclasses import replace
+
+    def ok(rate: float) -> bool:
+        wr = replace(w, rate_per_s=rate)
+        trace = make_prefill_trace(wr, requests, seed)
+        return keeps_up(simulate_prefill(profile, wr, trace, policy, threshold), trace)
+
+    # bracket: the whole fleet's rate if every GPU prefilled the median length at full speed
+    costs = PrefillCosts(profile, w)
+    fleet = (w.local_instances * w.local_speed + w.remote_instances) / costs.prefill(
+        w.length_median
+    )
+    lo, hi = fleet / 1024, fleet * 4
+    if not ok(lo):
+        return 0.0
+    while hi / lo > 1.01:
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return lo
+
+
+# Deployments compared at saturation (the study's comparison, in this simulator's terms):
+# the PD cluster prefilling alone (homogeneous), every prefill sent to the PrfaaS cluster
+# (naive heterogeneous), and PrfaaS's routing: offload above a threshold (the best on a grid,
+# at saturation) or the predicate
+DEPLOYMENTS = (
+    ("homogeneous", "local"),
+    ("naive heterogeneous", "offload"),
+    ("PrfaaS, threshold", "threshold"),
+    ("PrfaaS, predicate", "predicate"),
+)
+
+
+def saturation(profile, spec: dict, requests: int, seed: int, on_step=None):
+    """Per fabric and deployment, the highest rate it keeps up with (the threshold's best
+    over :func:`threshold_grid`), and each against the homogeneous and the naive ones."""
+    import pandas as pd
+
+    rows = []
+    for fabric in spec["fabrics"]:
+        w = PrefillWorkload(**spec["fields"], fabric=fabric)
+        by = {}
+        for name, policy in DEPLOYMENTS:
+            if policy == "threshold":
+                grid = threshold_grid(make_prefill_trace(w, requests, seed), points=17)
+                rates = [(sustainable_rate(profile, w, policy, requests, seed, t), t) for t in grid]
+                rate, t = max(rates)
+            else:
+                rate, t = sustainable_rate(profile, w, policy, requests, seed), float("nan")
+            by[name] = rate
+            rows.append(
+                {
+                    "fabric": fabric,
+                    "deployment": name,
+                    "policy": policy,
+                    "threshold_tokens": float(t),
+                    "max_rate_per_s": rate,
+                }
+            )
+            if on_step:
+                on_step(f"{fabric} {name} at saturation")
+        for row in rows[-len(DEPLOYMENTS) :]:
+            row["vs_homogeneous"] = row["max_rate_per_s"] / by["homogeneous"] - 1
+            row["vs_naive"] = row["max_rate_per_s"] / by["naive heterogeneous"] - 1
+    return pd.DataFrame(rows)
