@@ -1,8 +1,11 @@
-"""Prefill deployments at saturation (simulate.prefill.saturation): the highest rate each
-keeps up with, against capacities worked out by hand on one prompt length."""
+"""Prefill-as-a-service under load: bursty arrivals, and the deployments at saturation
+(simulate.prefill.saturation): the highest rate each keeps up with, against capacities
+worked out by hand on one prompt length."""
 
+import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from xbench.core.profile import load_profile
@@ -64,3 +67,44 @@ def test_simulate_compares_the_deployments_at_saturation(xbench):
     for name in ("homogeneous", "naive heterogeneous", "PrfaaS, threshold", "PrfaaS, predicate"):
         assert f" {name} " in flat
     assert "+54 %" in flat and "+32 %" in flat
+
+
+def test_bursts_keep_the_mean_rate_and_raise_the_dispersion():
+    plain = PrefillWorkload(rate_per_s=5.0)
+    assert plain.spell_rates() == (5.0, 5.0)
+    dispersion = []
+    for factor in (1.0, 4.0, 10.0):
+        w = PrefillWorkload(rate_per_s=5.0, burst_factor=factor, burst_on_s=1.0, burst_off_s=4.0)
+        on, off = w.spell_rates()
+        assert on == pytest.approx(factor * off)
+        assert (1.0 * on + 4.0 * off) / 5.0 == pytest.approx(5.0)  # time-weighted mean
+        trace = make_prefill_trace(w, 100_000, 0)
+        assert np.all(np.diff(trace.arrival) > 0)
+        assert len(trace) / trace.arrival[-1] == pytest.approx(5.0, rel=0.03)
+        counts = np.histogram(trace.arrival, bins=np.arange(0.0, trace.arrival[-1], 1.0))[0]
+        dispersion.append(counts.var() / counts.mean())
+    # Poisson counts: variance = mean; on and off spells add the spells' variance
+    assert dispersion[0] == pytest.approx(1.0, abs=0.05)
+    assert 1.5 < dispersion[1] < dispersion[2]
+    # without bursts the trace is the Poisson one it always was (unit gaps, scaled)
+    rng = np.random.default_rng(0)
+    expected = np.cumsum(rng.exponential(1.0 / 5.0, 1000))
+    assert np.allclose(make_prefill_trace(plain, 1000, 0).arrival, expected)
+
+
+def test_a_scenario_names_its_bursts_and_a_bad_one_is_refused(tmp_path):
+    from xbench.core.scenario import ScenarioError, load_workload
+
+    head = '[scenario]\nname = "p"\nmodel = "deepseek-v3.2"\n[workload]\nkind = "prefill"\n'
+    path = tmp_path / "p.toml"
+    path.write_text(head + 'burst_factor = 4.0\nburst_on = "2s"\nburst_off = "500ms"\n')
+    fields = load_workload(path)["fields"]
+    assert (fields["burst_factor"], fields["burst_on_s"], fields["burst_off_s"]) == (4.0, 2.0, 0.5)
+    for bad, words in (
+        ('burst_on = "soon"', "burst_on = 'soon' is not a duration"),
+        ('burst_off = "0s"', "burst_off = '0s' is not a duration"),
+        ("burst_factor = 0.5", "burst_factor = 0.5 is out of range"),
+    ):
+        path.write_text(head + bad + "\n")
+        with pytest.raises(ScenarioError, match=re.escape(words)):
+            load_workload(path)

@@ -200,6 +200,11 @@ PREFILL_KEYS = {
     "rate": (str, None),
     "fabric": ((str, list), None),
     "requests": (int, 1),
+    # bursts: arrivals burst_factor times faster in "on" spells than in "off" ones, each
+    # spell exponential about its mean (durations), at the same mean rate
+    "burst_factor": (float, 1),
+    "burst_on": (str, None),
+    "burst_off": (str, None),
 }
 WORKLOAD_KINDS = {"decode": WORKLOAD_KEYS, "prefill": PREFILL_KEYS}
 
@@ -321,7 +326,25 @@ def _prefill_fields(path: Path, table: dict, scenario: dict) -> dict:
         "min_length": lengths[0],
         "max_length": lengths[1],
         "rate_per_s": _rate(path, table, "2/s"),
+        **_bursts(path, table),
     }
+
+
+def _bursts(path: Path, table: dict) -> dict:
+    """burst_factor, burst_on, burst_off as the PrefillWorkload's fields (seconds)."""
+    out = {"burst_factor": float(table.get("burst_factor", 1.0))}
+    for key, default in (("burst_on", "1s"), ("burst_off", "4s")):
+        try:
+            seconds = parse_duration(table.get(key, default))
+        except XbenchError:
+            seconds = -1.0
+        if not 0 < seconds < math.inf:
+            raise ScenarioError(
+                f"scenario {path}: [workload] {key} = {table.get(key)!r} is not a duration",
+                f"write e.g. {key} = {default!r} (a spell's mean length)",
+            )
+        out[f"{key}_s"] = seconds
+    return out
 
 
 def _decode_fields(path: Path, table: dict, req: dict) -> dict:

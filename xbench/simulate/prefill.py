@@ -49,6 +49,18 @@ class PrefillWorkload:
     max_length: int = 131072
     rate_per_s: float = 2.0
     fabric: str = "tcp"
+    # bursts: arrivals come ``burst_factor`` times faster during "on" spells than during
+    # "off" ones (each spell's length exponential about its mean), at the same mean rate;
+    # 1: plain Poisson
+    burst_factor: float = 1.0
+    burst_on_s: float = 1.0
+    burst_off_s: float = 4.0
+
+    def spell_rates(self) -> tuple[float, float]:
+        """(on, off) arrival rates whose time-weighted mean is ``rate_per_s``."""
+        on, off = self.burst_on_s, self.burst_off_s
+        low = self.rate_per_s * (on + off) / (on * self.burst_factor + off)
+        return low * self.burst_factor, low
 
 
 @dataclass
@@ -61,12 +73,38 @@ class PrefillTrace:
 
 
 def make_prefill_trace(w: PrefillWorkload, requests: int, seed: int = 0) -> PrefillTrace:
-    """Poisson arrivals; uncached lengths lognormal about ``length_median``, clipped."""
+    """Poisson arrivals (or bursts: a Markov-modulated Poisson process, on and off spells);
+    uncached lengths lognormal about ``length_median``, clipped. Gaps are drawn as unit
+    exponentials and scaled, so one seed gives the same draws at every rate."""
     rng = np.random.default_rng(seed)
-    arrival = np.cumsum(rng.exponential(1.0 / w.rate_per_s, requests))
+    gaps = rng.exponential(1.0, requests)
+    if w.burst_factor == 1.0:
+        arrival = np.cumsum(gaps / w.rate_per_s)
+    else:
+        arrival = _bursty(w, gaps, np.random.default_rng([seed, 1]))
     length = np.exp(rng.normal(math.log(w.length_median), w.length_sigma, requests))
     length = np.clip(np.rint(length), w.min_length, w.max_length)
     return PrefillTrace(arrival, length)
+
+
+def _bursty(w: PrefillWorkload, gaps: np.ndarray, rng) -> np.ndarray:
+    """Arrival times from unit-exponential ``gaps``, on and off spells alternating (the
+    first drawn by its share of time): a gap that would cross a spell's end is cut there
+    and what is left of it runs at the next spell's rate (memoryless, so exact)."""
+    rates = w.spell_rates()
+    means = (w.burst_on_s, w.burst_off_s)
+    state = 0 if rng.random() < means[0] / (means[0] + means[1]) else 1
+    t, end = 0.0, rng.exponential(means[state])
+    out = np.empty(len(gaps))
+    for i, g in enumerate(gaps.tolist()):
+        while t + g / rates[state] > end:  # the spell ends first
+            g -= (end - t) * rates[state]
+            t = end
+            state = 1 - state
+            end = t + rng.exponential(means[state])
+        t += g / rates[state]
+        out[i] = t
+    return out
 
 
 PROMPT_BYTES_PER_TOKEN = 4  # a token id (int32): what a remote prefill is sent
