@@ -108,3 +108,33 @@ def test_a_scenario_names_its_bursts_and_a_bad_one_is_refused(tmp_path):
         path.write_text(head + bad + "\n")
         with pytest.raises(ScenarioError, match=re.escape(words)):
             load_workload(path)
+
+
+def test_a_link_trace_sets_the_bandwidth_a_transfer_starts_at():
+    w = PrefillWorkload(link_trace=((0.0, 1.0), (10.0, 0.5), (20.0, 2.0)))
+    assert [w.link_share(t) for t in (0.0, 9.9, 10.0, 15.0, 20.0, 1e9)] == [1, 1, 0.5, 0.5, 2, 2]
+    assert PrefillWorkload().link_share(5.0) == 1.0
+    plain = _one_length(rate_per_s=1.0)
+    trace = make_prefill_trace(plain, 300, 0)
+    base = simulate_prefill(PRIORS, plain, trace, "offload")
+    half = PrefillWorkload(**{**plain.__dict__, "link_trace": ((0.0, 0.5),)})
+    slow = simulate_prefill(PRIORS, half, trace, "offload")
+    # every transfer at half the bandwidth: twice the link's busy time, the same bytes
+    assert slow.link_busy == pytest.approx(2 * base.link_busy)
+    assert slow.bytes_moved == base.bytes_moved
+    assert (
+        slow.latency >= base.latency - 1e-12
+    ).all() and slow.latency.mean() > base.latency.mean()
+
+
+def test_a_scenario_gives_its_link_trace_and_a_bad_one_is_refused(tmp_path):
+    from xbench.core.scenario import ScenarioError, load_workload
+
+    head = '[scenario]\nname = "p"\nmodel = "deepseek-v3.2"\n[workload]\nkind = "prefill"\n'
+    path = tmp_path / "p.toml"
+    path.write_text(head + "link_trace = [[0, 1.0], [300, 0.25], [600, 1]]\n")
+    assert load_workload(path)["fields"]["link_trace"] == ((0, 1), (300, 0.25), (600, 1))
+    for bad in ("[[0, 1.0], [0, 0.5]]", "[[0, 0]]", "[[5]]", '[[0, "fast"]]'):
+        path.write_text(head + f"link_trace = {bad}\n")
+        with pytest.raises(ScenarioError, match=r"link_trace\[\d\] = .* is not \[seconds"):
+            load_workload(path)

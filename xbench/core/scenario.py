@@ -205,6 +205,8 @@ PREFILL_KEYS = {
     "burst_factor": (float, 1),
     "burst_on": (str, None),
     "burst_off": (str, None),
+    # the link's bandwidth over time: [[from s, share of the fabric's], ...]
+    "link_trace": (list, None),
 }
 WORKLOAD_KINDS = {"decode": WORKLOAD_KEYS, "prefill": PREFILL_KEYS}
 
@@ -327,7 +329,31 @@ def _prefill_fields(path: Path, table: dict, scenario: dict) -> dict:
         "max_length": lengths[1],
         "rate_per_s": _rate(path, table, "2/s"),
         **_bursts(path, table),
+        "link_trace": _link_trace(path, table.get("link_trace", [])),
     }
+
+
+def _link_trace(path: Path, raw: list) -> tuple:
+    """[[from s, share], ...]: times from 0, increasing; shares > 0 (1: the fabric's)."""
+    fix = "write e.g. link_trace = [[0, 1.0], [300, 0.5], [600, 1.0]] (seconds, share > 0)"
+    out = []
+    for i, item in enumerate(raw):
+        ok = (
+            isinstance(item, list)
+            and len(item) == 2
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in item)
+            and 0 <= item[0] < math.inf
+            and 0 < item[1] < math.inf
+            and (not out or item[0] > out[-1][0])
+        )
+        if not ok:
+            raise ScenarioError(
+                f"scenario {path}: [workload] link_trace[{i}] = {item!r} is not "
+                "[seconds after the last, share > 0]",
+                fix,
+            )
+        out.append((float(item[0]), float(item[1])))
+    return tuple(out)
 
 
 def _bursts(path: Path, table: dict) -> dict:

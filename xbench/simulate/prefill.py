@@ -55,6 +55,18 @@ class PrefillWorkload:
     burst_factor: float = 1.0
     burst_on_s: float = 1.0
     burst_off_s: float = 4.0
+    # the link's bandwidth over time: ((from s, share of the fabric's), ...), each share
+    # holding until the next (the first from 0 s); empty: the fabric's throughout
+    link_trace: tuple = ()
+
+    def link_share(self, t: float) -> float:
+        """The share of the fabric's bandwidth the link has at ``t`` s."""
+        share = 1.0
+        for start, value in self.link_trace:
+            if start > t:
+                break
+            share = value
+        return share
 
     def spell_rates(self) -> tuple[float, float]:
         """(on, off) arrival rates whose time-weighted mean is ``rate_per_s``."""
@@ -228,6 +240,8 @@ def simulate_prefill(
             start_ready, _, r, x, prefill_end = heapq.heappop(ready)
             pending_work -= x
             start = max(link_free, start_ready)
+            # at the bandwidth it starts at (the link trace's share then)
+            x /= w.link_share(start) if w.link_trace else 1.0
             # streamed: it cannot finish before its last layer is prefilled and sent
             end = max(start + x, prefill_end + x / w.layers)
             link_free = end
@@ -255,6 +269,8 @@ def simulate_prefill(
             local_done = max(local_free[i], now) + costs.local(tokens)
             start = max(remote_free[j], now + costs.prompt(tokens))
             x, s = costs.transfer(tokens), costs.splice(tokens)
+            if w.link_trace:  # at the bandwidth the link has now
+                x /= w.link_share(now)
             link_start = max(link_free, start + remote_prefill / w.layers) + pending_work
             sent = max(link_start + x, start + remote_prefill + x / w.layers)
             ship_done = max(sent + s, link_start + x / w.layers + w.layers * s)
