@@ -29,6 +29,10 @@ def test_models_json_derives_byte_counts(xbench):
     assert (v4["query_bytes_per_row"], v4["kv_formats"]) == (1024, {"fp8": 528, "fp4": 288})
     assert abs(rows["deepseek-v3"]["softmax_scale"] - 0.1352) < 1e-3
     assert get_model("GLM-5.1").name == "glm-5"
+    # the GQA preset says what it is (its KV bytes are every KV head's K and V)
+    llama = rows["llama-3.1-8b"]
+    assert (llama["attention"], llama["kv_heads"], llama["kv_bytes_per_token"]) == ("GQA", 8, 2048)
+    assert {row["attention"] for m, row in rows.items() if m != "llama-3.1-8b"} == {"MLA"}
 
 
 def test_kernel_sweep_writes_samples_and_rates(xbench, tmp_path):

@@ -34,7 +34,7 @@ def models(
                 else str(int(r.index_topk))
             )
             table.add_row(
-                r.model,
+                r.model if r.kv_heads == 1 else f"{r.model} {r.attention}",
                 str(r.q_heads),
                 f"{r.qk_dim}/{r.v_dim}/{r.rope_dim}",
                 topk,
@@ -46,7 +46,9 @@ def models(
         console.print(table)
         notes(
             "S_q, S_o: bytes per query row (one head of one token), routed and returned; "
-            "KV: bytes per token per layer, by cache format"
+            "KV: bytes per token per layer, by cache format;  GQA: grouped-query attention "
+            "(xbench's kernels and device terms are MLA's: a GQA preset prices shared-KV "
+            "batching only)"
         )
 
     emit_frame(frame, fmt, render)
