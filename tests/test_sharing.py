@@ -94,7 +94,12 @@ def test_simulate_prints_the_sharing_report_against_the_papers_figure(xbench):
     flat = " ".join(r.stdout.split())  # (titles and captions wrap)
     assert "shared-KV batching (llama-3.1-8b, fp8 KV, 32 query heads)" in flat
     assert re.search(r"knee: B = \d+\.\d", flat) and "ridge point: B = " in flat
-    assert "16,777,216" in flat and "1,048,576" in flat
+    # the smallest and largest shared contexts, a row each, read whole at 80 columns
+    rows = {line.split()[0]: line for line in r.stdout.splitlines() if re.match(r" +\d+M ", line)}
+    assert {"1M", "16M"} <= set(rows), r.stdout
+    narrow = xbench("simulate", "moska-shared-chunk", "--requests", "500", env={"COLUMNS": "80"})
+    tail = narrow.stdout[narrow.stdout.index("shared-KV batching") :]
+    assert "…" not in tail and max(map(len, tail.splitlines())) <= 80, tail
     assert re.search(r"against MoSKA's x538\.7: .* at most x\d+\.\d here", flat), flat
 
 
@@ -109,10 +114,10 @@ def _scenario(tmp_path, body: str, model: str = "deepseek-v3.2") -> Path:
 @pytest.mark.parametrize(
     ("body", "words"),
     [
-        ("sharing = { keep = 2.0 }", "sharing.keep = 2.0 is more than every chunk"),
-        ("sharing = { keep = 0 }", "sharing.keep = 0 is not a number >= 1e-09"),
-        ("sharing = { batches = [0, 2] }", "sharing.batches = [0, 2] is not a list"),
-        ("sharing = { colour = 1 }", "sharing has unknown keys ['colour']"),
+        ("sharing = { keep = 2.0 }", "[workload] sharing keep = 2.0 is more than every chunk"),
+        ("sharing = { keep = 0 }", "[workload] sharing keep = 0 is out of range"),
+        ("sharing = { batches = [0, 2] }", "[workload] sharing batches = [0, 2] is not a list"),
+        ("sharing = { colour = 1 }", "unknown [workload] sharing field 'colour'"),
         ('sharing = { kv_format = "fp4" }', "llama-3.1-8b has no KV format 'fp4'"),
         ('sharing = { model = "gpt-9" }', "unknown model 'gpt-9'"),
     ],

@@ -330,29 +330,29 @@ def _sharing_tables(calls, sweep, facts: dict) -> None:
             "memory" if r.batch < knee else "compute",
         )
     console.print(table)
+    merge = sweep.merge_s.iloc[0]  # one batched call, whatever the context
     table = result_table(
         f"a decode step of {facts['batch']} requests, every layer: the shared context "
         f"batched, routed top-k (keep {100 * facts['keep']:.0f} % of its chunks), against "
         "each request holding its own copy",
-        "shared, unique, merge: the step's parts (unique: each request's own KV, one call "
-        "each; merge: the partials, one batched call);  gain: the copies' step over this "
-        "one;  unique elsewhere: the gain with the unique KV on nodes of its own",
+        "context: shared tokens;  read: chunks any query kept;  shared, unique: the step's "
+        "parts (unique: each request's own KV, one call each), beside the partials' merge, "
+        f"{format_duration(merge)} in one batched call;  copies: the step with a copy each;  "
+        "req/s: requests a second, with copies after the slash;  gain: the copies' step "
+        "over this one;  apart: the gain with the unique KV on nodes of its own",
     )
-    columns = ("shared tokens", "chunks read", "shared", "unique", "merge", "step")
-    columns += ("copies' step", "tokens/s", "copies' tokens/s", "gain", "unique elsewhere")
-    for col in columns:
-        table.add_column(col, justify="right")
+    columns = ("context", "read", "shared", "unique", "step", "copies", "req/s", "gain")
+    for col in (*columns, "apart"):
+        table.add_column(col, justify="right", no_wrap=True)
     for r in sweep.itertuples():
         table.add_row(
-            f"{r.shared_tokens:,}",
+            _tokens(r.shared_tokens),
             f"{r.chunks_read:,.0f}",
             format_duration(r.shared_s),
             format_duration(r.unique_s),
-            format_duration(r.merge_s),
             format_duration(r.step_s),
             format_duration(r.separate_step_s),
-            f"{r.throughput_per_s:,.1f}",
-            f"{r.separate_throughput_per_s:,.2f}",
+            f"{r.throughput_per_s:,.0f}/{r.separate_throughput_per_s:,.1f}",
             f"x{r.gain:.1f}",
             f"x{r.gain_unique_elsewhere:.1f}",
         )
@@ -466,7 +466,10 @@ def _idle_line(fact: dict) -> str:
 
 
 def _tokens(n: float) -> str:
-    """4K for 4096 (a power-of-two length), 16.5K for 16503, 128 below a thousand."""
+    """4K for 4096 (a power-of-two length), 16M for 2^24, 16.5K for 16503, 128 below a
+    thousand."""
+    if n >= 2**20 and n % 2**20 == 0:
+        return f"{n / 2**20:.0f}M"
     if n >= 1024 and n % 1024 == 0:
         return f"{n / 1024:.0f}K"
     return f"{n / 1000:.1f}K" if n >= 1000 else f"{n:.0f}"

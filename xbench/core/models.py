@@ -8,8 +8,9 @@ format. DeepSeek-V4 keeps one 512-wide KV head (448 + 64 RoPE) that serves as ke
 value, so its query row is 512 elements and its output is 512 wide. A GQA model (Llama-3.1-8B)
 caches ``kv_heads`` keys and values of ``qk_dim`` each per token and layer, shared by groups
 of query heads: its query row and partial are one head's, its KV bytes a token are all
-heads' K and V. xbench's kernels are MLA's (one KV head serving every query head); a GQA
-preset prices bytes and FLOPs (decide, simulate) and is refused by ``xbench kernel``.
+heads' K and V. xbench's kernels and the profiles' device terms are MLA's (one KV head
+serving every query head): a GQA preset prices shared-KV batching (``core.sharing``) and is
+refused by ``kernel``, ``decide`` and a scenario's model (``mla_model``).
 """
 
 from __future__ import annotations

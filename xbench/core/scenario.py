@@ -265,11 +265,12 @@ def span_chunks(spans) -> list[str]:
     return list(dict.fromkeys(c for _, chunks, _ in spans for c in chunks))
 
 
-def _check_table(path, table: dict, keys: dict) -> None:
+def _check_table(path, table: dict, keys: dict, name: str = "[workload]") -> None:
+    """Each key of ``table`` (the TOML table ``name``) known, of its type, at least its least."""
     for key, value in table.items():
         if key not in keys:
             raise ScenarioError(
-                f"scenario {path}: unknown [workload] field {key!r}",
+                f"scenario {path}: unknown {name} field {key!r}",
                 f"use {', '.join(sorted(keys))}",
             )
         kind, least = keys[key]
@@ -279,12 +280,12 @@ def _check_table(path, table: dict, keys: dict) -> None:
         if not ok:
             wanted = {int: "a number", float: "a number", bool: "true or false"}
             raise ScenarioError(
-                f"scenario {path}: [workload] {key} = {value!r} has the wrong type",
+                f"scenario {path}: {name} {key} = {value!r} has the wrong type",
                 f"give {key} as {wanted.get(kind, 'text or a list')}",
             )
         if least is not None and value < least:
             raise ScenarioError(
-                f"scenario {path}: [workload] {key} = {value} is out of range",
+                f"scenario {path}: {name} {key} = {value} is out of range",
                 f"give {key} {'> 0' if least == 1e-9 else f'>= {least}'}",
             )
 
@@ -357,17 +358,20 @@ def _link_trace(path: Path, raw: list) -> tuple:
 
 
 def _bursts(path: Path, table: dict) -> dict:
-    """burst_factor, burst_on, burst_off as the PrefillWorkload's fields (seconds)."""
-    out = {"burst_factor": float(table.get("burst_factor", 1.0))}
-    for key, default in (("burst_on", "1s"), ("burst_off", "4s")):
+    """The burst keys given, as the PrefillWorkload's fields (durations in seconds; those
+    not given keep the workload's defaults)."""
+    out = {"burst_factor": float(table["burst_factor"])} if "burst_factor" in table else {}
+    for key in ("burst_on", "burst_off"):
+        if key not in table:
+            continue
         try:
-            seconds = parse_duration(table.get(key, default))
+            seconds = parse_duration(table[key])
         except XbenchError:
             seconds = -1.0
         if not 0 < seconds < math.inf:
             raise ScenarioError(
-                f"scenario {path}: [workload] {key} = {table.get(key)!r} is not a duration",
-                f"write e.g. {key} = {default!r} (a spell's mean length)",
+                f"scenario {path}: [workload] {key} = {table[key]!r} is not a duration",
+                f'write e.g. {key} = "2s" (a spell\'s mean length)',
             )
         out[f"{key}_s"] = seconds
     return out
@@ -452,24 +456,40 @@ def load_workload(path) -> dict:
         "fabrics": fabric if isinstance(fabric, list) else [fabric],
         "requests": table.get("requests", 20000),
         "reports": tuple(table.get("reports", ())),
-        "span_cache": _span_cache(path, table) if kind == "decode" and "spans" in table else None,
+        "span_cache": (
+            _span_cache(path, table, fields["chunk_tokens"])
+            if kind == "decode" and "spans" in table
+            else None
+        ),
         "sharing": _sharing(path, table["sharing"], scenario) if "sharing" in table else None,
         "model": scenario["model"],
     }
 
 
-# [workload] sharing: the keys, each one's type and least value, and its default (MoSKA's
-# setup: Llama-3.1-8B with FP8 KV, 1M-16M shared tokens beside 64K unique, 75 % sparsity)
+# [workload] sharing: each key's type and least value (as WORKLOAD_KEYS), and the defaults:
+# MoSKA's setup, Llama-3.1-8B with FP8 KV, 1M-16M shared tokens beside 64K unique, 75 %
+# sparsity
 SHARING_KEYS = {
-    "model": (str, None, "llama-3.1-8b"),
-    "kv_format": (str, None, "fp8"),
-    "heads": (int, 1, None),  # query rows a decode token (default: the model's heads)
-    "shared_tokens": (list, None, [2**20, 2**21, 2**22, 2**23, 2**24]),
-    "unique_tokens": (int, 1, 65536),
-    "chunk_tokens": (int, 1, 65536),  # the router's unit over the shared context
-    "keep": (float, 1e-9, 0.25),  # the fraction of shared chunks a query's router keeps
-    "batch": (int, 1, 256),  # concurrent requests a step
-    "batches": (list, None, [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]),
+    "model": (str, None),
+    "kv_format": (str, None),
+    "heads": (int, 1),  # query rows a decode token (default: the model's heads)
+    "shared_tokens": (list, None),
+    "unique_tokens": (int, 1),
+    "chunk_tokens": (int, 1),  # the router's unit over the shared context
+    "keep": (float, 1e-9),  # the fraction of shared chunks a query's router keeps
+    "batch": (int, 1),  # concurrent requests a step
+    "batches": (list, None),
+}
+SHARING_DEFAULTS = {
+    "model": "llama-3.1-8b",
+    "kv_format": "fp8",
+    "heads": None,
+    "shared_tokens": [2**20, 2**21, 2**22, 2**23, 2**24],
+    "unique_tokens": 65536,
+    "chunk_tokens": 65536,
+    "keep": 0.25,
+    "batch": 256,
+    "batches": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024],
 }
 
 
@@ -481,38 +501,20 @@ def _sharing(path, raw: dict, scenario: dict) -> dict:
             f"{where} needs the [scenario] model the profile's device terms were fitted on",
             'add model = "deepseek-v3.2" (or the MLA preset the profile measured) to [scenario]',
         )
-    unknown = sorted(set(raw) - set(SHARING_KEYS))
-    if unknown:
-        raise ScenarioError(f"{where} has unknown keys {unknown}", f"use {', '.join(SHARING_KEYS)}")
-    out = {}
-    for key, (kind, least, default) in SHARING_KEYS.items():
-        value = raw.get(key, default)
-        if kind is list:
-            ok = (
-                isinstance(value, list)
-                and value
-                and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value)
+    _check_table(path, raw, SHARING_KEYS, "[workload] sharing")
+    out = {**SHARING_DEFAULTS, **raw}
+    for key in ("shared_tokens", "batches"):
+        value = out[key]
+        if not value or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value
+        ):
+            raise ScenarioError(
+                f"{where} {key} = {value!r} is not a list of whole numbers >= 1",
+                f"write e.g. {key} = {SHARING_DEFAULTS[key]!r}",
             )
-            if not ok:
-                raise ScenarioError(
-                    f"{where}.{key} = {value!r} is not a list of whole numbers >= 1",
-                    f"write e.g. {key} = {default!r}",
-                )
-        elif value is not None:
-            number = kind in (int, float)
-            ok = isinstance(value, (int, float) if kind is float else kind) and not (
-                number and isinstance(value, bool)
-            )
-            if not ok or (least is not None and value < least):
-                raise ScenarioError(
-                    f"{where}.{key} = {value!r} is not {'a number' if number else 'text'}"
-                    + (f" >= {least:g}" if least is not None and number else ""),
-                    f"write e.g. {key} = {default!r}" if default is not None else f"drop {key}",
-                )
-        out[key] = value
     if out["keep"] > 1:
         raise ScenarioError(
-            f"{where}.keep = {out['keep']} is more than every chunk",
+            f"{where} keep = {out['keep']} is more than every chunk",
             "give the fraction of shared chunks a query keeps, in (0, 1]",
         )
     try:
@@ -524,9 +526,9 @@ def _sharing(path, raw: dict, scenario: dict) -> dict:
     return out
 
 
-def _span_cache(path, table: dict) -> dict:
+def _span_cache(path, table: dict, chunk_tokens: int) -> dict:
     """What the span report's KV cache reads: the expressions in the order written, its
-    block, and each name's tokens (chunk_tokens where span_tokens does not say)."""
+    block, and each name's tokens (``chunk_tokens`` where span_tokens does not say)."""
     exprs = tuple(str(item["expr"]) for item in table["spans"])
     named = {n for e in exprs for n in span_names(parse_span_tree(e))}
     lengths = table.get("span_tokens", {})
@@ -545,5 +547,5 @@ def _span_cache(path, table: dict) -> dict:
         "exprs": exprs,
         "block": table.get("block_tokens", 16),
         "lengths": dict(lengths),
-        "default_tokens": table.get("chunk_tokens", 2048),
+        "default_tokens": chunk_tokens,
     }
