@@ -604,8 +604,9 @@ def test_a_step_pays_route_per_layer_and_moves_every_layers_kv_once():
 
 
 def test_holders_split_the_attention_and_multiply_the_messages():
-    """k holders: each attends c / k at once, the requester sends k queries and merges k + 1
-    partials; fetch pulls k messages."""
+    """k holders: each attends c / k at once, the requester sends k queries (k overheads on
+    its link) and merges k + 1 partials; the k answers, and a fetch's k shares, are sent by
+    their holders at once (one overhead) and come in through the requester's link."""
     alpha, beta, o = 2e-6, 1e10, 1e-6
     profile = one_segment_profile(alpha, beta, o, 5e-6, 1e-9, 1e-12, 3e-5, 2e-9)
     f, dev = profile.fabrics[0], profile.device
@@ -614,11 +615,11 @@ def test_holders_split_the_attention_and_multiply_the_messages():
     R = rows * heads
     s_q, s_o, s_kv = R * r.payload_bytes, R * r.return_bytes, chunk * r.kv_bytes_per_token
     route, fetch, _ = times(f, dev, r)
-    wire = 2 * alpha + 2 * k * o + k * (s_q + s_o) / beta
+    wire = 2 * alpha + (k + 1) * o + k * (s_q + s_o) / beta
     assert route == pytest.approx(
         dev.compute(R, chunk / k) + dev.merge(R, k + 1, chunk) + wire, rel=1e-12
     )
-    moved = alpha + k * o + s_kv / beta + dev.move(chunk)
+    moved = alpha + o + s_kv / beta + dev.move(chunk)
     assert fetch == pytest.approx(moved + dev.compute(R, chunk) + dev.merge(R, 2, chunk), rel=1e-12)
     phases = phase_times(f, dev, r)
     assert sum(phases["route"].values()) == pytest.approx(route, rel=1e-12)

@@ -75,6 +75,82 @@ def test_a_use_over_a_decode_step_costs_the_models_step(pipelined):
     assert moved == pytest.approx(61 * simulate(PRIORS, W, remote, "fetch").bytes_moved)
 
 
+# k holders: 8 instances, chunk 0's shares on instances 0-3
+SPREAD = Workload(
+    instances=8, chunks=8, chunk_tokens=2048, rate_per_s=1000, cache_chunks=4, fabric="ib",
+    holders=4,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("layers", [1, 61])
+def test_a_use_spread_over_k_holders_costs_the_models_step(layers):
+    """A chunk on 4 holders (decide --holders 4), on idle instances: a fetch, its 4 shares
+    sent at once and their bytes one after another through the requester's link, takes the
+    cost model's time exactly; a route takes it less the answers' bytes but one (the model
+    counts the k answers as arriving together; here they leave their holders as the
+    queries reached them, one query's time apart). The predicate prices both as the model."""
+    from dataclasses import replace
+
+    from xbench.core.costmodel import Request, times
+
+    w = replace(SPREAD, layers=layers)
+    c = _Costs(PRIORS, w)
+    r = Request(rows=1, heads=16, chunk_tokens=2048, fabric="ib", layers=layers, holders=4)
+    route, fetch, _ = times(PRIORS.fabric("ib"), PRIORS.device, r)
+    assert c.per_use()["route"] == pytest.approx(route, rel=1e-12)
+    assert c.per_use()["fetch"] == pytest.approx(fetch, rel=1e-12)
+    remote = Trace(np.array([0.0]), np.array([7]), np.array([0]))  # 7 holds no share
+    fetched = simulate(PRIORS, w, remote, "fetch")
+    assert fetched.latency[0] == pytest.approx(fetch, rel=1e-12)
+    assert fetched.bytes_moved == pytest.approx(c.s_kv)
+    assert fetched.link_busy[:4] == pytest.approx([c.kv_occ] * 4)  # each holder its share
+    routed = simulate(PRIORS, w, remote, "route")
+    answer_bytes = c.back_occ - c.overheads["back"]
+    assert routed.latency[0] == pytest.approx(route - 3 * answer_bytes, rel=1e-12)
+    assert routed.link_busy[7] == pytest.approx(4 * c.send_occ)  # four queries out
+    assert routed.link_busy[:4] == pytest.approx([c.back_occ] * 4)  # an answer from each
+    assert routed.compute_busy[:4] == pytest.approx([c.attend_share] * 4)
+    assert c.attend_share == pytest.approx(layers * PRIORS.device.compute(16, 512))
+
+
+def test_a_requester_holding_a_share_attends_it_and_asks_the_others():
+    """Requester 1 holds one of chunk 0's 4 shares: a route attends it here beside the
+    three queries' answers and merges 5 partials; a fetch pulls the three it lacks. Its own
+    copy of a span's prefix stays whole with it (present)."""
+    c = _Costs(PRIORS, SPREAD)
+    me = Trace(np.array([0.0]), np.array([1]), np.array([0]))
+    routed = simulate(PRIORS, SPREAD, me, "route")
+    assert routed.link_busy[1] == pytest.approx(3 * c.send_occ)  # no query to itself
+    assert routed.compute_busy[1] == pytest.approx(c.attend_share + c.route_merge_base)
+    assert routed.bytes_moved == pytest.approx(3 * (c.s_q + c.s_o))
+    # the last query leaves after three, reaches instance 3, is attended and answered
+    last = 3 * c.send_occ + c.send_fly + c.attend_share + c.back_occ + c.back_fly
+    assert routed.latency[0] == pytest.approx(last + c.route_merge_base)
+    fetched = simulate(PRIORS, SPREAD, me, "fetch")
+    assert fetched.link_busy[1] == 0.0 and fetched.bytes_moved == pytest.approx(0.75 * c.s_kv)
+    assert fetched.latency[0] < c.per_use()["fetch"]
+    spans = Workload(**{**SPREAD.__dict__, "chunks": 4 + 8, "spans": (("p", ("a", "b"), 1.0),)})
+    own = Trace(np.array([0.0]), np.array([5]), np.array([2 + 5]), np.array([5]), np.array([0]))
+    assert PATHS[simulate(PRIORS, spans, own, "route").path[0]] == "present"
+
+
+def test_queries_for_one_chunk_batch_at_each_holder_over_its_share():
+    """Four requesters' queries for chunk 0 at once: each holder runs the first alone and
+    the others as one call over its share (c / k tokens), not over the whole chunk."""
+    c = _Costs(PRIORS, SPREAD)
+    trace = Trace(np.zeros(4), np.array([4, 5, 6, 7]), np.zeros(4, int))
+    res = simulate(PRIORS, SPREAD, trace, "route")
+    assert res.batches == 8 and res.batched_rows == 16
+    want = c.attend_share + c.batched_share[3]
+    assert res.compute_busy[:4] == pytest.approx([want] * 4)
+    assert c.batched_share[3] == pytest.approx(PRIORS.device.compute(3 * 16, 512))
+
+
+def test_k_holders_are_refused_past_the_instances():
+    with pytest.raises(ValueError, match="holders = 9: between 1 and the 8 instances"):
+        simulate(PRIORS, Workload(instances=8, holders=9), _trace((0.0, 0, 1)), "route")
+
+
 def test_a_busy_holder_queues_and_batches_one_chunk():
     c = _Costs(PRIORS, W)
     same_time = _trace(*[(0.0, 0, 1)] * 8)  # eight queries for chunk 1 at once
@@ -630,6 +706,34 @@ def test_simulate_and_decide_take_a_scenarios_decode_step(xbench, tmp_path):
     assert {r["layers"] for r in rows} == {1}
 
 
+def test_simulate_and_decide_take_a_scenarios_holders(xbench, tmp_path):
+    """[workload] holders = 4 spreads each shared chunk over 4 instances: simulate --holders
+    4 gives the same figures, the table and the Parquet's run metadata say so, and decide
+    --scenario prices the same spread."""
+    import pyarrow.parquet as pq
+
+    src = [s for s in SCENARIOS if s.stem == "decode-route-vs-fetch"][0]
+    spread = tmp_path / "spread.toml"
+    spread.write_text(src.read_text().replace("[workload]", "[workload]\nholders = 4", 1))
+    args = ("--requests", "300", "--fabric", "ib", "--rate", "20/s", "--format", "json")
+    by_file, by_flag, one = (
+        {r["policy"]: r["mean_us"] for r in json.loads(xbench("simulate", *more, *args).stdout)}
+        for more in ((spread,), (src, "--holders", "4"), (src,))
+    )
+    assert by_file == by_flag and by_file["route"] != one["route"]
+    out = tmp_path / "sim.parquet"
+    table = xbench("simulate", spread, *args[:-2], "--out", out, env={"COLUMNS": "200"}).stdout
+    assert "each shared chunk on 4 holders" in table
+    run = json.loads(pq.read_schema(out).metadata[b"xbench.run"])
+    assert (run["holders"], run["layers"]) == (4, 1)
+    rows = json.loads(xbench("decide", "--scenario", spread, "--format", "json").stdout)
+    assert rows and {r["holders"] for r in rows} == {4}
+    too_many = tmp_path / "many.toml"
+    too_many.write_text(src.read_text().replace("[workload]", "[workload]\nholders = 9", 1))
+    r = xbench("simulate", too_many)
+    assert r.returncode == 2 and "holders = 9 is more than its 8 instances" in r.stderr
+
+
 def test_simulate_cli_bad_input(xbench, tmp_path):
     agentic = [s for s in SCENARIOS if s.stem == "agentic-codebase"][0]
     for args, words in [
@@ -646,6 +750,10 @@ def test_simulate_cli_bad_input(xbench, tmp_path):
         ((agentic, "--layers", "0"), "'--layers'"),
         (("prefill-as-a-service", "--layers", "4"), "takes its layers from its model"),
         (("prefill-as-a-service", "--no-pipeline-layers"), "takes its layers from its model"),
+        (("prefill-as-a-service", "--holders", "2"), "ships whole prompts' KV"),
+        ((agentic, "--holders", "0"), "'--holders'"),
+        ((agentic, "--holders", "99"), "--holders 99 is more than the workload's"),
+        ((agentic, "--validate", "--holders", "2"), "spreads it over 2"),
         (("prefill-as-a-service", "--validate"), "--validate replays decode workloads"),
         ((tmp_path / "none.toml",), "does not exist"),
     ]:

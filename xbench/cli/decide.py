@@ -294,13 +294,13 @@ def _refuse_overridden(ctx) -> None:
         )
 
 
-def _scenario_step(path: Path, given, sc: dict) -> tuple[int, bool]:
-    """(layers, pipelined) of the scenario's decode [workload]; one layer without one. A
-    prefill workload is refused."""
+def _scenario_step(path: Path, given, sc: dict) -> tuple[int, bool, int]:
+    """(layers, pipelined, holders) of the scenario's decode [workload]; one layer on one
+    holder without one. A prefill workload is refused."""
     from xbench.core.scenario import load_workload
 
     if not sc["workload"]:
-        return 1, False
+        return 1, False, 1
     spec = load_workload(path)
     if spec["kind"] != "decode":
         # a prefill workload asks where to prefill, not where a decode query attends
@@ -309,7 +309,8 @@ def _scenario_step(path: Path, given, sc: dict) -> tuple[int, bool]:
             "query's route, fetch or local, a question its system never asks",
             f"run xbench simulate {given} (where to prefill, the offload threshold)",
         )
-    return spec["fields"]["layers"], spec["fields"]["pipeline_layers"]
+    fields = spec["fields"]
+    return fields["layers"], fields["pipeline_layers"], fields["holders"]
 
 
 def _decide_scenario(path: Path, prof, out, fmt) -> None:
@@ -320,8 +321,9 @@ def _decide_scenario(path: Path, prof, out, fmt) -> None:
     given, path = path, scenario_path(path)
     sc = load_scenario(path)
     # a scenario's times cover what its simulated use covers: one layer, or the decode step
-    # its [workload] names (layers, pipeline_layers), so decide and simulate answer alike
-    layers, pipelined = _scenario_step(path, given, sc)
+    # its [workload] names (layers, pipeline_layers, holders), so decide and simulate answer
+    # alike
+    layers, pipelined, holders = _scenario_step(path, given, sc)
     names = [f.name for f in prof.fabrics]
     bad = [f for f in sc["axes"]["fabric"] if f is not None and f not in names]
     if bad:
@@ -332,7 +334,7 @@ def _decide_scenario(path: Path, prof, out, fmt) -> None:
     grid = expand(sc["axes"])
     for key, value in sc["request"].items():
         grid[key] = value
-    grid["layers"], grid["pipeline_layers"] = layers, pipelined
+    grid["layers"], grid["pipeline_layers"], grid["holders"] = layers, pipelined, holders
     check_shapes(grid, f"scenario {path}")
     table = decide_grid(prof, grid)
     req = sc["request"]
@@ -349,7 +351,7 @@ def _decide_scenario(path: Path, prof, out, fmt) -> None:
         "segments": req["segments"],
         "probe": req["include_probe"],
         "layers": layers,
-        "holders": 1,
+        "holders": holders,
         "pipeline_layers": pipelined,
     }
     written = _write(table, prof, settings, out)

@@ -68,6 +68,15 @@ def simulate(
             show_default=False,
         ),
     ] = None,
+    holders: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Instances each shared chunk is spread over, a share on each, instead of "
+            "the scenario's (default 1): route asks every holder and merges k + 1 partials, "
+            "fetch pulls every share through the requester's link, as decide --holders.",
+        ),
+    ] = None,
     validate: Annotated[
         bool,
         typer.Option(
@@ -131,7 +140,7 @@ def simulate(
         if not per_s > 0 or per_s == float("inf"):
             raise XbenchError(f"--rate {rate!r} is not a rate", "write e.g. --rate 50/s")
         spec["fields"]["rate_per_s"] = per_s
-    _set_step(spec, layers, pipeline_layers, validate)
+    _set_step(spec, layers, pipeline_layers, holders, validate)
     known = PREFILL_POLICIES if spec["kind"] == "prefill" else POLICIES
     policies = (
         list(known) if policy == "all" else parse_name_list(policy, "--policy", known, "policy")
@@ -196,14 +205,18 @@ def simulate(
         )
 
 
-def _set_step(spec: dict, layers: int | None, pipelined: bool | None, validate: bool) -> None:
-    """--layers and --pipeline-layers into a decode workload's fields (refused for a
-    prefill workload, whose model sets its layers, and for --validate's one-layer replay)."""
-    steps = (("--layers", layers), ("--pipeline-layers", pipelined))
+def _set_step(
+    spec: dict, layers: int | None, pipelined: bool | None, holders: int | None, validate: bool
+) -> None:
+    """--layers, --pipeline-layers and --holders into a decode workload's fields (refused
+    for a prefill workload, whose model sets its layers and which routes no query, and for
+    --validate's replay of one layer on one holder)."""
+    steps = (("--layers", layers), ("--pipeline-layers", pipelined), ("--holders", holders))
     given = [flag for flag, value in steps if value is not None]
     if given and spec["kind"] != "decode":
         raise XbenchError(
-            f"{' and '.join(given)}: a prefill workload takes its layers from its model",
+            f"{' and '.join(given)}: a prefill workload takes its layers from its model and "
+            "ships whole prompts' KV",
             f"drop {' and '.join(given)}",
         )
     fields = spec["fields"]
@@ -211,21 +224,37 @@ def _set_step(spec: dict, layers: int | None, pipelined: bool | None, validate: 
         fields["layers"] = layers
     if pipelined is not None:
         fields["pipeline_layers"] = pipelined
+    if holders is not None:
+        if holders > fields["instances"]:
+            raise XbenchError(
+                f"--holders {holders} is more than the workload's {fields['instances']} instances",
+                f"pass at most --holders {fields['instances']}",
+            )
+        fields["holders"] = holders
     if validate and spec["kind"] == "decode" and fields["layers"] != 1:
         raise XbenchError(
             f"--validate replays one layer between two ranks; this workload's use is "
             f"{fields['layers']} layers",
             "pass --layers 1, or drop --validate",
         )
+    if validate and spec["kind"] == "decode" and fields["holders"] != 1:
+        raise XbenchError(
+            f"--validate replays a chunk on one holder between two ranks; this workload "
+            f"spreads it over {fields['holders']}",
+            "pass --holders 1, or drop --validate",
+        )
 
 
 def _step_words(fields: dict) -> str:
     """What a simulated use's times cover."""
-    layers = fields.get("layers", 1)
+    layers, holders = fields.get("layers", 1), fields.get("holders", 1)
+    spread = f", each shared chunk on {holders} holders" if holders > 1 else ""
     if layers == 1:
-        return "times per use of one layer"
+        return "times per use of one layer" + spread
     words = f"times per use of a decode step of {layers} layers"
-    return words + (" (route's round trip once a step)" if fields["pipeline_layers"] else "")
+    return (
+        words + (" (route's round trip once a step)" if fields["pipeline_layers"] else "") + spread
+    )
 
 
 def _write(out, frame, spec, prof, seed: int, prefill: bool) -> None:
@@ -235,7 +264,9 @@ def _write(out, frame, spec, prof, seed: int, prefill: bool) -> None:
     from xbench.results.store import write_table
 
     # a decode use's step (a prefill workload's layers are its model's, in its fields)
-    step = {} if prefill else {k: spec["fields"][k] for k in ("layers", "pipeline_layers")}
+    step = (
+        {} if prefill else {k: spec["fields"][k] for k in ("layers", "pipeline_layers", "holders")}
+    )
     meta = run_metadata(
         new_run_id("simulate"), "simulate", scenario=spec["name"], profile=prof.name, seed=seed,
         **step,

@@ -711,8 +711,10 @@ def route_merge(ops, dev: DeviceSide, wire):
 
 def route_legs(ops, breaks: tuple, fabric_terms: tuple, s_q, s_o, holders=1):
     """Route's two legs, the query to each of the k holders and their answers back, each
-    message alpha + o + bytes/beta of the segment its size falls in, the k sharing one
-    link: (send, return, (alpha_q, 1/beta_q), (alpha_o, 1/beta_o))."""
+    message alpha + o + bytes/beta of the segment its size falls in: the k queries leave
+    the requester's link one after another (k o + k S_q/beta); the k answers are sent by
+    k holders at once (one o) and come in through the requester's link (k S_o/beta):
+    (send, return, (alpha_q, 1/beta_q), (alpha_o, 1/beta_o))."""
     o, segs, _ = fabric_terms
     if breaks:
         a_q, ib_q = ops.piece(breaks, segs, s_q)
@@ -720,7 +722,7 @@ def route_legs(ops, breaks: tuple, fabric_terms: tuple, s_q, s_o, holders=1):
     else:  # one segment
         a_q, ib_q = a_o, ib_o = segs[0]
     send = a_q + holders * o + holders * s_q * ib_q
-    back = a_o + holders * o + holders * s_o * ib_o
+    back = a_o + o + holders * s_o * ib_o
     return send, back, (a_q, ib_q), (a_o, ib_o)
 
 
@@ -728,21 +730,21 @@ def wire_costs(ops, breaks: tuple, fabric_terms: tuple, s_q, s_o, s_kv, n_seg, l
     """(route's wire for one layer, fetch's wire for the step, route's per-byte terms) on
     one fabric at one end.
 
-    route: the query out and the answer back, one message each per holder: 2 alpha + 2 k o
-    + k bytes/beta; fetch: every layer's KV of the chunk once, n_seg messages from each
-    holder: alpha + k n_seg o + L S_kv/beta. Each size reads the segment (protocol regime)
-    it falls in; a fetch of several pages reads the fabric's page terms instead, where it
-    has them (block_t0 + k n_seg o + L S_kv/block_beta).
+    route: the query out and the answer back, one message each per holder: 2 alpha + (k +
+    1) o + k bytes/beta (:func:`route_legs`); fetch: every layer's KV of the chunk once,
+    n_seg messages from each holder, the k holders sending their shares at once through
+    the requester's link: alpha + n_seg o + L S_kv/beta. Each size reads the segment
+    (protocol regime) it falls in; a fetch of several pages reads the fabric's page terms
+    instead, where it has them (block_t0 + n_seg o + L S_kv/block_beta).
     """
     o, segs, blocks = fabric_terms
     send, ret, (a_q, ib_q), (a_o, ib_o) = route_legs(ops, breaks, fabric_terms, s_q, s_o, holders)
     kv = layers * s_kv
     a_kv, ib_kv = ops.piece(breaks, segs, kv / holders) if breaks else segs[0]
-    messages = holders * n_seg
-    route_fixed = a_q + a_o + 2 * holders * o
-    fetch_wire = a_kv + messages * o + kv * ib_kv
+    route_fixed = a_q + a_o + (holders + 1) * o
+    fetch_wire = a_kv + n_seg * o + kv * ib_kv
     if blocks is not None and ops.any(n_seg != 1):
-        paged = blocks[0] + messages * o + kv * blocks[1]
+        paged = blocks[0] + n_seg * o + kv * blocks[1]
         fetch_wire = ops.where(n_seg != 1, paged, fetch_wire)
     return send + ret, fetch_wire, (route_fixed, ib_q, ib_o)
 
@@ -788,13 +790,13 @@ def wire_parts(ops, breaks, fabric_terms: tuple, s_q, s_o, s_kv, n_seg, step: St
     _, _, (a_q, ib_q), (a_o, ib_o) = route_legs(ops, breaks, fabric_terms, s_q, s_o, holders)
     wired = ops.where(pipelined, 1, layers)
     route = (
-        wired * (2 * holders * o),
+        wired * ((holders + 1) * o),
         wired * (a_q + a_o),
         wired * (holders * (s_q * ib_q + s_o * ib_o)),
     )
     kv = layers * s_kv
     a_kv, ib_kv = ops.piece(breaks, segs, kv / holders) if breaks else segs[0]
-    fetch = (holders * n_seg * o, a_kv, kv * ib_kv)
+    fetch = (n_seg * o, a_kv, kv * ib_kv)
     if blocks is not None and ops.any(n_seg != 1):
         paged = n_seg != 1
         fetch = (

@@ -182,6 +182,8 @@ WORKLOAD_KEYS = {
     # round trip once a step where pipelined (the cost model's step, as decide --layers)
     "layers": (int, 1),
     "pipeline_layers": (bool, None),
+    # the instances each shared chunk is spread over, a share on each (decide --holders)
+    "holders": (int, 1),
 }
 # What a decode workload may ask ``xbench simulate`` to report beside its policies:
 # "batching", always-route with the holder batching the queries that converge on a chunk
@@ -421,7 +423,18 @@ def _decode_fields(path: Path, table: dict, req: dict) -> dict:
         "spans": spans,
         "layers": table.get("layers", 1),
         "pipeline_layers": table.get("pipeline_layers", False),
+        "holders": _holders(path, table.get("holders", 1), instances),
     }
+
+
+def _holders(path: Path, holders: int, instances: int) -> int:
+    """k holders of a shared chunk: at most every instance."""
+    if holders > instances:
+        raise ScenarioError(
+            f"scenario {path}: [workload] holders = {holders} is more than its {instances} instances",
+            f"spread a chunk over at most {instances} holders, or add instances",
+        )
+    return holders
 
 
 def load_workload(path) -> dict:

@@ -303,6 +303,7 @@ def workload_request(w: Workload, reuse: float = 0.0):
         fabric=w.fabric,
         layers=w.layers,
         pipeline_layers=w.pipeline_layers,
+        holders=w.holders,
     )
 
 

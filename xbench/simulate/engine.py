@@ -86,6 +86,11 @@ class Workload:
     # once a step, hidden behind the other layers' compute
     layers: int = 1
     pipeline_layers: bool = False
+    # k: the instances each shared chunk is spread over, a share of chunk_tokens / k on
+    # each (the cost model's holders): route asks every holder and merges k + 1 partials,
+    # fetch pulls every share; 1: the chunk whole on one instance, as the scenarios were
+    # written
+    holders: int = 1
 
     def uses_per_request(self, prefixes: bool = True) -> float:
         """Uses per request, on average over the expressions (1 without spans)."""
@@ -209,14 +214,24 @@ class _Costs:
         self.s_kv = layers * w.chunk_tokens * w.kv_bytes_per_token
         attend = d.compute(rh, w.chunk_tokens)  # one layer's
         self.attend = layers * attend
+        # k holders: each attends its share of the chunk (the routed part of a use)
+        k = self.spread = w.holders
+        share = w.chunk_tokens / k
+        self.share_tokens = share
+        attend_share = attend if k == 1 else d.compute(rh, share)
+        self.attend_share = layers * attend_share
         # a fetch's first attention, on the chunk it has just spliced (partly in cache)
         self.fetch_attend = self.attend - layers * d.saved_on_splice(w.chunk_tokens)
         self.merge = layers * d.merge(rh, 2, w.chunk_tokens)
+        # route's merge of the k answers and this instance's partial (k + 1; 2 on one holder)
+        self.partials = k + 1
+        self.route_merge_base = layers * d.merge(rh, k + 1, w.chunk_tokens)
         self.move = layers * d.move(w.chunk_tokens, w.segments)
         # where the move runs on the compute (move_on_compute): the splice at the requester
         # (T_splice where measured, else all of T_move) and the gather, the rest, at the holder
         self.splice = min(layers * d.splice(w.chunk_tokens), self.move)
         self.gather = self.move - self.splice
+        self.gather_share = self.gather / k  # each holder packs its share
         self.recompute = layers * d.recompute(w.chunk_tokens)  # inf without a prefill cost
         send_occ, send_fly = self._link(self.s_q, 1)
         back_occ, back_fly = self._link(self.s_o, 1)
@@ -225,12 +240,24 @@ class _Costs:
         # a routed use merges after its requester waited for the answer (where the profile
         # measured merges after a wait; else as a fetch merges, after its attention): each
         # layer's merge after that layer's round trip
-        answered = send_occ + send_fly + attend + back_occ + back_fly
-        self.route_merge = layers * d.merge_after_wait(rh, 2, w.chunk_tokens, answered)
-        self.kv_occ, self.kv_fly = self._link(self.s_kv, w.segments)
+        # k holders (the cost model's route_legs): k queries leave on this link one after
+        # another; k answers, each sent by its holder (one overhead, at once), come in
+        # through this instance's link (its ingress, where the engine models it) one after
+        # another. What each message's overhead is, and the rest its bytes'.
+        o = f.overhead.value
+        self.overheads = {"send": wired * o, "back": wired * o, "kv": w.segments * o}
+        self.queries_occ = k * self.send_occ
+        self.answers_in = self.back_occ + (k - 1) * (self.back_occ - wired * o)
+        answers_in = back_occ + (k - 1) * (back_occ - o)  # one layer's
+        answered = k * send_occ + send_fly + attend_share + answers_in + back_fly
+        self.route_merge = layers * d.merge_after_wait(rh, k + 1, w.chunk_tokens, answered)
+        # a fetch: every holder sends its share (1 / k of every layer's KV of the chunk), at
+        # once, the shares' bytes one after another through this instance's ingress
+        self.kv_occ, self.kv_fly = self._link(self.s_kv / k, w.segments)
+        self.kv_in = self.kv_occ + (k - 1) * (self.kv_occ - w.segments * o)
         # what the predicate reads on every request, computed once
         self.arrivals_per_instance = w.uses_per_s / w.instances
-        self.fetch_once = self.kv_occ + self.kv_fly + self.move
+        self.fetch_once = self.kv_in + self.kv_fly + self.move
         # a use attended here waits for the uses of its request queued here before it (a
         # span request's prefix, its other cached chunks), where a routed one runs beside
         # them at its holder: half its siblings, on average, if they are all here
@@ -239,6 +266,12 @@ class _Costs:
         # read as dict lookups in the loop
         self.batched = _Memo(self._batched_attend)
         self.joins = _Memo(self._joins_batch)
+        # the same for a holder's share (k > 1; on one holder the share is the chunk)
+        if k == 1:
+            self.batched_share, self.joins_share = self.batched, self.joins
+        else:
+            self.batched_share = _Memo(self._batched_share)
+            self.joins_share = _Memo(self._joins_share)
 
     def _link(self, nbytes: float, messages: int) -> tuple[float, float]:
         """(time the message occupies the link, alpha in flight after it)."""
@@ -260,21 +293,27 @@ class _Costs:
     def _batched_attend(self, rows: int) -> float:
         return self.layers * self.device.compute(rows * self.w.heads, self.w.chunk_tokens)
 
-    def _joins_batch(self, queued: int) -> float:
-        rows = self.w.rows
-        grown = self.batched[(queued + 1) * rows]
-        return grown - self.batched[queued * rows] if queued else grown
+    def _batched_share(self, rows: int) -> float:
+        return self.layers * self.device.compute(rows * self.w.heads, self.share_tokens)
+
+    def _joins_batch(self, queued: int, batched=None) -> float:
+        rows, batched = self.w.rows, batched or self.batched
+        grown = batched[(queued + 1) * rows]
+        return grown - batched[queued * rows] if queued else grown
+
+    def _joins_share(self, queued: int) -> float:
+        return self._joins_batch(queued, self.batched_share)
 
     def per_use(self) -> dict[str, float]:
         route = (
-            self.send_occ
+            self.queries_occ
             + self.send_fly
-            + self.attend
-            + self.back_occ
+            + self.attend_share
+            + self.answers_in
             + self.back_fly
             + self.route_merge
         )
-        fetch = self.kv_occ + self.kv_fly + self.move + self.fetch_attend + self.merge
+        fetch = self.kv_in + self.kv_fly + self.move + self.fetch_attend + self.merge
         return {"route": route, "fetch": fetch, "local": self.recompute + self.attend}
 
 
@@ -305,7 +344,8 @@ class _Reuse:
         self.uses: list[dict[int, int]] = [{} for _ in range(w.instances)]  # per requester
         self.places = w.cache_chunks
         shared = w.shared_chunks
-        self.remote = shared - math.ceil(shared / w.instances)  # the fewest any requester has
+        # the fewest any requester has (spread over k > 1 holders, none is whole anywhere)
+        self.remote = shared - math.ceil(shared / w.instances) if w.holders == 1 else shared
         self.evicted_age = [0.0] * w.instances  # sum of idle ages at eviction
         self.evictions = [0] * w.instances
         # per requester, the use counts of the remote chunks it has used, sorted
@@ -419,17 +459,20 @@ def _predicate(
     # its answer leaves behind what the holder's link still holds once the attention is
     # done, and its query behind what this link holds; so do the joiners' (a fetch's
     # joiners wait behind it too); later ones find them drained
-    answer_wait = max(link_holder - wait_holder - costs.attend, 0.0)
+    answer_wait = max(link_holder - wait_holder - costs.attend_share, 0.0)
     route += (link_me + answer_wait) * (1 + joiners)
     route += after_idle(idle_holder) if idle_holder else 0.0
-    route += lam * (wait_holder + holder_adds) * holder_adds + route_later
+    # with k holders, each takes a query's share and sends an answer, and each sends a
+    # fetch its share: the holder given stands for all k
+    spread = costs.spread
+    route += spread * (lam * (wait_holder + holder_adds) * holder_adds) + route_later
     answers = (1 + joiners) * costs.back_occ
-    queries = (1 + joiners) * costs.send_occ
-    route += on_holder_link * (link_holder + answers) * answers
+    queries = (1 + joiners) * costs.queries_occ
+    route += spread * (on_holder_link * (link_holder + answers) * answers)
     route += on_my_link * (link_me + queries) * queries
     first = link_holder + costs.fetch_once
     here = costs.fetch_attend
-    fetch = on_holder_link * (link_holder + costs.kv_occ) * costs.kv_occ
+    fetch = spread * (on_holder_link * (link_holder + costs.kv_occ) * costs.kv_occ)
     if costs.w.move_on_compute:  # the gather queues at the holder's compute, and loads it
         first += wait_holder
         fetch += lam * (wait_holder + costs.gather) * costs.gather
@@ -532,11 +575,15 @@ class Job:
     # s on the server: a compute job's time as queued (an attention's: what it adds to the
     # batch it joins), a message's time on the wire (alpha in flight follows)
     work: float
+    # a message's destination where its kind does not say it (a query to one of k holders)
+    to: int = -1
+    # when a message has passed its destination's ingress (modelled with k holders)
+    through: float = 0.0
 
 
 # the jobs that attend: they pay what the device measured for starting after idle, and
 # take the next of the measured spread's factors
-ATTENDS = frozenset(("attend", "fetched", "local"))
+ATTENDS = frozenset(("attend", "part", "fetched", "local"))
 
 
 class Policy:
@@ -566,6 +613,10 @@ class Predicate(Policy):
     def choose(self, sim, r, me, k, holder, now):
         costs, compute, link = sim.costs, sim.compute, sim.link
         link_holder = link.wait(holder, now)
+        if sim.spread_over is None:
+            adds = costs.joins[sim.c_attq[holder].get(k, 0)]
+        else:  # a query joins the holder's call over its share
+            adds = costs.joins_share[sim.c_attq[holder].get(~k, 0)]
         joiners, after = sim.reuse.expect(me, k, now, link_holder + costs.fetch_once)
         idle_holder = idle_me = 0.0
         if sim.cold:
@@ -581,7 +632,7 @@ class Predicate(Policy):
             compute.wait(holder, now),
             link.wait(me, now),
             link_holder,
-            costs.joins[sim.c_attq[holder].get(k, 0)],
+            adds,
             idle_holder,
             idle_me,
             compute.steady_wait(me, span, PRIOR_USES, costs.attend),
@@ -643,6 +694,7 @@ class Simulation:
         "handling",
         "holders",
         "inbox",
+        "ingress",
         "last",
         "latency",
         "link",
@@ -657,10 +709,13 @@ class Simulation:
         "per_use",
         "policy",
         "prior_span",
+        "remaining",
         "requesters",
         "reuse",
         "seq",
+        "shared",
         "spread",
+        "spread_over",
         "start",
         "stretches",
         "times",
@@ -692,7 +747,22 @@ class Simulation:
         self.times = trace.arrival.tolist()
         self.requesters, self.chunks = trace.requester.tolist(), trace.chunk.tolist()
         holder = trace.holder if trace.holder is not None else trace.chunk % inst
-        self.holders = holder.tolist()
+        self.holders = holder.tolist()  # each use's chunk's (first) holder
+        # k holders: a shared chunk whose first holder is b lies on b, b + 1, ..., b + k - 1
+        # (mod instances), a share on each; a requester's own chunk (a span's prefix, ids
+        # from ``shared`` on) stays whole with it. Messages then also pass their
+        # destination's ingress, one after another (``ingress``: when each is next free), as
+        # the cost model counts k answers or shares sharing the requester's link.
+        k = w.holders
+        if not 1 <= k <= inst:
+            raise ValueError(f"holders = {k}: between 1 and the {inst} instances")
+        self.shared = w.shared_chunks
+        if k == 1:
+            self.spread_over = self.ingress = self.remaining = None
+        else:
+            self.spread_over = [tuple((b + j) % inst for j in range(k)) for b in range(inst)]
+            self.ingress = [0.0] * inst
+            self.remaining = [0] * n  # per use: the answers or shares it still waits for
         # where and after how long (alpha in flight) each kind of message lands
         self.delivery = {
             "send": (costs.send_fly, self.holders),
@@ -773,9 +843,9 @@ class Simulation:
         costs = self.costs
         # every layer's merge after its share of the step's wait (one layer: all of it)
         per_layer = self.device.merge_after_wait(
-            costs.rows, 2, self.w.chunk_tokens, wait / costs.wired
+            costs.rows, costs.partials, self.w.chunk_tokens, wait / costs.wired
         )
-        return dur + (costs.layers * per_layer - costs.merge)
+        return dur + (costs.layers * per_layer - costs.route_merge_base)
 
     # ---- the servers ----
 
@@ -787,24 +857,25 @@ class Simulation:
         else:
             self.to_compute(i, Job("messages", -1, self.message_cost), now)
 
-    def _batch(self, i: int, job: Job, k: int) -> int:
+    def _batch(self, i: int, job: Job, k: int, key: int) -> int:
         """Take the attentions of chunk k queued at i into the job's call (up to the batch's
-        rows, in queue order); returns the call's rows."""
+        rows, in queue order), those of the same kind (the whole chunk, or a holder's share
+        of it: ``key`` counts them in ``c_attq``); returns the call's rows."""
         w, compute, c_attq = self.w, self.compute, self.c_attq[i]
-        members, rows = job.req, w.rows
+        members, rows, kind = job.req, w.rows, job.kind
         keep = deque()
         queue = compute.queue[i]
         while queue:
             other = queue.popleft()
             if (
-                other.kind == "attend"
+                other.kind == kind
                 and self.chunks[other.req] == k
                 and rows + w.rows <= w.max_batch_rows
             ):
                 members.append(other.req)
                 rows += w.rows
                 compute.backlog[i] -= other.work
-                c_attq[k] -= 1
+                c_attq[key] -= 1
             else:
                 keep.append(other)
         compute.queue[i] = keep
@@ -818,17 +889,21 @@ class Simulation:
             job = compute.queue[i].popleft()
             compute.backlog[i] -= job.work
         kind = job.kind
-        if kind == "attend":
+        if kind == "attend" or kind == "part":
             c_attq = self.c_attq[i]
             r = job.req
             k = self.chunks[r]
-            c_attq[k] -= 1
+            if kind == "attend":
+                key, batched = k, self.costs.batched
+            else:  # a holder's share
+                key, batched = ~k, self.costs.batched_share
+            c_attq[key] -= 1
             job.req = [r]
             # others of this chunk are queued: they join this call
-            rows = self._batch(i, job, k) if c_attq[k] else self.w.rows
+            rows = self._batch(i, job, k, key) if c_attq[key] else self.w.rows
             self.batches += 1
             self.batched_rows += rows
-            job.work = dur = self.costs.batched[rows]
+            job.work = dur = batched[rows]
         else:
             dur = job.work
         if self.stretches:
@@ -846,20 +921,27 @@ class Simulation:
         else:  # an idle core has nothing queued (_Servers): the job starts at once
             self.start_compute(i, now, job)
 
-    def to_attend(self, i: int, r: int, now: float, query: Job | None = None) -> None:
+    def to_attend(
+        self, i: int, r: int, now: float, query: Job | None = None, part: bool = False
+    ) -> None:
         """Queue use r's attention over its chunk at instance i (the holder of a routed
         ``query``, or the requester where the chunk is present); it joins the batched call
-        of the attentions of that chunk queued there, and adds what that call grows by."""
+        of the attentions of that chunk queued there, and adds what that call grows by.
+        ``part``: over i's share of the chunk (k holders), batched with the other shares'."""
         c_attq = self.c_attq[i]
         k = self.chunks[r]
-        queued = c_attq.get(k, 0)
-        c_attq[k] = queued + 1
-        work = self.costs.joins[queued]
+        if part:
+            key, kind, joins = ~k, "part", self.costs.joins_share
+        else:
+            key, kind, joins = k, "attend", self.costs.joins
+        queued = c_attq.get(key, 0)
+        c_attq[key] = queued + 1
+        work = joins[queued]
         if query is None:
-            job = Job("attend", r, work)
+            job = Job(kind, r, work)
         else:
             job = query
-            job.kind, job.work = "attend", work
+            job.kind, job.work = kind, work
         if self.compute.busy[i]:
             self.compute.add(i, job, job.work)
         else:
@@ -872,6 +954,17 @@ class Simulation:
         if msg is None:
             msg = link.queue[i].popleft()
             link.backlog[i] -= msg.work
+        ingress = self.ingress
+        if ingress is not None:
+            # its bytes (after its overhead, at the sender) pass its destination's ingress
+            # after those of the messages before them
+            kind = msg.kind
+            to = msg.to if msg.to >= 0 else self.delivery[kind][1][msg.req]
+            overhead = self.costs.overheads[kind]
+            begin = now + overhead
+            if ingress[to] > begin:
+                begin = ingress[to]
+            msg.through = ingress[to] = begin + msg.work - overhead
         seq = self.seq = self.seq + 1
         end = link.run(i, now, msg.work)
         _push(self.events, (end, seq, self._link_done, i, msg))
@@ -885,23 +978,41 @@ class Simulation:
     # ---- the paths a use takes ----
 
     def route(self, me: int, r: int, holder: int, now: float) -> None:
-        """The query leaves on the requester's link."""
+        """The query leaves on the requester's link; with k holders, one to each (this
+        instance's own share, where it holds one, attended here beside them)."""
         costs = self.costs
-        self.moved += costs.s_q + costs.s_o
-        self.to_link(me, Job("send", r, costs.send_occ), now)
+        if self.spread_over is None:
+            self.moved += costs.s_q + costs.s_o
+            self.to_link(me, Job("send", r, costs.send_occ), now)
+            return
+        targets = self.spread_over[self.holders[r]]
+        self.remaining[r] = len(targets)
+        for h in targets:
+            if h != me:
+                self.moved += costs.s_q + costs.s_o
+                self.to_link(me, Job("send", r, costs.send_occ, h), now)
+        if me in targets:
+            self.to_attend(me, r, now, part=True)
 
     def fetch(self, me: int, r: int, holder: int, now: float) -> None:
         """The holder gathers the chunk on its compute (where the move runs there) and sends
-        it; the uses arriving meanwhile wait for it."""
+        it; the uses arriving meanwhile wait for it. With k holders, each sends its share
+        (those this instance lacks)."""
         costs = self.costs
-        self.moved += costs.s_kv
         self.pending[me][self.chunks[r]] = []
-        if self.w.move_on_compute:
-            if self.handling:  # the request taken in at the holder
-                self.take_in(holder, now)
-            self.to_compute(holder, Job("gather", r, costs.gather), now)
+        if self.spread_over is None:
+            targets = (holder,)
         else:
-            self.to_link(holder, Job("kv", r, costs.kv_occ), now)
+            targets = [h for h in self.spread_over[self.holders[r]] if h != me]
+            self.remaining[r] = len(targets)
+        self.moved += costs.s_kv * len(targets) / self.w.holders
+        for h in targets:
+            if self.w.move_on_compute:
+                if self.handling:  # the request taken in at the holder
+                    self.take_in(h, now)
+                self.to_compute(h, Job("gather", r, costs.gather_share), now)
+            else:
+                self.to_link(h, Job("kv", r, costs.kv_occ), now)
 
     def local(self, me: int, r: int, holder: int, now: float) -> None:
         costs = self.costs
@@ -924,8 +1035,11 @@ class Simulation:
             self.take_in(me, now)
         holder = self.holders[r]
         cache = self.caches[me]
-        self.reuse.used(me, k, holder != me)
-        if holder == me or k in cache:
+        spread = self.spread_over
+        # here whole: its one holder, or a requester's own chunk (k holders share the others)
+        home = holder == me and (spread is None or k >= self.shared)
+        self.reuse.used(me, k, not home)
+        if home or k in cache:
             if k in cache:
                 cache[k] = now
                 cache.move_to_end(k)
@@ -937,6 +1051,8 @@ class Simulation:
             self.path[r] = 0
             waiting.append(r)
             return
+        if spread is not None:  # the policy weighs the holder a route would wait on longest
+            holder = self._slowest(me, spread[holder], now)
         choice = self.policy.choose(self, r, me, k, holder, now)
         if choice == "route":
             self.path[r] = 1
@@ -948,15 +1064,33 @@ class Simulation:
             self.path[r] = 3
             self.local(me, r, holder, now)
 
+    def _slowest(self, me: int, targets: tuple, now: float) -> int:
+        """Of a chunk's holders other than ``me``, the one whose compute and link hold the
+        most work now (a routed use waits for its slowest answer)."""
+        compute, link = self.compute, self.link
+        slowest, most = -1, -1.0
+        for h in targets:
+            if h != me:
+                held = compute.wait(h, now) + link.wait(h, now)
+                if held > most:
+                    slowest, most = h, held
+        return slowest
+
     def on_link_done(self, i: int, msg: Job, now: float) -> None:
-        """A message left link i: the next goes on the wire; it lands after its flight."""
+        """A message left link i: the next goes on the wire; it lands after its flight (and
+        after its destination's ingress let it through, where that is modelled)."""
         link = self.link
         link.busy[i] = False
         if link.queue[i]:
             self.start_link(i, now)
         seq = self.seq = self.seq + 1
         flight, dest = self.delivery[msg.kind]
-        _push(self.events, (now + flight, seq, self.on_delivered, dest[msg.req], msg))
+        if self.ingress is None:
+            _push(self.events, (now + flight, seq, self.on_delivered, dest[msg.req], msg))
+            return
+        to = msg.to if msg.to >= 0 else dest[msg.req]
+        through = msg.through if msg.through > now else now
+        _push(self.events, (through + flight, seq, self.on_delivered, to, msg))
 
     def _delivered_between_jobs(self, i: int, msg: Job, now: float) -> None:
         """A message at core i: taken in now, or when the job it runs ends."""
@@ -968,11 +1102,16 @@ class Simulation:
     def receive(self, i: int, msg: Job, now: float) -> None:
         if self.handling:  # a message taken in on the rank's core
             self.take_in(i, now)
-        kind, costs = msg.kind, self.costs
-        if kind == "send":  # the query joins the batched call of its chunk here
-            self.to_attend(i, msg.req, now, msg)
-        elif kind == "back":  # the answer: merged here
-            msg.kind, msg.work = "done", costs.merge
+        kind, costs, remaining = msg.kind, self.costs, self.remaining
+        if kind == "send":  # the query joins the batched call of its chunk (share) here
+            self.to_attend(i, msg.req, now, msg, remaining is not None)
+            return
+        if remaining is not None:  # k holders: the last answer or share goes on
+            remaining[msg.req] -= 1
+            if remaining[msg.req]:
+                return
+        if kind == "back":  # the answer(s): merged here
+            msg.kind, msg.work = "done", costs.route_merge_base
             self.to_compute(i, msg, now)
         elif self.w.move_on_compute:  # the chunk: splice, attend and merge on the compute
             msg.kind, msg.work = "fetched", costs.splice + costs.fetch_attend + costs.merge
@@ -992,18 +1131,22 @@ class Simulation:
     def on_compute_done(self, i: int, job: Job, now: float) -> None:
         """What the job leads to, what came in meanwhile, then core i's next job."""
         kind, req = job.kind, job.req
-        if kind == "attend":  # uses asked here are done, routed ones' answers go back
+        if kind == "attend" or kind == "part":
+            # uses asked here are done (or, over this instance's share, have one answer of
+            # their k), routed ones' answers go back
             requesters = self.requesters
             for r in req:
-                if requesters[r] == i:
+                if requesters[r] != i:
+                    self.to_link(i, Job("back", r, self.costs.back_occ), now)
+                elif kind == "attend":
                     self.latency[r] = now - self.times[r]
                 else:
-                    costs = self.costs
-                    self.to_link(i, Job("back", r, costs.back_occ), now)
+                    self.remaining[r] -= 1
+                    if not self.remaining[r]:
+                        self.to_compute(i, Job("done", r, self.costs.route_merge_base), now)
             if now > self.last:
                 self.last = now
         elif kind == "gather":  # packed: it leaves on the holder's link
-            costs = self.costs
             job.kind, job.work = "kv", self.costs.kv_occ
             self.to_link(i, job, now)
         elif kind != "messages":  # (taken in on an idle core: nothing follows from it)
