@@ -126,10 +126,12 @@ def pytest_collection_modifyitems(config, items):
     slow = os.environ.get("XBENCH_SLOW") == "1"
     gpu = _gpu_present()
     # The Open MPI run (make test MPI=openmpi) repeats what an MPI can change; a test that
-    # starts no MPI measures nothing new there (XBENCH_EVERY_MPI=1 runs it anyway)
+    # starts no MPI measures nothing new there (XBENCH_EVERY_MPI=1 runs it anyway). A module
+    # marked nompi may hold tests that do start MPI: each is marked mpi, and runs.
     once = _open_mpi_wheel() and os.environ.get("XBENCH_EVERY_MPI") != "1"
     for item in items:
-        if "nompi" in item.keywords and once:
+        starts_mpi = item.get_closest_marker("mpi") is not None
+        if item.get_closest_marker("nompi") is not None and not starts_mpi and once:
             item.add_marker(
                 pytest.mark.skip(
                     reason="starts no MPI: run under the default mpich (make test); "

@@ -20,6 +20,9 @@ from xbench.resources import profile_path
 from xbench.validate.summary import phase_errors, validation_errors
 from xbench.validate.worker import PHASES, phase_means
 
+# no MPI but in the tests marked mpi (conftest: the Open MPI run skips the others)
+pytestmark = pytest.mark.nompi
+
 PRIORS = load_profile(profile_path("h100-priors"))
 # route's merge after its wait: (w0 + R p w1) (1 - exp(-g / tau)) more
 WAIT = {
@@ -97,6 +100,7 @@ def test_validate_rotates_chunks_over_twice_the_cache_as_the_sweep_does(monkeypa
     assert set(asked) == {"cpu"}  # the last cache of the device the ranks run on
 
 
+@pytest.mark.mpi  # starts MPI: runs under every MPI
 def test_validate_sets_past_the_fresh_ones_are_copies_in_their_own_memory():
     """Built by the real ranks' code on one real rank (MPI_COMM_SELF): the copies hold the
     fresh sets' values in memory of their own, with their own free pages, and every set's

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.nompi  # starts no MPI (conftest: the Open MPI run skips it)
+
 PACKAGE = Path(__file__).resolve().parents[1] / "xbench"
 
 # Lowest first. A module may import its own layer's package and anything below; packages of

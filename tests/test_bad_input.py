@@ -17,6 +17,9 @@ from xbench.resources import profile_path
 from xbench.results.schema import PROBE_SAMPLES
 from xbench.results.store import RunStore, mark_partial
 
+# no MPI but in the tests marked mpi (conftest: the Open MPI run skips the others)
+pytestmark = pytest.mark.nompi
+
 PRIORS = ROOT / "profiles" / "h100-priors.toml"
 
 
@@ -238,6 +241,7 @@ def _start_probe(out, *args, **popen) -> subprocess.Popen:
     )
 
 
+@pytest.mark.mpi  # starts MPI: runs under every MPI
 def test_an_interrupted_probe_says_where_its_results_are(tmp_path):
     out = tmp_path / "run"
     proc = _start_probe(
@@ -275,6 +279,7 @@ def test_a_directory_is_neither_a_profile_nor_an_output_file(xbench, tmp_path):
     assert [p.name for p in held.iterdir()] == ["keep.txt"]
 
 
+@pytest.mark.mpi  # starts MPI: runs under every MPI
 def test_slurm_refuses_a_time_limit_sbatch_would_refuse(xbench, tmp_path):
     script = tmp_path / "job.sbatch"
     line = one_line(xbench("slurm", "probe", "--time", "99h", "--out", script))
@@ -341,6 +346,7 @@ def test_a_scenario_that_is_no_file_is_one_line(xbench, tmp_path):
 # --- issue 38: inputs that broke or lost data ---------------------------------------------
 
 
+@pytest.mark.mpi  # starts MPI: runs under every MPI
 def test_a_cache_folder_that_is_a_file(xbench, tmp_path):
     """XDG_CACHE_HOME pointing at a file: env reports the cache as unusable and exits 0;
     probe refuses in one line and writes nothing."""
@@ -397,6 +403,7 @@ def test_markup_in_user_strings_prints_as_written(xbench, tmp_path):
     assert r.returncode == 0 and "rep[/red]/index.html" in r.stdout, r.stderr
 
 
+@pytest.mark.mpi  # starts MPI: runs under every MPI
 def test_two_probes_into_one_directory_the_second_is_refused(xbench, tmp_path):
     out = tmp_path / "run"
     # long enough (18 cases of 22 samples) that the second starts while the first still runs
@@ -483,6 +490,7 @@ def test_profiles_with_unknown_keys_or_two_segments_from_one_size(xbench, tmp_pa
     assert "fabric nvlink has two segments from one min_bytes" in line
 
 
+@pytest.mark.mpi  # starts MPI: runs under every MPI
 def test_slurm_parses_what_it_forwards_before_writing(xbench, tmp_path):
     script = tmp_path / "job.sbatch"
     for forwarded, words in [

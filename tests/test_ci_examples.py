@@ -6,8 +6,12 @@ from __future__ import annotations
 import json
 import subprocess
 
+import pytest
 import yaml
 from conftest import ROOT
+
+# no MPI but in the tests marked mpi (conftest: the Open MPI run skips the others)
+pytestmark = pytest.mark.nompi
 
 EXAMPLES = ROOT / "docs" / "ci-examples"
 # The site's folders, each overridable from the environment at submission (the Slurm
@@ -21,6 +25,7 @@ SBATCH_ARGS = [
 ]
 
 
+@pytest.mark.mpi  # starts MPI: runs under every MPI
 def test_sbatch_example_is_what_xbench_slurm_check_writes(xbench, tmp_path):
     out = tmp_path / "nightly.sbatch"
     r = xbench(*SBATCH_ARGS, "--out", out)
@@ -37,6 +42,7 @@ def test_sbatch_example_is_what_xbench_slurm_check_writes(xbench, tmp_path):
     assert committed.rstrip().endswith('exit "$status"')
 
 
+@pytest.mark.mpi  # starts MPI: runs under every MPI
 def test_slurm_check_reads_the_baseline_when_it_can(xbench, tmp_path):
     base = tmp_path / "base"
     base.mkdir()

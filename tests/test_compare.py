@@ -23,6 +23,9 @@ from xbench.compare import (
 from xbench.results.schema import COMPARISON, PROBE_SAMPLES
 from xbench.results.store import read_run_meta, read_table, write_table
 
+# no MPI but in the tests marked mpi (conftest: the Open MPI run skips the others)
+pytestmark = pytest.mark.nompi
+
 
 def _frame(values_by_launch: dict[int, list[float]], case="latency 8B", unit="us"):
     rows = [
@@ -232,6 +235,7 @@ def _scaled_copy(src, dst, factor: float, **meta_changes):
     return dst
 
 
+@pytest.mark.mpi  # starts MPI: runs under every MPI
 def test_compare_cli_verdicts_formats_and_exit_codes(xbench, probe_run, tmp_path):
     same = xbench("compare", probe_run, probe_run, "--format", "json")
     assert same.returncode == 0, same.stderr
@@ -326,6 +330,7 @@ def _assert_verdict_is_the_cases(r, reports, threshold: float, alpha: float) -> 
     return len(slower)
 
 
+@pytest.mark.mpi  # starts MPI: runs under every MPI
 def test_check_reruns_the_baseline_and_writes_reports(xbench, probe_run, tmp_path):
     baseline = tmp_path / "baseline"
     shutil.copytree(probe_run, baseline)
@@ -422,6 +427,7 @@ def test_check_a_kernel_baseline(xbench, tmp_path):
     assert cases.case.str.contains("after a 128000 us wait").sum() == 2
 
 
+@pytest.mark.mpi  # starts MPI: runs under every MPI
 def test_launches_started_one_by_one_append_to_one_run(xbench, tmp_path):
     """What the nightly sbatch does: each launch its own launcher step, all in one run."""
     from conftest import BIN
@@ -518,6 +524,7 @@ def test_a_candidate_that_lost_cases_fails_the_gate(xbench, probe_run, tmp_path)
     assert r.returncode == 0 and "never finished" in r.stderr
 
 
+@pytest.mark.mpi  # starts MPI: runs under every MPI
 def test_nothing_comparable_still_writes_reports_that_say_why(xbench, probe_run, tmp_path):
     """Exit 4 never leaves a CI job an empty report: compare's Markdown and JUnit on stdout,
     check's files, each with the reason."""
@@ -577,6 +584,7 @@ def test_check_config_without_a_check_table_is_refused(xbench, probe_run, tmp_pa
     assert not (tmp_path / "n").exists()
 
 
+@pytest.mark.mpi  # starts MPI: runs under every MPI
 def test_sigterm_marks_the_run_partial_and_takes_the_ranks_down(tmp_path):
     """A scheduler's cancel or a CI timeout sends SIGTERM: the run is marked partial as for
     Ctrl-C, and no rank outlives xbench."""

@@ -12,6 +12,9 @@ from xbench.results.schema import KERNEL_SAMPLES
 from xbench.results.store import read_table
 from xbench.validate.worker import PHASES
 
+# no MPI but in the tests marked mpi (conftest: the Open MPI run skips the others)
+pytestmark = pytest.mark.nompi
+
 
 def _error_line(r):
     assert r.returncode != 0 and "Traceback" not in r.stderr + r.stdout
@@ -206,6 +209,7 @@ def test_validate_bad_input(xbench):
         assert words in line and line.startswith("xbench: error:"), line
 
 
+@pytest.mark.mpi  # starts MPI: runs under every MPI
 def test_probe_kernel_fit_validate_end_to_end(xbench, tmp_path):
     quick = ["--samples", "3", "--warmups", "1"]
     assert xbench("probe", "--sizes", "8B:256KiB", *quick, "--out", tmp_path / "p").returncode == 0

@@ -14,6 +14,8 @@ from xbench.errors import XbenchError
 from xbench.fabric import device_probe
 from xbench.resources import cuda_dir
 
+pytestmark = pytest.mark.nompi  # starts no MPI (conftest: the Open MPI run skips it)
+
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 
 

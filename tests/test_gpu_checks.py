@@ -16,6 +16,9 @@ from xbench.fabric.mpi_device import ASSUME_ENV, cuda_aware_mpi, require_cuda_aw
 from xbench.fabric.topology import label_pair
 from xbench.host import _nvlink_peers, gpu_by_uuid
 
+# no MPI but in the tests marked mpi (conftest: the Open MPI run skips the others)
+pytestmark = pytest.mark.nompi
+
 
 class _CFunction:
     """A stand-in for a ctypes function: records argtypes/restype and the calls made."""
@@ -77,6 +80,7 @@ def test_refusals_are_one_line_and_name_the_way_out(monkeypatch):
     assert yes == "MPIX_Query_cuda_support() = 1"
 
 
+@pytest.mark.mpi  # starts MPI: runs under every MPI
 def test_the_installed_mpi_answers_its_own_query():
     """The real lookup against whatever MPI mpi4py loaded: the PyPI wheels (MPICH, Open MPI)
     export the query and are not built with CUDA, so they must answer no, not "cannot tell"."""
@@ -119,6 +123,7 @@ def test_nvlink_from_nvml_p2p_status_on_an_hgx_node():
     assert label_pair(a, c) == "same-node-pcie"
 
 
+@pytest.mark.mpi  # starts MPI: runs under every MPI
 def test_the_fabric_preset_is_applied_before_mpi_init(xbench, tmp_path):
     out = tmp_path / "p"
     r = xbench(
@@ -190,6 +195,7 @@ def test_interface_addresses_of_this_host():
     assert all(len(ip.split(".")) == 4 for _, ip in found)
 
 
+@pytest.mark.mpi  # starts MPI: runs under every MPI
 def test_the_query_is_asked_of_a_started_mpi_only():
     """MPICH's MPIX_GPU_query_support aborted ``xbench env`` on an H100 host: env does not
     start MPI. Unstarted, the query is not asked; env asks it in a child that starts MPI."""

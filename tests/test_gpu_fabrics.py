@@ -16,9 +16,13 @@ from xbench.fabric.topology import label_pair
 from xbench.results.schema import PROBE_SAMPLES
 from xbench.results.store import read_run_meta, read_table
 
+# no MPI but in the tests marked mpi (conftest: the Open MPI run skips the others)
+pytestmark = pytest.mark.nompi
+
 QUICK = ["--samples", "3", "--warmups", "1", "--min-sample-time", "2ms"]
 
 
+@pytest.mark.mpi  # starts MPI: runs under every MPI
 def test_nccl_transport_gloo_backend_runs_between_two_ranks(xbench, tmp_path):
     out = tmp_path / "gloo"
     r = xbench(
@@ -58,6 +62,7 @@ def test_nccl_transport_gloo_backend_runs_between_two_ranks(xbench, tmp_path):
     assert meta["config"]["backend"] == "gloo" and meta["pair_labels"] == {"0-1": "intra-node"}
 
 
+@pytest.mark.mpi  # starts MPI: runs under every MPI
 def test_nccl_backend_without_gpu_says_what_to_do(xbench, tmp_path):
     import torch
 
@@ -235,6 +240,7 @@ def test_sbatch_takes_the_names_slurm_takes(tmp_path):
     assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
 
 
+@pytest.mark.mpi  # starts MPI: runs under every MPI
 def test_slurm_cli_writes_and_refuses_submit_without_sbatch(xbench, tmp_path):
     out = tmp_path / "v.sbatch"
     r = xbench(
@@ -247,6 +253,7 @@ def test_slurm_cli_writes_and_refuses_submit_without_sbatch(xbench, tmp_path):
         assert r.returncode != 0 and "sbatch is not on PATH" in r.stderr
 
 
+@pytest.mark.mpi  # starts MPI: runs under every MPI
 def test_hostfile_launch(xbench, tmp_path):
     hosts = tmp_path / "hosts"
     hosts.write_text("localhost:2\n")
@@ -323,6 +330,7 @@ def test_srun_takes_the_pmi_the_loaded_mpi_speaks():
     assert srun_mpi_for(None) == "pmix"  # nothing loads: Slurm's usual default
 
 
+@pytest.mark.mpi  # starts MPI: runs under every MPI
 def test_slurm_writes_the_plugin_it_chose_and_a_folder_of_the_jobs_own(xbench, tmp_path):
     from xbench.capabilities import loaded_mpi_library
     from xbench.cluster.slurm import srun_mpi_for

@@ -12,6 +12,8 @@ from xbench.kernels.bench import matmul_dtype
 from xbench.results.schema import KERNEL_SAMPLES
 from xbench.results.store import read_table
 
+pytestmark = pytest.mark.nompi  # starts no MPI (conftest: the Open MPI run skips it)
+
 
 def test_models_json_derives_byte_counts(xbench):
     r = xbench("models", "--format", "json")

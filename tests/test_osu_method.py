@@ -10,6 +10,9 @@ from xbench.probe.patterns import OSU_COUNTS, Case, osu_counts
 from xbench.results.schema import PROBE_SAMPLES
 from xbench.results.store import read_table
 
+# no MPI but in the tests marked mpi (conftest: the Open MPI run skips the others)
+pytestmark = pytest.mark.nompi
+
 
 @pytest.mark.parametrize(
     "pattern, size, counts",
@@ -27,6 +30,7 @@ def test_osu_counts_follow_osu_util(pattern, size, counts):
     assert set(OSU_COUNTS) == {"latency", "bandwidth", "bibw"}
 
 
+@pytest.mark.mpi  # starts MPI: runs under every MPI
 def test_osu_compat_runs_osu_counts_and_reports_the_aggregate(xbench, tmp_path):
     out = tmp_path / "osu"
     r = xbench(
@@ -54,6 +58,7 @@ def test_osu_compat_runs_osu_counts_and_reports_the_aggregate(xbench, tmp_path):
     assert config["osu_compat"] is True
 
 
+@pytest.mark.mpi  # starts MPI: runs under every MPI
 def test_fixed_iterations_aggregate_over_samples(xbench, tmp_path):
     out = tmp_path / "fixed"
     r = xbench(

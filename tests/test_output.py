@@ -16,6 +16,9 @@ from conftest import assert_fits_80, render_at
 from xbench.cli.common import interval_label, strict_json
 from xbench.core.stats import median_ci
 
+# no MPI but in the tests marked mpi (conftest: the Open MPI run skips the others)
+pytestmark = pytest.mark.nompi
+
 
 def _no_constants(name):
     raise ValueError(f"not JSON: {name}")
@@ -38,6 +41,7 @@ def test_the_interval_label_states_the_coverage_the_samples_give(n, label):
     assert interval_label([coverage]) == expected
 
 
+@pytest.mark.mpi  # starts MPI: runs under every MPI
 @pytest.mark.parametrize(
     "args",
     [
@@ -134,6 +138,7 @@ def _at(xbench, width: int, *args):
     return r
 
 
+@pytest.mark.mpi  # starts MPI: runs under every MPI
 @pytest.mark.parametrize(
     "command",
     [

@@ -17,6 +17,9 @@ from pathlib import Path
 
 import pytest
 
+# no MPI but in the tests marked mpi (conftest: the Open MPI run skips the others)
+pytestmark = pytest.mark.nompi
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -52,6 +55,7 @@ def installed(tmp_path_factory):
     return target, work, env
 
 
+@pytest.mark.mpi  # starts MPI: runs under every MPI
 def test_the_wheel_is_what_runs(installed):
     target, work, env = installed
     where = _run(

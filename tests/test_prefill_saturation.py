@@ -18,6 +18,8 @@ from xbench.simulate.prefill import (
     sustainable_rate,
 )
 
+pytestmark = pytest.mark.nompi  # starts no MPI (conftest: the Open MPI run skips it)
+
 PRIORS = load_profile(Path(__file__).resolve().parents[1] / "profiles" / "h100-priors.toml")
 L = 8192
 

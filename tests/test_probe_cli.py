@@ -9,6 +9,9 @@ import pytest
 from xbench.results.schema import PROBE_SAMPLES
 from xbench.results.store import read_run_meta, read_table
 
+# no MPI but in the tests marked mpi (conftest: the Open MPI run skips the others)
+pytestmark = pytest.mark.nompi
+
 QUICK = ["--samples", "3", "--warmups", "1", "--min-sample-time", "2ms"]
 
 
@@ -20,6 +23,7 @@ def _one_line_error(result):
     return lines[-1]
 
 
+@pytest.mark.mpi  # starts MPI: runs under every MPI
 def test_sweep_writes_every_size_and_prints_json(xbench, tmp_path):
     out = tmp_path / "run"
     r = xbench(
@@ -63,6 +67,7 @@ def test_sweep_writes_every_size_and_prints_json(xbench, tmp_path):
     assert meta["mpi_thread_level"] == "funneled"  # as a C benchmark's MPI_Init, not MULTIPLE
 
 
+@pytest.mark.mpi  # starts MPI: runs under every MPI
 def test_all_patterns_over_tcp_with_python_loop(xbench, tmp_path):
     out = tmp_path / "tcp"
     r = xbench(
@@ -116,6 +121,7 @@ def test_all_patterns_over_tcp_with_python_loop(xbench, tmp_path):
     assert r.stdout.startswith("pattern,")
 
 
+@pytest.mark.mpi  # starts MPI: runs under every MPI
 def test_tcp_with_the_compiled_loop(xbench, tmp_path):
     r = xbench(
         "probe",
@@ -141,6 +147,7 @@ def test_tcp_with_the_compiled_loop(xbench, tmp_path):
     assert {row["loop"] for row in json.loads(r.stdout)} == {"c"}
 
 
+@pytest.mark.mpi  # starts MPI: runs under every MPI
 def test_under_a_launcher_and_mpmd(xbench, tmp_path):
     from conftest import BIN
 
@@ -212,6 +219,7 @@ def test_bad_input_is_one_line(xbench, args, words):
     assert words in _one_line_error(r)
 
 
+@pytest.mark.mpi  # starts MPI: runs under every MPI
 def test_existing_run_is_not_mixed(xbench, tmp_path):
     assert xbench("probe", "--sizes", "8B", *QUICK, "--out", tmp_path / "r").returncode == 0
     assert "already holds run" in _one_line_error(
@@ -219,6 +227,7 @@ def test_existing_run_is_not_mixed(xbench, tmp_path):
     )
 
 
+@pytest.mark.mpi  # starts MPI: runs under every MPI
 def test_dead_peer_keeps_finished_cases(xbench, tmp_path):
     out = tmp_path / "dead"
     r = xbench(
@@ -230,6 +239,7 @@ def test_dead_peer_keeps_finished_cases(xbench, tmp_path):
     assert sorted(samples.size_bytes.unique()) == [8, 16]
 
 
+@pytest.mark.mpi  # starts MPI: runs under every MPI
 def test_hung_peer_times_out(xbench, tmp_path):
     out = tmp_path / "hung"
     t0 = time.monotonic()
@@ -251,6 +261,7 @@ def test_hung_peer_times_out(xbench, tmp_path):
     assert sorted(read_table(out, PROBE_SAMPLES).size_bytes.unique()) == [8]
 
 
+@pytest.mark.mpi  # starts MPI: runs under every MPI
 def test_env_reports_capabilities(xbench):
     r = xbench("env")
     assert r.returncode == 0
@@ -274,6 +285,7 @@ def test_env_reports_a_backend_that_breaks_as_one_line(monkeypatch):
     assert "second line" not in cap.detail
 
 
+@pytest.mark.mpi  # starts MPI: runs under every MPI
 def test_runs_launch_separate_process_sets_into_one_run(xbench, tmp_path):
     out = tmp_path / "runs"
     r = xbench(
@@ -311,6 +323,7 @@ def test_rank_error_is_read_from_the_log_after_the_launch_start(tmp_path):
     assert rank_error(tmp_path / "missing.log") is None
 
 
+@pytest.mark.mpi  # starts MPI: runs under every MPI
 def test_offcache_pingpong_flushes_caches_between_round_trips(xbench, tmp_path):
     """IMB-style -off_cache: same message as latency, from cold caches, few timed trips."""
     out = tmp_path / "cold"
@@ -328,6 +341,7 @@ def test_offcache_pingpong_flushes_caches_between_round_trips(xbench, tmp_path):
     assert cold.value.median() > 1.5 * hot.value.median()
 
 
+@pytest.mark.mpi  # starts MPI: runs under every MPI
 def test_offgather_fetches_pages_from_cold_caches_and_the_fit_prices_pages_with_it(
     xbench, tmp_path
 ):

@@ -11,10 +11,14 @@ import matplotlib.colors
 import matplotlib.image
 import numpy as np
 import pandas as pd
+import pytest
 
 from xbench.report import figures
 from xbench.results.schema import PROBE_SAMPLES
 from xbench.results.store import read_run_meta, read_table, write_table
+
+# no MPI but in the tests marked mpi (conftest: the Open MPI run skips the others)
+pytestmark = pytest.mark.nompi
 
 
 def coloured_share(png) -> float:
@@ -38,6 +42,7 @@ class _Sources(HTMLParser):
             self.links.append(attrs["href"])
 
 
+@pytest.mark.mpi  # starts MPI: runs under every MPI
 def test_report_draws_every_kind_of_result(xbench, tmp_path):
     quick = ["--samples", "3", "--warmups", "1"]
     probe = tmp_path / "probe"
@@ -97,6 +102,7 @@ def test_report_draws_every_kind_of_result(xbench, tmp_path):
         "breakeven",
         "simulate",
         "prefill",
+        "saturation",  # the report simulate wrote beside the prefill table
     }, kinds
     for png in pngs:
         image = matplotlib.image.imread(png)
@@ -110,6 +116,29 @@ def test_report_draws_every_kind_of_result(xbench, tmp_path):
     assert all(src.startswith("data:image/png;base64,") for src in parser.sources)
     assert "http://" not in page and "https://" not in page
     assert "report:" in r.stdout and str(out / "index.html") in r.stdout
+
+
+def test_report_draws_the_reports_a_simulation_wrote_beside_its_table(xbench, tmp_path):
+    """moska-shared-chunk's sharing report (its calls and steps in one figure, the knee,
+    ridge and bounds from the run metadata) and span-fanout's hit rates, drawn with their
+    simulation's table, or alone from the report's own file."""
+    for name in ("moska-shared-chunk", "span-fanout"):
+        r = xbench("simulate", name, "--requests", "300", "--out", tmp_path / f"{name}.parquet")
+        assert r.returncode == 0, r.stderr
+    out = tmp_path / "report"
+    r = xbench(
+        "report", tmp_path / "moska-shared-chunk.parquet", tmp_path / "span-fanout.parquet",
+        "--out", out,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    pngs = sorted(out.glob("*.png"))
+    assert {p.name.split("-")[0] for p in pngs} == {"simulate", "sharing", "spanhits"}
+    for png in pngs:
+        assert coloured_share(png) > 0.0005, png
+    alone = tmp_path / "alone"
+    r = xbench("report", tmp_path / "moska-shared-chunk.sharing-calls.parquet", "--out", alone)
+    assert r.returncode == 0, r.stderr
+    assert [p.name.split("-")[0] for p in alone.glob("*.png")] == ["sharing"]
 
 
 def test_the_blank_check_tells_axes_from_data(tmp_path):

@@ -12,6 +12,8 @@ from xbench.core.scenario import load_workload
 from xbench.core.sharing import Attention, batched_against_separate, chunks_read, ridge_batch, step
 from xbench.errors import XbenchError
 
+pytestmark = pytest.mark.nompi  # starts no MPI (conftest: the Open MPI run skips it)
+
 ROOT = Path(__file__).resolve().parents[1]
 PRIORS = load_profile(ROOT / "profiles" / "h100-priors.toml")
 DS = get_model("deepseek-v3.2")

@@ -19,6 +19,9 @@ from xbench.simulate import PATHS, Workload, make_trace, random_workloads, simul
 from xbench.simulate.engine import Trace, _Costs
 from xbench.simulate.prefill import PrefillCosts, PrefillTrace, PrefillWorkload, simulate_prefill
 
+# no MPI but in the tests marked mpi (conftest: the Open MPI run skips the others)
+pytestmark = pytest.mark.nompi
+
 # the engine's hand computations run on a fixed profile (the H100 priors as shipped until
 # 2026-11-26), so they check its mechanics, not the shipped profile's current values
 PRIORS = load_profile(Path(__file__).parent / "data" / "engine-fixture.toml")
@@ -636,6 +639,56 @@ def test_workload_errors_name_the_file_and_field(tmp_path, table, words):
     assert str(path) in str(err.value)
 
 
+def test_simulate_writes_its_reports_beside_the_table(xbench, tmp_path):
+    """--out NAME.parquet: each report goes to NAME.<report>.parquet, of its own versioned
+    table with the run's metadata (the sharing report's bounds in it); an existing report
+    file is refused before anything is written, and --force replaces them all."""
+    import pyarrow.parquet as pq
+
+    from xbench.results.schema import (
+        PREFILL_SATURATION,
+        SHARING_CALLS,
+        SHARING_STEPS,
+        SPAN_HITS,
+    )
+
+    cases = (
+        ("moska-shared-chunk", {"sharing-calls": SHARING_CALLS, "sharing-steps": SHARING_STEPS}),
+        ("span-fanout", {"span-hits": SPAN_HITS}),
+        ("prefill-as-a-service", {"saturation": PREFILL_SATURATION}),
+        ("decode-route-vs-fetch", {}),
+    )
+    for name, reports in cases:
+        out = tmp_path / f"{name}.parquet"
+        r = xbench("simulate", name, "--requests", "300", "--out", out)
+        assert r.returncode == 0, r.stderr
+        written = sorted(p.name for p in tmp_path.glob(f"{name}.*.parquet"))
+        assert written == sorted(f"{name}.{report}.parquet" for report in reports)
+        for report, table in reports.items():
+            frame = read_table([tmp_path / f"{name}.{report}.parquet"], table)
+            assert len(frame) > 0 and not frame.isna().all().any()
+    steps = tmp_path / "moska-shared-chunk.sharing-steps.parquet"
+    run = json.loads(pq.read_schema(steps).metadata[b"xbench.run"])
+    assert run["sharing"]["paper"] == 538.7 and run["scenario"] == "moska-shared-chunk"
+    saturated = read_table(
+        [tmp_path / "prefill-as-a-service.saturation.parquet"], PREFILL_SATURATION
+    )
+    assert set(saturated.deployment) == {
+        "homogeneous",
+        "naive heterogeneous",
+        "PrfaaS, threshold",
+        "PrfaaS, predicate",
+    }
+    # a report already there: refused, the table not written either
+    fresh = tmp_path / "fresh.parquet"
+    (tmp_path / "fresh.span-hits.parquet").write_text("mine")
+    r = xbench("simulate", "span-fanout", "--requests", "100", "--out", fresh)
+    assert r.returncode == 2 and "span-hits.parquet" in r.stderr and "already exists" in r.stderr
+    assert not fresh.exists() and (tmp_path / "fresh.span-hits.parquet").read_text() == "mine"
+    r = xbench("simulate", "span-fanout", "--requests", "100", "--out", fresh, "--force")
+    assert r.returncode == 0 and len(read_table([tmp_path / "fresh.span-hits.parquet"], SPAN_HITS))
+
+
 def test_simulate_cli_every_scenario_writes_parquet(xbench, tmp_path):
     for scenario in SCENARIOS:
         if "[workload]" not in scenario.read_text() or load_workload(scenario)["kind"] != "decode":
@@ -987,6 +1040,7 @@ for size in (1024, 18440):  # a small message, and a routed query's (one row, 16
 """
 
 
+@pytest.mark.mpi  # starts MPI: runs under every MPI
 def test_the_replay_sees_at_once_a_message_that_came_while_it_computed(tmp_path):
     """Real ranks: a message that arrived while the replay's rank computed is seen the
     first time its loop looks (one MPICH Iprobe there missed it, and the replay took
@@ -1008,6 +1062,7 @@ def test_the_replay_sees_at_once_a_message_that_came_while_it_computed(tmp_path)
     assert r.stdout.split() == ["seen"] * 6
 
 
+@pytest.mark.mpi  # starts MPI: runs under every MPI
 def test_the_replay_gathers_a_fetched_chunk_into_a_staging_buffer_it_sends_from():
     """Built by the replay's code on one real rank (MPI_COMM_SELF): a gather packs the
     request's number and then exactly the chunk's tokens into one of the buffers made
@@ -1053,6 +1108,7 @@ print(json.dumps({
     }
 
 
+@pytest.mark.mpi  # starts MPI: runs under every MPI
 def test_validate_replays_the_trace_between_two_ranks(xbench, tmp_path):
     scenario = tmp_path / "small.toml"
     scenario.write_text(

@@ -19,6 +19,8 @@ from xbench.core.profile import load_profile
 from xbench.simulate import PATHS, POLICIES, Workload, simulate
 from xbench.simulate.engine import Policy, Simulation, Trace, _Costs
 
+pytestmark = pytest.mark.nompi  # starts no MPI (conftest: the Open MPI run skips it)
+
 DATA = Path(__file__).parent / "data"
 FIXTURE = load_profile(DATA / "engine-fixture.toml")
 CPU = load_profile(DATA / "vm-cpu-profile.toml")

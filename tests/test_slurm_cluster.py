@@ -20,7 +20,8 @@ from xbench.core.profile import load_profile
 from xbench.results.schema import PROBE_SAMPLES
 from xbench.results.store import read_run_meta, read_table
 
-pytestmark = pytest.mark.slurm
+# no MPI but in the tests marked mpi (conftest: the Open MPI run skips the others)
+pytestmark = [pytest.mark.slurm, pytest.mark.nompi]
 RATE_BITS = 200e6
 GOODPUT = RATE_BITS / 8 * 1448 / 1514  # TCP payload per Ethernet frame at MTU 1500
 VENV = str(BIN.parent)  # this suite's environment, activated by the scripts on the nodes
@@ -96,6 +97,7 @@ def shaped_probe(cluster, tmp_path_factory):
     return tmp / "job" / "probe"
 
 
+@pytest.mark.mpi  # starts MPI: runs under every MPI
 def test_two_nodes_are_two_hosts_and_the_fit_finds_the_shaped_link(shaped_probe, xbench, tmp_path):
     from mpi4py import MPI
 
@@ -120,6 +122,7 @@ def test_two_nodes_are_two_hosts_and_the_fit_finds_the_shaped_link(shaped_probe,
     )
 
 
+@pytest.mark.mpi  # starts MPI: runs under every MPI
 def test_kernel_fit_and_validate_as_jobs(cluster, shaped_probe, xbench, tmp_path):
     kernel = ["--threads", "1", "--heads", "4", "--rows", "1", "--chunk", "64,256,1024"]
     kernel += ["--samples", "3", "--warmups", "1", "--min-sample-time", "2ms"]
@@ -143,6 +146,7 @@ def test_kernel_fit_and_validate_as_jobs(cluster, shaped_probe, xbench, tmp_path
     assert sorted(meta["hosts"]) == ["xbn0", "xbn1"]
 
 
+@pytest.mark.mpi  # starts MPI: runs under every MPI
 def test_check_of_a_baseline_made_with_mpiexec_on_the_node(cluster, tmp_path):
     """The baseline: xbench probe --np 2 (the MPI's own mpiexec) on node xbn0, as a user
     logged in there runs it; the check: the same sweep as srun steps on that node. Same host,
@@ -180,6 +184,7 @@ def test_check_of_a_baseline_made_with_mpiexec_on_the_node(cluster, tmp_path):
     assert compared_cases(tmp_path / "check") == len(sizes)
 
 
+@pytest.mark.mpi  # starts MPI: runs under every MPI
 def test_the_nightly_example_runs_as_shipped(cluster, shaped_probe, tmp_path, monkeypatch):
     """docs/ci-examples/nightly-check.sbatch, unedited: its partition, folders and srun
     plugin from the environment (8 GPUs a node, one a task: the fake GPUs)."""

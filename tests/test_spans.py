@@ -15,6 +15,8 @@ from xbench.core.spans import (
     render,
 )
 
+pytestmark = pytest.mark.nompi  # starts no MPI (conftest: the Open MPI run skips it)
+
 
 def test_the_papers_forms_parse():
     assert parse("system + tools + {a, b}") == Seq(

@@ -13,6 +13,9 @@ import torch
 
 from xbench.validate.wire import HostWire, StagedWire, byte_view, make_wire, transport_label
 
+# no MPI but in the tests marked mpi (conftest: the Open MPI run skips the others)
+pytestmark = pytest.mark.nompi
+
 
 class _Comm:
     """MPI's point-to-point calls, recording the buffers they are handed; a receive fills
@@ -93,6 +96,7 @@ def test_the_host_wire_hands_mpi_the_tensors_own_memory_and_refuses_gpu_tensors(
     assert transport_label("host") == "mpi" and transport_label("staged") == "mpi-staged"
 
 
+@pytest.mark.mpi  # starts MPI: runs under every MPI
 def test_validate_over_the_staged_wire_between_two_ranks(xbench, tmp_path):
     """Every path's output through host buffers still matches one-instance attention, and
     the samples say which wire carried them."""

@@ -100,8 +100,9 @@ def simulate(
         typer.Option(
             "--out",
             "-o",
-            help="Also write the table as Parquet here (--validate: its replays' files go "
-            "beside it, else under results/).",
+            help="Also write the table as Parquet here, and the reports beside it "
+            "(NAME.saturation.parquet, NAME.sharing-steps.parquet, ...; --validate: its "
+            "replays' files go beside it, else under results/).",
         ),
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace --out if it exists.")] = False,
@@ -112,7 +113,7 @@ def simulate(
     from xbench.core.profile import load_profile
     from xbench.core.scenario import load_workload
     from xbench.resources import DEFAULT_PROFILE, profile_path, scenario_path
-    from xbench.results.store import refuse_overwrite
+    from xbench.results.store import refuse_overwrite, report_path
     from xbench.simulate import (
         POLICIES,
         batching_gain,
@@ -167,9 +168,10 @@ def simulate(
     n = requests if requests is not None else spec["requests"]
     if n < 1:
         raise XbenchError(f"--requests {n}: nothing to replay", "pass --requests 1 or more")
-    if out is not None:
-        refuse_overwrite(out, force)
     prefill = spec["kind"] == "prefill"
+    if out is not None:  # every file it would write, before any is
+        for path in (out, *(report_path(out, name) for name in _reports(spec))):
+            refuse_overwrite(path, force)
     if not prefill:
         spec["fields"]["move_on_compute"] = moves_on_compute(prof)
     steps = len(spec["fabrics"]) * (4 + len(DEPLOYMENTS) if prefill else len(policies))
@@ -192,7 +194,12 @@ def simulate(
     sharing = sharing_report(prof, spec) if spec.get("sharing") else None
     beside = None if prefill else decide_beside(prof, spec, frame)
     if out is not None:
-        _write(out, frame, spec, prof, seed, prefill)
+        written = {"saturation": saturated} if prefill else {}
+        if sharing is not None:
+            written["sharing-calls"], written["sharing-steps"] = sharing[0], sharing[1]
+        if hits is not None:
+            written["span-hits"] = hits
+        _write(out, frame, spec, prof, seed, prefill, written, sharing and sharing[2])
     if prefill:
         emit_frame(
             frame, fmt, lambda f: _prefill_table(f, spec, prof.name, n, facts, out, saturated)
@@ -257,11 +264,20 @@ def _step_words(fields: dict) -> str:
     )
 
 
-def _write(out, frame, spec, prof, seed: int, prefill: bool) -> None:
-    """The policies' rows to --out, with the run's metadata."""
+def _reports(spec: dict) -> list[str]:
+    """The reports this workload's simulation writes beside --out."""
+    if spec["kind"] == "prefill":
+        return ["saturation"]
+    names = ["sharing-calls", "sharing-steps"] if spec.get("sharing") else []
+    return names + (["span-hits"] if spec.get("span_cache") else [])
+
+
+def _write(out, frame, spec, prof, seed: int, prefill: bool, reports: dict, facts=None) -> None:
+    """The policies' rows to --out, and each report beside it, with the run's metadata (the
+    sharing report's bounds with it)."""
     from xbench.results.metadata import new_run_id, run_metadata
-    from xbench.results.schema import PREFILL_SIMULATION, SIMULATION
-    from xbench.results.store import write_table
+    from xbench.results.schema import PREFILL_SIMULATION, SIMULATION, SIMULATION_REPORTS
+    from xbench.results.store import report_path, write_table
 
     # a decode use's step (a prefill workload's layers are its model's, in its fields)
     step = (
@@ -269,10 +285,12 @@ def _write(out, frame, spec, prof, seed: int, prefill: bool) -> None:
     )
     meta = run_metadata(
         new_run_id("simulate"), "simulate", scenario=spec["name"], profile=prof.name, seed=seed,
-        **step,
+        **step, **({"sharing": facts} if facts else {}),
     )  # fmt: skip
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     write_table(Path(out), PREFILL_SIMULATION if prefill else SIMULATION, frame, meta)
+    for name, report in reports.items():
+        write_table(report_path(out, name), SIMULATION_REPORTS[name], report, meta)
 
 
 def _table(
@@ -547,20 +565,17 @@ def _prefill_table(frame, spec, profile: str, n: int, facts, out, saturated=None
         + "latency: arrival to the KV being here (prefill, and the transfer when offloaded); "
         "threshold: offload above t tokens, t from a grid search over the trace's lengths "
         "(least mean latency; every t is in the Parquet);  off: share of requests offloaded;  "
-        "link: busy share;  here, there: the mean instance's busy share in each cluster",
+        "link: busy share;  here, there: the mean instance's busy share in each cluster"
+        + (
+            ";  hit: prompt tokens found in the prefix cache of the cluster that prefilled "
+            "them (a threshold offloads when more than t tokens are uncached here)"
+            if spec["fields"].get("prefixes")
+            else ""
+        ),
     )
-    for col in (
-        "fabric",
-        "policy",
-        "t",
-        "p50",
-        "p99",
-        "mean",
-        "off",
-        "link",
-        "here",
-        "there",
-    ):
+    hits = bool(spec["fields"].get("prefixes"))
+    columns = ("fabric", "policy", "t", "p50", "p99", "mean", "off", "link", "here", "there")
+    for col in columns + (("hit",) if hits else ()):
         table.add_column(
             col, justify="left" if col in ("fabric", "policy") else "right", no_wrap=True
         )
@@ -577,6 +592,7 @@ def _prefill_table(frame, spec, profile: str, n: int, facts, out, saturated=None
             f"{100 * r.link_util:.0f}%",
             f"{100 * r.local_util:.0f}%",
             f"{100 * r.remote_util:.0f}%",
+            *((f"{100 * r.hit_rate:.0f}%",) if hits else ()),
         )
     console.print(table)
     for fact in facts:

@@ -209,7 +209,21 @@ PREFILL_KEYS = {
     "burst_off": (str, None),
     # the link's bandwidth over time: [[from s, share of the fabric's], ...]
     "link_trace": (list, None),
+    # shared prefixes (their count, the share of requests with one, their lengths and
+    # popularity) and each cluster's prefix cache, in tokens
+    "prefixes": (int, 0),
+    "prefix_share": (float, 0),
+    "prefix_median": (int, 1),
+    "prefix_sigma": (float, 0),
+    "prefix_zipf": (float, 0),
+    "local_cache_tokens": (int, 0),
+    "remote_cache_tokens": (int, 0),
 }
+# the prefix keys, which say nothing without prefixes
+PREFIX_KEYS = (
+    "prefix_share", "prefix_median", "prefix_sigma", "prefix_zipf", "local_cache_tokens",
+    "remote_cache_tokens",
+)  # fmt: skip
 WORKLOAD_KINDS = {"decode": WORKLOAD_KEYS, "prefill": PREFILL_KEYS}
 
 
@@ -333,6 +347,29 @@ def _prefill_fields(path: Path, table: dict, scenario: dict) -> dict:
         "rate_per_s": _rate(path, table, "2/s"),
         **_bursts(path, table),
         "link_trace": _link_trace(path, table.get("link_trace", [])),
+        **_prefixes(path, table),
+    }
+
+
+def _prefixes(path: Path, table: dict) -> dict:
+    """The prefix keys given, as the PrefillWorkload's fields (refused without prefixes, and
+    a share above 1)."""
+    given = [key for key in PREFIX_KEYS if key in table]
+    if given and not table.get("prefixes"):
+        raise ScenarioError(
+            f"scenario {path}: [workload] gives {', '.join(given)} without prefixes",
+            "they describe shared prefixes and their caches: add prefixes = N, or drop them",
+        )
+    if table.get("prefix_share", 0) > 1:
+        raise ScenarioError(
+            f"scenario {path}: [workload] prefix_share = {table['prefix_share']} is out of range",
+            "give prefix_share between 0 and 1 (the share of requests with a shared prefix)",
+        )
+    floats = {"prefix_share", "prefix_sigma", "prefix_zipf"}
+    return {
+        key: float(table[key]) if key in floats else table[key]
+        for key in ("prefixes", *PREFIX_KEYS)
+        if key in table
     }
 
 

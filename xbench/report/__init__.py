@@ -28,6 +28,9 @@ FIGURE_KINDS = (
     "simulate",
     "validation",
     "prefill",
+    "saturation",
+    "sharing",
+    "spanhits",
     "decisions",
     "breakeven",
 )
@@ -41,6 +44,7 @@ class Figure:
 
 
 def _kind(path: Path) -> str:
+    from xbench.results.schema import SIMULATION_REPORTS
     from xbench.results.store import read_run_meta
 
     if path.is_dir():
@@ -58,10 +62,13 @@ def _kind(path: Path) -> str:
             table = ""
         if table in ("comparison", "simulation", "prefill_simulation", "simulation_validation"):
             return table
+        if table in SIMULATION_REPORTS.values():
+            return "simulation_report"
     raise XbenchError(
         f"{path} is not something xbench report draws",
         "pass probe, kernel or validate run directories, a profile .toml, or a comparison or "
-        "simulation .parquet (xbench simulate --out, with or without --validate)",
+        "simulation .parquet (xbench simulate --out, with or without --validate, or a report "
+        "it wrote beside it)",
     )
 
 
@@ -162,6 +169,7 @@ def _run_figures(path: Path, kind: str, tag: str, profiles: list):
     elif kind == "simulation":
         frame = read_table([path], SIMULATION)
         yield figures.simulation_figure(frame), f"simulate-{tag}", f"Simulation ({path})"
+        yield from _report_figures(path, tag)
     elif kind == "simulation_validation":
         frame = read_table([path], SIMULATION_VALIDATION)
         yield (
@@ -172,6 +180,46 @@ def _run_figures(path: Path, kind: str, tag: str, profiles: list):
     elif kind == "prefill_simulation":
         frame = read_table([path], PREFILL_SIMULATION)
         yield figures.prefill_figure(frame), f"prefill-{tag}", f"Prefill offload ({path})"
+        yield from _report_figures(path, tag)
+    elif kind == "simulation_report":  # NAME.<report>.parquet given alone
+        name, report = path.stem.rsplit(".", 1)
+        yield from _report_figures(path.with_name(name + path.suffix), tag, only=report)
+
+
+def _report_figures(table_path: Path, tag: str, only: str | None = None):
+    """(figure, file name, title) for each report ``xbench simulate --out`` wrote beside a
+    simulation's table (``only``: that one): the deployments at saturation, shared-KV
+    batching (its calls and steps together), the span expressions' hit rates."""
+    from xbench.report import figures
+    from xbench.results.schema import SIMULATION_REPORTS
+    from xbench.results.store import read_table, report_path, table_run_meta
+
+    def have(report: str):
+        path = report_path(table_path, report)
+        wanted = only is None or only == report or {only, report} == SHARING
+        return path if wanted and path.exists() else None
+
+    if path := have("saturation"):
+        frame = read_table([path], SIMULATION_REPORTS["saturation"])
+        yield figures.saturation_figure(frame), f"saturation-{tag}", f"At saturation ({path})"
+    steps, calls = have("sharing-steps"), have("sharing-calls")
+    if steps or calls:
+        frames = [
+            read_table([p] if p else [], SIMULATION_REPORTS[r])
+            for p, r in ((calls, "sharing-calls"), (steps, "sharing-steps"))
+        ]
+        facts = table_run_meta(steps or calls).get("sharing", {})
+        yield (
+            figures.sharing_figure(*frames, facts),
+            f"sharing-{tag}",
+            f"Shared-KV batching ({steps or calls})",
+        )
+    if path := have("span-hits"):
+        frame = read_table([path], SIMULATION_REPORTS["span-hits"])
+        yield figures.span_hits_figure(frame), f"spanhits-{tag}", f"Span hit rates ({path})"
+
+
+SHARING = {"sharing-calls", "sharing-steps"}
 
 
 def _fit_fabrics(samples):

@@ -451,3 +451,98 @@ def prefill_figure(frame: pd.DataFrame) -> plt.Figure | None:
         use.grid(True, alpha=0.3)
     fig.tight_layout()
     return fig
+
+
+# the study's figures for prefill-as-a-service: PrfaaS's throughput over each baseline
+PRFAAS_STUDY = {"vs_homogeneous": 0.54, "vs_naive": 0.32}
+
+
+def saturation_figure(frame: pd.DataFrame) -> plt.Figure | None:
+    """Per fabric: the highest arrival rate each deployment keeps up with, its gain over
+    the homogeneous and the naive deployments written on its bar, the study's beside."""
+    if frame.empty:
+        return None
+    fabrics = list(dict.fromkeys(frame.fabric))
+    fig, axes = plt.subplots(1, len(fabrics), figsize=(7 * len(fabrics), 3.8), squeeze=False)
+    for ax, fabric in zip(axes[0], fabrics, strict=True):
+        f = frame[frame.fabric == fabric]
+        bars = ax.barh(f.deployment, f.max_rate_per_s, color="#1f77b4")
+        for bar, row in zip(bars, f.itertuples(), strict=True):
+            ax.text(
+                bar.get_width(),
+                bar.get_y() + bar.get_height() / 2,
+                f" {100 * row.vs_homogeneous:+.0f}% / {100 * row.vs_naive:+.0f}%",
+                va="center",
+                fontsize=8,
+            )
+        ax.invert_yaxis()
+        ax.set_xlim(0, 1.35 * f.max_rate_per_s.max())
+        ax.set_xlabel("highest rate kept up with, requests/s")
+        ax.set_title(
+            f"{fabric}: deployments at saturation\n(vs homogeneous / vs naive; the study: "
+            f"+{100 * PRFAAS_STUDY['vs_homogeneous']:.0f}% / "
+            f"+{100 * PRFAAS_STUDY['vs_naive']:.0f}%)",
+            fontsize=9,
+        )
+        ax.grid(True, axis="x", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def sharing_figure(calls: pd.DataFrame, steps: pd.DataFrame, facts: dict) -> plt.Figure | None:
+    """Shared-KV batching: one call of B queries over a shared chunk against B calls, with
+    the knee and the device's ridge point marked (memory-bound to compute-bound); and a
+    decode step's gain over each request holding its own copy, against the shared
+    context, with its bound and the paper's 538.7x."""
+    if calls.empty and steps.empty:
+        return None
+    fig, (per_call, per_step) = plt.subplots(1, 2, figsize=(12, 4))
+    per_call.plot(calls.batch, calls.gain, "o-", ms=3, label="B calls / one batched call")
+    for at, label, style in ((facts.get("knee"), "knee", ":"), (facts.get("ridge"), "ridge", "--")):
+        if at and math.isfinite(at):
+            per_call.axvline(at, color="k", ls=style, lw=1, label=f"{label}: B = {at:,.0f}")
+    if facts.get("call_bound"):
+        per_call.axhline(facts["call_bound"], color="grey", lw=1, label="a call's bound")
+    per_call.set_xscale("log", base=2)
+    per_call.set_yscale("log")
+    per_call.set_xlabel("queries B over one shared chunk")
+    per_call.set_ylabel("gain")
+    per_call.set_title(f"{facts.get('model', '')}: batched against separate calls")
+    per_call.legend(fontsize=7)
+    per_call.grid(True, which="both", alpha=0.3)
+    per_step.plot(steps.shared_tokens, steps.gain, "o-", ms=3, label="step, unique KV beside")
+    per_step.plot(
+        steps.shared_tokens, steps.gain_unique_elsewhere, "s--", ms=3, label="unique KV elsewhere"
+    )
+    if facts.get("ceiling"):
+        per_step.axhline(facts["ceiling"], color="grey", lw=1, label="bound")
+    if facts.get("paper"):
+        per_step.axhline(facts["paper"], color="r", ls=":", lw=1, label="paper")
+    per_step.set_xscale("log", base=2)
+    per_step.set_yscale("log")
+    per_step.set_xlabel("shared context, tokens")
+    per_step.set_title("a decode step against each request's own copy")
+    per_step.legend(fontsize=7)
+    per_step.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def span_hits_figure(frame: pd.DataFrame) -> plt.Figure | None:
+    """Per span expression, asked in order: its KV-cache hit rate under prefix caching and
+    under position-independent caching."""
+    if frame.empty:
+        return None
+    fig, ax = plt.subplots(figsize=(10, 0.35 * len(frame) + 1.6))
+    y = np.arange(len(frame))
+    ax.barh(y - 0.2, 100 * frame.hit_rate_dependent, 0.4, label="prefix caching")
+    ax.barh(y + 0.2, 100 * frame.hit_rate_independent, 0.4, label="position-independent")
+    ax.set_yticks(y, frame.expr, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 100)
+    ax.set_xlabel("KV-cache hit rate, % of the expression's tokens")
+    ax.set_title("span expressions, asked in order")
+    ax.legend(fontsize=7)
+    ax.grid(True, axis="x", alpha=0.3)
+    fig.tight_layout()
+    return fig

@@ -39,6 +39,13 @@ kernel_samples v7: adds ``launch`` (graph or eager: how the timed calls ran; a G
 validate_summary v2: adds, per phase, ``measured_<phase>_us`` and ``predicted_<phase>_us``
     (v1 files read with them null).
 simulation v1: first version, written by ``xbench simulate --out``.
+prefill_saturation v1, sharing_calls v1, sharing_steps v1, span_hits v1: first versions,
+    the reports ``xbench simulate --out`` writes beside the policies' table (deployments at
+    saturation; shared-KV batching's calls and steps, its bounds in the run metadata; span
+    expressions' hit rates).
+prefill_simulation v2: adds ``hit_rate``, the share of prompt tokens found in the prefix
+    cache of the cluster that prefilled them (0 without shared prefixes); v1 files read
+    with it null (not recorded).
 simulation_validation v2: adds ``costs``: each policy simulated with the profile's costs
     and with those a calibration replay measured (v1 files read as the profile's).
 simulation_validation v3: adds ``replays`` and ``floor_*``: the validated trace replayed
@@ -379,8 +386,73 @@ PREFILL_SIMULATION_SCHEMA = pa.schema(
         pa.field("link_gbps", pa.float64(), nullable=False),  # bits moved / makespan
         pa.field("local_util", pa.float64(), nullable=False),  # mean over instances
         pa.field("remote_util", pa.float64(), nullable=False),
+        pa.field("hit_rate", pa.float64()),  # prompt tokens from a prefix cache
     ]
 )
+
+# the reports beside a simulation's table (``xbench simulate --out``)
+PREFILL_SATURATION = "prefill_saturation"
+PREFILL_SATURATION_SCHEMA = pa.schema(
+    [
+        pa.field("fabric", pa.string(), nullable=False),
+        pa.field("deployment", pa.string(), nullable=False),  # homogeneous, naive ..., PrfaaS
+        pa.field("policy", pa.string(), nullable=False),
+        pa.field("threshold_tokens", pa.float64()),  # the threshold's best t at saturation
+        pa.field("max_rate_per_s", pa.float64(), nullable=False),  # highest rate kept up with
+        pa.field("vs_homogeneous", pa.float64(), nullable=False),  # rate / homogeneous's - 1
+        pa.field("vs_naive", pa.float64(), nullable=False),
+    ]
+)
+SHARING_CALLS = "sharing_calls"
+SHARING_CALLS_SCHEMA = pa.schema(
+    [
+        pa.field("batch", pa.int64(), nullable=False),  # B queries over one shared chunk
+        pa.field("batched_s", pa.float64(), nullable=False),  # one call of B x heads rows
+        pa.field("separate_s", pa.float64(), nullable=False),  # B calls of heads rows
+        pa.field("gain", pa.float64(), nullable=False),
+    ]
+)
+SHARING_STEPS = "sharing_steps"
+SHARING_STEPS_SCHEMA = pa.schema(
+    [
+        pa.field("batch", pa.int64(), nullable=False),
+        pa.field("shared_tokens", pa.int64(), nullable=False),
+        pa.field("unique_tokens", pa.int64(), nullable=False),
+        pa.field("keep", pa.float64(), nullable=False),  # share of shared chunks routed to
+        pa.field("chunks_read", pa.float64(), nullable=False),
+        pa.field("queries_per_chunk", pa.float64(), nullable=False),
+        pa.field("shared_s", pa.float64(), nullable=False),  # a decode step, every layer
+        pa.field("unique_s", pa.float64(), nullable=False),
+        pa.field("merge_s", pa.float64(), nullable=False),
+        pa.field("step_s", pa.float64(), nullable=False),
+        pa.field("separate_step_s", pa.float64(), nullable=False),  # each its own copy
+        pa.field("throughput_per_s", pa.float64(), nullable=False),
+        pa.field("separate_throughput_per_s", pa.float64(), nullable=False),
+        pa.field("gain", pa.float64(), nullable=False),
+        pa.field("gain_unique_elsewhere", pa.float64(), nullable=False),
+    ]
+)
+SPAN_HITS = "span_hits"
+SPAN_HITS_SCHEMA = pa.schema(
+    [
+        pa.field("expr", pa.string(), nullable=False),  # as the parser renders it
+        pa.field("tokens", pa.int64(), nullable=False),
+        pa.field("hit_tokens_dependent", pa.int64(), nullable=False),  # prefix caching
+        pa.field("hit_rate_dependent", pa.float64(), nullable=False),
+        pa.field("ttft_dependent_s", pa.float64()),  # null without a prefill cost
+        pa.field("hit_tokens_independent", pa.int64(), nullable=False),
+        pa.field("hit_rate_independent", pa.float64(), nullable=False),
+        pa.field("ttft_independent_s", pa.float64()),
+    ]
+)
+
+# each report's name in its file (NAME.<report>.parquet beside NAME.parquet) and its table
+SIMULATION_REPORTS = {
+    "saturation": PREFILL_SATURATION,
+    "sharing-calls": SHARING_CALLS,
+    "sharing-steps": SHARING_STEPS,
+    "span-hits": SPAN_HITS,
+}
 
 SIMULATION_VALIDATION = "simulation_validation"
 REPLAY_STATS = ("p50_us", "p99_us", "mean_us", "throughput_per_s")  # per policy and replay
@@ -430,6 +502,10 @@ SCHEMAS = {
     SIMULATION: SIMULATION_SCHEMA,
     PREFILL_SIMULATION: PREFILL_SIMULATION_SCHEMA,
     SIMULATION_VALIDATION: SIMULATION_VALIDATION_SCHEMA,
+    PREFILL_SATURATION: PREFILL_SATURATION_SCHEMA,
+    SHARING_CALLS: SHARING_CALLS_SCHEMA,
+    SHARING_STEPS: SHARING_STEPS_SCHEMA,
+    SPAN_HITS: SPAN_HITS_SCHEMA,
 }
 SCHEMA_VERSIONS = {
     PROBE_SAMPLES: 2,
@@ -439,7 +515,11 @@ SCHEMA_VERSIONS = {
     VALIDATE_SUMMARY: 2,
     COMPARISON: 2,
     SIMULATION: 1,
-    PREFILL_SIMULATION: 1,
+    PREFILL_SIMULATION: 2,
+    PREFILL_SATURATION: 1,
+    SHARING_CALLS: 1,
+    SHARING_STEPS: 1,
+    SPAN_HITS: 1,
     SIMULATION_VALIDATION: 5,
 }
 
@@ -459,14 +539,6 @@ def _added_summary_phase_columns(table: pa.Table) -> pa.Table:
             table = table.append_column(
                 pa.field(f"{kind}_{phase}_us", pa.float64()), pa.nulls(table.num_rows, pa.float64())
             )
-    return table
-
-
-def _added_sensitivity_columns(table: pa.Table) -> pa.Table:
-    for name in ("launch_sd", "detectable"):
-        table = table.append_column(
-            pa.field(name, pa.float64()), pa.nulls(table.num_rows, pa.float64())
-        )
     return table
 
 
@@ -516,6 +588,19 @@ def _added_step_columns(table: pa.Table) -> pa.Table:
     return table
 
 
+def _added_null_columns(*names):
+    """A migration for a version that added float columns older files did not record."""
+
+    def migrate(table: pa.Table) -> pa.Table:
+        for name in names:
+            table = table.append_column(
+                pa.field(name, pa.float64()), pa.nulls(table.num_rows, pa.float64())
+            )
+        return table
+
+    return migrate
+
+
 # MIGRATIONS[table][v] turns a pyarrow.Table of version v into version v + 1.
 def _added_columns(arrow_type, **defaults):
     """A migration for a version that added columns of one type: older rows read as these."""
@@ -556,7 +641,8 @@ MIGRATIONS: dict[str, dict[int, object]] = {
         3: _added_central_column,  # v3: the first replay compared
         4: _added_error_intervals,  # v4: no interval of the error
     },
-    COMPARISON: {1: _added_sensitivity_columns},  # v1: no detectable change
+    COMPARISON: {1: _added_null_columns("launch_sd", "detectable")},  # v1: no detectable change
+    PREFILL_SIMULATION: {1: _added_null_columns("hit_rate")},  # v1: not recorded
     VALIDATE_SAMPLES: {
         1: _added_int_columns(requester=0, round=0),  # v1: rank 0 asked, one pass
         2: _added_int_columns(segments=1),  # v2: fetches were packed into one message

@@ -100,6 +100,13 @@ def write_table(path: Path, table_name: str, rows_or_frame, run_meta: dict) -> P
     return path
 
 
+def report_path(table_path: Path, report: str) -> Path:
+    """Where a report of the table at ``table_path`` lies: NAME.<report>.parquet beside
+    NAME.parquet (``schema.SIMULATION_REPORTS``)."""
+    table_path = Path(table_path)
+    return table_path.with_name(f"{table_path.stem}.{report}{table_path.suffix}")
+
+
 def refuse_existing_run(out_dir: Path, run_id: str | None = None) -> None:
     """One directory holds one run: adding to another run's samples would mix them.
 
@@ -268,6 +275,12 @@ def stored_config(run_dir, command: str, what: str, hint: str) -> dict:
     if meta.get("command") != command or not meta.get("config"):
         raise XbenchError(f"{run_dir} holds no stored {what}", hint)
     return meta
+
+
+def table_run_meta(path: Path) -> dict:
+    """The run metadata a one-file table carries (``xbench.run``; {} without)."""
+    meta = pq.read_schema(path).metadata or {}
+    return json.loads(meta.get(b"xbench.run", b"{}"))
 
 
 def read_run_meta(path: Path) -> dict:

@@ -18,16 +18,29 @@ the KV grows linearly and the prefill faster, a long request produces its KV at 
 rate: the reason to offload long requests and keep short ones (whose KV would crowd the
 link) here, the study's routing threshold.
 
-Policies: ``local`` and ``offload`` always, ``threshold`` (offload above ``t`` tokens), and
-``predicate``: per request, the cost model's completion time of each option with the
-backlogs it would wait behind (this cluster's freest instance; the remote one's, and the
-link's).
+Prefix caches (``prefixes`` > 0): a share of the requests start with one of ``prefixes``
+shared prefixes (Zipf popularity, each its own lognormal length: system prompts, documents,
+a conversation's history), and each cluster keeps an LRU cache of prefixes' KV
+(``local_cache_tokens``, ``remote_cache_tokens``). A prefix cached where a request is
+prefilled is not prefilled again: its new tokens are, attending the prefix as context
+(``T_recompute(h + u) - T_recompute(h)``). An offload ships the KV this cluster lacks (the
+new tokens', and the prefix's where it is not cached here); a prefix's KV enters the cache
+of each cluster that computed or received it once it is there, so a request that arrives
+before that misses. The caches drift apart as the policy places requests: uneven, as the
+study says real ones are.
+
+Policies: ``local`` and ``offload`` always, ``threshold`` (offload when more than ``t``
+tokens are uncached here: a request whose prefix is cached here stays, cache-aware
+placement as the study's), and ``predicate``: per request, the cost model's completion
+time of each option with the backlogs it would wait behind (this cluster's freest
+instance; the remote one's, and the link's) and each cluster's cache.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,6 +71,16 @@ class PrefillWorkload:
     # the link's bandwidth over time: ((from s, share of the fabric's), ...), each share
     # holding until the next (the first from 0 s); empty: the fabric's throughout
     link_trace: tuple = ()
+    # shared prefixes: ``prefix_share`` of the requests start with one of ``prefixes`` (0:
+    # none), chosen by Zipf popularity, each of a lognormal length about ``prefix_median``;
+    # each cluster caches prefixes' KV (LRU, up to its tokens; 0: no cache)
+    prefixes: int = 0
+    prefix_share: float = 1.0
+    prefix_median: float = 16384
+    prefix_sigma: float = 0.5
+    prefix_zipf: float = 1.0
+    local_cache_tokens: float = 0.0
+    remote_cache_tokens: float = 0.0
 
     def link_share(self, t: float) -> float:
         """The share of the fabric's bandwidth the link has at ``t`` s."""
@@ -78,10 +101,17 @@ class PrefillWorkload:
 @dataclass
 class PrefillTrace:
     arrival: np.ndarray  # s
-    length: np.ndarray  # uncached tokens
+    length: np.ndarray  # the request's own tokens (never cached)
+    # per request: the shared prefix it starts with (-1: none) and that prefix's tokens
+    prefix: np.ndarray | None = None
+    prefix_tokens: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.arrival)
+
+    def prompts(self) -> np.ndarray:
+        """Each request's prompt tokens: its own and its prefix's."""
+        return self.length if self.prefix is None else self.length + self.prefix_tokens
 
 
 def make_prefill_trace(w: PrefillWorkload, requests: int, seed: int = 0) -> PrefillTrace:
@@ -96,7 +126,47 @@ def make_prefill_trace(w: PrefillWorkload, requests: int, seed: int = 0) -> Pref
         arrival = _bursty(w, gaps, np.random.default_rng([seed, 1]))
     length = np.exp(rng.normal(math.log(w.length_median), w.length_sigma, requests))
     length = np.clip(np.rint(length), w.min_length, w.max_length)
-    return PrefillTrace(arrival, length)
+    if not w.prefixes:
+        return PrefillTrace(arrival, length)
+    # the prefixes from a stream of their own, so the arrivals and lengths stay as without
+    pick = np.random.default_rng([seed, 2])
+    sizes = np.exp(pick.normal(math.log(w.prefix_median), w.prefix_sigma, w.prefixes))
+    sizes = np.clip(np.rint(sizes), 1, w.max_length)
+    weights = 1.0 / np.arange(1, w.prefixes + 1) ** w.prefix_zipf
+    prefix = pick.choice(w.prefixes, requests, p=weights / weights.sum())
+    prefix[pick.random(requests) >= w.prefix_share] = -1
+    tokens = np.where(prefix >= 0, sizes[np.maximum(prefix, 0)], 0.0)
+    return PrefillTrace(arrival, length, prefix, tokens)
+
+
+class PrefixCache:
+    """One cluster's LRU cache of prefixes' KV, by tokens: a prefix counts as cached from
+    when its KV is there (``ready``), and the least recently used leave to make room."""
+
+    def __init__(self, capacity: float):
+        self.capacity = capacity
+        self.held = 0.0
+        self.entries: OrderedDict[int, tuple[float, float]] = OrderedDict()  # (tokens, ready)
+
+    def cached(self, prefix: int, now: float) -> float:
+        """The tokens of ``prefix`` cached and ready at ``now`` (0 if not)."""
+        entry = self.entries.get(prefix)
+        return 0.0 if entry is None or entry[1] > now else entry[0]
+
+    def put(self, prefix: int, tokens: float, ready: float) -> None:
+        """``prefix``'s KV is here from ``ready`` (an earlier entry keeps its time), or was
+        used again: the most recently used either way."""
+        if tokens > self.capacity:
+            return
+        entry = self.entries.pop(prefix, None)
+        if entry is not None:
+            self.held -= entry[0]
+            ready = min(ready, entry[1])
+        while self.entries and self.held + tokens > self.capacity:
+            _, (gone, _) = self.entries.popitem(last=False)
+            self.held -= gone
+        self.entries[prefix] = (tokens, ready)
+        self.held += tokens
 
 
 def _bursty(w: PrefillWorkload, gaps: np.ndarray, rng) -> np.ndarray:
@@ -132,13 +202,16 @@ class PrefillCosts:
         self.w, self.fabric, self.device = w, profile.fabric(w.fabric), d
         self.kv_per_token = w.kv_bytes_per_token * w.layers
 
-    def prefill(self, tokens: float, speed: float = 1.0) -> float:
-        """One instance's prefill of ``tokens`` at ``speed`` of the profile's device."""
-        w = self.w
-        return w.layers * self.device.recompute(tokens) / (w.gpus_per_instance * speed)
+    def prefill(self, tokens: float, speed: float = 1.0, context: float = 0.0) -> float:
+        """One instance's prefill of ``tokens`` at ``speed`` of the profile's device, after
+        ``context`` cached tokens they attend (a prefix): T_recompute(context + tokens) -
+        T_recompute(context)."""
+        w, recompute = self.w, self.device.recompute
+        work = recompute(context + tokens) - recompute(context) if context else recompute(tokens)
+        return w.layers * work / (w.gpus_per_instance * speed)
 
-    def local(self, tokens: float) -> float:
-        return self.prefill(tokens, self.w.local_speed)
+    def local(self, tokens: float, context: float = 0.0) -> float:
+        return self.prefill(tokens, self.w.local_speed, context)
 
     def transfer(self, tokens: float) -> float:
         """The KV of ``tokens`` over the link, one message per layer."""
@@ -219,6 +292,9 @@ class PrefillResult:
     remote_busy: np.ndarray
     link_busy: float
     bytes_moved: float
+    # prompt tokens found in the cache of the cluster that prefilled them, and all of them
+    hit_tokens: float = 0.0
+    prompt_tokens: float = 0.0
 
 
 def simulate_prefill(
@@ -234,9 +310,14 @@ def simulate_prefill(
     remote_free = [0.0] * w.remote_instances
     local_busy = np.zeros(w.local_instances)
     remote_busy = np.zeros(w.remote_instances)
+    # each cluster's prefix cache (local, remote), and the requests' prefixes
+    caches = (PrefixCache(w.local_cache_tokens), PrefixCache(w.remote_cache_tokens))
+    prefixes = [-1] * n if trace.prefix is None else trace.prefix.tolist()
+    prefix_tokens = [0.0] * n if trace.prefix is None else trace.prefix_tokens.tolist()
+    hit_tokens = prompt_tokens = 0.0
     # the link: transfers queue in the order their first layer is ready; one is committed
     # once no later arrival can be ready before it (its first layer is no later than now)
-    ready: list = []  # (first layer ready, seq, request, transfer time, prefill end)
+    ready: list = []  # (first layer ready, seq, request, transfer time, prefill end, tokens)
     link_free = 0.0
     link_busy = moved = 0.0
     pending_work = 0.0  # transfer time of the queued, uncommitted transfers
@@ -245,16 +326,18 @@ def simulate_prefill(
     def commit(until: float) -> None:
         nonlocal link_free, link_busy, pending_work, last
         while ready and ready[0][0] <= until:
-            start_ready, _, r, x, prefill_end = heapq.heappop(ready)
+            start_ready, _, r, x, prefill_end, shipped = heapq.heappop(ready)
             pending_work -= x
             start = max(link_free, start_ready)
             # at the bandwidth it starts at (the link trace's share then)
             x /= w.link_share(start)
-            end, done = _landed(start, x, prefill_end, costs.splice(trace.length[r]), w.layers)
+            end, done = _landed(start, x, prefill_end, costs.splice(shipped), w.layers)
             link_free = end
             link_busy += x
             latency[r] = done - trace.arrival[r]
             last = max(last, done)
+            if prefixes[r] >= 0:  # its prefix's KV is here too now
+                caches[0].put(prefixes[r], prefix_tokens[r], done)
 
     for r, (now, tokens) in enumerate(
         zip(trace.arrival.tolist(), trace.length.tolist(), strict=True)
@@ -262,41 +345,57 @@ def simulate_prefill(
         commit(now)
         i = min(range(w.local_instances), key=local_free.__getitem__)
         j = min(range(w.remote_instances), key=remote_free.__getitem__)
-        remote_prefill = costs.prefill(tokens)
+        p = prefixes[r]
+        prompt = tokens + prefix_tokens[r]
+        # the prefix's tokens cached (and ready) here and there: each side prefills the rest
+        here = caches[0].cached(p, now) if p >= 0 else 0.0
+        there = caches[1].cached(p, now) if p >= 0 else 0.0
+        remote_prefill = costs.prefill(prompt - there, 1.0, there)
+        shipped = prompt - here  # the KV this cluster lacks
         if policy == "local":
             ship = False
         elif policy == "offload":
             ship = True
         elif policy == "threshold":
-            ship = tokens > threshold
+            ship = shipped > threshold
         else:
-            local_done = max(local_free[i], now) + costs.local(tokens)
-            start = max(remote_free[j], now + costs.prompt(tokens))
-            x, s = costs.transfer(tokens), costs.splice(tokens)
+            local_done = max(local_free[i], now) + costs.local(shipped, here)
+            start = max(remote_free[j], now + costs.prompt(prompt))
+            x, s = costs.transfer(shipped), costs.splice(shipped)
             x /= w.link_share(now)  # at the bandwidth the link has now
             link_start = max(link_free, start + remote_prefill / w.layers) + pending_work
             _, ship_done = _landed(link_start, x, start + remote_prefill, s, w.layers)
             ship = ship_done < local_done
         if ship:
-            start = max(remote_free[j], now + costs.prompt(tokens))
+            start = max(remote_free[j], now + costs.prompt(prompt))
             remote_free[j] = start + remote_prefill
             remote_busy[j] += remote_prefill
-            x = costs.transfer(tokens)
+            x = costs.transfer(shipped)
             first_layer = start + remote_prefill / w.layers
-            heapq.heappush(ready, (first_layer, r, r, x, start + remote_prefill))
+            heapq.heappush(ready, (first_layer, r, r, x, start + remote_prefill, shipped))
             pending_work += x
-            moved += tokens * costs.kv_per_token
+            moved += shipped * costs.kv_per_token
             offloaded[r] = True
+            hit_tokens += there
+            if p >= 0:
+                caches[1].put(p, prefix_tokens[r], start + remote_prefill)
         else:
-            work = costs.local(tokens)
+            work = costs.local(shipped, here)
             end = max(local_free[i], now) + work
             local_free[i] = end
             local_busy[i] += work
             latency[r] = end - now
             last = max(last, end)
+            hit_tokens += here
+            if p >= 0:
+                caches[0].put(p, prefix_tokens[r], end)
+        prompt_tokens += prompt
     commit(math.inf)
     makespan = last - float(trace.arrival[0]) if n else 0.0
-    return PrefillResult(latency, offloaded, makespan, local_busy, remote_busy, link_busy, moved)
+    return PrefillResult(
+        latency, offloaded, makespan, local_busy, remote_busy, link_busy, moved,
+        hit_tokens, prompt_tokens,
+    )  # fmt: skip
 
 
 def summarize_prefill(result: PrefillResult, policy: str, fabric: str, threshold=None) -> dict:
@@ -319,13 +418,16 @@ def summarize_prefill(result: PrefillResult, policy: str, fabric: str, threshold
         "link_gbps": 8 * result.bytes_moved / span / 1e9,
         "local_util": float(result.local_busy.mean() / span),
         "remote_util": float(result.remote_busy.mean() / span),
+        # prompt tokens found in the prefix cache of the cluster that prefilled them
+        "hit_rate": result.hit_tokens / result.prompt_tokens if result.prompt_tokens else 0.0,
     }
 
 
 def threshold_grid(trace: PrefillTrace, points: int = 33) -> np.ndarray:
-    """The thresholds a grid search tries: the trace's length quantiles (every share of
-    offloaded requests from none to all, in steps), as the study grid-searches its t."""
-    return np.unique(np.quantile(trace.length, np.linspace(0, 1, points)))
+    """The thresholds a grid search tries: the trace's prompt length quantiles (every share
+    of offloaded requests from none to all, in steps, where nothing is cached), as the study
+    grid-searches its t."""
+    return np.unique(np.quantile(trace.prompts(), np.linspace(0, 1, points)))
 
 
 def run_prefill(profile, spec: dict, requests: int, seed: int, on_step=None):
