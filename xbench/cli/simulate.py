@@ -308,7 +308,15 @@ def _table(
         + f"{_step_words(spec['fields'])};  "
         + "link, gpu: the busiest instance's egress and compute;  shares: present "
         "(home, cached or arriving) / route / fetch / local;  vs best: the predicate's mean "
-        "latency against the better of always-route and always-fetch on the same trace",
+        "latency against the better of always-route and always-fetch on the same trace"
+        + (
+            ";  span requests: present is each policy's KV-cache hit rate (a request's chunks "
+            "found here, its prefix always), route and fetch the KV reused from elsewhere, "
+            "local the KV prefilled again; a latency is a request's first decode step over "
+            "all its chunks (its time to first token, less its question's prefill)"
+            if spec["fields"].get("spans")
+            else ""
+        ),
     )
     for col in ("fabric", "policy", "p50", "p99", "mean", "link", "gpu", "shares %", "vs best"):
         table.add_column(

@@ -182,6 +182,8 @@ WORKLOAD_KEYS = {
     # round trip once a step where pipelined (the cost model's step, as decide --layers)
     "layers": (int, 1),
     "pipeline_layers": (bool, None),
+    # the routed answers queued at a requester merged in one call (MoSKA's batched merge)
+    "batch_merges": (bool, None),
     # the instances each shared chunk is spread over, a share on each (decide --holders)
     "holders": (int, 1),
 }
@@ -460,6 +462,7 @@ def _decode_fields(path: Path, table: dict, req: dict) -> dict:
         "spans": spans,
         "layers": table.get("layers", 1),
         "pipeline_layers": table.get("pipeline_layers", False),
+        "batch_merges": table.get("batch_merges", False),
         "holders": _holders(path, table.get("holders", 1), instances),
     }
 

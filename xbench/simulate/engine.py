@@ -86,6 +86,9 @@ class Workload:
     # once a step, hidden behind the other layers' compute
     layers: int = 1
     pipeline_layers: bool = False
+    # a requester merges the routed answers queued at it in one call (MoSKA's batched merge
+    # at the requester) instead of one call each
+    batch_merges: bool = False
     # k: the instances each shared chunk is spread over, a share of chunk_tokens / k on
     # each (the cost model's holders): route asks every holder and merges k + 1 partials,
     # fetch pulls every share; 1: the chunk whole on one instance, as the scenarios were
@@ -215,7 +218,7 @@ class _Costs:
         attend = d.compute(rh, w.chunk_tokens)  # one layer's
         self.attend = layers * attend
         # k holders: each attends its share of the chunk (the routed part of a use)
-        k = self.spread = w.holders
+        k = self.shares = w.holders
         share = w.chunk_tokens / k
         self.share_tokens = share
         attend_share = attend if k == 1 else d.compute(rh, share)
@@ -266,6 +269,8 @@ class _Costs:
         # read as dict lookups in the loop
         self.batched = _Memo(self._batched_attend)
         self.joins = _Memo(self._joins_batch)
+        # route's merge of the answers for ``rows`` query rows in one call (batch_merges)
+        self.batched_merge = _Memo(self._batched_merge)
         # the same for a holder's share (k > 1; on one holder the share is the chunk)
         if k == 1:
             self.batched_share, self.joins_share = self.batched, self.joins
@@ -292,6 +297,10 @@ class _Costs:
 
     def _batched_attend(self, rows: int) -> float:
         return self.layers * self.device.compute(rows * self.w.heads, self.w.chunk_tokens)
+
+    def _batched_merge(self, rows: int) -> float:
+        w = self.w
+        return self.layers * self.device.merge(rows * w.heads, self.partials, w.chunk_tokens)
 
     def _batched_share(self, rows: int) -> float:
         return self.layers * self.device.compute(rows * self.w.heads, self.share_tokens)
@@ -464,15 +473,15 @@ def _predicate(
     route += after_idle(idle_holder) if idle_holder else 0.0
     # with k holders, each takes a query's share and sends an answer, and each sends a
     # fetch its share: the holder given stands for all k
-    spread = costs.spread
-    route += spread * (lam * (wait_holder + holder_adds) * holder_adds) + route_later
+    shares = costs.shares
+    route += shares * (lam * (wait_holder + holder_adds) * holder_adds) + route_later
     answers = (1 + joiners) * costs.back_occ
     queries = (1 + joiners) * costs.queries_occ
-    route += spread * (on_holder_link * (link_holder + answers) * answers)
+    route += shares * (on_holder_link * (link_holder + answers) * answers)
     route += on_my_link * (link_me + queries) * queries
     first = link_holder + costs.fetch_once
     here = costs.fetch_attend
-    fetch = spread * (on_holder_link * (link_holder + costs.kv_occ) * costs.kv_occ)
+    fetch = shares * (on_holder_link * (link_holder + costs.kv_occ) * costs.kv_occ)
     if costs.w.move_on_compute:  # the gather queues at the holder's compute, and loads it
         first += wait_holder
         fetch += lam * (wait_holder + costs.gather) * costs.gather
@@ -881,6 +890,25 @@ class Simulation:
         compute.queue[i] = keep
         return rows
 
+    def _batch_merges(self, i: int, job: Job) -> int:
+        """Take the merges queued at i into the job's call (up to the batch's rows, in
+        queue order); returns the call's rows."""
+        w, compute = self.w, self.compute
+        members, rows = [job.req], w.rows
+        keep = deque()
+        queue = compute.queue[i]
+        while queue:
+            other = queue.popleft()
+            if other.kind == "done" and rows + w.rows <= w.max_batch_rows:
+                members.append(other.req)
+                rows += w.rows
+                compute.backlog[i] -= other.work
+            else:
+                keep.append(other)
+        compute.queue[i] = keep
+        job.req = members
+        return rows
+
     def start_compute(self, i: int, now: float, job: Job | None = None) -> None:
         """Start core i's next queued job, or ``job`` at once (an idle core has none queued).
         An attention takes every queued attention of its chunk into one call."""
@@ -904,6 +932,8 @@ class Simulation:
             self.batches += 1
             self.batched_rows += rows
             job.work = dur = batched[rows]
+        elif kind == "done" and self.w.batch_merges:  # the answers queued here, one call
+            job.work = dur = self.costs.batched_merge[self._batch_merges(i, job)]
         else:
             dur = job.work
         if self.stretches:
@@ -1152,7 +1182,11 @@ class Simulation:
         elif kind != "messages":  # (taken in on an idle core: nothing follows from it)
             if kind == "fetched":
                 self._cached(i, self.chunks[req], now)
-            self.latency[req] = now - self.times[req]
+            if kind == "done" and self.w.batch_merges:  # a batched merge: its uses end
+                for r in req:
+                    self.latency[r] = now - self.times[r]
+            else:
+                self.latency[req] = now - self.times[req]
             if now > self.last:
                 self.last = now
         if self.between_jobs:

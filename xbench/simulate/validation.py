@@ -32,10 +32,13 @@ MAX_CHUNKS = 32  # two instances hold at most this many chunks (KV in memory on 
 
 def replay_workload(spec: dict, fabric: str, rate: float | None, profile) -> Workload:
     """The scenario's workload on two instances: at most MAX_CHUNKS chunks, the move on
-    the compute, and (unless given) a rate at which each instance would be half busy if
-    every use were one attention there."""
+    the compute, one merge per answer (as the replay's ranks merge), and (unless given) a
+    rate at which each instance would be half busy if every use were one attention there."""
     fields = dict(spec["fields"])
-    fields.update(instances=2, chunks=min(fields["chunks"], MAX_CHUNKS), move_on_compute=True)
+    fields.update(
+        instances=2, chunks=min(fields["chunks"], MAX_CHUNKS), move_on_compute=True,
+        batch_merges=False,
+    )  # fmt: skip
     if rate is None:
         attend = profile.device.compute(fields["rows"] * fields["heads"], fields["chunk_tokens"])
         rate = 0.5 * 2 / attend
