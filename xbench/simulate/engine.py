@@ -6,7 +6,10 @@ one compute server (FIFO; it batches the queued attentions of one chunk, routed 
 uses of a chunk present there alike, into one call whose time is the measured T_c for all
 their rows together, so a popular holder both queues and batches) and one egress link (FIFO at the fabric's bandwidth, each message paying the
 per-message overhead while it occupies the link and alpha in flight after it). A requester
-keeps the chunks it fetched in an LRU cache of ``cache_chunks``.
+keeps the chunks it fetched in an LRU cache of ``cache_chunks``. With ``holders`` k > 1 a
+shared chunk lies in shares on k instances (``Simulation``): a route asks each, a fetch
+pulls each share, and every message's bytes also pass its destination's ingress in turn.
+With ``batch_merges`` a requester merges the answers queued at it in one call.
 
 Paths (the cost model's phases, each on the resource it occupies):
 
@@ -203,7 +206,10 @@ class _Costs:
     (``costmodel.option_times``): attention, merge, move and recompute every layer; route's
     round trip every layer (``wired`` times: once where layers are pipelined), as one
     message each way holding every round trip's link time and flight; fetch's KV of every
-    layer in one transfer. With one layer these are the per-layer times as they were."""
+    layer in one transfer. With one layer these are the per-layer times as they were. With
+    k holders, per message: a query to one holder, one holder's answer, one holder's share
+    of the KV; ``per_use`` adds them as the cost model does (k queries out, the k answers
+    and shares through this instance's link)."""
 
     def __init__(self, profile, w: Workload):
         f = profile.fabric(w.fabric)
