@@ -14,7 +14,7 @@ import pytest
 from xbench.core.profile import load_profile
 from xbench.core.scenario import ScenarioError, load_workload
 from xbench.results.schema import PREFILL_SIMULATION, SIMULATION
-from xbench.results.store import read_table
+from xbench.results.store import read_table, table_run_meta
 from xbench.simulate import PATHS, Workload, make_trace, random_workloads, simulate
 from xbench.simulate.engine import Trace, _Costs
 from xbench.simulate.prefill import PrefillCosts, PrefillTrace, PrefillWorkload, simulate_prefill
@@ -141,6 +141,9 @@ def test_queries_for_one_chunk_batch_at_each_holder_over_its_share():
     """Four requesters' queries for chunk 0 at once: each holder runs the first alone and
     the others as one call over its share (c / k tokens), not over the whole chunk."""
     c = _Costs(PRIORS, SPREAD)
+    # what a query adds at a holder is read over the share, even before any share's call
+    assert c.joins_share[0] == c.batched_share[1] == pytest.approx(c.attend_share)
+    assert c.joins_share[2] == pytest.approx(c.batched_share[3] - c.batched_share[2])
     trace = Trace(np.zeros(4), np.array([4, 5, 6, 7]), np.zeros(4, int))
     res = simulate(PRIORS, SPREAD, trace, "route")
     assert res.batches == 8 and res.batched_rows == 16
@@ -665,7 +668,6 @@ def test_simulate_writes_its_reports_beside_the_table(xbench, tmp_path):
     """--out NAME.parquet: each report goes to NAME.<report>.parquet, of its own versioned
     table with the run's metadata (the sharing report's bounds in it); an existing report
     file is refused before anything is written, and --force replaces them all."""
-    import pyarrow.parquet as pq
 
     from xbench.results.schema import (
         PREFILL_SATURATION,
@@ -690,7 +692,7 @@ def test_simulate_writes_its_reports_beside_the_table(xbench, tmp_path):
             frame = read_table([tmp_path / f"{name}.{report}.parquet"], table)
             assert len(frame) > 0 and not frame.isna().all().any()
     steps = tmp_path / "moska-shared-chunk.sharing-steps.parquet"
-    run = json.loads(pq.read_schema(steps).metadata[b"xbench.run"])
+    run = table_run_meta(steps)
     assert run["sharing"]["paper"] == 538.7 and run["scenario"] == "moska-shared-chunk"
     saturated = read_table(
         [tmp_path / "prefill-as-a-service.saturation.parquet"], PREFILL_SATURATION
@@ -788,7 +790,6 @@ def test_simulate_and_decide_take_a_scenarios_holders(xbench, tmp_path):
     """[workload] holders = 4 spreads each shared chunk over 4 instances: simulate --holders
     4 gives the same figures, the table and the Parquet's run metadata say so, and decide
     --scenario prices the same spread."""
-    import pyarrow.parquet as pq
 
     src = [s for s in SCENARIOS if s.stem == "decode-route-vs-fetch"][0]
     spread = tmp_path / "spread.toml"
@@ -802,7 +803,7 @@ def test_simulate_and_decide_take_a_scenarios_holders(xbench, tmp_path):
     out = tmp_path / "sim.parquet"
     table = xbench("simulate", spread, *args[:-2], "--out", out, env={"COLUMNS": "200"}).stdout
     assert "each shared chunk on 4 holders" in table
-    run = json.loads(pq.read_schema(out).metadata[b"xbench.run"])
+    run = table_run_meta(out)
     assert (run["holders"], run["layers"]) == (4, 1)
     rows = json.loads(xbench("decide", "--scenario", spread, "--format", "json").stdout)
     assert rows and {r["holders"] for r in rows} == {4}

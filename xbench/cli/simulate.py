@@ -194,12 +194,14 @@ def simulate(
     sharing = sharing_report(prof, spec) if spec.get("sharing") else None
     beside = None if prefill else decide_beside(prof, spec, frame)
     if out is not None:
-        written = {"saturation": saturated} if prefill else {}
-        if sharing is not None:
-            written["sharing-calls"], written["sharing-steps"] = sharing[0], sharing[1]
-        if hits is not None:
-            written["span-hits"] = hits
-        _write(out, frame, spec, prof, seed, prefill, written, sharing and sharing[2])
+        made = {
+            "saturation": saturated if prefill else None,
+            "sharing-calls": sharing and sharing[0],
+            "sharing-steps": sharing and sharing[1],
+            "span-hits": hits,
+        }
+        reports = {name: made[name] for name in _reports(spec)}  # those refused above
+        _write(out, frame, spec, prof, seed, prefill, reports, sharing and sharing[2])
     if prefill:
         emit_frame(
             frame, fmt, lambda f: _prefill_table(f, spec, prof.name, n, facts, out, saturated)

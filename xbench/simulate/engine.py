@@ -232,9 +232,11 @@ class _Costs:
         # a fetch's first attention, on the chunk it has just spliced (partly in cache)
         self.fetch_attend = self.attend - layers * d.saved_on_splice(w.chunk_tokens)
         self.merge = layers * d.merge(rh, 2, w.chunk_tokens)
-        # route's merge of the k answers and this instance's partial (k + 1; 2 on one holder)
+        # route's merge of the k answers and this instance's partial (k + 1; 2 on one holder),
+        # for one use's rows (``route_merge_base``) or, batched, for any (``batched_merge``)
         self.partials = k + 1
-        self.route_merge_base = layers * d.merge(rh, k + 1, w.chunk_tokens)
+        self.batched_merge = _Memo(self._batched_merge)
+        self.route_merge_base = self.batched_merge[w.rows]
         self.move = layers * d.move(w.chunk_tokens, w.segments)
         # where the move runs on the compute (move_on_compute): the splice at the requester
         # (T_splice where measured, else all of T_move) and the gather, the rest, at the holder
@@ -256,8 +258,8 @@ class _Costs:
         o = f.overhead.value
         self.overheads = {"send": wired * o, "back": wired * o, "kv": w.segments * o}
         self.queries_occ = k * self.send_occ
-        self.answers_in = self.back_occ + (k - 1) * (self.back_occ - wired * o)
         answers_in = back_occ + (k - 1) * (back_occ - o)  # one layer's
+        self.answers_in = wired * answers_in
         answered = k * send_occ + send_fly + attend_share + answers_in + back_fly
         self.route_merge = layers * d.merge_after_wait(rh, k + 1, w.chunk_tokens, answered)
         # a fetch: every holder sends its share (1 / k of every layer's KV of the chunk), at
@@ -275,8 +277,6 @@ class _Costs:
         # read as dict lookups in the loop
         self.batched = _Memo(self._batched_attend)
         self.joins = _Memo(self._joins_batch)
-        # route's merge of the answers for ``rows`` query rows in one call (batch_merges)
-        self.batched_merge = _Memo(self._batched_merge)
         # the same for a holder's share (k > 1; on one holder the share is the chunk)
         if k == 1:
             self.batched_share, self.joins_share = self.batched, self.joins
@@ -311,8 +311,9 @@ class _Costs:
     def _batched_share(self, rows: int) -> float:
         return self.layers * self.device.compute(rows * self.w.heads, self.share_tokens)
 
-    def _joins_batch(self, queued: int, batched=None) -> float:
-        rows, batched = self.w.rows, batched or self.batched
+    def _joins_batch(self, queued: int, batched: _Memo | None = None) -> float:
+        # (not ``batched or``: a memo nothing has been read from yet is an empty dict)
+        rows, batched = self.w.rows, self.batched if batched is None else batched
         grown = batched[(queued + 1) * rows]
         return grown - batched[queued * rows] if queued else grown
 
@@ -872,48 +873,30 @@ class Simulation:
         else:
             self.to_compute(i, Job("messages", -1, self.message_cost), now)
 
-    def _batch(self, i: int, job: Job, k: int, key: int) -> int:
-        """Take the attentions of chunk k queued at i into the job's call (up to the batch's
-        rows, in queue order), those of the same kind (the whole chunk, or a holder's share
-        of it: ``key`` counts them in ``c_attq``); returns the call's rows."""
-        w, compute, c_attq = self.w, self.compute, self.c_attq[i]
-        members, rows, kind = job.req, w.rows, job.kind
+    def _batch(self, i: int, job: Job, k: int | None = None) -> int:
+        """Take the jobs of the job's kind queued at i into its call (up to the batch's
+        rows, in queue order): attentions of chunk ``k`` (the whole chunk, or a holder's
+        share of it), or any merge (``k`` None); ``job.req`` becomes the list of their uses.
+        Returns how many were taken."""
+        w, compute = self.w, self.compute
+        members, kind, chunks = [job.req], job.kind, self.chunks
+        room = w.max_batch_rows // w.rows - 1  # calls of at most max_batch_rows
         keep = deque()
         queue = compute.queue[i]
         while queue:
             other = queue.popleft()
             if (
                 other.kind == kind
-                and self.chunks[other.req] == k
-                and rows + w.rows <= w.max_batch_rows
+                and (k is None or chunks[other.req] == k)
+                and len(members) <= room
             ):
                 members.append(other.req)
-                rows += w.rows
-                compute.backlog[i] -= other.work
-                c_attq[key] -= 1
-            else:
-                keep.append(other)
-        compute.queue[i] = keep
-        return rows
-
-    def _batch_merges(self, i: int, job: Job) -> int:
-        """Take the merges queued at i into the job's call (up to the batch's rows, in
-        queue order); returns the call's rows."""
-        w, compute = self.w, self.compute
-        members, rows = [job.req], w.rows
-        keep = deque()
-        queue = compute.queue[i]
-        while queue:
-            other = queue.popleft()
-            if other.kind == "done" and rows + w.rows <= w.max_batch_rows:
-                members.append(other.req)
-                rows += w.rows
                 compute.backlog[i] -= other.work
             else:
                 keep.append(other)
         compute.queue[i] = keep
         job.req = members
-        return rows
+        return len(members) - 1
 
     def start_compute(self, i: int, now: float, job: Job | None = None) -> None:
         """Start core i's next queued job, or ``job`` at once (an idle core has none queued).
@@ -932,14 +915,17 @@ class Simulation:
             else:  # a holder's share
                 key, batched = ~k, self.costs.batched_share
             c_attq[key] -= 1
-            job.req = [r]
-            # others of this chunk are queued: they join this call
-            rows = self._batch(i, job, k, key) if c_attq[key] else self.w.rows
+            if c_attq[key]:  # others of this chunk are queued: they join this call
+                c_attq[key] -= self._batch(i, job, k)
+            else:
+                job.req = [r]
+            rows = len(job.req) * self.w.rows
             self.batches += 1
             self.batched_rows += rows
             job.work = dur = batched[rows]
         elif kind == "done" and self.w.batch_merges:  # the answers queued here, one call
-            job.work = dur = self.costs.batched_merge[self._batch_merges(i, job)]
+            self._batch(i, job)
+            job.work = dur = self.costs.batched_merge[len(job.req) * self.w.rows]
         else:
             dur = job.work
         if self.stretches:
@@ -995,8 +981,9 @@ class Simulation:
             # its bytes (after its overhead, at the sender) pass its destination's ingress
             # after those of the messages before them
             kind = msg.kind
-            to = msg.to if msg.to >= 0 else self.delivery[kind][1][msg.req]
-            overhead = self.costs.overheads[kind]
+            if msg.to < 0:  # where its kind sends it (a query's holder is set when sent)
+                msg.to = self.delivery[kind][1][msg.req]
+            to, overhead = msg.to, self.costs.overheads[kind]
             begin = now + overhead
             if ingress[to] > begin:
                 begin = ingress[to]
@@ -1124,9 +1111,8 @@ class Simulation:
         if self.ingress is None:
             _push(self.events, (now + flight, seq, self.on_delivered, dest[msg.req], msg))
             return
-        to = msg.to if msg.to >= 0 else dest[msg.req]
-        through = msg.through if msg.through > now else now
-        _push(self.events, (through + flight, seq, self.on_delivered, to, msg))
+        through = msg.through if msg.through > now else now  # (msg.to set when it started)
+        _push(self.events, (through + flight, seq, self.on_delivered, msg.to, msg))
 
     def _delivered_between_jobs(self, i: int, msg: Job, now: float) -> None:
         """A message at core i: taken in now, or when the job it runs ends."""
