@@ -188,3 +188,11 @@ def test_round_trip_figure_draws_the_warm_refit_beside_the_profiles_segments():
     assert "model (refitted from warm latency)" in labels
     assert len(error_ax.get_lines()) == 3  # the profile's error, the refit's, the zero line
     assert len(figures.round_trip_figure(cold, 0.07).axes[1].get_lines()) == 2
+
+
+def test_report_draws_topk_routing_against_a_copy_each(xbench, tmp_path):
+    out = tmp_path / "topk.parquet"
+    assert xbench("simulate", "moska-topk", "--requests", "300", "--out", out).returncode == 0
+    r = xbench("report", tmp_path / "topk.copies.parquet", "--out", tmp_path / "rep")
+    assert r.returncode == 0, r.stderr
+    assert [p.name for p in (tmp_path / "rep").glob("*.png")] == ["copies-1-topk.copies.png"]

@@ -1,9 +1,11 @@
 """Shared-KV batching (MoSKA) on the cost model's device terms (core.sharing), its report in
 xbench simulate, and the GQA preset it prices."""
 
+import math
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from xbench.core.models import get_model
@@ -144,3 +146,140 @@ def test_mla_kernels_and_terms_refuse_a_gqa_preset(xbench, tmp_path):
         assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
         assert "is GQA (8 KV heads)" in r.stderr and "MLA" in r.stderr
         assert not (tmp_path / "never").exists()
+
+
+# ---- MoSKA's decode step in the event simulator: top-k routing, the unique KV here ----
+
+TOPK = dict(instances=4, chunks=16, chunk_tokens=8192, topk=4, unique_tokens=16384, zipf=0.0)
+
+
+def test_a_topk_trace_draws_distinct_chunks_a_request_after_its_unique_kv():
+    from xbench.simulate import Workload, make_trace
+    from xbench.simulate.engine import OWN
+
+    w = Workload(**TOPK, rate_per_s=1e4)
+    trace = make_trace(w, 3000, seed=5)
+    per = w.topk + 1
+    assert len(trace) == 3000 * per and w.uses_per_request() == per
+    assert w.shared_uses_per_s == pytest.approx(1e4 * w.topk)
+    chunk = trace.chunk.reshape(3000, per)
+    assert (chunk[:, 0] == OWN).all()  # the unique KV first, at its requester
+    chosen = chunk[:, 1:]
+    assert all(len(set(row)) == w.topk for row in chosen.tolist())  # distinct chunks
+    holder = trace.holder.reshape(3000, per)
+    requester = trace.requester.reshape(3000, per)
+    assert (holder[:, 0] == requester[:, 0]).all() and (holder[:, 1:] == chosen % 4).all()
+    for column in (trace.arrival, trace.requester, trace.request):  # one request's uses together
+        assert (column.reshape(3000, per) == column.reshape(3000, per)[:, :1]).all()
+    # a uniform router: each chunk chosen by topk / chunks of the requests (4 sd)
+    counts = np.bincount(chosen.ravel(), minlength=16)
+    p = w.topk / w.chunks
+    assert np.abs(counts - 3000 * p).max() < 4 * math.sqrt(3000 * p * (1 - p))
+    # a skewed router keeps the popular chunks more often, still k distinct ones
+    skew = make_trace(Workload(**{**TOPK, "zipf": 1.5}, rate_per_s=1e4), 3000, seed=5)
+    counts = np.sort(np.bincount(skew.chunk[skew.chunk >= 0], minlength=16))
+    assert counts[-1] > 2 * counts[0]
+
+
+def test_a_topk_step_on_idle_instances_ends_with_its_slowest_part():
+    """One request by hand: its unique KV here (a call of its own) and one routed chunk,
+    each in the model's time; the request ends with the slower. Two requests' unique KV at
+    one requester never batch: the second waits for the first."""
+    from xbench.simulate import Workload, request_latency, simulate
+    from xbench.simulate.engine import OWN, Trace, _Costs
+
+    w = Workload(**{**TOPK, "topk": 1}, rate_per_s=1e3, fabric="ib", cache_chunks=0)
+    c = _Costs(PRIORS, w)
+    assert c.own == pytest.approx(PRIORS.device.compute(16, 16384))
+    one = Trace(
+        np.zeros(2), np.array([0, 0]), np.array([OWN, 1]), np.array([0, 1]), np.array([0, 0])
+    )
+    res = simulate(PRIORS, w, one, "route")
+    assert res.latency[0] == pytest.approx(c.own) and res.path[0] == 0
+    assert res.latency[1] == pytest.approx(c.per_use()["route"]) and res.path[1] == 1
+    assert request_latency(res, one)[0] == pytest.approx(max(c.own, c.per_use()["route"]))
+    two = Trace(np.zeros(2), np.array([0, 0]), np.array([OWN, OWN]), np.array([0, 0]), np.arange(2))
+    res = simulate(PRIORS, w, two, "route")
+    assert sorted(res.latency) == pytest.approx([c.own, 2 * c.own]) and res.batches == 0
+
+
+def test_topk_routing_lands_on_the_closed_form_where_the_compute_binds():
+    """own_copies joins the event simulator to core.sharing.step: device-initiated messages
+    (ibgda, 0.05 us each) leave the instances' compute the bound, and the simulated gain over
+    a copy each is the closed form's at the same queries per call; CPU-initiated ones (ib,
+    5 us each, 2 (topk - 1) a request) fill a link first, and the simulation says so."""
+    from xbench.simulate import own_copies
+
+    spec = {
+        "fields": {**TOPK, "rate_per_s": 1e7, "cache_chunks": 0, "batch_merges": True},
+        "fabrics": ["ibgda", "ib"],
+    }
+    frame = own_copies(PRIORS, spec, 1500, 0).set_index(["fabric", "policy"])
+    gpu = frame.loc[("ibgda", "route")]
+    assert gpu.compute_util_max > 0.95 and gpu.link_util_max < 0.5
+    assert gpu.gain == pytest.approx(gpu.closed_form_gain, rel=0.05)
+    assert gpu.gain > 2  # the copies read the whole context for each request
+    # the closed form at the batch whose calls hold the simulation's queries per call
+    closed = step(
+        Attention(PRIORS.device, 16),
+        PRIORS.device.merge,
+        batch=gpu.closed_form_batch,
+        shared=16 * 8192,
+        unique=16384,
+        chunk=8192,
+        keep=0.25,
+    )
+    assert closed["queries_per_chunk"] == pytest.approx(gpu.queries_per_call, rel=1e-9)
+    assert closed["gain"] == pytest.approx(gpu.closed_form_gain, rel=1e-12)
+    cpu = frame.loc[("ib", "route")]
+    assert cpu.link_util_max > 0.95 and cpu.gain < 0.8 * cpu.closed_form_gain
+    # the copies attend the whole context at the requester, one call a request: the
+    # busiest requester's calls take the run
+    from xbench.simulate import Workload, make_trace
+
+    trace = make_trace(Workload(**spec["fields"]), 1500, 0)
+    busiest = np.bincount(trace.requester[trace.chunk < 0]).max()
+    copy = PRIORS.device.compute(16, 16 * 8192 + 16384)
+    assert gpu.copies_throughput_per_s == pytest.approx(1500 / (busiest * copy), rel=0.01)
+
+
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        ("topk = 5", "[workload] topk = 5 is more than its 4 chunks"),
+        ("topk = 0", "[workload] topk = 0 is out of range"),
+        ("unique_tokens = 512", "[workload] gives unique_tokens without topk"),
+        ('reports = ["copies"]', "[workload] reports copies without topk"),
+    ],
+)
+def test_a_bad_topk_workload_is_named(tmp_path, body, words):
+    with pytest.raises(Exception, match=re.escape(words)):
+        load_workload(_scenario(tmp_path, body))
+
+
+def test_a_span_workload_takes_no_topk(tmp_path):
+    path = tmp_path / "s.toml"
+    path.write_text(
+        '[scenario]\nname = "s"\nmodel = "deepseek-v3.2"\n[workload]\n'
+        'spans = [{ expr = "{a, b}", weight = 1 }]\ntopk = 1\n'
+    )
+    with pytest.raises(Exception, match=re.escape("gives spans and topk")):
+        load_workload(path)
+
+
+def test_simulate_prints_topk_routing_against_a_copy_each(xbench, tmp_path):
+    from xbench.results.schema import OWN_COPIES
+    from xbench.results.store import read_table, table_run_meta
+
+    out = tmp_path / "topk.parquet"
+    r = xbench("simulate", "moska-topk", "--requests", "600", "--out", out, env={"COLUMNS": "80"})
+    assert r.returncode == 0, r.stderr
+    tail = r.stdout[r.stdout.index("top-k routing against a copy each") :]
+    assert "…" not in tail and max(map(len, tail.splitlines())) <= 80, tail
+    frame = read_table([tmp_path / "topk.copies.parquet"], OWN_COPIES)
+    run = table_run_meta(out)
+    assert (run["topk"], run["unique_tokens"], run["scenario"]) == (16, 65536, "moska-topk")
+    assert set(frame.fabric) == {"ib", "ibgda", "nvlink"}
+    assert set(frame.policy) == {"route", "predicate"} and (frame.gain > 1).all()
+    r = xbench("simulate", "moska-topk", "--validate")
+    assert r.returncode == 2 and "attend 16 chunks and their own KV" in r.stderr

@@ -625,7 +625,8 @@ def test_every_shipped_scenario_with_a_workload_loads():
     assert {"agentic-codebase", "decode-route-vs-fetch", "moska-shared-chunk"} <= set(loaded)
     # what simulate reports beside the policies comes from the scenario, not its name
     assert {name: w["reports"] for name, w in loaded.items() if w["reports"]} == {
-        "moska-shared-chunk": ("batching",)
+        "moska-shared-chunk": ("batching",),
+        "moska-topk": ("copies",),
     }
     assert set(loaded["decode-route-vs-fetch"]["fabrics"]) == {
         "nvlink",

@@ -119,6 +119,7 @@ def simulate(
         batching_gain,
         decide_beside,
         moves_on_compute,
+        own_copies,
         run,
         sharing_report,
         span_hit_rates,
@@ -189,6 +190,7 @@ def simulate(
         else:
             frame = run(prof, spec, policies, n, seed, on_step=step)
     gains = batching_gain(prof, spec, n, seed) if "batching" in spec["reports"] else []
+    copies = own_copies(prof, spec, n, seed) if "copies" in spec["reports"] else None
     reuse = span_reuse(prof, spec, n, seed) if spec["fields"].get("spans") else None
     hits = span_hit_rates(prof, spec) if spec.get("span_cache") else None
     sharing = sharing_report(prof, spec) if spec.get("sharing") else None
@@ -199,6 +201,7 @@ def simulate(
             "sharing-calls": sharing and sharing[0],
             "sharing-steps": sharing and sharing[1],
             "span-hits": hits,
+            "copies": copies,
         }
         reports = {name: made[name] for name in _reports(spec)}  # those refused above
         _write(out, frame, spec, prof, seed, prefill, reports, sharing and sharing[2])
@@ -210,7 +213,9 @@ def simulate(
         emit_frame(
             frame,
             fmt,
-            lambda f: _table(f, spec, prof.name, n, gains, out, reuse, beside, hits, sharing),
+            lambda f: _table(
+                f, spec, prof.name, n, gains, out, reuse, beside, hits, sharing, copies
+            ),
         )
 
 
@@ -246,6 +251,12 @@ def _set_step(
             f"{fields['layers']} layers",
             "pass --layers 1, or drop --validate",
         )
+    if validate and spec["kind"] == "decode" and fields["topk"]:
+        raise XbenchError(
+            f"--validate replays one use of one chunk a request; this workload's requests "
+            f"attend {fields['topk']} chunks and their own KV",
+            "simulate it without --validate",
+        )
     if validate and spec["kind"] == "decode" and fields["holders"] != 1:
         raise XbenchError(
             f"--validate replays a chunk on one holder between two ranks; this workload "
@@ -271,6 +282,7 @@ def _reports(spec: dict) -> list[str]:
     if spec["kind"] == "prefill":
         return ["saturation"]
     names = ["sharing-calls", "sharing-steps"] if spec.get("sharing") else []
+    names += ["copies"] if "copies" in spec["reports"] else []
     return names + (["span-hits"] if spec.get("span_cache") else [])
 
 
@@ -281,10 +293,10 @@ def _write(out, frame, spec, prof, seed: int, prefill: bool, reports: dict, fact
     from xbench.results.schema import PREFILL_SIMULATION, SIMULATION, SIMULATION_REPORTS
     from xbench.results.store import report_path, write_table
 
-    # a decode use's step (a prefill workload's layers are its model's, in its fields)
-    step = (
-        {} if prefill else {k: spec["fields"][k] for k in ("layers", "pipeline_layers", "holders")}
-    )
+    # a decode use's step and a request's uses (a prefill workload's layers are its
+    # model's, in its fields)
+    shape = ("layers", "pipeline_layers", "holders", "topk", "unique_tokens")
+    step = {} if prefill else {k: spec["fields"][k] for k in shape}
     meta = run_metadata(
         new_run_id("simulate"), "simulate", scenario=spec["name"], profile=prof.name, seed=seed,
         **step, **({"sharing": facts} if facts else {}),
@@ -296,7 +308,17 @@ def _write(out, frame, spec, prof, seed: int, prefill: bool, reports: dict, fact
 
 
 def _table(
-    frame, spec, profile: str, n: int, gains, out, reuse=None, beside=None, hits=None, sharing=None
+    frame,
+    spec,
+    profile: str,
+    n: int,
+    gains,
+    out,
+    reuse=None,
+    beside=None,
+    hits=None,
+    sharing=None,
+    copies=None,
 ) -> None:
     table = result_table(
         f"xbench simulate: {spec['name']} ({n:,} requests, profile {profile})",
@@ -361,6 +383,38 @@ def _table(
         _hit_table(hits, spec["span_cache"]["block"])
     if sharing is not None:
         _sharing_tables(*sharing)
+    if copies is not None:
+        _copies_table(copies, spec["fields"])
+
+
+def _copies_table(copies, fields: dict) -> None:
+    """A top-k workload's steps against each request attending its own copy (own_copies)."""
+    shared = fields["chunks"] * fields["chunk_tokens"]
+    table = result_table(
+        f"top-k routing against a copy each: {fields['topk']} of {fields['chunks']} shared "
+        f"chunks ({_tokens(shared)} tokens) a request, {_tokens(fields['unique_tokens'])} "
+        "unique tokens here",
+        "req/s: requests a second the workload's arrivals drew from the instances (its "
+        "capacity where they queue), with each request attending its own dense copy of the "
+        "whole context after the slash;  gain: the ratio;  q/call: queries per shared "
+        "chunk's call;  closed form: core.sharing.step's gain on the same terms, at the "
+        "batch whose calls hold as many queries (B after the slash);  link, gpu: the "
+        "busiest instance's",
+    )
+    for col in ("fabric", "policy", "req/s", "gain", "q/call", "closed form", "link", "gpu"):
+        table.add_column(col, justify="left" if col in ("fabric", "policy") else "right")
+    for r in copies.itertuples():
+        table.add_row(
+            r.fabric,
+            r.policy,
+            f"{r.throughput_per_s:,.0f}/{r.copies_throughput_per_s:,.0f}",
+            f"x{r.gain:.2f}",
+            f"{r.queries_per_call:,.1f}",
+            f"x{r.closed_form_gain:.2f}/{r.closed_form_batch:,.0f}",
+            f"{100 * r.link_util_max:.0f}%",
+            f"{100 * r.compute_util_max:.0f}%",
+        )
+    console.print(table)
 
 
 def _sharing_tables(calls, sweep, facts: dict) -> None:

@@ -186,11 +186,16 @@ WORKLOAD_KEYS = {
     "batch_merges": (bool, None),
     # the instances each shared chunk is spread over, a share on each (decide --holders)
     "holders": (int, 1),
+    # MoSKA's decode step: the shared chunks a router chooses for each request's query, and
+    # the request's own unique KV (tokens), attended at its requester
+    "topk": (int, 1),
+    "unique_tokens": (int, 0),
 }
 # What a decode workload may ask ``xbench simulate`` to report beside its policies:
 # "batching", always-route with the holder batching the queries that converge on a chunk
-# against the same trace served one by one.
-REPORTS = ("batching",)
+# against the same trace served one by one; "copies" (a top-k workload), its steps against
+# each request attending its own copy of the whole context.
+REPORTS = ("batching", "copies")
 PREFILL_KEYS = {
     "kind": (str, None),
     "local_instances": (int, 1),
@@ -441,6 +446,7 @@ def _decode_fields(path: Path, table: dict, req: dict) -> dict:
         )
     instances = table.get("instances", 8)
     prefixes = {prefix for prefix, _, _ in spans if prefix}
+    _check_topk(path, table, spans)
     return {
         "instances": instances,
         "chunks": (
@@ -464,7 +470,37 @@ def _decode_fields(path: Path, table: dict, req: dict) -> dict:
         "pipeline_layers": table.get("pipeline_layers", False),
         "batch_merges": table.get("batch_merges", False),
         "holders": _holders(path, table.get("holders", 1), instances),
+        "topk": table.get("topk", 0),
+        "unique_tokens": table.get("unique_tokens", 0),
     }
+
+
+def _check_topk(path: Path, table: dict, spans) -> None:
+    """topk (at most the chunks, not with spans), unique_tokens (a top-k request's own)
+    and the copies report (of a top-k workload)."""
+    given = sorted({"topk", "unique_tokens"} & set(table))
+    if spans and given:
+        raise ScenarioError(
+            f"scenario {path}: [workload] gives spans and {' and '.join(given)}",
+            "a span request's chunks come from its expression: drop " + " and ".join(given),
+        )
+    topk = table.get("topk", 0)
+    if "unique_tokens" in table and not topk:
+        raise ScenarioError(
+            f"scenario {path}: [workload] gives unique_tokens without topk",
+            "the unique KV is a top-k request's own: add topk, or drop unique_tokens",
+        )
+    if "copies" in table.get("reports", ()) and not topk:
+        raise ScenarioError(
+            f"scenario {path}: [workload] reports copies without topk",
+            "copies sets a top-k workload's steps against copies of its context: add topk",
+        )
+    chunks = table.get("chunks", 256)
+    if topk > chunks:
+        raise ScenarioError(
+            f"scenario {path}: [workload] topk = {topk} is more than its {chunks} chunks",
+            f"route each request to at most {chunks} chunks, or add chunks",
+        )
 
 
 def _holders(path: Path, holders: int, instances: int) -> int:

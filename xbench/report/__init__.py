@@ -31,6 +31,7 @@ FIGURE_KINDS = (
     "saturation",
     "sharing",
     "spanhits",
+    "copies",
     "decisions",
     "breakeven",
 )
@@ -189,7 +190,8 @@ def _run_figures(path: Path, kind: str, tag: str, profiles: list):
 def _report_figures(table_path: Path, tag: str, only: str | None = None):
     """(figure, file name, title) for each report ``xbench simulate --out`` wrote beside a
     simulation's table (``only``: that one): the deployments at saturation, shared-KV
-    batching (its calls and steps together), the span expressions' hit rates."""
+    batching (its calls and steps together), the span expressions' hit rates, a top-k
+    workload against a copy each."""
     from xbench.report import figures
     from xbench.results.schema import SIMULATION_REPORTS
     from xbench.results.store import read_table, report_path, table_run_meta
@@ -217,6 +219,13 @@ def _report_figures(table_path: Path, tag: str, only: str | None = None):
     if path := have("span-hits"):
         frame = read_table([path], SIMULATION_REPORTS["span-hits"])
         yield figures.span_hits_figure(frame), f"spanhits-{tag}", f"Span hit rates ({path})"
+    if path := have("copies"):
+        frame = read_table([path], SIMULATION_REPORTS["copies"])
+        yield (
+            figures.copies_figure(frame),
+            f"copies-{tag}",
+            f"Top-k routing against a copy each ({path})",
+        )
 
 
 SHARING = {"sharing-calls", "sharing-steps"}

@@ -546,3 +546,22 @@ def span_hits_figure(frame: pd.DataFrame) -> plt.Figure | None:
     ax.grid(True, axis="x", alpha=0.3)
     fig.tight_layout()
     return fig
+
+
+def copies_figure(frame: pd.DataFrame) -> plt.Figure | None:
+    """Per fabric and policy: a top-k workload's throughput over each request attending its
+    own copy, beside the closed form's gain at the same queries per call."""
+    if frame.empty:
+        return None
+    labels = [f"{r.fabric}\n{r.policy}" for r in frame.itertuples()]
+    x = np.arange(len(frame))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(frame) + 2), 3.8))
+    ax.bar(x - 0.2, frame.gain, 0.4, label="simulated (queues, links, merges)")
+    ax.bar(x + 0.2, frame.closed_form_gain, 0.4, label="closed form at the same q/call")
+    ax.set_xticks(x, labels, fontsize=8)
+    ax.set_ylabel("throughput over a copy each")
+    ax.set_title("top-k routing, batched at the holders, against a copy of the context each")
+    ax.legend(fontsize=7, loc="lower left")
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    return fig

@@ -445,6 +445,25 @@ SPAN_HITS_SCHEMA = pa.schema(
         pa.field("ttft_independent_s", pa.float64()),
     ]
 )
+OWN_COPIES = "own_copies"
+OWN_COPIES_SCHEMA = pa.schema(
+    [
+        pa.field("fabric", pa.string(), nullable=False),
+        pa.field("policy", pa.string(), nullable=False),  # the top-k workload's
+        pa.field("throughput_per_s", pa.float64(), nullable=False),  # requests, at saturation
+        pa.field("copies_throughput_per_s", pa.float64(), nullable=False),  # a copy each
+        pa.field("gain", pa.float64(), nullable=False),
+        pa.field("mean_us", pa.float64(), nullable=False),
+        pa.field("copies_mean_us", pa.float64(), nullable=False),
+        pa.field("queries_per_call", pa.float64(), nullable=False),  # a shared chunk's call
+        # the closed form (core.sharing.step) at the batch whose calls hold as many queries
+        pa.field("closed_form_batch", pa.float64(), nullable=False),
+        pa.field("closed_form_gain", pa.float64(), nullable=False),
+        pa.field("link_util_max", pa.float64(), nullable=False),
+        pa.field("compute_util_max", pa.float64(), nullable=False),
+        pa.field("copies_compute_util_max", pa.float64(), nullable=False),
+    ]
+)
 
 # each report's name in its file (NAME.<report>.parquet beside NAME.parquet) and its table
 SIMULATION_REPORTS = {
@@ -452,6 +471,7 @@ SIMULATION_REPORTS = {
     "sharing-calls": SHARING_CALLS,
     "sharing-steps": SHARING_STEPS,
     "span-hits": SPAN_HITS,
+    "copies": OWN_COPIES,
 }
 
 SIMULATION_VALIDATION = "simulation_validation"
@@ -506,6 +526,7 @@ SCHEMAS = {
     SHARING_CALLS: SHARING_CALLS_SCHEMA,
     SHARING_STEPS: SHARING_STEPS_SCHEMA,
     SPAN_HITS: SPAN_HITS_SCHEMA,
+    OWN_COPIES: OWN_COPIES_SCHEMA,
 }
 SCHEMA_VERSIONS = {
     PROBE_SAMPLES: 2,
@@ -520,6 +541,7 @@ SCHEMA_VERSIONS = {
     SHARING_CALLS: 1,
     SHARING_STEPS: 1,
     SPAN_HITS: 1,
+    OWN_COPIES: 1,
     SIMULATION_VALIDATION: 5,
 }
 

@@ -3,6 +3,8 @@ policy (``engine`` is the discrete-event simulation; this module runs it and sum
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pandas as pd
 
@@ -94,6 +96,89 @@ def batching_gain(profile, spec: dict, requests: int, seed: int) -> list[dict]:
             }
         )
     return out
+
+
+COPIES_POLICIES = ("route", "predicate")  # the top-k workload's paths copies are set against
+
+
+def own_copies(profile, spec: dict, requests: int, seed: int) -> pd.DataFrame:
+    """MoSKA's comparison in the event simulator, per fabric: a top-k workload's decode
+    steps (``topk`` shared chunks a request, batched at their holders; its unique KV at its
+    requester; the answers merged there) under always-route and the predicate, against the
+    same requests each attending its own copy of the whole context (every shared chunk and
+    its unique KV, dense, one call at its requester, batched with none). Throughputs are at
+    the workload's rate: a saturating rate (the requests queued at once) measures capacity.
+    Beside each, the closed form's gain (``core.sharing.step``, on the same device terms and
+    shape) at the batch whose queries per chunk call match the simulation's, so what queues,
+    links and merges one at a time cost shows as the difference."""
+    from xbench.core.sharing import Attention, step
+    from xbench.simulate.engine import OWN, Trace
+
+    rows = []
+    for fabric in spec["fabrics"]:
+        w = Workload(**spec["fields"], fabric=fabric)
+        trace = make_trace(w, requests, seed)
+        shared = w.chunks * w.chunk_tokens
+        first = np.flatnonzero(np.r_[True, np.diff(trace.request) != 0])
+        copy = replace(w, unique_tokens=shared + w.unique_tokens)
+        alone = Trace(
+            trace.arrival[first],
+            trace.requester[first],
+            np.full(len(first), OWN),
+            trace.requester[first],
+            np.arange(len(first)),
+        )
+        copies = summarize(simulate(profile, copy, alone, "route"), "copies", fabric, alone)
+        keep = w.topk / w.chunks
+        att = Attention(profile.device, w.rows * w.heads)
+        for policy in COPIES_POLICIES:
+            row = summarize(simulate(profile, w, trace, policy), policy, fabric, trace)
+            queries = row["mean_batch_rows"] / w.rows
+            batch = _batch_holding(queries, w.chunks, keep)
+            closed = step(
+                att,
+                profile.device.merge,
+                batch=batch,
+                shared=shared,
+                unique=w.unique_tokens,
+                chunk=w.chunk_tokens,
+                keep=keep,
+                layers=w.layers,
+            )
+            rows.append(
+                {
+                    "fabric": fabric,
+                    "policy": policy,
+                    "throughput_per_s": row["throughput_per_s"],
+                    "copies_throughput_per_s": copies["throughput_per_s"],
+                    "gain": row["throughput_per_s"] / copies["throughput_per_s"],
+                    "mean_us": row["mean_us"],
+                    "copies_mean_us": copies["mean_us"],
+                    "queries_per_call": queries,
+                    "closed_form_batch": batch,
+                    "closed_form_gain": closed["gain"],
+                    "link_util_max": row["link_util_max"],
+                    "compute_util_max": row["compute_util_max"],
+                    "copies_compute_util_max": copies["compute_util_max"],
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def _batch_holding(queries: float, chunks: int, keep: float) -> float:
+    """The batch B of a closed-form step (``core.sharing.step``) whose chunk calls hold
+    ``queries`` queries each: B keep chunks over the chunks read, which grows from 1 at
+    B = 1 (one query reads its own) to B keep."""
+    from scipy.optimize import brentq
+
+    from xbench.core.sharing import chunks_read
+
+    def held(batch: float) -> float:
+        return batch * keep * chunks / chunks_read(chunks, keep, batch)
+
+    if queries <= 1:
+        return 1.0
+    return brentq(lambda b: held(b) - queries, 1.0, queries / keep + 1.0)
 
 
 FABRICS = ("nvlink", "ibgda", "ib", "roce", "tcp")
@@ -350,6 +435,7 @@ __all__ = [
     "batching_gain",
     "decide_beside",
     "make_trace",
+    "own_copies",
     "predicate_gains",
     "random_workloads",
     "sharing_report",

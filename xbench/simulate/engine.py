@@ -97,9 +97,19 @@ class Workload:
     # fetch pulls every share; 1: the chunk whole on one instance, as the scenarios were
     # written
     holders: int = 1
+    # MoSKA's decode step: a request's query attends ``topk`` of the shared chunks, chosen
+    # by a router (distinct chunks, drawn by their Zipf popularity), each a use on its own
+    # path; 0: a request is one use of one chunk, as the scenarios were written
+    topk: int = 0
+    # and its own unique KV of this many tokens, attended at its requester in a call of its
+    # own (no other request shares it, so none batches with it); 0: none
+    unique_tokens: int = 0
 
     def uses_per_request(self, prefixes: bool = True) -> float:
-        """Uses per request, on average over the expressions (1 without spans)."""
+        """Uses per request, on average over the expressions (1 without spans); a top-k
+        request's chosen chunks and, where counted (``prefixes``), its unique KV."""
+        if self.topk:
+            return self.topk + (prefixes and self.unique_tokens > 0)
         if not self.spans:
             return 1.0
         weights = np.array([weight for _, _, weight in self.spans])
@@ -140,9 +150,12 @@ class Trace:
 
 def make_trace(w: Workload, requests: int, seed: int = 0) -> Trace:
     """Poisson arrivals at ``rate_per_s``; requesters uniform; chunks by Zipf popularity,
-    or, for span workloads, by the expressions' weights (:func:`make_span_trace`)."""
+    or, for span workloads, by the expressions' weights (:func:`make_span_trace`), or top
+    k of them a request (:func:`make_topk_trace`)."""
     if w.spans:
         return make_span_trace(w, requests, seed)
+    if w.topk:
+        return make_topk_trace(w, requests, seed)
     rng = np.random.default_rng(seed)
     arrival = np.cumsum(rng.exponential(1.0 / w.rate_per_s, requests))
     weights = 1.0 / np.arange(1, w.chunks + 1) ** w.zipf
@@ -185,6 +198,44 @@ def make_span_trace(w: Workload, requests: int, seed: int = 0) -> Trace:
             k.append(c)
             h.append(c % w.instances)
     return Trace(np.array(a), np.array(r), np.array(k), np.array(h), np.array(g))
+
+
+# a trace's chunk id for a request's own unique KV (top-k workloads): at its requester, in a
+# call of its own
+OWN = -1
+
+
+def make_topk_trace(w: Workload, requests: int, seed: int = 0) -> Trace:
+    """``requests`` decode steps (Poisson at ``rate_per_s``, uniform requesters), each one
+    query's uses: its unique KV at its requester (``OWN``, where ``unique_tokens``), then the
+    ``topk`` distinct shared chunks a router chose for it, each at its holder. The router's
+    choice: ``topk`` chunks without replacement by Zipf weight (uniform at ``zipf`` 0), drawn
+    as the largest of log-weights plus Gumbel noise (the Gumbel top-k trick)."""
+    rng = np.random.default_rng(seed)
+    arrival = np.cumsum(rng.exponential(1.0 / w.rate_per_s, requests))
+    requester = rng.integers(0, w.instances, requests)
+    log_weights = -w.zipf * np.log(np.arange(1, w.chunks + 1))
+    order = rng.permutation(w.chunks)  # popular chunks spread over the holders
+    chosen = np.empty((requests, w.topk), dtype=np.int64)
+    block = max(1, 2**20 // w.chunks)  # requests drawn at once (their keys ~8 MB)
+    for lo in range(0, requests, block):
+        keys = log_weights + rng.gumbel(size=(min(block, requests - lo), w.chunks))
+        top = np.argpartition(-keys, w.topk - 1, axis=1)[:, : w.topk]
+        chosen[lo : lo + len(keys)] = np.sort(order[top], axis=1)
+    own = w.unique_tokens > 0
+    per = w.topk + own
+    chunk = np.empty((requests, per), dtype=np.int64)
+    if own:
+        chunk[:, 0] = OWN
+    chunk[:, own:] = chosen
+    holder = np.where(chunk == OWN, requester[:, None], chunk % w.instances)
+    return Trace(
+        np.repeat(arrival, per),
+        np.repeat(requester, per),
+        chunk.ravel(),
+        holder.ravel(),
+        np.repeat(np.arange(requests), per),
+    )
 
 
 class _Memo(dict):
@@ -244,6 +295,8 @@ class _Costs:
         self.gather = self.move - self.splice
         self.gather_share = self.gather / k  # each holder packs its share
         self.recompute = layers * d.recompute(w.chunk_tokens)  # inf without a prefill cost
+        # a top-k request's unique KV, attended at its requester in a call of its own
+        self.own = layers * d.compute(rh, w.unique_tokens) if w.unique_tokens else 0.0
         send_occ, send_fly = self._link(self.s_q, 1)
         back_occ, back_fly = self._link(self.s_o, 1)
         self.send_occ, self.send_fly = wired * send_occ, wired * send_fly
@@ -582,7 +635,8 @@ class Job:
     #   back; "fetched": a fetched chunk's attention and merge (and splice, where the move
     #   runs on the compute); "local": recompute the chunk and attend; "gather": the holder
     #   packs a chunk to send (move on the compute); "messages": taking in arrivals or
-    #   messages on an idle core.
+    #   messages on an idle core; "own": a top-k request's unique KV, attended at its
+    #   requester (no other request shares it).
     # on a link: "send": a routed query, to its holder; "back": its answer, to its
     #   requester; "kv": a fetched chunk, to its requester
     kind: str
@@ -599,7 +653,7 @@ class Job:
 
 # the jobs that attend: they pay what the device measured for starting after idle, and
 # take the next of the measured spread's factors
-ATTENDS = frozenset(("attend", "part", "fetched", "local"))
+ATTENDS = frozenset(("attend", "part", "fetched", "local", "own"))
 
 
 class Policy:
@@ -1056,6 +1110,9 @@ class Simulation:
         me, k = self.requesters[r], self.chunks[r]
         if self.handling:
             self.take_in(me, now)
+        if k == OWN:  # a top-k request's unique KV: here, in a call of its own
+            self.to_compute(me, Job("own", r, self.costs.own), now)
+            return
         holder = self.holders[r]
         cache = self.caches[me]
         spread = self.spread_over
