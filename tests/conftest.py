@@ -128,10 +128,20 @@ def pytest_collection_modifyitems(config, items):
     # The Open MPI run (make test MPI=openmpi) repeats what an MPI can change; a test that
     # starts no MPI measures nothing new there (XBENCH_EVERY_MPI=1 runs it anyway). A module
     # marked nompi may hold tests that do start MPI: each is marked mpi, and runs.
+    # A test marked mpi_inputs starts MPI ranks only to make what it reads (a probe run for
+    # report or compare), and what it checks starts none: the Open MPI run skips it too.
     once = _open_mpi_wheel() and os.environ.get("XBENCH_EVERY_MPI") != "1"
     for item in items:
         starts_mpi = item.get_closest_marker("mpi") is not None
-        if item.get_closest_marker("nompi") is not None and not starts_mpi and once:
+        if item.get_closest_marker("mpi_inputs") is not None and once:
+            item.add_marker(
+                pytest.mark.skip(
+                    reason="starts MPI only to make its inputs, checks code that starts none: "
+                    "run under the default mpich (make test); XBENCH_EVERY_MPI=1 runs it "
+                    "under this MPI too"
+                )
+            )
+        elif item.get_closest_marker("nompi") is not None and not starts_mpi and once:
             item.add_marker(
                 pytest.mark.skip(
                     reason="starts no MPI: run under the default mpich (make test); "

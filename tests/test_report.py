@@ -42,7 +42,7 @@ class _Sources(HTMLParser):
             self.links.append(attrs["href"])
 
 
-@pytest.mark.mpi  # starts MPI: runs under every MPI
+@pytest.mark.mpi_inputs  # MPI ranks make the runs it reads; report starts none
 def test_report_draws_every_kind_of_result(xbench, tmp_path):
     quick = ["--samples", "3", "--warmups", "1"]
     probe = tmp_path / "probe"
