@@ -179,6 +179,8 @@ def test_a_topk_trace_draws_distinct_chunks_a_request_after_its_unique_kv():
     skew = make_trace(Workload(**{**TOPK, "zipf": 1.5}, rate_per_s=1e4), 3000, seed=5)
     counts = np.sort(np.bincount(skew.chunk[skew.chunk >= 0], minlength=16))
     assert counts[-1] > 2 * counts[0]
+    with pytest.raises(ValueError, match="topk = 17: between 1 and the 16 chunks"):
+        make_trace(Workload(**{**TOPK, "topk": 17}), 10)
 
 
 def test_a_topk_step_on_idle_instances_ends_with_its_slowest_part():

@@ -519,6 +519,42 @@ def test_steady_wait_is_pollaczek_khinchine():
     )
 
 
+def test_a_routed_use_pays_the_links_it_would_overload_unless_the_compute_hides_them():
+    """Every use routed, each link carries its queries and answers at the rates seen: under
+    its capacity M/G/1's wait, past it a backlog growing by (load - 1) s a second, met over
+    what is left of the workload; the holder's compute, a stage in tandem, hides as much
+    as its own backlog and growth."""
+    from xbench.simulate.engine import BUSY_CAP, PRIOR_USES, Always, Simulation
+
+    w = Workload(instances=2, chunks=2, chunk_tokens=2048, rate_per_s=1000, fabric="ib")
+    sim = Simulation(PRIORS, w, _trace((0.0, 0, 1)), Always("route"), None, 0.0)
+    c = sim.costs
+    q, a = c.queries_occ, c.back_occ
+    span = 1.0
+    sim.remote_out[0], sim.remote_in[0] = 96, 196  # with the prior's 4: 100 and 200 a second
+    load = 100 * q + 200 * a
+    assert load < BUSY_CAP
+    wait, grows = sim.routed_load(0, span)
+    assert wait == pytest.approx((100 * q * q + 200 * a * a) / (2 * (1 - load))) and grows == 0
+    over = int(2 / (q + a))  # queries and answers that fill the link twice over
+    sim.remote_out[1] = sim.remote_in[1] = over - PRIOR_USES
+    wait1, grows1 = sim.routed_load(1, span)
+    assert grows1 == pytest.approx(over * (q + a) - 1)
+    assert wait1 == pytest.approx(over * (q * q + a * a) / (2 * (1 - BUSY_CAP)))
+    sim.reuse.end = sim.start + 0.5  # half a second left at 0: a use meets a quarter's growth
+    sim.prior_span = span
+    want = wait + wait1 + grows1 * 0.5 / 2
+    # (the compute's prior, 4 attentions a second, is far under its capacity: no growth)
+    assert sim.compute.overload(1, span, PRIOR_USES, c.attend) == 0.0
+    assert sim.routed_links(0, 1, 0.0, span, 0.0) == pytest.approx(want)
+    # the holder's compute holding more than that already: nothing more to pay
+    assert sim.routed_links(0, 1, 0.0, span, want) == 0.0
+    # asked twice what it does a second: the compute's backlog grows as fast as the link's
+    sim.compute.time[1] = 1.0 + grows1 - PRIOR_USES * c.attend
+    assert sim.compute.overload(1, span, PRIOR_USES, c.attend) == pytest.approx(grows1)
+    assert sim.routed_links(0, 1, 0.0, span, 0.0) == pytest.approx(wait + wait1)
+
+
 def test_reuse_estimate_reads_counts_clocks_and_the_cache():
     from xbench.simulate.engine import PRIOR_USES, _Reuse
 
@@ -1286,11 +1322,12 @@ def test_the_predicate_prices_routed_answers_on_a_congested_holders_link():
     every use overloads the links with answers, while fetches coalesce (uses arriving during
     one join it). Each routed answer and query waits behind its link's backlog, the joiners'
     too, and each option pays for the link time it adds at that link's own message rate:
-    the predicate stays within 6 % of always-fetch's mean latency on both fabrics (seeds
-    0-4 as measured, merges batched at the requester: ib +0.2 to +3.0 %, nvlink +0.1 to
-    +2.0 %; one merge per answer: ib +0.2 to +3.2 %, nvlink +0.8 to +2.2 %; 6.4x on ib when
-    answers rode the link for free, 1.9-2.1x with a fetch's link time charged at the
-    arrivals' rate)."""
+    a later routed use also pays the wait its links would meet if every use routed (their
+    backlogs' growth past capacity), so the early uses no longer route over links idle only
+    because the trace has just begun: the predicate stays within 1 % of always-fetch's mean
+    latency on both fabrics (seeds 0-4 as measured: ib +0.00 %, nvlink -0.03 to +0.43 %;
+    before, ib +0.2 to +3.0 %, nvlink +0.1 to +2.0 %; 6.4x on ib when answers rode the link
+    for free, 1.9-2.1x with a fetch's link time charged at the arrivals' rate)."""
     from xbench.resources import profile_path, scenario_path
     from xbench.simulate import run
 
@@ -1301,7 +1338,7 @@ def test_the_predicate_prices_routed_answers_on_a_congested_holders_link():
     for fabric, by in frame.groupby("fabric"):
         mean = by.set_index("policy").mean_us
         assert mean["fetch"] < mean["route"] / 3, (fabric, mean)  # the workload's premise
-        assert mean["predicate"] <= 1.06 * mean["fetch"], (fabric, mean)
+        assert mean["predicate"] <= 1.01 * mean["fetch"], (fabric, mean)
 
 
 def test_decide_and_simulate_agree_on_every_shipped_scenario_or_say_why(xbench):

@@ -29,7 +29,8 @@ present chunk is always used in place), and ``predicate``: per request, the cost
 resources each option would wait on. A fetch is judged over the uses it would serve: this
 one, those that arrive while it is on its way (they wait for it), and those its stay in the
 cache serves, each counted from what the requester has seen so far (see ``_Reuse``); those
-later uses are priced at each core's steady-state wait, not today's backlog (``_predicate``).
+later uses are priced at each core's steady-state wait, not today's backlog, and a later route
+at the backlog its links would grow if every use routed (``_predicate``).
 """
 
 from __future__ import annotations
@@ -211,6 +212,8 @@ def make_topk_trace(w: Workload, requests: int, seed: int = 0) -> Trace:
     ``topk`` distinct shared chunks a router chose for it, each at its holder. The router's
     choice: ``topk`` chunks without replacement by Zipf weight (uniform at ``zipf`` 0), drawn
     as the largest of log-weights plus Gumbel noise (the Gumbel top-k trick)."""
+    if not 1 <= w.topk <= w.chunks:
+        raise ValueError(f"topk = {w.topk}: between 1 and the {w.chunks} chunks")
     rng = np.random.default_rng(seed)
     arrival = np.cumsum(rng.exponential(1.0 / w.rate_per_s, requests))
     requester = rng.integers(0, w.instances, requests)
@@ -476,6 +479,7 @@ def _predicate(
     queue_holder=0.0,
     messages_holder=None,
     messages_me=None,
+    route_links=0.0,
 ) -> str:
     """The cost model's choice for one use, with the backlogs each option would wait on.
 
@@ -511,6 +515,12 @@ def _predicate(
     its request's other uses (``attend_here``), which routing would have run in parallel.
     Where the move runs on the compute (``move_on_compute``), a fetch's gather waits behind
     the holder's backlog and adds to it, and its splice adds to the requester's.
+    ``route_links``: what each later routed use also waits on the two links if every use
+    routed (``Simulation.routed_links``): nothing while they keep up with the holder's
+    compute, the growth of their backlog where routing would overload them; it is what
+    keeps the predicate from routing early uses over links that are idle only because the
+    trace has just begun (moska-shared-chunk: answers at every use would fill the holders'
+    links twice over).
     ``idle_holder`` and ``idle_me``: how long each core has idled (0 when it has work),
     for the extra a call pays after idle (the device's ``after_idle``; 0 without it): a
     routed call pays the holder's now, a fetched one the requester's when the chunk lands.
@@ -521,7 +531,7 @@ def _predicate(
     later = joiners + after
     above_holder = wait_holder - queue_holder if wait_holder > queue_holder else 0.0
     above_me = wait_me - queue_me if wait_me > queue_me else 0.0
-    route_later = later * (per_use["route"] + queue_holder + queue_me)
+    route_later = later * (per_use["route"] + queue_holder + queue_me + route_links)
     route_later += joiners * (above_holder + above_me)
     after_idle = costs.device.after_idle
     route = per_use["route"] + wait_holder + wait_me
@@ -597,6 +607,13 @@ class _Servers:
     def rate(self, i: int, span: float, prior_jobs: float) -> float:
         """Jobs started per second over ``span`` s, ``prior_jobs`` counted beside them."""
         return (self.jobs[i] + prior_jobs) / span
+
+    def overload(self, i: int, span: float, prior_jobs: float, prior_work: float) -> float:
+        """The work asked of server i a second beyond one second's (0 while it keeps up):
+        what it ran and what it holds queued, with ``prior_jobs`` of ``prior_work`` s each
+        counted beside them, over ``span``."""
+        asked = (self.time[i] + self.backlog[i] + prior_jobs * prior_work) / span
+        return asked - 1.0 if asked > 1.0 else 0.0
 
     def steady_wait(self, i: int, span: float, prior_jobs: float, prior_work: float) -> float:
         """The mean wait of a job arriving at a random time (Pollaczek-Khinchine, M/G/1:
@@ -693,13 +710,14 @@ class Predicate(Policy):
             idle_holder, idle_me = sim.idled(holder, now), sim.idled(me, now)
         # the steady-state waits, with the prior's attentions counted beside the jobs
         span = now - sim.start + sim.prior_span
+        wait_holder = compute.wait(holder, now)
         return _predicate(
             costs,
             sim.per_use,
             joiners,
             after,
             compute.wait(me, now),
-            compute.wait(holder, now),
+            wait_holder,
             link.wait(me, now),
             link_holder,
             adds,
@@ -709,6 +727,7 @@ class Predicate(Policy):
             compute.steady_wait(holder, span, PRIOR_USES, costs.attend),
             link.rate(holder, span, PRIOR_USES),
             link.rate(me, span, PRIOR_USES),
+            sim.routed_links(me, holder, now, span, wait_holder),
         )
 
 
@@ -752,6 +771,8 @@ class Simulation:
         "batches",
         "between_jobs",
         "c_attq",
+        "remote_in",
+        "remote_out",
         "caches",
         "chunks",
         "cold",
@@ -809,6 +830,9 @@ class Simulation:
         self.pending: list[dict[int, list]] = [{} for _ in range(inst)]
         self.compute, self.link = _Servers(inst), _Servers(inst)
         self.c_attq = [{} for _ in range(inst)]  # attentions queued per chunk (routed or here)
+        # per instance, the uses asked here of chunks elsewhere (the queries it would send),
+        # and those asked elsewhere of its chunks (the answers it would send), were all routed
+        self.remote_out, self.remote_in = [0] * inst, [0] * inst
         self.events: list = []  # (time, seq, handler, instance, what)
         self.seq = 0
         self.moved = 0.0
@@ -873,6 +897,40 @@ class Simulation:
         ]
 
     # ---- what the policies read ----
+
+    def routed_load(self, i: int, span: float) -> tuple[float, float]:
+        """i's link if every use routed: its queries and answers (``remote_out``,
+        ``remote_in``) at the rates seen so far over ``span``, ``PRIOR_USES`` of each
+        counted beside them. Returns (M/G/1's mean wait, busy capped at ``BUSY_CAP`` as
+        the computes' steady waits; the growth of its backlog in s a second past its
+        capacity, load - 1, else 0)."""
+        costs, prior = self.costs, PRIOR_USES
+        queries = (self.remote_out[i] + prior) / span
+        answers = (self.remote_in[i] + prior) / span
+        q, a = costs.queries_occ, costs.back_occ
+        load = queries * q + answers * a
+        busy = load if load < BUSY_CAP else BUSY_CAP
+        wait = (queries * q * q + answers * a * a) / (2 * (1 - busy))
+        return wait, (load - 1.0 if load > 1.0 else 0.0)
+
+    def routed_links(self, me: int, holder: int, now: float, span: float, wait_holder) -> float:
+        """What a later routed use of ``holder``'s chunk, asked at ``me``, would wait on
+        the two links if every use routed (``routed_load``), beyond what the holder's
+        compute makes it wait anyway: both links' steady waits and, where a link would be
+        overloaded, its backlog's growth, which a use meets on average over the ``left`` s
+        of the workload as ``growth x left / 2`` (its query crosses one link, its answer
+        the other, each growing with its own traffic). A query and its answer pass the
+        links and the holder's compute in tandem, so the compute's backlog now and its own
+        growth (``overload``: the prior's attentions counted beside its jobs, so a compute
+        with none yet does not read as idle) hide as much of the links' wait."""
+        left = self.reuse.end - now
+        left = left if left > 0.0 else 0.0
+        wait_h, grows_h = self.routed_load(holder, span)
+        wait_me, grows_me = self.routed_load(me, span)
+        links = wait_h + wait_me + (grows_h + grows_me) * left / 2
+        grows = self.compute.overload(holder, span, PRIOR_USES, self.costs.attend)
+        hidden = wait_holder + grows * left / 2
+        return links - hidden if links > hidden else 0.0
 
     def idled(self, i: int, now: float) -> float:
         """How long core i has idled since its last job (0 while it has work)."""
@@ -1119,6 +1177,14 @@ class Simulation:
         # here whole: its one holder, or a requester's own chunk (k holders share the others)
         home = holder == me and (spread is None or k >= self.shared)
         self.reuse.used(me, k, not home)
+        if not home:  # were it routed: a query from here, an answer from each holder
+            self.remote_out[me] += 1
+            if spread is None:
+                self.remote_in[holder] += 1
+            else:
+                for h in spread[holder]:
+                    if h != me:
+                        self.remote_in[h] += 1
         if home or k in cache:
             if k in cache:
                 cache[k] = now
