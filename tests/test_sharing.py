@@ -217,6 +217,12 @@ def test_topk_routing_lands_on_the_closed_form_where_the_compute_binds():
         "fabrics": ["ibgda", "ib"],
     }
     frame = own_copies(PRIORS, spec, 1500, 0).set_index(["fabric", "policy"])
+    # run's rows for the same requests and seed stand in for simulating a policy again
+    from xbench.simulate import run
+
+    ran = run(PRIORS, spec, ["route", "predicate"], 1500, 0)
+    again = own_copies(PRIORS, spec, 1500, 0, ran).set_index(["fabric", "policy"])
+    assert again.equals(frame)
     gpu = frame.loc[("ibgda", "route")]
     assert gpu.compute_util_max > 0.95 and gpu.link_util_max < 0.5
     assert gpu.gain == pytest.approx(gpu.closed_form_gain, rel=0.05)

@@ -190,7 +190,7 @@ def simulate(
         else:
             frame = run(prof, spec, policies, n, seed, on_step=step)
     gains = batching_gain(prof, spec, n, seed) if "batching" in spec["reports"] else []
-    copies = own_copies(prof, spec, n, seed) if "copies" in spec["reports"] else None
+    copies = own_copies(prof, spec, n, seed, frame) if "copies" in spec["reports"] else None
     reuse = span_reuse(prof, spec, n, seed) if spec["fields"].get("spans") else None
     hits = span_hit_rates(prof, spec) if spec.get("span_cache") else None
     sharing = sharing_report(prof, spec) if spec.get("sharing") else None
@@ -254,7 +254,8 @@ def _set_step(
     if validate and spec["kind"] == "decode" and fields["topk"]:
         raise XbenchError(
             f"--validate replays one use of one chunk a request; this workload's requests "
-            f"attend {fields['topk']} chunks and their own KV",
+            f"attend {fields['topk']} chunks"
+            + (" and their own KV" if fields["unique_tokens"] else ""),
             "simulate it without --validate",
         )
     if validate and spec["kind"] == "decode" and fields["holders"] != 1:

@@ -446,14 +446,13 @@ def _decode_fields(path: Path, table: dict, req: dict) -> dict:
         )
     instances = table.get("instances", 8)
     prefixes = {prefix for prefix, _, _ in spans if prefix}
-    _check_topk(path, table, spans)
+    chunks = (
+        len(span_chunks(spans)) + len(prefixes) * instances if spans else table.get("chunks", 256)
+    )
+    _check_topk(path, table, spans, chunks)
     return {
         "instances": instances,
-        "chunks": (
-            len(span_chunks(spans)) + len(prefixes) * instances
-            if spans
-            else table.get("chunks", 256)
-        ),
+        "chunks": chunks,
         "chunk_tokens": table.get("chunk_tokens", 2048),
         "rows": table.get("rows", 1),
         "heads": req["heads"],
@@ -475,7 +474,7 @@ def _decode_fields(path: Path, table: dict, req: dict) -> dict:
     }
 
 
-def _check_topk(path: Path, table: dict, spans) -> None:
+def _check_topk(path: Path, table: dict, spans, chunks: int) -> None:
     """topk (at most the chunks, not with spans), unique_tokens (a top-k request's own)
     and the copies report (of a top-k workload)."""
     given = sorted({"topk", "unique_tokens"} & set(table))
@@ -495,7 +494,6 @@ def _check_topk(path: Path, table: dict, spans) -> None:
             f"scenario {path}: [workload] reports copies without topk",
             "copies sets a top-k workload's steps against copies of its context: add topk",
         )
-    chunks = table.get("chunks", 256)
     if topk > chunks:
         raise ScenarioError(
             f"scenario {path}: [workload] topk = {topk} is more than its {chunks} chunks",

@@ -12,13 +12,18 @@ from xbench.core import conditions
 from xbench.simulate.engine import PATHS, POLICIES, Workload, make_trace, simulate
 
 
+def request_starts(trace) -> np.ndarray:
+    """The index of each request's first use, where a request fans out to several (its
+    uses lie together in the trace)."""
+    return np.flatnonzero(np.r_[True, np.diff(trace.request) != 0])
+
+
 def request_latency(result, trace) -> np.ndarray:
     """Seconds per request: a request that fans out to several chunks (a span request)
     ends with its slowest use; otherwise a request is one use."""
     if trace.request is None:
         return result.latency
-    starts = np.flatnonzero(np.r_[True, np.diff(trace.request) != 0])
-    return np.maximum.reduceat(result.latency, starts)
+    return np.maximum.reduceat(result.latency, request_starts(trace))
 
 
 def summarize(result, policy: str, fabric: str, trace) -> dict:
@@ -101,7 +106,7 @@ def batching_gain(profile, spec: dict, requests: int, seed: int) -> list[dict]:
 COPIES_POLICIES = ("route", "predicate")  # the top-k workload's paths copies are set against
 
 
-def own_copies(profile, spec: dict, requests: int, seed: int) -> pd.DataFrame:
+def own_copies(profile, spec: dict, requests: int, seed: int, frame=None) -> pd.DataFrame:
     """MoSKA's comparison in the event simulator, per fabric: a top-k workload's decode
     steps (``topk`` shared chunks a request, batched at their holders; its unique KV at its
     requester; the answers merged there) under always-route and the predicate, against the
@@ -110,29 +115,41 @@ def own_copies(profile, spec: dict, requests: int, seed: int) -> pd.DataFrame:
     the workload's rate: a saturating rate (the requests queued at once) measures capacity.
     Beside each, the closed form's gain (``core.sharing.step``, on the same device terms and
     shape) at the batch whose queries per chunk call match the simulation's, so what queues,
-    links and merges one at a time cost shows as the difference."""
+    links and merges one at a time cost shows as the difference. ``frame``: ``run``'s rows
+    for the same requests and seed, read instead of simulating a policy again."""
     from xbench.core.sharing import Attention, step
     from xbench.simulate.engine import OWN, Trace
 
+    w = Workload(**spec["fields"], fabric=spec["fabrics"][0])
+    trace = make_trace(w, requests, seed)  # (a trace does not depend on the fabric)
+    shared = w.chunks * w.chunk_tokens
+    first = request_starts(trace)
+    alone = Trace(
+        trace.arrival[first],
+        trace.requester[first],
+        np.full(len(first), OWN),
+        trace.requester[first],
+        np.arange(len(first)),
+    )
+    # the copies touch no link: one simulation stands for every fabric
+    copy = replace(w, unique_tokens=shared + w.unique_tokens)
+    copies = summarize(simulate(profile, copy, alone, "route"), "copies", w.fabric, alone)
+    keep = w.topk / w.chunks
+    att = Attention(profile.device, w.rows * w.heads)
     rows = []
     for fabric in spec["fabrics"]:
-        w = Workload(**spec["fields"], fabric=fabric)
-        trace = make_trace(w, requests, seed)
-        shared = w.chunks * w.chunk_tokens
-        first = np.flatnonzero(np.r_[True, np.diff(trace.request) != 0])
-        copy = replace(w, unique_tokens=shared + w.unique_tokens)
-        alone = Trace(
-            trace.arrival[first],
-            trace.requester[first],
-            np.full(len(first), OWN),
-            trace.requester[first],
-            np.arange(len(first)),
-        )
-        copies = summarize(simulate(profile, copy, alone, "route"), "copies", fabric, alone)
-        keep = w.topk / w.chunks
-        att = Attention(profile.device, w.rows * w.heads)
+        w = replace(w, fabric=fabric)
         for policy in COPIES_POLICIES:
-            row = summarize(simulate(profile, w, trace, policy), policy, fabric, trace)
+            ran = (
+                frame[(frame.fabric == fabric) & (frame.policy == policy)]
+                if frame is not None
+                else ()
+            )
+            row = (
+                ran.iloc[0]
+                if len(ran)
+                else summarize(simulate(profile, w, trace, policy), policy, fabric, trace)
+            )
             queries = row["mean_batch_rows"] / w.rows
             batch = _batch_holding(queries, w.chunks, keep)
             closed = step(
@@ -438,6 +455,8 @@ __all__ = [
     "own_copies",
     "predicate_gains",
     "random_workloads",
+    "request_latency",
+    "request_starts",
     "sharing_report",
     "span_hit_rates",
     "run",
