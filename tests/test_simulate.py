@@ -522,8 +522,9 @@ def test_steady_wait_is_pollaczek_khinchine():
 def test_a_routed_use_pays_the_links_it_would_overload_unless_the_compute_hides_them():
     """Every use routed, each link carries its queries and answers at the rates seen: under
     its capacity M/G/1's wait, past it a backlog growing by (load - 1) s a second, met over
-    what is left of the workload; the holder's compute, a stage in tandem, hides as much
-    as its own backlog and growth."""
+    what is left of the workload; the holder's compute, a stage in tandem, hides as much as
+    its own backlog and growth, read from the work it ran and holds or, where more, the
+    work the uses asked so far would bring it."""
     from xbench.simulate.engine import BUSY_CAP, PRIOR_USES, Always, Simulation
 
     w = Workload(instances=2, chunks=2, chunk_tokens=2048, rate_per_s=1000, fabric="ib")
@@ -553,6 +554,47 @@ def test_a_routed_use_pays_the_links_it_would_overload_unless_the_compute_hides_
     sim.compute.time[1] = 1.0 + grows1 - PRIOR_USES * c.attend
     assert sim.compute.overload(1, span, PRIOR_USES, c.attend) == pytest.approx(grows1)
     assert sim.routed_links(0, 1, 0.0, span, 0.0) == pytest.approx(wait + wait1)
+    # the same growth from work asked at arrival, not yet there (its queries in flight)
+    sim.compute.time[1] = 0.0
+    sim.asked[1] = 1.0 + grows1 - PRIOR_USES * c.attend
+    assert sim.routed_links(0, 1, 0.0, span, 0.0) == pytest.approx(wait + wait1)
+    # both links overloaded: its query meets one growth, its answer the other
+    sim.asked[1] = 0.0
+    sim.remote_out[0] = sim.remote_in[0] = 3 * over // 4 - PRIOR_USES  # 1.5 times over
+    wait0, grows0 = sim.routed_load(0, span)
+    assert 0 < grows0 < grows1
+    want = wait0 + wait1 + (grows0 + grows1) / 4
+    assert sim.routed_links(0, 1, 0.0, span, 0.0) == pytest.approx(want)
+
+
+def test_arrivals_count_the_batched_floor_of_the_work_they_would_ask():
+    """Each use taken in adds to the compute that would attend it, were it routed, the least
+    a query adds to a batched call (its rows' part of T_c: the holder's share on k
+    holders, every holder's where it is spread, the requester's own where it holds one);
+    a top-k request's unique KV adds its whole call at its requester."""
+    from xbench.simulate.engine import OWN, Always, Simulation
+
+    w = Workload(instances=4, chunks=8, chunk_tokens=2048, rate_per_s=1000, fabric="ib")
+    sim = Simulation(PRIORS, w, _trace((0.0, 0, 1), (0.0, 0, 2)), Always("route"), None, 0.0)
+    c = sim.costs
+    rh = w.rows * w.heads
+    floor = PRIORS.device.compute(2 * rh, 2048) - PRIORS.device.compute(rh, 2048)
+    assert c.query_floor == pytest.approx(floor) and c.share_floor == c.query_floor
+    sim.arrive(0, 0.0)
+    sim.arrive(1, 0.0)
+    assert sim.asked == pytest.approx([0.0, floor, floor, 0.0])
+    spread = Workload(
+        instances=4, chunks=8, chunk_tokens=2048, holders=2, unique_tokens=4096, topk=1
+    )
+    trace = Trace(np.zeros(3), np.array([0, 0, 0]), np.array([OWN, 3, 1]), np.array([0, 3, 1]))
+    sim = Simulation(PRIORS, spread, trace, Always("route"), None, 0.0)
+    share = PRIORS.device.compute(2 * rh, 1024) - PRIORS.device.compute(rh, 1024)
+    assert sim.costs.share_floor == pytest.approx(share)
+    for r in range(3):
+        sim.arrive(r, 0.0)
+    # its own KV here; chunk 3 on 3 and 0 (a share here, attended in place); chunk 1 on 1, 2
+    own = PRIORS.device.compute(rh, 4096)
+    assert sim.asked == pytest.approx([own + share, share, share, share])
 
 
 def test_reuse_estimate_reads_counts_clocks_and_the_cache():

@@ -298,6 +298,10 @@ class _Costs:
         self.gather = self.move - self.splice
         self.gather_share = self.gather / k  # each holder packs its share
         self.recompute = layers * d.recompute(w.chunk_tokens)  # inf without a prefill cost
+        # the least a query adds to a holder's call, however many it joins: its rows' part
+        # of T_c (the batched floor of the work a routed use asks of a compute)
+        self.query_floor = layers * (d.compute(2 * rh, w.chunk_tokens) - attend)
+        self.share_floor = layers * (d.compute(2 * rh, share) - attend_share)
         # a top-k request's unique KV, attended at its requester in a call of its own
         self.own = layers * d.compute(rh, w.unique_tokens) if w.unique_tokens else 0.0
         send_occ, send_fly = self._link(self.s_q, 1)
@@ -767,6 +771,7 @@ class Simulation:
         "_link_done",
         "_moved",
         "arrived",
+        "asked",
         "batched_rows",
         "batches",
         "between_jobs",
@@ -833,6 +838,9 @@ class Simulation:
         # per instance, the uses asked here of chunks elsewhere (the queries it would send),
         # and those asked elsewhere of its chunks (the answers it would send), were all routed
         self.remote_out, self.remote_in = [0] * inst, [0] * inst
+        # and the attention work those uses would ask of each compute, at least: counted at
+        # arrival as the links' messages are, so both loads read over the same span
+        self.asked = [0.0] * inst
         self.events: list = []  # (time, seq, handler, instance, what)
         self.seq = 0
         self.moved = 0.0
@@ -921,14 +929,20 @@ class Simulation:
         of the workload as ``growth x left / 2`` (its query crosses one link, its answer
         the other, each growing with its own traffic). A query and its answer pass the
         links and the holder's compute in tandem, so the compute's backlog now and its own
-        growth (``overload``: the prior's attentions counted beside its jobs, so a compute
-        with none yet does not read as idle) hide as much of the links' wait."""
+        growth hide as much of the links' wait: the growth from the work it ran and holds
+        (``overload``: the prior's attentions counted beside its jobs, so a compute with
+        none yet does not read as idle) or, where more, from the work the uses asked so far
+        would bring it (``asked``, counted at arrival as the links' messages are: where
+        requests come at once, the queries still crossing the links are work the compute
+        has not seen yet)."""
         left = self.reuse.end - now
         left = left if left > 0.0 else 0.0
         wait_h, grows_h = self.routed_load(holder, span)
         wait_me, grows_me = self.routed_load(me, span)
         links = wait_h + wait_me + (grows_h + grows_me) * left / 2
         grows = self.compute.overload(holder, span, PRIOR_USES, self.costs.attend)
+        asked = (self.asked[holder] + PRIOR_USES * self.costs.attend) / span - 1.0
+        grows = asked if asked > grows else grows
         hidden = wait_holder + grows * left / 2
         return links - hidden if links > hidden else 0.0
 
@@ -1169,6 +1183,7 @@ class Simulation:
         if self.handling:
             self.take_in(me, now)
         if k == OWN:  # a top-k request's unique KV: here, in a call of its own
+            self.asked[me] += self.costs.own
             self.to_compute(me, Job("own", r, self.costs.own), now)
             return
         holder = self.holders[r]
@@ -1177,12 +1192,18 @@ class Simulation:
         # here whole: its one holder, or a requester's own chunk (k holders share the others)
         home = holder == me and (spread is None or k >= self.shared)
         self.reuse.used(me, k, not home)
-        if not home:  # were it routed: a query from here, an answer from each holder
+        asked = self.asked
+        if home:
+            asked[me] += self.costs.query_floor
+        else:  # were it routed: a query from here, an answer from each holder
             self.remote_out[me] += 1
             if spread is None:
                 self.remote_in[holder] += 1
+                asked[holder] += self.costs.query_floor
             else:
+                floor = self.costs.share_floor
                 for h in spread[holder]:
+                    asked[h] += floor  # a requester holding a share attends it in place
                     if h != me:
                         self.remote_in[h] += 1
         if home or k in cache:
