@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pandas as pd
-
 from xbench.cli.common import FormatOption, OutputFormat, console, emit_frame, handles_errors
 
 
@@ -12,6 +10,8 @@ def models(
     fmt: FormatOption = OutputFormat.table,
 ) -> None:
     """List model presets: heads, widths, indexer top-k, layers, routed / returned / KV bytes."""
+    import pandas as pd  # here, not at import: every command's start would pay for it
+
     from xbench.core.models import PRESETS
 
     frame = pd.DataFrame([p.as_row() for p in PRESETS.values()])

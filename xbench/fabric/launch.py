@@ -24,7 +24,6 @@ from pathlib import Path
 from xbench.errors import RankFailure, XbenchError
 from xbench.events import EVENT_PREFIX
 from xbench.host import usable_cores
-from xbench.results.store import mark_partial
 
 # Variables that a process manager sets in each rank it starts.
 RANK_ENV = (
@@ -230,6 +229,8 @@ def run_ranks(
     what happened and where the finished cases and the log are. ``on_event`` receives rank
     0's events (a progress bar, or nothing). The log is ``launcher.log`` beside the config.
     """
+    from xbench.results.store import mark_partial  # (pandas: not at the CLI's start)
+
     out_dir = config_path.parent
     log_path = out_dir / "launcher.log"
     refuse_srun_without_pmi()

@@ -29,7 +29,6 @@ from xbench.fabric.transport import Pair
 from xbench.fabric.watchdog import EXIT_TIMEOUT, Watchdog
 from xbench.probe.patterns import Case, SweepSpec, buffer_plan, osu_counts, plan_cases
 from xbench.ranks import mpi_library
-from xbench.results.schema import PROBE_SAMPLES
 
 # What a configuration may name (the probe command's options offer the same)
 BINDINGS = ("core", "socket", "numa", "hwthread", "none")  # mpiexec's -bind-to
@@ -443,6 +442,8 @@ def _run_case(r: _Rank, case: Case, index: int, a: int, b: int, ends, store, las
     with r.watchdog.watching(f"collect {case.label}"):
         gathered = r.world.gather(rows, root=0)
     if r.rank == 0:
+        from xbench.results.schema import PROBE_SAMPLES
+
         rows = next(g for g in gathered if g)
         store.append(PROBE_SAMPLES, rows)
         measured = sorted(
@@ -456,6 +457,7 @@ def run_probe(cfg: ProbeConfig, sink, comm=None) -> None:
     from mpi4py import MPI
 
     from xbench.fabric.registry import transport_class
+    from xbench.results.schema import PROBE_SAMPLES  # (pyarrow: not at the CLI's start)
 
     world = comm or MPI.COMM_WORLD
     hosts = world.allgather(socket.gethostname())
