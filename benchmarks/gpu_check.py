@@ -9,6 +9,10 @@ own time limit (never past the budget), each step's output in ``OUT_DIR/STEP.log
 2. ``sweep``: the ceilings (copy, matmul) and every attention backend that runs here against
    plain torch in a CUDA graph, rows 1 / 8 / 64 x 1K-64K tokens dense and top-2048 sparse
    (``gpu_kernels.py``).
+   ``device-fit``: ``xbench kernel`` on CUDA over what ``xbench fit`` needs (attention,
+   merge, gather and splice at rows 1 / 8 / 64 x 1K-64K tokens), then ``xbench fit`` of it
+   onto the priors' fabrics: ``OUT_DIR/device-fit.toml`` holds this device's measured terms
+   with their intervals and provenance (issue 42: the shipped profile's device terms).
 3. ``tiles``: the triton tile and split candidates, timed one by one (``triton_tiles.py``).
    ``triton-tests``: the triton backend's numerics on this GPU's tensor cores.
 4. ``device-probe``: ``cuda/probe_device_main.cu`` built with nvcc against NVSHMEM's wheel
@@ -22,7 +26,6 @@ own time limit (never past the budget), each step's output in ``OUT_DIR/STEP.log
    through host buffers, checked against one-instance attention (predictions: the priors).
 7. ``refusals``: what ``xbench probe`` says to GPU transports it cannot run on one GPU.
 8. ``pytest-gpu``: ``pytest -m gpu``.
-9. ``kernel-cli``: ``xbench kernel`` on CUDA (gather, splice, merge and attention).
 
 Writes ``OUT_DIR/summary.md`` (each step's status and its figures) and prints it. Steps that
 cannot run here (no nvcc, no NVSHMEM wheel, one GPU) say why in their log and the summary.
@@ -61,6 +64,19 @@ def steps(out: Path, cpu: bool) -> list[tuple[str, int, str]]:
     validate_device, validate_chunks, validate_heads = (
         ("cpu", "128", 4) if cpu else ("cuda", "1024,8192", 128)
     )
+    # the device terms' fit: every kernel the fit reads, over rows and doubling lengths (on a
+    # CPU, tiny and without the idle and merge-wait cases a CPU adds by default)
+    fit_shapes = (
+        "--device cpu --threads 1 --heads 4 --rows 1,4 --chunk 64:256 --samples 2 "
+        "--min-sample-time 1ms --idle none --merge-wait none --no-ceilings"
+        if cpu
+        else "--device cuda --rows 1,8,64 --chunk 1024:65536 --samples 3"
+    )
+    kernel_run, fitted = q(str(out / "device-kernel")), q(str(out / "device-fit.toml"))
+    device_fit = (
+        f"{xb} kernel {fit_shapes} --out {kernel_run} && "
+        f"{xb} fit {kernel_run} --base {q(str(PRIORS))} --out {fitted}"
+    )
     if cpu:  # tiny shapes, the interpreter: the plumbing, not figures
         shapes = "--device cpu --rows 1 --tokens 64 --topk 32 --heads 16"
         sweep = f"{q(PY)} {HERE}/gpu_kernels.py {shapes} --backends triton,torch --samples 1 --min-sample-time 0 --out {q(str(out / 'gpu-kernels'))}"
@@ -83,6 +99,7 @@ def steps(out: Path, cpu: bool) -> list[tuple[str, int, str]]:
             f"{xb} env",
         ),
         ("sweep", 170, sweep),
+        ("device-fit", 150, device_fit),
         ("tiles", 200, tiles),
         (
             "triton-tests",
@@ -113,12 +130,6 @@ def steps(out: Path, cpu: bool) -> list[tuple[str, int, str]]:
             'echo "exit $?"; done',
         ),
         ("pytest-gpu", 90, f"{q(PY)} -m pytest -q -m gpu -p no:cacheprovider {ROOT / 'tests'}"),
-        (
-            "kernel-cli",
-            60,
-            f"{xb} kernel --rows 1,64 --chunk 8192 --samples 3 --out {q(str(out / 'kernel'))}"
-            + (" --device cpu" if cpu else ""),
-        ),
     ]
 
 
@@ -176,6 +187,7 @@ def summary(out: Path, done: list[dict]) -> str:
     parts += [f"| {d['step']} | {d['status']} | {d['seconds']} |" for d in done]
     sections = {
         "sweep": ("bound = max", 60),
+        "device-fit": (None, 60),
         "tiles": ("best ", 30),
         "device-probe": (None, 40),
         "profile": (None, 60),
@@ -184,7 +196,6 @@ def summary(out: Path, done: list[dict]) -> str:
         "refusals": (None, 20),
         "pytest-gpu": (None, 12),
         "triton-tests": (None, 12),
-        "kernel-cli": (None, 40),
     }
     for name, (marker, lines) in sections.items():
         if not any(d["step"] == name and d["seconds"] for d in done):

@@ -516,6 +516,18 @@ def test_page_terms_survive_a_profile_file_and_half_of_them_is_refused(tmp_path)
         load_profile(tmp_path / "half.toml")
 
 
+def _attention_sweep(seed: int) -> pd.DataFrame:
+    """Attention samples at 1 and 16 rows over three lengths: enough for the compute terms."""
+    rng = np.random.default_rng(seed)
+    rows = [
+        _attention(r, ch, v)
+        for r in (1, 16)
+        for ch in (128, 512, 2048)
+        for v in noisy(20e-6 + ch * (2e-9 + 16 * r * 3e-11), rng, 4)
+    ]
+    return pd.DataFrame(rows).assign(warmup=False, sparse=False, dtype="bf16", model="m")
+
+
 def test_a_cpu_fit_says_when_it_keeps_a_gpus_prefill_prior():
     """Fitted on CPU kernels over the H100 priors, local's time would add the H100's prefill
     to this CPU's attention: the fit says so, naming the terms and how to measure them; over
@@ -524,14 +536,7 @@ def test_a_cpu_fit_says_when_it_keeps_a_gpus_prefill_prior():
 
     from xbench.fit.profile_fit import fit_profile
 
-    rng = np.random.default_rng(5)
-    rows = [
-        _attention(r, ch, v)
-        for r in (1, 16)
-        for ch in (128, 512, 2048)
-        for v in noisy(20e-6 + ch * (2e-9 + 16 * r * 3e-11), rng, 4)
-    ]
-    kernel = pd.DataFrame(rows).assign(warmup=False, sparse=False, dtype="bf16", model="m")
+    kernel = _attention_sweep(seed=5)
     on_cpu = [{"command": "kernel", "device": "cpu", "conditions": {"cpu_attention": "c-bf16"}}]
     priors = load_profile("profiles/h100-priors.toml")
     said: list = []
@@ -543,3 +548,42 @@ def test_a_cpu_fit_says_when_it_keeps_a_gpus_prefill_prior():
     said = []
     fit_profile(pd.DataFrame(), kernel, name="x", base=cpu_base, run_meta=on_cpu, warnings=said)
     assert not [w for w in said if "prefill" in w]
+
+
+def test_a_fit_names_what_timed_its_device_terms():
+    """The first kernel run's device, backend, torch and Triton go to the profile's
+    provenance (``software``), and a measured term without a source of its own cites them
+    with the fit's date (``decide --sources``, ``fit``); a prior keeps its own source."""
+    from xbench.cli.terms import coefficient_frame
+    from xbench.fit.profile_fit import fit_profile
+
+    kernel = _attention_sweep(seed=6)
+    meta = [
+        {"command": "probe", "hostname": "n0", "torch": "0.1"},
+        {
+            "command": "kernel",
+            "device": "cuda",
+            "device_name": "NVIDIA H100 80GB HBM3",
+            "backend": "triton",
+            "torch": "2.11.0+cu130",
+            "triton": "3.6.0",
+        },
+    ]
+    priors = load_profile("profiles/h100-priors.toml")
+    fitted = fit_profile(pd.DataFrame(), kernel, name="x", base=priors, run_meta=meta)
+    assert fitted.provenance["software"] == {
+        "device": "NVIDIA H100 80GB HBM3",
+        "backend": "triton",
+        "torch": "2.11.0+cu130",
+        "triton": "3.6.0",
+    }
+    terms = coefficient_frame(fitted).set_index("term")
+    said = terms.loc["compute_per_token", "source"]
+    assert said.startswith(
+        "fitted from kernel runs on NVIDIA H100 80GB HBM3 (backend triton, torch 2.11.0+cu130, "
+        "triton 3.6.0), 20"
+    )
+    # kept from the base: its own source, marked prior
+    assert terms.loc["move_t0", "prior"] and terms.loc["move_t0", "source"].startswith("xbench's")
+    # the shipped priors are no fit: nothing cited for them beyond their own sources
+    assert all(coefficient_frame(priors).source.str.len() > 0)

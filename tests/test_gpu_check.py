@@ -23,12 +23,23 @@ def _run(*args, timeout=300):
     )
 
 
-def test_tiles_and_profile_on_tiny_shapes_write_a_summary(tmp_path):
+def test_tiles_profile_and_device_fit_on_tiny_shapes_write_a_summary(tmp_path):
     out = tmp_path / "gc"
-    done = _run(str(out), "--device", "cpu", "--steps", "tiles,profile")
+    done = _run(str(out), "--device", "cpu", "--steps", "device-fit,tiles,profile")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     steps = json.loads((out / "steps.json").read_text())
-    assert [(s["step"], s["status"]) for s in steps] == [("tiles", "ok"), ("profile", "ok")]
+    assert [(s["step"], s["status"]) for s in steps] == [
+        ("device-fit", "ok"),
+        ("tiles", "ok"),
+        ("profile", "ok"),
+    ]
+    # the device terms fitted onto the priors' fabrics, measured, with what timed them
+    from xbench.core.profile import load_profile
+
+    fitted = load_profile(out / "device-fit.toml")
+    assert not fitted.device.compute_per_token.prior and not fitted.device.merge_t0.prior
+    assert fitted.fabric("ibgda").overhead.prior  # the fabrics are the priors'
+    assert {"device", "backend", "torch"} <= fitted.provenance["software"].keys()
     summary = (out / "summary.md").read_text()
     assert "| tiles | ok |" in summary and "best partial_attention" in summary
     # the profile's table per shape (on a GPU its rows are the split and combine kernels)

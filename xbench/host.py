@@ -71,19 +71,24 @@ def cpu_flags() -> str | None:
     return None
 
 
-def torch_version() -> str | None:
-    """The installed torch's version, read from its package metadata.
+def installed_version(distribution: str) -> str | None:
+    """An installed package's version, read from its metadata (None where absent).
 
-    Not ``import torch``: importing it changes how this process moves memory (a probe rank
-    that had imported torch ran 16 MiB shared-memory ping-pongs 15-40 % faster than the same
-    loop without it, and than osu_latency), so the host probes stay free of it.
+    Not an import: importing torch changes how this process moves memory (a probe rank that
+    had imported torch ran 16 MiB shared-memory ping-pongs 15-40 % faster than the same loop
+    without it, and than osu_latency), so the host probes stay free of it.
     """
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return version("torch")
+        return version(distribution)
     except PackageNotFoundError:
         return None
+
+
+def torch_version() -> str | None:
+    """The installed torch's version (``installed_version``)."""
+    return installed_version("torch")
 
 
 def llc_bytes() -> int:

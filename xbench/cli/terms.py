@@ -20,13 +20,31 @@ def _at_zero(value: float, low: float) -> bool:
     return abs(value) < ZERO and low <= ZERO
 
 
+def fitted_source(profile, device: bool) -> str:
+    """Where a measured term of a fitted profile comes from, read from its provenance: the
+    device and software that timed the device terms (``provenance.software``), the hosts
+    that ran the probes, and the fit's date."""
+    p = profile.provenance
+    if p.get("kind") != "fit":
+        return ""
+    date = str(p.get("date", "?"))[:10]
+    if not device:
+        return f"fitted from probe runs on {', '.join(p.get('hosts') or ['?'])}, {date}"
+    software = dict(p.get("software") or {})
+    on = software.pop("device", None) or profile.device.name
+    used = ", ".join(f"{k} {v}" for k, v in software.items())
+    return f"fitted from kernel runs on {on}" + (f" ({used})" if used else "") + f", {date}"
+
+
 def coefficient_frame(profile):
-    """One row per coefficient (display units), as printed and as --format json/csv give."""
+    """One row per coefficient (display units), as printed and as --format json/csv give.
+    A measured term without a source of its own cites the fit (``fitted_source``)."""
     import pandas as pd
 
     from xbench.core import device_terms
 
     rows = []
+    measured = {False: fitted_source(profile, False), True: fitted_source(profile, True)}
 
     def add(group, term, c, scale, unit, note=""):
         rows.append(
@@ -39,7 +57,7 @@ def coefficient_frame(profile):
                 "unit": unit,
                 "prior": c.prior,
                 "note": note,
-                "source": c.source,
+                "source": c.source or ("" if c.prior else measured[group.startswith("device")]),
             }
         )
 

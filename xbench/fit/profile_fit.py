@@ -673,6 +673,21 @@ def _rtt_warnings(errors: dict, warm: dict, wire_pattern: dict, warnings: list) 
         warnings.append(line + f" (the study validated within {100 * RTT_TARGET:.0f} %)")
 
 
+def kernel_software(run_meta: list[dict]) -> dict:
+    """What timed the device terms, from the first kernel run's metadata: the device, the
+    attention backend, torch and Triton (fields a run did not record are left out)."""
+    for meta in run_meta:
+        if meta.get("command") == "kernel":
+            found = {
+                "device": meta.get("device_name") or meta.get("cpu_model"),
+                "backend": meta.get("backend"),
+                "torch": meta.get("torch"),
+                "triton": meta.get("triton"),
+            }
+            return {k: v for k, v in found.items() if v is not None}
+    return {}
+
+
 def fit_profile(
     probe: pd.DataFrame,
     kernel: pd.DataFrame,
@@ -736,6 +751,9 @@ def fit_profile(
         "rtt_error_warm": warm_round_trips,
         "conditions": fitted,
     }
+    software = kernel_software(meta)
+    if software:
+        provenance["software"] = software
     if base is not None:
         provenance["base"] = base.name
     if warnings:
