@@ -148,9 +148,9 @@ def test_the_cost_model_imports_no_heavy_library(module, forbidden):
 
 def test_the_cli_starts_without_pandas_pyarrow_or_torch():
     """Every run of ``xbench`` (``--help``, a refusal, a probe's ranks' launcher) imports the
-    whole command tree first; pandas and pyarrow alone would add ~0.3 s to each (measured
-    0.55-0.65 s to 0.27-0.34 s for ``--help`` on the development VM), torch seconds. The
-    commands import them when they run."""
+    whole command tree first; pandas and pyarrow there would about double its start
+    (docs/measurements.md, session 39), torch more. The commands import them when they
+    run."""
     code = (
         "import sys; import xbench.cli.app; "
         "print(sorted(m for m in ('pandas', 'pyarrow', 'torch', 'mpi4py') if m in sys.modules))"

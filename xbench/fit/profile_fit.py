@@ -710,19 +710,11 @@ def fit_profile(
                 "no probe samples to fit", "pass a results directory written by xbench probe"
             )
         fabrics = list(base.fabrics)
-    device_name = (
-        next(
-            (
-                m.get("device_name") or m.get("cpu_model")
-                for m in (run_meta or [])
-                if m.get("command") == "kernel"
-            ),
-            None,
-        )
-        or "device"
-    )
-    device, notes = fit_device(kernel, base.device if base else None, device_name)
     meta = run_meta or []
+    software = kernel_software(meta)
+    device, notes = fit_device(
+        kernel, base.device if base else None, software.get("device", "device")
+    )
     fitted = conditions.merged(meta)
     kept_prefill = [t for t in notes.get("from_base", []) if t.startswith("recompute_")]
     on_cpu = conditions.timed_on_cpu
@@ -751,7 +743,6 @@ def fit_profile(
         "rtt_error_warm": warm_round_trips,
         "conditions": fitted,
     }
-    software = kernel_software(meta)
     if software:
         provenance["software"] = software
     if base is not None:
