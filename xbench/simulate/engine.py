@@ -612,12 +612,16 @@ class _Servers:
         """Jobs started per second over ``span`` s, ``prior_jobs`` counted beside them."""
         return (self.jobs[i] + prior_jobs) / span
 
-    def overload(self, i: int, span: float, prior_jobs: float, prior_work: float) -> float:
+    def overload(
+        self, i: int, span: float, prior_jobs: float, prior_work: float, asked: float = 0.0
+    ) -> float:
         """The work asked of server i a second beyond one second's (0 while it keeps up):
-        what it ran and what it holds queued, with ``prior_jobs`` of ``prior_work`` s each
-        counted beside them, over ``span``."""
-        asked = (self.time[i] + self.backlog[i] + prior_jobs * prior_work) / span
-        return asked - 1.0 if asked > 1.0 else 0.0
+        what it ran and what it holds queued, or ``asked`` where that is more (work on its
+        way), with ``prior_jobs`` of ``prior_work`` s each counted beside them, over
+        ``span``."""
+        work = self.time[i] + self.backlog[i]
+        load = ((asked if asked > work else work) + prior_jobs * prior_work) / span
+        return load - 1.0 if load > 1.0 else 0.0
 
     def steady_wait(self, i: int, span: float, prior_jobs: float, prior_work: float) -> float:
         """The mean wait of a job arriving at a random time (Pollaczek-Khinchine, M/G/1:
@@ -940,9 +944,9 @@ class Simulation:
         wait_h, grows_h = self.routed_load(holder, span)
         wait_me, grows_me = self.routed_load(me, span)
         links = wait_h + wait_me + (grows_h + grows_me) * left / 2
-        grows = self.compute.overload(holder, span, PRIOR_USES, self.costs.attend)
-        asked = (self.asked[holder] + PRIOR_USES * self.costs.attend) / span - 1.0
-        grows = asked if asked > grows else grows
+        grows = self.compute.overload(
+            holder, span, PRIOR_USES, self.costs.attend, self.asked[holder]
+        )
         hidden = wait_holder + grows * left / 2
         return links - hidden if links > hidden else 0.0
 
