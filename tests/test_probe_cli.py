@@ -241,12 +241,13 @@ def test_dead_peer_keeps_finished_cases(xbench, tmp_path):
 
 @pytest.mark.mpi  # starts MPI: runs under every MPI
 def test_hung_peer_times_out(xbench, tmp_path):
+    """Rank 1 hangs before its second case: rank 0 gives up after --timeout, keeps the first
+    case, and reports where it waited (its stacks, the TCP connection's state)."""
     out = tmp_path / "hung"
     t0 = time.monotonic()
     r = xbench(
         "probe",
-        "--sizes",
-        "8B,16B,32B",
+        *("--transport", "tcp", "--sizes", "8B,16B,32B"),
         *QUICK,
         "--timeout",
         "3s",
@@ -258,7 +259,13 @@ def test_hung_peer_times_out(xbench, tmp_path):
     line = _one_line_error(r)
     assert time.monotonic() - t0 < 60
     assert "did not finish within 3 s" in line and "latency 16B" in line
+    assert f"what rank 0 waited in is in {out / 'hang-rank0.txt'}" in line
     assert sorted(read_table(out, PROBE_SAMPLES).size_bytes.unique()) == [8]
+    report = (out / "hang-rank0.txt").read_text()
+    assert report.startswith("case '0-1 latency 16B' did not finish within 3 s on rank 0")
+    # the peer never came to the case's first barrier; the connection is idle and whole
+    assert re.search(r'runner\.py", line \d+ in _measure', report), report
+    assert "tcp transport: TCP established: 0 B unread, 0 B unacknowledged" in report, report
 
 
 @pytest.mark.mpi  # starts MPI: runs under every MPI

@@ -78,7 +78,14 @@ def xbench_slurm(cluster, tmp_path, kind, *args, timeout=300):
     answer = json.loads(r.stdout) if r.stdout.strip().startswith("{") else {}
     output = answer.get("output")
     said = open(output).read()[-3000:] if output and os.path.exists(output) else r.stderr
+    said += hang_reports(tmp_path)
     return r, answer, said
+
+
+def hang_reports(folder) -> str:
+    """The reports of ranks whose case hung under ``folder`` (each rank's stacks and, over
+    TCP, the connection's state), for a failure's message."""
+    return "".join(f"\n{p}:\n{p.read_text()[:3000]}" for p in folder.rglob("hang-rank*.txt"))
 
 
 @pytest.fixture(scope="module")
@@ -215,6 +222,8 @@ def test_the_nightly_example_runs_as_shipped(cluster, shaped_probe, tmp_path, mo
     monkeypatch.setenv("SLURM_CONF", cluster.env["SLURM_CONF"])  # where scontrol asks
     ended = wait_for(r.stdout.strip().split(";")[0], poll_s=0.25)
     said = "\n".join(p.read_text()[-3000:] for p in tmp_path.glob("xbench-check-*.out"))
+    # a case that hung left each rank's stacks and the TCP connection's state: shown here
+    said += hang_reports(nightly)
     # exit 1: a case slower than its baseline (this machine is shared)
     assert ended.exit_status in (0, 1), f"{ended}: {said}"
     (run,) = nightly.iterdir()

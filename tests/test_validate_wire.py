@@ -6,6 +6,7 @@ handed, and end to end between two real ranks."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -131,3 +132,23 @@ def test_validate_refuses_a_gpu_it_cannot_use_in_one_line(xbench, tmp_path):
         assert r.returncode == 2 and words in r.stderr, r.stderr
         assert len(r.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "never").exists()
+
+
+def test_a_validate_case_past_its_timeout_leaves_each_ranks_stacks(xbench, tmp_path):
+    """A case that outlasts --timeout ends the run (exit 124) in one line that names where
+    rank 0's report is; each rank's report holds its stacks."""
+    out = tmp_path / "v"
+    r = xbench(
+        "validate", "--profile", "profiles/h100-priors.toml", "--fabric", "ib", "--rows", "1",
+        "--chunk", "128", "--heads", "4", "--samples", "2", "--rounds", "1",
+        "--cpu-attention", "torch", "--timeout", "0.001", "--out", out,
+    )  # fmt: skip
+    assert r.returncode == 124 and "Traceback" not in r.stderr, r.stderr
+    line = r.stderr.strip().splitlines()[-1]  # after the progress bar
+    assert line.startswith("xbench: error: validate case"), r.stderr
+    # whichever rank's watchdog fired first ends the run (the launcher stops the other)
+    said = re.search(r"on rank (\d); what rank \1 waited in is in ([^;]+);", line)
+    assert said and said[2] == str(out / f"hang-rank{said[1]}.txt"), line
+    report = (out / f"hang-rank{said[1]}.txt").read_text()
+    assert report.startswith("validate case rows=1 chunk=128 did not finish within 0.001 s")
+    assert "Current thread" in report and "run_validate" in report, report

@@ -18,6 +18,13 @@ from xbench.errors import XbenchError
 from xbench.fabric.transport import FETCH_MODES, Transport
 
 SIOCGIFADDR = 0x8915
+SIOCINQ, SIOCOUTQ = 0x541B, 0x5411  # bytes received and not read; sent and not acknowledged
+# struct tcp_info (linux/tcp.h) up to tcpi_total_retrans: eight one-byte fields (the two
+# last bit fields), then 24 u32: rto, ato, snd_mss, rcv_mss, unacked, sacked, lost, retrans,
+# fackets, last_data_sent, last_ack_sent, last_data_recv, last_ack_recv, pmtu, rcv_ssthresh,
+# rtt, rttvar, snd_ssthresh, snd_cwnd, advmss, reordering, rcv_rtt, rcv_space, total_retrans
+TCP_INFO_FORMAT = "8B24I"
+TCP_STATES = {1: "established", 4: "fin-wait-1", 5: "fin-wait-2", 7: "closed", 8: "close-wait"}
 
 
 def interface_address(name: str) -> str:
@@ -37,6 +44,32 @@ def interface_address(name: str) -> str:
                 "pick an interface with an address for --tcp-interface",
             ) from None
     return socket.inet_ntoa(packed[20:24])
+
+
+def connection_state(sock: socket.socket) -> str:
+    """What the kernel knows of a TCP connection, in one line: what a stalled transfer is
+    waiting on (a retransmission timer backing off, a full window, a peer that reads
+    nothing), from TCP_INFO and the socket's queues; Linux only."""
+    size = struct.calcsize(TCP_INFO_FORMAT)
+    info = struct.unpack(
+        TCP_INFO_FORMAT, sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, size)
+    )
+    state, _, retransmits, probes, backoff = info[:5]
+    rto, _, mss, _, unacked, _, lost, retrans = info[8:16]
+    last_sent, _, last_received = info[17:20]
+    rtt, cwnd, total_retrans = info[23], info[26], info[31]
+    queued = []
+    for name, request in (("unread", SIOCINQ), ("unacknowledged", SIOCOUTQ)):
+        raw = fcntl.ioctl(sock.fileno(), request, struct.pack("i", 0))
+        queued.append(f"{struct.unpack('i', raw)[0]:,} B {name}")
+    return (
+        f"TCP {TCP_STATES.get(state, f'state {state}')}: {', '.join(queued)}; "
+        f"{unacked} segments in flight ({lost} lost, {retrans} being retransmitted), "
+        f"cwnd {cwnd} x {mss} B, rtt {rtt / 1e3:g} ms, rto {rto / 1e3:g} ms "
+        f"(backoff {backoff}, {retransmits} timeouts in a row, {probes} window probes), "
+        f"{total_retrans} retransmitted in all; last data sent {last_sent} ms ago, "
+        f"received {last_received} ms ago"
+    )
 
 
 def _recv_into_all(sock: socket.socket, view: memoryview) -> None:
@@ -130,6 +163,14 @@ class TcpTransport(Transport):
         if self.sock is not None:
             self.sock.close()
             self.sock = None
+
+    def state(self) -> str:
+        if self.sock is None:
+            return "TCP: not connected"
+        try:
+            return connection_state(self.sock)
+        except OSError as exc:
+            return f"TCP: the kernel's state could not be read ({exc})"
 
     @staticmethod
     def _check(elapsed: float) -> float:

@@ -144,6 +144,11 @@ class Transport(ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections."""
 
+    def state(self) -> str:
+        """One line on what the connection is waiting for, for a hang report (the watchdog's):
+        what the transport can read without its peer; empty where it has nothing to say."""
+        return ""
+
     @abstractmethod
     def exchange(self, send_n: int, recv_n: int, iters: int) -> float:
         """Initiator sends ``send_n`` bytes, responder answers ``recv_n``; repeat."""

@@ -6,7 +6,9 @@ ranks down (``xbench.fabric.launch``).
 
 from __future__ import annotations
 
+import faulthandler
 import os
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -58,3 +60,22 @@ class Watchdog:
                     continue
                 self.on_fire(self._label)
                 os._exit(EXIT_TIMEOUT)
+
+
+def write_hang_report(path: str, lines: list[str]) -> str:
+    """What this rank knew when its case outlasted the timeout: ``lines`` (the case, the
+    transport's state) and every thread's Python stack, where the main thread shows the
+    call it waits in (an MPI barrier, a transport's loop). Written to ``path``, or to
+    stderr where ``path`` cannot be written (a node without the run's folder); returns
+    where it went."""
+    try:
+        with open(path, "w") as report:
+            report.write("".join(f"{line}\n" for line in lines) + "\n")
+            report.flush()
+            faulthandler.dump_traceback(report, all_threads=True)
+        return path
+    except OSError:
+        sys.stderr.write("".join(f"xbench: {line}\n" for line in lines))
+        sys.stderr.flush()
+        faulthandler.dump_traceback(sys.stderr, all_threads=True)
+        return "stderr"

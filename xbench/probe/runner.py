@@ -26,7 +26,7 @@ from xbench.errors import XbenchError
 from xbench.fabric.launch import thread_level_name
 from xbench.fabric.registry import TRANSPORTS, infer_fabric, make_transport
 from xbench.fabric.transport import Pair
-from xbench.fabric.watchdog import EXIT_TIMEOUT, Watchdog
+from xbench.fabric.watchdog import EXIT_TIMEOUT, Watchdog, write_hang_report
 from xbench.probe.patterns import Case, SweepSpec, buffer_plan, osu_counts, plan_cases
 from xbench.ranks import mpi_library
 
@@ -271,6 +271,23 @@ class _Rank:
     hosts: list
     sink: object
     watchdog: Watchdog | None = None
+    transport: object = None  # this rank's end of the pair being measured, if any
+
+    def timed_out(self, label: str) -> None:
+        """The watchdog's verdict: a report of where this rank waited (its stacks, the
+        connection's state), then the one-line error naming it."""
+        cfg = self.cfg
+        said = f"case '{label}' did not finish within {cfg.timeout_s:g} s on rank {self.rank}"
+        lines = [f"{said} ({self.hosts[self.rank]}, pid {os.getpid()})"]
+        state = self.transport.state() if self.transport is not None else ""
+        if state:
+            lines.append(f"{self.transport.name} transport: {state}")
+        where = write_hang_report(os.path.join(cfg.out_dir, f"hang-rank{self.rank}.txt"), lines)
+        where = "on stderr" if where == "stderr" else f"in {where}"
+        self.fatal(
+            f"{said}: a peer rank hung or died, or the fabric stalled; finished cases are in {cfg.out_dir}, what rank {self.rank} waited in is {where} (raise --timeout if the case is just slow)",
+            EXIT_TIMEOUT,
+        )
 
     def fatal(self, message: str, code: int) -> None:
         """Stop this rank now (the launcher takes the others down): rank 0 through its sink,
@@ -463,13 +480,7 @@ def run_probe(cfg: ProbeConfig, sink, comm=None) -> None:
     hosts = world.allgather(socket.gethostname())
     r = _Rank(cfg, world, world.Get_rank(), hosts, sink)
     pairs, store = _open_run(r, MPI, world.allgather(_my_gpu(cfg, world)))
-    r.watchdog = Watchdog(
-        cfg.timeout_s,
-        lambda label: r.fatal(
-            f"case '{label}' did not finish within {cfg.timeout_s:g} s on rank {r.rank}: a peer rank hung or died, or the fabric stalled; finished cases are in {cfg.out_dir} (raise --timeout if the case is just slow)",
-            EXIT_TIMEOUT,
-        ),
-    )
+    r.watchdog = Watchdog(cfg.timeout_s, r.timed_out)
     plan = buffer_plan(cfg.sweep)
     _set_up_world(r, plan)
     cases = plan_cases(cfg.sweep)
@@ -484,10 +495,12 @@ def run_probe(cfg: ProbeConfig, sink, comm=None) -> None:
         member = r.rank in (a, b)
         pair_comm = world.Split(0 if member else MPI.UNDEFINED, 0 if r.rank == a else 1)
         ends = _connect(r, pair_comm, a, b, plan) if member else None
+        r.transport = ends[1] if ends else None  # what a hang report asks for its state
         for case in cases:
             _run_case(r, case, index, a, b, ends, store, case is cases[-1])
             index += 1
         if ends is not None:
+            r.transport = None
             ends[1].close()
             ends[1].return_buffers()
         if pair_comm != MPI.COMM_NULL:

@@ -510,7 +510,7 @@ def run_validate(cfg: ValidateConfig, sink) -> None:
     import torch
     from mpi4py import MPI
 
-    from xbench.fabric.watchdog import Watchdog
+    from xbench.fabric.watchdog import Watchdog, write_hang_report
     from xbench.host import steady_allocator
     from xbench.kernels import cpu_bf16
     from xbench.results.schema import VALIDATE_SAMPLES
@@ -526,14 +526,23 @@ def run_validate(cfg: ValidateConfig, sink) -> None:
     cpu_bf16.choose_path(cfg.cpu_attention)
     store = _open_store(cfg, comm, sink, device_name, allocator)
     cases = [(b, c) for c in cfg.chunks for b in cfg.rows]
-    watchdog = Watchdog(
-        cfg.timeout_s,
-        lambda label: (
-            sink.error(f"validate case {label} did not finish within {cfg.timeout_s:g} s")
-            if rank == 0
-            else None
-        ),
-    )
+
+    def timed_out(label: str) -> None:
+        """Where this rank waited, then the one line: rank 0 through its sink, the others
+        on stderr, where the launcher finds it when this rank ends first."""
+        said = f"validate case {label} did not finish within {cfg.timeout_s:g} s on rank {rank}"
+        report = os.path.join(cfg.out_dir, f"hang-rank{rank}.txt")
+        where = write_hang_report(report, [f"{said} (pid {os.getpid()})"])
+        said += f"; what rank {rank} waited in is " + (
+            "on stderr" if where == "stderr" else f"in {where}"
+        )
+        if rank == 0:
+            sink.error(said)
+        else:
+            sys.stderr.write(f"xbench: error on rank {rank}: {said}\n")
+            sys.stderr.flush()
+
+    watchdog = Watchdog(cfg.timeout_s, timed_out)
     if rank == 0:
         store.plan(VALIDATE_SAMPLES, len(cases) * cfg.rounds)  # one part file a pass
         sink.start(len(cases) * cfg.rounds, cfg.out_dir, "python")
