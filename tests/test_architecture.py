@@ -157,3 +157,16 @@ def test_the_cli_starts_without_pandas_pyarrow_or_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_summarizing_samples_leaves_scipy_stats_unloaded():
+    """probe, kernel and validate summarize their samples (median intervals from a binomial
+    CDF); scipy.stats would add about 0.7 s to each of those commands (docs/measurements.md,
+    session 40). compare, which tests hypotheses, imports it when it runs."""
+    code = (
+        "import sys; import xbench.probe.summary, xbench.kernels.summary, xbench.core.stats; "
+        "from xbench.core.stats import summarize; summarize([1.0, 2.0, 3.0, 4.0, 5.0]); "
+        "print('scipy.stats' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -10,7 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats as _sps
+
+# the binomial CDF from scipy.special, not scipy.stats.binom: the same function, and every
+# command that summarizes samples (probe, kernel, fit, report, validate) starts 0.7 s sooner
+# without scipy.stats (about 1.0 s to import on the 2-vCPU VM, scipy.special 0.25 s)
+from scipy.special import bdtr
 
 
 @dataclass(frozen=True)
@@ -44,7 +48,7 @@ def median_ci(values, confidence: float = 0.95) -> tuple[float, float, float]:
     alpha = 1.0 - confidence
     best_k, coverage = 1, 1.0 - 2.0 * 0.5**n
     for k in range(1, n // 2 + 1):
-        cov = 1.0 - 2.0 * _sps.binom.cdf(k - 1, n, 0.5)
+        cov = 1.0 - 2.0 * float(bdtr(k - 1, n, 0.5))  # 1 - 2 P(Binom(n, 1/2) <= k-1)
         if cov >= 1.0 - alpha - 1e-12:
             best_k, coverage = k, cov
         else:

@@ -304,12 +304,12 @@ class _Rank:
 def _open_run(r: _Rank, MPI, rank_gpus: list):
     """Rank 0 checks the launch and the pairs and opens the run's store; the verdict is
     shared, so every rank stops together on bad input. Returns (pairs, store: rank 0's)."""
-    from xbench.results.metadata import run_metadata
-    from xbench.results.store import RunStore
-
     cfg, size = r.cfg, r.world.Get_size()
     problem, pairs, store = None, [], None
-    if r.rank == 0:
+    if r.rank == 0:  # the store's modules (pandas, pyarrow) here only: the others start sooner
+        from xbench.results.metadata import run_metadata
+        from xbench.results.store import RunStore
+
         try:
             if size < 2:
                 raise XbenchError(

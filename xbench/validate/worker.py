@@ -370,13 +370,15 @@ def _open_store(cfg: ValidateConfig, comm, sink, device_name, allocator):
 
     from xbench.fabric.launch import launcher_name, thread_level_name
     from xbench.kernels import cpu_bf16
-    from xbench.results.metadata import run_metadata
-    from xbench.results.store import RunStore
 
     rank, size = comm.Get_rank(), comm.Get_size()
     if rank != 0:
         comm.allgather(os.uname().nodename)
         return None
+    # the store's modules (pandas, pyarrow) on rank 0 only: the other starts sooner
+    from xbench.results.metadata import run_metadata
+    from xbench.results.store import RunStore
+
     if size != 2:
         sink.error(f"validate needs exactly 2 ranks (requester and holder), got {size}")
         comm.Abort(2)
