@@ -170,3 +170,15 @@ def test_summarizing_samples_leaves_scipy_stats_unloaded():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_fitting_and_reporting_leave_torch_unloaded():
+    """fit, report and compare read stored samples; torch (about 1.7 s to import) is for the
+    commands that run kernels. Reading the backend registry (which backends a fit skips)
+    must not load it through the kernels package (docs/measurements.md, session 40)."""
+    code = (
+        "import sys; import xbench.fit.profile_fit, xbench.kernels.summary, xbench.report, "
+        "xbench.compare, xbench.kernels.backend; print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
