@@ -24,7 +24,13 @@ SIOCINQ, SIOCOUTQ = 0x541B, 0x5411  # bytes received and not read; sent and not 
 # fackets, last_data_sent, last_ack_sent, last_data_recv, last_ack_recv, pmtu, rcv_ssthresh,
 # rtt, rttvar, snd_ssthresh, snd_cwnd, advmss, reordering, rcv_rtt, rcv_space, total_retrans
 TCP_INFO_FORMAT = "8B24I"
-TCP_STATES = {1: "established", 4: "fin-wait-1", 5: "fin-wait-2", 7: "closed", 8: "close-wait"}
+TCP_STATES = dict(  # linux/tcp_states.h
+    enumerate(
+        "established syn-sent syn-received fin-wait-1 fin-wait-2 time-wait closed close-wait "
+        "last-ack listen closing".split(),
+        start=1,
+    )
+)
 
 
 def interface_address(name: str) -> str:
