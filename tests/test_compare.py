@@ -615,6 +615,9 @@ def test_sigterm_marks_the_run_partial_and_takes_the_ranks_down(tmp_path):
     assert "terminated; the cases finished so far are in" in err
     meta = read_run_meta(out)
     assert meta["status"] == "partial" and meta["stopped_because"] == "terminated"
+    # each rank, stopped, wrote where it stood to the launcher's log first
+    log = (out / "launcher.log").read_text()
+    assert log.count(" in run_probe\n") == 2 and "(most recent call first)" in log, log
     time.sleep(0.5)
     ranks = subprocess.run(
         ["pgrep", "-f", str(out / "probe-config.json")], capture_output=True, text=True

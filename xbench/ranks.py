@@ -9,6 +9,8 @@ import os
 # MPICH takes a lock in every call, which adds to each small-message round trip and which
 # a C benchmark (MPI_Init) does not pay. MPI4PY_RC_THREAD_LEVEL still overrides it.
 THREAD_LEVEL = "funneled"
+# set by xbench's launcher for the ranks it starts, whose stderr is its launcher.log
+STACKS_ON_STOP = "XBENCH_STACKS_ON_STOP"
 
 
 def ask_thread_level() -> None:
@@ -18,6 +20,18 @@ def ask_thread_level() -> None:
 
     if "MPI4PY_RC_THREAD_LEVEL" not in os.environ:
         mpi4py.rc.thread_level = THREAD_LEVEL
+
+
+def dump_stacks_when_stopped() -> None:
+    """A rank xbench's launcher started, stopped by it (Ctrl-C, SIGTERM, a stall), first
+    writes every thread's stack to launcher.log, then ends as it would have: where a hung
+    rank waited, also where no watchdog fired. Ranks started by srun or mpirun themselves
+    write nothing extra to the job's output."""
+    if os.environ.get(STACKS_ON_STOP):
+        import faulthandler
+        import signal
+
+        faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
 
 
 def mpi_library(MPI) -> str:

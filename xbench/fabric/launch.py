@@ -24,6 +24,7 @@ from pathlib import Path
 from xbench.errors import RankFailure, XbenchError
 from xbench.events import EVENT_PREFIX
 from xbench.host import usable_cores
+from xbench.ranks import STACKS_ON_STOP
 
 # Variables that a process manager sets in each rank it starts.
 RANK_ENV = (
@@ -198,6 +199,7 @@ def launch_worker(
         log_start = log.tell()
         proc = subprocess.Popen(
             cmd,
+            env={**os.environ, STACKS_ON_STOP: "1"},  # their stacks into this log when stopped
             stdout=subprocess.PIPE,
             stderr=log,
             stdin=subprocess.DEVNULL,
@@ -333,8 +335,39 @@ def _is_hydra(mpiexec: str) -> bool:
     return "Open MPI" not in text and "OpenRTE" not in text
 
 
+def _outside_group(pid: int) -> list[int]:
+    """The processes below ``pid`` in process groups of their own, where the launcher's
+    group's signal does not reach them: Open MPI's prterun puts each rank in one, and
+    MPICH's Hydra its proxy and each rank. Read from /proc; none where it cannot be read."""
+    parents: dict[int, list[tuple[int, int]]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # ended meanwhile
+        parents.setdefault(int(fields[1]), []).append((int(stat.parent.name), int(fields[2])))
+    found, todo = [], [pid]
+    while todo:
+        for child, group in parents.get(todo.pop(), []):
+            todo.append(child)
+            if group != pid:
+                found.append(child)
+    return found
+
+
 def _stop_group(proc: subprocess.Popen) -> None:
-    """Terminate the launcher and every rank it started."""
+    """Terminate the launcher and every rank it started. Ranks in groups of their own are
+    told first, so that each writes its stacks to the log (``dump_stacks_when_stopped``)
+    before its launcher takes it down."""
+    alone = _outside_group(proc.pid)
+    for pid in alone:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + 2.0
+    while alone and time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in alone):
+        time.sleep(0.05)
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(proc.pid, sig)

@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from xbench.ranks import ask_thread_level
+from xbench.ranks import ask_thread_level, dump_stacks_when_stopped
 
 
 def reserve_buffers(config_text: str) -> None:
@@ -41,6 +41,8 @@ def main(argv: list[str]) -> int:
     apply_preset(json.loads(text).get("preset_env") or {})
     ask_thread_level()
     from mpi4py import MPI
+
+    dump_stacks_when_stopped()  # after MPI_Init: Open MPI sets its own SIGTERM handler
 
     reserve_buffers(text)
     from xbench.events import JsonLinesSink, NullSink

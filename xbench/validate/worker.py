@@ -568,10 +568,12 @@ def run_validate(cfg: ValidateConfig, sink) -> None:
 
 
 def main(argv: list[str]) -> int:
-    from xbench.ranks import ask_thread_level
+    from xbench.ranks import ask_thread_level, dump_stacks_when_stopped
 
     ask_thread_level()  # the level the probe ran at
     from mpi4py import MPI
+
+    dump_stacks_when_stopped()  # after MPI_Init: Open MPI sets its own SIGTERM handler
 
     from xbench.events import JsonLinesSink, NullSink
 
