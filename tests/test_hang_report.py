@@ -38,7 +38,8 @@ def test_the_connection_state_counts_what_waits_unread(connected):
     assert said.startswith("TCP established: 10,000 B unread, 0 B unacknowledged"), said
     assert "0 lost" in said and "backoff 0, 0 timeouts in a row" in said, said
     server.recv(10_000, socket.MSG_WAITALL)
-    assert connection_state(server).startswith("TCP established: 0 B unread"), said
+    said = connection_state(server)
+    assert said.startswith("TCP established: 0 B unread"), said
     client.shutdown(socket.SHUT_WR)  # the peer's FIN: the state the kernel reports changes
     deadline = time.monotonic() + 5
     while not connection_state(server).startswith("TCP close-wait"):
@@ -48,9 +49,8 @@ def test_the_connection_state_counts_what_waits_unread(connected):
 
 def test_the_report_has_the_lines_and_every_threads_stack(tmp_path):
     path = tmp_path / "hang-rank3.txt"
-    assert write_hang_report(str(path), ["case 'x' did not finish", "tcp transport: -"]) == str(
-        path
-    )
+    said = write_hang_report(str(path), ["case 'x' did not finish", "tcp transport: -"])
+    assert said == f"in {path}"
     text = path.read_text()
     assert text.startswith("case 'x' did not finish\ntcp transport: -\n\n")
     assert "Current thread" in text
@@ -59,7 +59,7 @@ def test_the_report_has_the_lines_and_every_threads_stack(tmp_path):
 
 def test_a_report_that_cannot_be_written_goes_to_stderr(tmp_path, capfd):
     missing = tmp_path / "not-here" / "hang-rank1.txt"  # a node without the run's folder
-    assert write_hang_report(str(missing), ["case 'y' did not finish"]) == "stderr"
+    assert write_hang_report(str(missing), ["case 'y' did not finish"]) == "on stderr"
     err = capfd.readouterr().err
     assert err.startswith("xbench: case 'y' did not finish\n") and "Current thread" in err
     assert not missing.parent.exists()

@@ -86,11 +86,6 @@ def installed_version(distribution: str) -> str | None:
         return None
 
 
-def torch_version() -> str | None:
-    """The installed torch's version (``installed_version``)."""
-    return installed_version("torch")
-
-
 def llc_bytes() -> int:
     """Last-level cache size of CPU 0 (sysfs), 32 MiB when unknown."""
     best = 0

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# the binomial CDF from scipy.special, not scipy.stats.binom: the same function, and every
-# command that summarizes samples (probe, kernel, fit, report, validate) starts 0.7 s sooner
-# without scipy.stats (about 1.0 s to import on the 2-vCPU VM, scipy.special 0.25 s)
+# the binomial CDF from scipy.special, not scipy.stats.binom: the same function without
+# scipy.stats' import (about 1.0 s on the 2-vCPU VM, scipy.special 0.25 s); probe and kernel
+# started 0.7 s sooner for it (docs/measurements.md, session 40)
 from scipy.special import bdtr
 
 

@@ -67,15 +67,15 @@ def write_hang_report(path: str, lines: list[str]) -> str:
     transport's state) and every thread's Python stack, where the main thread shows the
     call it waits in (an MPI barrier, a transport's loop). Written to ``path``, or to
     stderr where ``path`` cannot be written (a node without the run's folder); returns
-    where it went."""
+    where it went, as the one-line error says it ("in PATH" or "on stderr")."""
     try:
         with open(path, "w") as report:
             report.write("".join(f"{line}\n" for line in lines) + "\n")
             report.flush()
             faulthandler.dump_traceback(report, all_threads=True)
-        return path
+        return f"in {path}"
     except OSError:
         sys.stderr.write("".join(f"xbench: {line}\n" for line in lines))
         sys.stderr.flush()
         faulthandler.dump_traceback(sys.stderr, all_threads=True)
-        return "stderr"
+        return "on stderr"

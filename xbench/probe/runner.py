@@ -283,7 +283,6 @@ class _Rank:
         if state:
             lines.append(f"{self.transport.name} transport: {state}")
         where = write_hang_report(os.path.join(cfg.out_dir, f"hang-rank{self.rank}.txt"), lines)
-        where = "on stderr" if where == "stderr" else f"in {where}"
         self.fatal(
             f"{said}: a peer rank hung or died, or the fabric stalled; finished cases are in {cfg.out_dir}, what rank {self.rank} waited in is {where} (raise --timeout if the case is just slow)",
             EXIT_TIMEOUT,

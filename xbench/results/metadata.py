@@ -10,7 +10,7 @@ import datetime as _dt
 import os
 import uuid
 
-from xbench.host import gpu_topology, host_metadata, installed_version, torch_version
+from xbench.host import gpu_topology, host_metadata, installed_version
 from xbench.version import __version__, git_revision
 
 
@@ -37,7 +37,7 @@ def run_metadata(run_id: str, command: str, **extra) -> dict:
         "created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "xbench_version": __version__,
         "git_revision": git_revision(),
-        "torch": torch_version(),
+        "torch": installed_version("torch"),
         "triton": installed_version("triton"),  # the triton backend's compiler
         "gpus": gpu_topology(),
         "mpi_settings": mpi_settings(),

@@ -535,9 +535,7 @@ def run_validate(cfg: ValidateConfig, sink) -> None:
         said = f"validate case {label} did not finish within {cfg.timeout_s:g} s on rank {rank}"
         report = os.path.join(cfg.out_dir, f"hang-rank{rank}.txt")
         where = write_hang_report(report, [f"{said} (pid {os.getpid()})"])
-        said += f"; what rank {rank} waited in is " + (
-            "on stderr" if where == "stderr" else f"in {where}"
-        )
+        said += f"; what rank {rank} waited in is {where}"
         if rank == 0:
             sink.error(said)
         else:
