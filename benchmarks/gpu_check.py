@@ -21,7 +21,9 @@ own time limit (never past the budget), each step's output in ``OUT_DIR/STEP.log
 5. ``profile``: the triton backend's kernels one by one (torch.profiler), to see what the
    split kernel, the combine and the index preparation each cost.
 6. ``nvshmem``: nvshmem4py on one PE through the calls the nvshmem transport makes
-   (put-with-signal, non-blocking put, quiet), 8 B and 256 MiB, bytes checked.
+   (put-with-signal, non-blocking put, quiet), 8 B and 256 MiB, bytes checked; then
+   ``--initiator device``'s transport on that PE (its kernels' cubin built with nvcc,
+   loaded and initialised by NVSHMEM, each kernel launched as the probe does), 8 B-256 MiB.
    ``validate``: route, fetch and local on the GPU, two ranks sharing it, messages staged
    through host buffers, checked against one-instance attention (predictions: the priors).
 7. ``refusals``: what ``xbench probe`` says to GPU transports it cannot run on one GPU.
@@ -107,7 +109,7 @@ def steps(out: Path, cpu: bool) -> list[tuple[str, int, str]]:
             f"{q(PY)} -m pytest -q -x -p no:cacheprovider {ROOT / 'tests' / 'test_triton_kernels.py'}",
         ),
         ("device-probe", 60, f"{q(PY)} {HERE}/gpu_check.py --step device-probe {q(str(out))}"),
-        ("nvshmem", 45, f"{q(PY)} {HERE}/gpu_check.py --step nvshmem {q(str(out))}"),
+        ("nvshmem", 75, f"{q(PY)} {HERE}/gpu_check.py --step nvshmem {q(str(out))}"),
         (
             "validate",
             90,
@@ -124,7 +126,8 @@ def steps(out: Path, cpu: bool) -> list[tuple[str, int, str]]:
         (
             "refusals",
             40,
-            f"i=0; for t in 'mpi --device cuda' nccl nvshmem; do i=$((i+1)); "
+            "i=0; for t in 'mpi --device cuda' nccl nvshmem 'nvshmem --initiator device'; do "
+            "i=$((i+1)); "
             f'echo "== xbench probe --np 2 --transport $t"; '
             f"{xb} probe --np 2 --transport $t --sizes 8B:1KiB --out {q(str(out / 'refused'))}-$i; "
             'echo "exit $?"; done',
@@ -191,7 +194,7 @@ def summary(out: Path, done: list[dict]) -> str:
         "tiles": ("best ", 30),
         "device-probe": (None, 40),
         "profile": (None, 60),
-        "nvshmem": (None, 20),
+        "nvshmem": (None, 30),
         "validate": (None, 30),
         "refusals": (None, 20),
         "pytest-gpu": (None, 12),
@@ -343,7 +346,71 @@ def step_nvshmem(out: Path) -> int:
             print(json.dumps({"call": kind, "bytes": n, "iters": iters, "us": round(us, 3),
                               "gb_per_s": round(n / us / 1e3, 3), "bytes_checked": ok}), flush=True)  # fmt: skip
             rc = rc or (0 if ok else 1)
+    rc = _device_initiated_on_one_pe(nvshmem.core, bindings) or rc
     release_symmetric(world)
+    return rc
+
+
+def _device_initiated_on_one_pe(core, bindings) -> int:
+    """``--initiator device``'s transport itself, its one PE its own peer: the kernels' cubin
+    built and loaded, NVSHMEM's state put in it, each kernel launched as xbench probe
+    launches it (one launch a sample), every byte checked."""
+    import torch
+
+    from xbench.errors import XbenchError
+    from xbench.fabric.device_probe import build_cubin
+    from xbench.fabric.nvshmem import NvshmemTransport, allocate_symmetric
+    from xbench.fabric.nvshmem_device import (
+        NvshmemDeviceTransport,
+        arch_of,
+        finalize_library,
+        load_kernels,
+    )
+    from xbench.fabric.transport import Pair, host_buffer_sizes
+    from xbench.probe.patterns import SweepSpec, buffer_plan
+    from xbench.resources import cuda_dir
+
+    t0 = time.monotonic()
+    try:
+        cubin = build_cubin(cuda_dir(), arch_of(torch, 0))
+    except XbenchError as exc:
+        print(f"device-initiated: {exc}", flush=True)
+        return 2
+    print(json.dumps({"cubin_bytes": len(cubin), "built_s": round(time.monotonic() - t0, 1)}))
+    sizes = (8, 1152, 65536, 256 << 20)
+    plan = buffer_plan(SweepSpec(patterns=("latency", "bandwidth"), sizes=sizes))
+    world = NvshmemTransport._world = allocate_symmetric(core, bindings, host_buffer_sizes(plan))
+    loaded = NvshmemDeviceTransport._loaded = load_kernels(bindings, cubin, 0)
+
+    class OnePe:  # the pair's barrier, with nobody else to wait for
+        @staticmethod
+        def Barrier():
+            torch.cuda.synchronize()
+
+    t = NvshmemDeviceTransport(Pair(OnePe(), 0, (0, 0), ("self", "self")), plan)
+    t.connect()
+    rc = 0
+    for n in sizes:
+        runs = [("nvshmem_putsig_pingpong", 1000, 1)] if n <= 65536 else []
+        runs.append(("nvshmem_put_bw", 5 if n > 1 << 20 else 200, 64 if n <= 65536 else 1))
+        for kernel, iters, window in runs:
+            t.rbuf[:n].zero_()
+            torch.cuda.synchronize()
+            if kernel == "nvshmem_putsig_pingpong":
+                seconds = t.exchange(n, n, iters)
+                figure = {"us_oneway": round(seconds / iters / 2 * 1e6, 3)}
+            else:
+                seconds = t.window(n, window, iters)
+                figure = {"gb_per_s": round(n * window * iters / seconds / 1e9, 2)}
+            ok = bool(torch.equal(t.rbuf[:n], t.sbuf[:n]))
+            print(json.dumps({"device-initiated": kernel, "bytes": n, "messages": iters * window,
+                              **figure, "bytes_checked": ok}), flush=True)  # fmt: skip
+            rc = rc or (0 if ok else 1)
+    torch.cuda.synchronize()
+    finalize_library(bindings, loaded["module"])
+    NvshmemDeviceTransport._loaded, NvshmemTransport._world = {}, {}
+    for tensor in [*world["buffers"], world["signal"]]:
+        core.interop.torch.free_tensor(tensor)
     return rc
 
 

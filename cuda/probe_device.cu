@@ -54,6 +54,16 @@ extern "C" __global__ void peer_put_loop(const int4* __restrict__ src, int4* __r
 #include <nvshmem.h>
 #include <nvshmemx.h>
 
+// The timed loop with nothing in it but its count: the probes' own per-iteration cost on
+// the GPU, which xbench probe --initiator device stores beside the samples (loop_overhead).
+extern "C" __global__ void empty_loop(long long iters, unsigned long long* elapsed_ns) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    volatile long long count = 0;
+    const unsigned long long t0 = global_ns();
+    for (long long i = 0; i < iters; i++) count = count + 1;
+    *elapsed_ns = global_ns() - t0;
+}
+
 extern "C" __global__ void nvshmem_put_loop(void* dst, const void* src, size_t bytes, int pe, long long iters,
                                             unsigned long long* elapsed_ns) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
@@ -77,12 +87,15 @@ extern "C" __global__ void nvshmem_put_bw(char* dst, const char* src, size_t byt
 }
 
 // Put-with-signal ping-pong: the message and the signal that it has landed are one call,
-// so nothing can overtake the payload; each side waits for the other's count.
+// so nothing can overtake the payload; each side waits for the other's count. The counts
+// run from `first` (1 after the signal word was zeroed; one past the last count when a
+// launch continues the previous one's, as xbench probe's samples do).
 extern "C" __global__ void nvshmem_putsig_pingpong(void* dst, const void* src, size_t bytes, uint64_t* signal, int pe,
-                                                   int initiator, long long iters, unsigned long long* elapsed_ns) {
+                                                   int initiator, long long first, long long iters,
+                                                   unsigned long long* elapsed_ns) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     const unsigned long long t0 = global_ns();
-    for (long long i = 1; i <= iters; i++) {
+    for (long long i = first; i < first + iters; i++) {
         if (initiator) {
             nvshmem_putmem_signal_nbi(dst, src, bytes, signal, (uint64_t)i, NVSHMEM_SIGNAL_SET, pe);
             nvshmem_signal_wait_until(signal, NVSHMEM_CMP_GE, (uint64_t)i);

@@ -183,7 +183,7 @@ static void nvshmem_probes(int sms) {
             CHECK(cudaMemset(signal, 0, sizeof(uint64_t)));
             CHECK(cudaDeviceSynchronize());
             nvshmem_barrier_all();
-            nvshmem_putsig_pingpong<<<1, 32>>>(dst, src, bytes, signal, peer, initiator, iters, elapsed);
+            nvshmem_putsig_pingpong<<<1, 32>>>(dst, src, bytes, signal, peer, initiator, 1, iters, elapsed);
             CHECK(cudaDeviceSynchronize());
             nvshmem_barrier_all();
             unsigned long long ns;

@@ -308,6 +308,11 @@ def test_slurm_refuses_a_time_limit_sbatch_would_refuse(xbench, tmp_path):
         (["probe", "--np", "0"], "--np 0"),  # these three left an empty --out behind
         (["probe", "--config-from", ROOT], "no stored probe configuration"),
         (["probe", "--process-run", "1"], "--process-run is for launches"),
+        (["probe", "--initiator", "device"], "--initiator device with --transport mpi"),
+        (
+            ["probe", "--transport", "nvshmem", "--initiator", "device", "-p", "bibw"],
+            "--initiator device times latency, bandwidth and rtt, not bibw",
+        ),
         (["kernel", "--config-from", ROOT], "no stored kernel sweep configuration"),
         (["validate", "--profile", PRIORS, "--fabric", "ib", "--rows", "0"], "bad --rows '0'"),
     ],
@@ -498,6 +503,7 @@ def test_slurm_parses_what_it_forwards_before_writing(xbench, tmp_path):
         (["--sizes", "1kb"], "unknown unit 'kb'"),
         (["-p", "latency,,bandwidth"], "empty item"),
         (["--no-such"], "No such option"),
+        (["--initiator", "device"], "--initiator device with --transport mpi"),  # GPU puts only
     ]:
         line = one_line(xbench("slurm", "probe", "--out", script, "--", *forwarded))
         assert words in line, line

@@ -5,6 +5,7 @@ on a GPU, benchmarks/gpu_check.py runs it (its figures: docs/measurements.md).""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 
@@ -60,3 +61,80 @@ def test_the_programs_lines_are_read_and_other_output_skipped():
         {"probe": "peer_pingpong", "bytes": 8, "us": 0.37},
         {"error": "x"},
     ]
+
+
+def _elf_symbols(path) -> dict[str, str]:
+    """name -> section index ('UND' when undefined) of the ELF's global symbols (readelf)."""
+    listing = subprocess.run(["readelf", "-sW", str(path)], capture_output=True, text=True)
+    symbols = {}
+    for line in listing.stdout.splitlines():
+        fields = line.split()
+        if len(fields) >= 8 and fields[4] == "GLOBAL":  # the visibility may hold spaces
+            symbols[fields[-1]] = fields[-2]
+    return symbols
+
+
+@needs_nvcc
+@pytest.mark.skipif(shutil.which("readelf") is None, reason="readelf (binutils) is not on PATH")
+def test_the_kernels_cubin_links_nvshmems_device_state_and_is_cached(tmp_path, monkeypatch):
+    """What --initiator device loads: probe_device.cu's kernels and NVSHMEM's device
+    library in one cubin, nothing left undefined but what the driver provides."""
+    if device_probe.nvshmem_home() is None:
+        pytest.skip("the nvidia-nvshmem-cu13 wheel is not installed (make install adds it)")
+    monkeypatch.setenv("XBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    cubin = device_probe.build_cubin(cuda_dir(), "sm_90")
+    (tmp_path / "k.cubin").write_bytes(cubin)
+    symbols = _elf_symbols(tmp_path / "k.cubin")
+    from xbench.fabric.nvshmem_device import KERNELS
+
+    for name in (*KERNELS, "nvshmemi_device_state_d"):  # the state culibrary_init fills
+        assert symbols.get(name, "UND") != "UND", name
+    undefined = {name for name, section in symbols.items() if section == "UND"}
+    assert undefined <= {"vprintf", ".nv.reservedSmem.offset0"}, undefined
+    # a second build is the cached one: nvcc is asked its version, nothing compiled
+    ran = []
+    real_run = subprocess.run
+    monkeypatch.setattr(
+        device_probe.subprocess, "run", lambda cmd, **kw: ran.append(cmd) or real_run(cmd, **kw)
+    )
+    assert device_probe.build_cubin(cuda_dir(), "sm_90") == cubin
+    assert ran == [["nvcc", "--version"]]
+
+
+def test_without_nvcc_the_kernels_cubin_is_refused_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(XbenchError) as err:
+        device_probe.build_cubin(cuda_dir())
+    assert "nvcc" in err.value.problem and "--initiator device" in err.value.problem
+
+
+BUILD_ON_EACH_NODE = """
+from mpi4py import MPI
+from xbench.errors import XbenchError
+from xbench.fabric.nvshmem_device import _built_on_each_node
+try:
+    _built_on_each_node(MPI.COMM_WORLD, "sm_90")
+except XbenchError as exc:
+    print(MPI.COMM_WORLD.Get_rank(), exc.problem, flush=True)
+"""
+
+
+@pytest.mark.mpi  # starts MPI: runs under every MPI
+def test_a_build_that_fails_on_a_node_stops_each_of_its_ranks_with_the_same_line(tmp_path):
+    """One rank a node builds while the others wait; its failure (no nvcc here) reaches
+    every rank as its one line, so none waits forever for a cubin."""
+    import sys
+
+    from conftest import BIN
+
+    script = tmp_path / "build.py"
+    script.write_text(BUILD_ON_EACH_NODE)
+    env = {**os.environ, "PATH": str(tmp_path), "XBENCH_CACHE_DIR": str(tmp_path / "cache")}
+    r = subprocess.run(
+        [str(BIN / "mpiexec"), "-n", "2", sys.executable, str(script)],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    lines = sorted(r.stdout.splitlines())
+    assert [ln.split()[0] for ln in lines] == ["0", "1"], r.stdout
+    assert all("builds its kernels with nvcc, and none is on PATH" in ln for ln in lines)

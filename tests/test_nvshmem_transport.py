@@ -4,8 +4,10 @@ GPU: symmetric buffers are CPU tensors and the timer is the host clock."""
 
 from __future__ import annotations
 
+import ctypes
 import types
 
+import numpy as np
 import pytest
 import torch
 
@@ -162,3 +164,223 @@ def test_teardown_frees_every_buffer_and_finalizes_once(world, monkeypatch):
     assert fake.calls.count(("finalize",)) == 1 and comm.barriers == 1
     nv_transport.NvshmemTransport.teardown_world(comm)  # a second call does nothing
     assert fake.calls.count(("finalize",)) == 1
+
+
+@pytest.mark.parametrize(
+    "cuda, wheel",
+    [("12.8", "nvshmem4py-cu12 on"), ("13.0", "nvshmem4py-cu13 on"), (None, "-cu12 or")],
+)
+def test_the_install_hint_names_the_wheel_of_torchs_cuda(cuda, wheel):
+    """nvshmem4py ships one wheel per CUDA major version; the other one does not load."""
+    hint = nv_transport.install_hint(cuda)
+    assert hint.startswith("pip install nvshmem4py") and wheel in hint
+    if cuda:
+        assert f"CUDA {cuda.split('.')[0]}" in hint
+
+
+# ----- the same transport posted by GPU kernels (--initiator device) -----
+
+
+class FakeKernels:
+    """cuda.core's launch of cuda/probe_device.cu's kernels, as their code would act on the
+    arguments given (CPU memory here): a ping-pong's bytes and last count land at the peer's
+    addresses and its span in the elapsed word; a stream's bytes land. Every launch recorded."""
+
+    SPAN_NS = 12_345
+
+    def __init__(self):
+        self.launches: list[tuple] = []
+
+    def __call__(self, kernel, blocks, threads, *args):
+        self.launches.append((kernel, blocks, threads, args))
+        if kernel == "nvshmem_putsig_pingpong":
+            dst, src, nbytes, signal, _pe, _me, first, iters, elapsed = args
+            ctypes.memmove(dst, src, int(nbytes))
+            ctypes.c_int64.from_address(signal).value = int(first + iters - 1)
+            ctypes.c_int64.from_address(elapsed).value = self.SPAN_NS
+        elif kernel == "nvshmem_put_bw":
+            dst, src, nbytes, _pe, _iters = args
+            ctypes.memmove(dst, src, int(nbytes))
+        elif kernel == "empty_loop":
+            _iters, elapsed = args
+            ctypes.c_int64.from_address(elapsed).value = self.SPAN_NS
+
+
+@pytest.fixture
+def device_world(world, monkeypatch):
+    from xbench.fabric import nvshmem_device
+
+    kernels = FakeKernels()
+    monkeypatch.setattr(
+        nvshmem_device.NvshmemDeviceTransport,
+        "_loaded",
+        {"kernels": {k: k for k in nvshmem_device.KERNELS}, "sms": 132, "launch": kernels},
+    )
+    yield (*world, kernels)
+
+
+def _device_transport(plan, me: int, comm=None):
+    from xbench.fabric.nvshmem_device import NvshmemDeviceTransport
+
+    t = NvshmemDeviceTransport(Pair(comm or _Comm(), me, (3, 5), ("h", "h")), plan)
+    t.timer = DeviceTimer(False)
+    return t
+
+
+def test_the_registry_gives_the_device_initiated_class_for_nvshmem_only():
+    from xbench.fabric.nvshmem_device import NvshmemDeviceTransport
+    from xbench.fabric.registry import transport_class
+
+    assert transport_class("nvshmem", "host", "device") is NvshmemDeviceTransport
+    assert transport_class("nvshmem") is nv_transport.NvshmemTransport
+    assert NvshmemDeviceTransport.loop == "device"  # the samples say what ran the loop
+
+
+def test_a_device_ping_pong_is_one_launch_timed_on_the_gpu(device_world):
+    fake, plan, kernels = device_world
+    initiator = _device_transport(plan, 0)
+    initiator.connect()
+    initiator.sbuf[:1152].copy_(torch.arange(1152) % 251)
+    seconds = initiator.exchange(1152, 8, 3)
+    assert seconds == FakeKernels.SPAN_NS / 1e9  # the kernel's span, not a host clock
+    assert not fake.calls  # nothing posted by the host
+    ((kernel, blocks, threads, args),) = kernels.launches
+    assert (kernel, blocks, threads) == ("nvshmem_putsig_pingpong", 1, 32)
+    dst, src, nbytes, signal, pe, me, first, iters, elapsed = args
+    assert (dst, src, signal) == (
+        initiator.rbuf.data_ptr(),
+        initiator.sbuf.data_ptr(),
+        initiator.signal.data_ptr(),
+    )
+    assert (nbytes, pe, me, first, iters) == (1152, 5, 1, 1, 3)
+    assert torch.equal(initiator.rbuf[:1152], initiator.sbuf[:1152])
+    assert elapsed == initiator.elapsed.data_ptr() and initiator.signal.item() == 3
+    initiator.exchange(1152, 8, 4)  # the next sample's counts continue where these ended
+    assert kernels.launches[-1][3][6:8] == (4, 4)
+
+
+def test_the_device_responder_answers_with_the_return_size(device_world):
+    _fake, plan, kernels = device_world
+    responder = _device_transport(plan, 1)
+    responder.connect()
+    responder.exchange(8, 1152, 2)
+    args = kernels.launches[0][3]
+    assert (args[2], args[4], args[5], args[6], args[7]) == (1152, 3, 0, 1, 2)
+
+
+@pytest.mark.parametrize("size, blocks", [(4096, 1), (1 << 20, 16)])
+def test_device_bandwidth_streams_window_times_iterations_puts(device_world, size, blocks):
+    _fake, plan, kernels = device_world
+    comm = _Comm()
+    initiator = _device_transport(plan, 0, comm)
+    initiator.connect()
+    initiator.sbuf[:size].fill_(9)
+    initiator.window(size, 64, 3)
+    ((kernel, grid, threads, args),) = kernels.launches
+    assert (kernel, grid, threads) == ("nvshmem_put_bw", blocks, 512)
+    assert args[2:] == (size, 5, 64 * 3)
+    assert bool((initiator.rbuf[:size] == 9).all()) and comm.barriers == 2  # connect, end
+    responder = _device_transport(plan, 1, _Comm())
+    responder.window(size, 64, 3)  # waits at the pair's barrier; launches nothing
+    assert len(kernels.launches) == 1 and responder.pair.comm.barriers == 1
+
+
+def test_bandwidth_blocks_follow_the_message_size():
+    from xbench.fabric.nvshmem_device import bandwidth_blocks
+
+    assert [bandwidth_blocks(n, 132) for n in (8, (1 << 20) - 1, 1 << 20, 16 << 20)] == [
+        1,
+        1,
+        16,
+        132,
+    ]
+    assert bandwidth_blocks(1 << 20, 8) == 8  # never more blocks than SMs
+
+
+def test_nvshmem_initialises_the_loaded_kernels_through_the_call_its_release_has():
+    from xbench.errors import XbenchError
+    from xbench.fabric.nvshmem_device import finalize_library, init_library
+
+    calls = []
+    module = types.SimpleNamespace(handle=0x1000, get_module=lambda: 0x2000)
+    library = types.SimpleNamespace(
+        culibrary_init=lambda h: calls.append(("library", h)),
+        culibrary_finalize=lambda h: calls.append(("library-end", h)),
+    )
+    init_library(library, module)
+    finalize_library(library, module)
+    older = types.SimpleNamespace(  # an nvshmem4py with the module calls only
+        cumodule_init=lambda h: calls.append(("module", h)) or 0,
+        cumodule_finalize=lambda h: calls.append(("module-end", h)),
+    )
+    init_library(older, module)
+    finalize_library(older, module)
+    assert calls == [
+        ("library", 0x1000),
+        ("library-end", 0x1000),
+        ("module", 0x2000),
+        ("module-end", 0x2000),
+    ]
+    with pytest.raises(XbenchError, match="status 7"):
+        init_library(types.SimpleNamespace(culibrary_init=lambda h: 7), module)
+
+
+def test_device_teardown_finalizes_the_kernels_before_nvshmem(device_world, monkeypatch):
+    from xbench.fabric import nvshmem_device
+
+    fake, _plan, _kernels = device_world
+    ended = []
+    fake.bindings.culibrary_finalize = lambda h: ended.append(("kernels", h))
+    nvshmem_device.NvshmemDeviceTransport._loaded["module"] = types.SimpleNamespace(handle=42)
+    sync = types.SimpleNamespace(cuda=types.SimpleNamespace(synchronize=lambda: None))
+    monkeypatch.setattr(nv_transport, "torch_module", lambda: sync)
+    monkeypatch.setattr(nvshmem_device, "torch_module", lambda: sync)
+    fake.core.finalize = lambda: ended.append(("nvshmem",))
+    nvshmem_device.NvshmemDeviceTransport.teardown_world(_Comm())
+    assert ended == [("kernels", 42), ("nvshmem",)]
+    assert nvshmem_device.NvshmemDeviceTransport._loaded == {}
+
+
+def test_the_device_loops_own_cost_is_timed_by_a_kernel(device_world):
+    _fake, plan, kernels = device_world
+    t = _device_transport(plan, 0)
+    assert t.empty_loop(100_000) == FakeKernels.SPAN_NS / 1e9
+    assert kernels.launches == [("empty_loop", 1, 32, (100_000, t.elapsed.data_ptr()))]
+
+
+def _device_kernel_parameters() -> dict[str, list[str]]:
+    """Each NVSHMEM kernel's parameter types, read from cuda/probe_device.cu."""
+    import re
+
+    from xbench.resources import cuda_dir
+
+    text = (cuda_dir() / "probe_device.cu").read_text()
+    found = {}
+    for m in re.finditer(r'extern "C" __global__\s+void\s+(\w+)\s*\(([^)]*)\)', text, re.S):
+        found[m.group(1)] = [" ".join(p.split()[:-1]) for p in m.group(2).split(",")]
+    return found
+
+
+# how cuda.core passes each argument: a Python int is a pointer, numpy scalars their type
+_PASSED_AS = {"size_t": np.uint64, "int": np.int32, "long long": np.int64}
+
+
+def test_every_launch_passes_what_the_kernels_signature_takes(device_world):
+    from xbench.fabric.nvshmem_device import KERNELS
+
+    _fake, plan, kernels = device_world
+    t = _device_transport(plan, 0)
+    t.connect()
+    t.exchange(8, 8, 2)
+    t.window(4096, 4, 2)
+    t.empty_loop(10)
+    parameters = _device_kernel_parameters()
+    assert {k for k, *_ in kernels.launches} == set(KERNELS)
+    for kernel, _blocks, _threads, args in kernels.launches:
+        types_ = parameters[kernel]
+        assert len(args) == len(types_), kernel
+        for arg, c_type in zip(args, types_, strict=True):
+            if c_type.endswith("*"):
+                assert type(arg) is int, (kernel, c_type)
+            else:
+                assert type(arg) is _PASSED_AS[c_type], (kernel, c_type, type(arg))

@@ -229,10 +229,14 @@ def _link_layers() -> set[str]:
     return layers
 
 
-def _gpu_stack() -> tuple[int, bool, bool, bool]:
-    """(CUDA GPUs, torch's gloo, torch's NCCL, nvshmem4py importable) on this machine."""
+def _gpu_stack() -> tuple[int, bool, bool, bool, str | None]:
+    """(CUDA GPUs, torch's gloo, torch's NCCL, nvshmem4py importable, the CUDA version torch
+    was built for) on this machine."""
+    cuda = None
     try:
         import torch
+
+        cuda = torch.version.cuda
 
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         import torch.distributed as dist
@@ -247,11 +251,15 @@ def _gpu_stack() -> tuple[int, bool, bool, bool]:
         nvshmem = True
     except Exception:  # noqa: BLE001
         nvshmem = False
-    return gpus, gloo, nccl, nvshmem
+    return gpus, gloo, nccl, nvshmem, cuda
 
 
-def _transports(mpi_ok: bool, gpus: int, gloo: bool, nccl: bool, nvshmem: bool) -> list:
+def _transports(
+    mpi_ok: bool, gpus: int, gloo: bool, nccl: bool, nvshmem: bool, cuda: str | None
+) -> list:
     """Per transport: can this machine run it, and if not, why."""
+    from xbench.fabric.nvshmem import install_hint
+
     no_gpu = "no CUDA GPU here"
     nccl_why = (
         "NCCL on GPUs"
@@ -261,11 +269,7 @@ def _transports(mpi_ok: bool, gpus: int, gloo: bool, nccl: bool, nvshmem: bool) 
     nv_why = (
         "nvshmem4py present"
         if nvshmem and gpus
-        else (
-            "nvshmem4py not installed (pip install nvshmem4py-cu12 on GPU nodes)"
-            if not nvshmem
-            else no_gpu
-        )
+        else (f"nvshmem4py not installed ({install_hint(cuda)})" if not nvshmem else no_gpu)
     )
     return [
         Capability(
@@ -284,7 +288,33 @@ def _transports(mpi_ok: bool, gpus: int, gloo: bool, nccl: bool, nvshmem: bool) 
         ),
         Capability("probe nccl --backend nccl", bool(nccl and gpus), nccl_why),
         Capability("probe nvshmem", bool(nvshmem and gpus), nv_why),
+        _device_initiated_capability(nvshmem, gpus),
     ]
+
+
+def _device_initiated_capability(nvshmem: bool, gpus: int) -> Capability:
+    """--initiator device: nvshmem4py on a GPU, and nvcc with NVSHMEM's device library to
+    build the kernels that post the puts."""
+    from xbench.fabric.device_probe import nvshmem_home
+
+    name = "probe nvshmem device"
+    missing = [
+        what
+        for what, there in (
+            ("nvcc", shutil.which("nvcc") is not None),
+            ("NVSHMEM's device library (nvidia-nvshmem wheel)", nvshmem_home() is not None),
+        )
+        if not there
+    ]
+    if missing:
+        return Capability(
+            name, False, f"--initiator device builds its kernels with {' and '.join(missing)}"
+        )
+    if not (nvshmem and gpus):
+        return Capability(name, False, "--initiator device: needs what probe nvshmem needs")
+    return Capability(
+        name, True, "--initiator device: GPU kernels post the puts (IBGDA on InfiniBand)"
+    )
 
 
 def _fabrics(mpi_ok: bool, gpus: int, nvshmem: bool) -> list:
@@ -325,8 +355,8 @@ def _fabrics(mpi_ok: bool, gpus: int, nvshmem: bool) -> list:
 def check_transports_and_fabrics() -> list[Capability]:
     """Per transport and per fabric: can this machine run it, and if not, why."""
     mpi_ok = check_mpi().ok
-    gpus, gloo, nccl, nvshmem = _gpu_stack()
-    return _transports(mpi_ok, gpus, gloo, nccl, nvshmem) + _fabrics(mpi_ok, gpus, nvshmem)
+    gpus, gloo, nccl, nvshmem, cuda = _gpu_stack()
+    return _transports(mpi_ok, gpus, gloo, nccl, nvshmem, cuda) + _fabrics(mpi_ok, gpus, nvshmem)
 
 
 def _cuda_aware_capability(mpi_ok: bool, gpus: int, no_gpu: str) -> Capability:

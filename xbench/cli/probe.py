@@ -28,7 +28,7 @@ from xbench.core.units import (
     parse_size_list,
 )
 from xbench.errors import XbenchError
-from xbench.fabric.registry import TRANSPORTS, check_fabric
+from xbench.fabric.registry import INITIATORS, TRANSPORTS, check_fabric
 from xbench.probe.patterns import DEFAULT_PATTERNS, PATTERNS, SweepSpec
 from xbench.probe.runner import BACKENDS, BINDINGS, DEVICES, LOOPS
 
@@ -37,6 +37,7 @@ Loop = Enum("Loop", [(v, v) for v in LOOPS], type=str)
 Binding = Enum("Binding", [(v, v) for v in BINDINGS], type=str)
 Device = Enum("Device", [(v, v) for v in DEVICES], type=str)
 Backend = Enum("Backend", [(v, v) for v in BACKENDS], type=str)
+Initiator = Enum("Initiator", [(v, v) for v in INITIATORS], type=str)
 
 
 def _patterns(text: str) -> tuple[str, ...]:
@@ -165,6 +166,13 @@ def probe(
         Backend,
         typer.Option(help="nccl transport: nccl on GPUs, or gloo for the same path on CPUs."),
     ] = Backend.nccl,
+    initiator: Annotated[
+        Initiator,
+        typer.Option(
+            help="Who posts the messages: the host, or GPU kernels (nvshmem: device-initiated "
+            "puts, IBGDA on InfiniBand; built with nvcc against NVSHMEM's device library)."
+        ),
+    ] = Initiator.host,
     tcp_interface: Annotated[
         str | None, typer.Option(help="tcp: network interface to listen on, e.g. eth0.")
     ] = None,
@@ -222,6 +230,7 @@ def probe(
         bind=bind.value if not launched else "by launcher",
         device=device.value,
         backend=backend.value,
+        initiator=initiator.value,
         preset_env=preset_env(transport, fabric, backend.value),
         iterations=iterations,
         skip=skip,

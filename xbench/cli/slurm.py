@@ -200,6 +200,12 @@ def _check_values(params: dict) -> None:
         value = params.get(name)
         if isinstance(value, str):
             parse(value)
+    if "initiator" in params:  # a probe: what the GPU can post
+        from xbench.probe.runner import check_initiator
+
+        check_initiator(
+            params["initiator"].value, params["transport"], _patterns(params["pattern"])
+        )
 
 
 def _baseline(baseline: str | None, sweep: str | None, launches: int | None):

@@ -1,4 +1,6 @@
-"""The device-initiated probe program: ``cuda/probe_device_main.cu`` built with nvcc.
+"""The device-initiated probes built with nvcc: ``cuda/probe_device_main.cu`` as a program
+(``make gpu-check``), and ``cuda/probe_device.cu``'s kernels as a cubin that ``xbench probe
+--transport nvshmem --initiator device`` loads (``build_cubin``).
 
 The GPU moves the bytes and times itself (``%globaltimer``), so no host overhead enters the
 figure: NVSHMEM put, put-with-signal ping-pong and block-wide put bandwidth, and the peer
@@ -10,14 +12,18 @@ wheel; without that wheel, the peer loops alone. The program prints one JSON obj
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 from xbench.errors import XbenchError
 
 SOURCE = "probe_device_main.cu"
+KERNELS_SOURCE = "probe_device.cu"  # the kernels alone, for xbench probe to load
 
 
 def nvshmem_home() -> Path | None:
@@ -73,6 +79,66 @@ def build(exe: Path, cuda_dir: Path, *, with_nvshmem: bool = True, arch: str = "
         first = next((ln for ln in done.stderr.splitlines() if "error" in ln), done.stderr[-200:])
         raise XbenchError(f"nvcc failed on {SOURCE}: {first.strip()}", "see nvcc's output above")
     return exe
+
+
+def cubin_command(
+    obj: Path, cubin: Path, cuda_dir: Path, nvshmem: Path, arch: str
+) -> list[list[str]]:
+    """nvcc's two steps to one loadable cubin of the kernels: relocatable device code, then a
+    device link against ``libnvshmem_device.a`` (whose state NVSHMEM sets when it initialises
+    the loaded library)."""
+    compile_ = ["nvcc", "-O2", "-std=c++17", f"-arch={arch}", "-rdc=true", "-c"]
+    return [
+        [*compile_, "-DXBENCH_WITH_NVSHMEM", f"-I{cuda_dir}", f"-I{nvshmem / 'include'}",
+         str(cuda_dir / KERNELS_SOURCE), "-o", str(obj)],
+        ["nvcc", f"-arch={arch}", "-dlink", "-cubin", str(obj), f"-L{nvshmem / 'lib'}",
+         "-lnvshmem_device", "-o", str(cubin)],
+    ]  # fmt: skip
+
+
+def _nvcc_version() -> str:
+    done = subprocess.run(["nvcc", "--version"], capture_output=True, text=True, timeout=60)
+    return done.stdout
+
+
+def build_cubin(cuda_dir: Path, arch: str = "sm_90") -> bytes:
+    """``cuda/probe_device.cu``'s kernels linked with NVSHMEM's device library, as one cubin
+    for ``xbench probe --transport nvshmem --initiator device`` to load. Cached (keyed by the
+    sources, nvcc's version, the device library and the arch): nvcc takes some 10 s."""
+    from xbench.native import cache_dir
+
+    if shutil.which("nvcc") is None:
+        raise XbenchError(
+            "--initiator device builds its kernels with nvcc, and none is on PATH",
+            "install the CUDA toolkit (or the nvidia-cuda-nvcc wheel) and put nvcc on PATH",
+        )
+    home = nvshmem_home()
+    if home is None:
+        raise XbenchError(
+            "--initiator device links NVSHMEM's device library, and its wheel is not installed",
+            "pip install nvidia-nvshmem-cu13 (or -cu12, as nvshmem4py's)",
+        )
+    digest = hashlib.sha256()
+    for name in (KERNELS_SOURCE, "common.cuh"):
+        digest.update(name.encode() + (cuda_dir / name).read_bytes())
+    digest.update(_nvcc_version().encode() + arch.encode())
+    digest.update((home / "lib" / "libnvshmem_device.a").read_bytes())
+    target = cache_dir() / f"probe_device-nvshmem-{arch}-{digest.hexdigest()[:16]}.cubin"
+    if target.exists():
+        return target.read_bytes()
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        obj, cubin = Path(tmp) / "probe_device.o", Path(tmp) / "probe_device.cubin"
+        for cmd in cubin_command(obj, cubin, cuda_dir, home, arch):
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+            if done.returncode:
+                lines = done.stderr.splitlines()
+                first = next((ln for ln in lines if "error" in ln), done.stderr[-200:])
+                raise XbenchError(
+                    f"nvcc failed on {KERNELS_SOURCE}: {first.strip()}",
+                    f"run it by hand to see the whole log: {' '.join(cmd)}",
+                )
+        os.replace(cubin, target)  # whole or not at all: ranks on one node may race
+    return target.read_bytes()
 
 
 def parse_output(text: str) -> list[dict]:

@@ -23,6 +23,16 @@ SIGNAL_SET = 9
 CMP_GE = 5
 
 
+def install_hint(cuda_version: str | None) -> str:
+    """How to install nvshmem4py for the CUDA that torch was built for: its wheels are one
+    per CUDA major version (nvshmem4py-cu12, nvshmem4py-cu13), and the wrong one fails to
+    load its libraries on the node."""
+    major = (cuda_version or "").split(".")[0]
+    if major in ("12", "13"):
+        return f"pip install nvshmem4py-cu{major} on GPU nodes (torch is built for CUDA {major})"
+    return "pip install nvshmem4py-cu12 or -cu13 on GPU nodes, the one for torch's CUDA"
+
+
 def _constant(bindings, enum: str, member: str, default: int) -> int:
     return int(getattr(getattr(bindings, enum, None), member, default))
 
@@ -149,17 +159,26 @@ class NvshmemTransport(Transport):
         )
 
     @staticmethod
+    def require_library() -> None:
+        """nvshmem4py importable, or one line naming the wheel to install."""
+        try:
+            import nvshmem.core  # noqa: F401
+            from cuda.core import Device  # noqa: F401
+            from nvshmem import bindings  # noqa: F401
+        except ImportError as exc:
+            raise XbenchError(
+                f"nvshmem transport: {exc}", install_hint(torch_module().version.cuda)
+            ) from None
+
+    @staticmethod
     def setup_world(world_comm, cfg, plan) -> None:
         import numpy as np
 
-        try:
-            import nvshmem.core
-            from cuda.core import Device
-            from nvshmem import bindings
-        except ImportError as exc:
-            raise XbenchError(
-                f"nvshmem transport: {exc}", "pip install nvshmem4py-cu12 (or -cu13) on GPU nodes"
-            ) from None
+        NvshmemTransport.require_library()
+        import nvshmem.core
+        from cuda.core import Device
+        from nvshmem import bindings
+
         torch = torch_module()
         if not torch.cuda.is_available():
             raise XbenchError(

@@ -8,9 +8,12 @@ FABRICS = ("shm", "nvlink", "ib", "ibgda", "roce", "tcp", "unknown")
 HOST_TRANSPORTS = ("mpi", "tcp")
 DEVICE_TRANSPORTS = ("nccl", "nvshmem")
 TRANSPORTS = HOST_TRANSPORTS + DEVICE_TRANSPORTS
+# Who posts the messages: the host (every transport) or GPU kernels (NVSHMEM's device API)
+INITIATORS = ("host", "device")
+DEVICE_INITIATED = ("nvshmem",)
 
 
-def transport_class(name: str, device: str = "host"):
+def transport_class(name: str, device: str = "host", initiator: str = "host"):
     """The class behind a transport name (imports only what that transport needs)."""
     if name == "mpi":
         if device == "cuda":
@@ -28,6 +31,10 @@ def transport_class(name: str, device: str = "host"):
         from xbench.fabric.nccl import TorchDistTransport
 
         return TorchDistTransport
+    if name == "nvshmem" and initiator == "device":
+        from xbench.fabric.nvshmem_device import NvshmemDeviceTransport
+
+        return NvshmemDeviceTransport
     if name == "nvshmem":
         from xbench.fabric.nvshmem import NvshmemTransport
 
@@ -45,9 +52,10 @@ def make_transport(
     seed: int = 0,
     device: str = "host",
     backend: str = "nccl",
+    initiator: str = "host",
 ):
     """Build the transport ``name`` for one rank pair."""
-    cls = transport_class(name, device)
+    cls = transport_class(name, device, initiator)
     if name == "mpi":
         return cls(pair, plan, loop=loop, seed=seed)
     if name == "tcp":

@@ -24,7 +24,13 @@ from dataclasses import dataclass, field
 
 from xbench.errors import XbenchError
 from xbench.fabric.launch import thread_level_name
-from xbench.fabric.registry import TRANSPORTS, infer_fabric, make_transport
+from xbench.fabric.registry import (
+    DEVICE_INITIATED,
+    INITIATORS,
+    TRANSPORTS,
+    infer_fabric,
+    make_transport,
+)
 from xbench.fabric.transport import Pair
 from xbench.fabric.watchdog import EXIT_TIMEOUT, Watchdog, write_hang_report
 from xbench.probe.patterns import Case, SweepSpec, buffer_plan, osu_counts, plan_cases
@@ -59,6 +65,7 @@ class ProbeConfig:
     bind: str = "core"  # what the launch pinned ranks to ("by launcher" under srun/mpirun)
     device: str = "host"  # host or cuda buffers (mpi --device cuda: CUDA-aware MPI)
     backend: str = "nccl"  # nccl transport: nccl on GPUs, gloo on CPUs
+    initiator: str = "host"  # who posts the messages: the host, or GPU kernels (nvshmem)
     preset_env: dict = field(default_factory=dict)  # the --fabric preset applied to every rank
     process_run: int = 0  # which launch of the ranks this is (--runs N)
     # Fixed-count sampling (OSU's method) instead of calibrated samples: every sample runs
@@ -106,9 +113,11 @@ class ProbeConfig:
             ("device", self.device, DEVICES),
             ("backend", self.backend, BACKENDS),
             ("loop", self.loop, LOOPS),
+            ("initiator", self.initiator, INITIATORS),
         ):
             if value not in allowed:
                 raise XbenchError(f"unknown {name} {value!r}", f"pick one of {', '.join(allowed)}")
+        check_initiator(self.initiator, self.transport, self.sweep.patterns)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -137,6 +146,25 @@ class ProbeConfig:
         if bind == "by launcher" or cfg.bind == "by launcher":
             cfg.bind = bind
         return cfg, int(meta.get("ranks") or 2), int(meta["config"].get("process_run", 0)) + 1
+
+
+def check_initiator(initiator: str, transport: str, patterns) -> None:
+    """What GPU kernels post here: NVSHMEM's puts, as a ping-pong and a stream (no gather,
+    no both-ways stream); every transport is posted by the host too."""
+    if initiator != "device":
+        return
+    if transport not in DEVICE_INITIATED:
+        raise XbenchError(
+            f"--initiator device with --transport {transport}: only NVSHMEM's puts are "
+            "posted by the GPU here; the others are posted by the host",
+            "pass --transport nvshmem --initiator device, or leave --initiator at host",
+        )
+    other = set(patterns) - {"latency", "bandwidth", "rtt"}
+    if other:
+        raise XbenchError(
+            f"--initiator device times latency, bandwidth and rtt, not {', '.join(sorted(other))}",
+            "pass -p latency,bandwidth,rtt with --initiator device",
+        )
 
 
 def parse_pairs(text: str, size: int) -> list[tuple[int, int]]:
@@ -356,7 +384,9 @@ def _set_up_world(r: _Rank, plan) -> None:
     os.environ.update(cfg.preset_env)
     try:
         with r.watchdog.watching(f"{cfg.transport} set-up"):
-            transport_class(cfg.transport, cfg.device).setup_world(r.world, cfg, plan)
+            transport_class(cfg.transport, cfg.device, cfg.initiator).setup_world(
+                r.world, cfg, plan
+            )
     except XbenchError as exc:
         r.fatal(str(exc), 2)
     except ImportError as exc:
@@ -385,6 +415,7 @@ def _connect(r: _Rank, pair_comm, a: int, b: int, plan):
                 seed=a * 1000 + b,
                 device=cfg.device,
                 backend=cfg.backend,
+                initiator=cfg.initiator,
             )
             transport.connect()
     except XbenchError as exc:
@@ -505,7 +536,7 @@ def run_probe(cfg: ProbeConfig, sink, comm=None) -> None:
         if pair_comm != MPI.COMM_NULL:
             pair_comm.Free()
     world.Barrier()
-    transport_class(cfg.transport, cfg.device).teardown_world(world)
+    transport_class(cfg.transport, cfg.device, cfg.initiator).teardown_world(world)
     if r.rank == 0:
         store.finish()
         sink.finish()

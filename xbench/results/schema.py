@@ -97,7 +97,7 @@ PROBE_SAMPLES_SCHEMA = pa.schema(
         pa.field(
             "fabric_inferred", pa.bool_(), nullable=False
         ),  # label inferred, not given by the user
-        pa.field("loop", pa.string(), nullable=False),  # c or python
+        pa.field("loop", pa.string(), nullable=False),  # c, python, or device (a GPU kernel)
         pa.field("rank_a", pa.int32(), nullable=False),  # initiator / requester / sender
         pa.field("rank_b", pa.int32(), nullable=False),  # responder / holder / receiver
         pa.field("host_a", pa.string(), nullable=False),
