@@ -277,17 +277,17 @@ def test_ranks_sharing_a_gpu_are_found_by_host_and_uuid():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("transport", ["nccl", "nvshmem"])
+@pytest.mark.parametrize("transport", [["nccl"], ["nvshmem"], ["nvshmem", "--initiator", "device"]])
 def test_two_ranks_on_one_gpu_is_a_one_line_error(xbench, tmp_path, transport):
     import torch
 
     if torch.cuda.device_count() != 1:
         pytest.skip("needs exactly one GPU")
-    if transport == "nvshmem":
+    if transport[0] == "nvshmem":
         pytest.importorskip("nvshmem.core")
     out = tmp_path / "one"
     r = xbench(
-        "probe", "--np", "2", "--transport", transport, "--sizes", "8B", *QUICK, "--out", out
+        "probe", "--np", "2", "--transport", *transport, "--sizes", "8B", *QUICK, "--out", out
     )
     assert r.returncode != 0
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
@@ -388,3 +388,25 @@ def test_the_mpich_netmod_follows_the_device_line_and_the_plugin():
     assert mpich_netmod_for("MPICH Version: 4.2\nMPICH Device: ch4:ucx\n", "pmi2") is None
     assert mpich_netmod_for("Open MPI v5.0.11", "pmi2") is None
     assert mpich_netmod_for(None, "pmi2") is None
+
+
+@pytest.mark.gpu
+def test_validate_over_nccl_between_gpus(xbench, tmp_path):
+    """validate's nccl wire on GPU tensors: two GPUs, or one line on a machine with one."""
+    import torch
+
+    out = tmp_path / "v"
+    r = xbench(
+        "validate", "--profile", "profiles/h100-priors.toml", "--fabric", "nvlink",
+        "--device", "cuda", "--wire", "nccl", "--rows", "1", "--chunk", "1024",
+        "--heads", "16", "--samples", "2", "--rounds", "1", "--out", out,
+    )  # fmt: skip
+    if torch.cuda.device_count() < 2:
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert r.returncode != 0 and "one GPU per rank" in lines[-1], r.stderr
+        return
+    assert r.returncode == 0, r.stderr
+    from xbench.results.schema import VALIDATE_SAMPLES
+
+    samples = read_table(out, VALIDATE_SAMPLES)
+    assert set(samples.transport) == {"nccl"} and samples.correct.all()

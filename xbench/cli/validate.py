@@ -87,9 +87,10 @@ def validate(
     wire: Annotated[
         str,
         typer.Option(
-            help="How messages cross: host (MPI on the tensors' memory; CPU only) or staged "
-            "(copied through host buffers around MPI, for GPU tensors); default: host on "
-            "cpu, staged on cuda."
+            help="How messages cross: host (MPI on the tensors' memory; CPU only), staged "
+            "(copied through host buffers around MPI, for GPU tensors) or nccl "
+            "(torch.distributed on the tensors: NCCL on GPUs, one each; gloo on CPUs); "
+            "default: host on cpu, staged on cuda."
         ),
     ] = "auto",
     out: RunDirOption = None,
@@ -249,7 +250,7 @@ def _check_device(device: str, wire: str) -> str:
     if device not in ("cpu", "cuda"):
         raise XbenchError(f"unknown --device {device!r}", "pick cpu or cuda")
     if wire not in (*WIRES, "auto"):
-        raise XbenchError(f"unknown --wire {wire!r}", f"pick auto, {' or '.join(WIRES)}")
+        raise XbenchError(f"unknown --wire {wire!r}", f"pick auto, {', '.join(WIRES)}")
     if device == "cuda":
         import torch
 
@@ -263,7 +264,7 @@ def _check_device(device: str, wire: str) -> str:
                 "--wire host hands MPI the tensors' memory, which is on the GPU with --device cuda",
                 "pass --wire staged (copies through host buffers), or leave --wire auto",
             )
-        return "staged"
+        return "staged" if wire == "auto" else wire
     return "host" if wire == "auto" else wire
 
 

@@ -48,6 +48,34 @@ def rendezvous_host(hostnames: list[str], addresses, override: str | None) -> st
     return routable[0]
 
 
+def init_process_group(world_comm, backend: str) -> None:
+    """torch.distributed over the MPI ranks of ``world_comm`` (same ranks, same size), its
+    store at rank 0's routable address, which MPI hands the others; a bad address stops
+    every rank alike. The GPU, where ``backend`` is nccl, is set by the caller."""
+    import torch.distributed as dist
+
+    hostnames = world_comm.allgather(socket.gethostname())
+    address = None
+    if world_comm.Get_rank() == 0:
+        try:
+            host = rendezvous_host(hostnames, interface_addresses(), os.environ.get(RENDEZVOUS_ENV))
+            with socket.socket() as s:
+                s.bind(("", 0))
+                address = (host, s.getsockname()[1])
+        except XbenchError as exc:
+            address = str(exc)
+    address = world_comm.bcast(address, root=0)
+    if isinstance(address, str):
+        raise XbenchError(address)
+    host, port = address
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://{host}:{port}",
+        rank=world_comm.Get_rank(),
+        world_size=world_comm.Get_size(),
+    )
+
+
 class TorchDistTransport(Transport):
     """Point-to-point send/recv through torch.distributed: NCCL on GPUs, gloo on CPUs."""
 
@@ -75,8 +103,6 @@ class TorchDistTransport(Transport):
 
     @staticmethod
     def setup_world(world_comm, cfg, plan) -> None:
-        import torch.distributed as dist
-
         torch = torch_module()
         backend = cfg.backend
         if backend == "nccl":
@@ -88,28 +114,7 @@ class TorchDistTransport(Transport):
             gpu = local_gpu(world_comm)
             claim_own_gpu(world_comm, gpu, "nccl")
             torch.cuda.set_device(gpu)
-        hostnames = world_comm.allgather(socket.gethostname())
-        address = None
-        if world_comm.Get_rank() == 0:
-            try:
-                host = rendezvous_host(
-                    hostnames, interface_addresses(), os.environ.get(RENDEZVOUS_ENV)
-                )
-                with socket.socket() as s:
-                    s.bind(("", 0))
-                    address = (host, s.getsockname()[1])
-            except XbenchError as exc:
-                address = str(exc)
-        address = world_comm.bcast(address, root=0)  # every rank stops alike on a bad one
-        if isinstance(address, str):
-            raise XbenchError(address)
-        host, port = address
-        dist.init_process_group(
-            backend,
-            init_method=f"tcp://{host}:{port}",
-            rank=world_comm.Get_rank(),
-            world_size=world_comm.Get_size(),
-        )
+        init_process_group(world_comm, backend)
 
     def connect(self) -> None:
         """One untimed exchange: NCCL builds a pair's point-to-point communicator lazily, on

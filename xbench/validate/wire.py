@@ -7,17 +7,28 @@ it and from one after MPI receives it, as a serving engine whose MPI is not CUDA
 PyPI MPICH and Debian's Open MPI are not) moves a GPU's bytes; the copies are part of the
 send, return and transfer phases they belong to, and the run says so (transport
 ``mpi-staged``). On a CPU the same staged path runs with plain host buffers, which is how the
-tests check it without a GPU.
+tests check it without a GPU. ``nccl``: torch.distributed point-to-point on the tensors
+themselves, as an engine with NCCL moves them (NCCL on GPUs, one GPU a rank; gloo on CPUs,
+which is how the tests run it); its process group is set up once a run
+(:func:`xbench.fabric.nccl.init_process_group`).
 """
 
 from __future__ import annotations
 
-WIRES = ("host", "staged")
+WIRES = ("host", "staged", "nccl")
 
 
-def transport_label(wire: str) -> str:
+def transport_label(wire: str, device: str = "cpu") -> str:
     """The samples' ``transport``: what the bytes went through."""
+    if wire == "nccl":  # torch.distributed's backend, as it moved these tensors
+        return dist_backend(device)
     return "mpi" if wire == "host" else "mpi-staged"
+
+
+def dist_backend(device: str) -> str:
+    """torch.distributed's backend for the nccl wire: NCCL for GPU tensors, gloo for CPU
+    ones (the same code path where no GPU is)."""
+    return "nccl" if device.startswith("cuda") else "gloo"
 
 
 def _waitall(requests) -> None:
@@ -121,5 +132,45 @@ class StagedWire:
         self.ready()
 
 
+class TorchDistWire:
+    """torch.distributed point-to-point on the tensors' own memory: NCCL between GPUs (it
+    orders a pair's messages as they were posted, so tags need not match), gloo on CPUs."""
+
+    name = "nccl"
+
+    def __init__(self, comm, device: str = "cpu"):
+        import torch
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            raise ValueError("the nccl wire needs the run's process group (run_validate)")
+        self.torch, self.dist = torch, dist
+        self.cuda = torch.device(device).type == "cuda"
+
+    def ready(self) -> None:
+        if self.cuda:
+            self.torch.cuda.synchronize()
+
+    def send(self, t, dest: int, tag: int) -> None:
+        self.dist.send(byte_view(t), dest, tag=tag)
+
+    def recv(self, t, source: int, tag: int) -> None:
+        self.dist.recv(byte_view(t), source, tag=tag)  # a view: the bytes land in t
+        self.ready()
+
+    def _all(self, op, tensors, peer: int, tag: int) -> None:
+        """One message per tensor, all posted at once as one group."""
+        ops = [self.dist.P2POp(op, byte_view(t), peer, tag=tag) for t in tensors]
+        for request in self.dist.batch_isend_irecv(ops):
+            request.wait()
+
+    def send_all(self, tensors, dest: int, tag: int) -> None:
+        self._all(self.dist.isend, tensors, dest, tag)
+
+    def recv_all(self, tensors, source: int, tag: int) -> None:
+        self._all(self.dist.irecv, tensors, source, tag)
+        self.ready()
+
+
 def make_wire(name: str, comm, device: str):
-    return {"host": HostWire, "staged": StagedWire}[name](comm, device)
+    return {"host": HostWire, "staged": StagedWire, "nccl": TorchDistWire}[name](comm, device)

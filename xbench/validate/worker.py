@@ -75,7 +75,7 @@ class ValidateConfig:
     timeout_s: float = 300.0
     fabric: str | None = None
     device: str = "cpu"  # where the tensors and kernels are: cpu or cuda
-    wire: str = "host"  # how messages cross (xbench.validate.wire): host or staged
+    wire: str = "host"  # how messages cross (xbench.validate.wire): host, staged or nccl
     scale: float = 1 / math.sqrt(576)
     extra: dict = field(default_factory=dict)
 
@@ -484,7 +484,7 @@ def _run_pass(cfg: ValidateConfig, comm, round_: int, b: int, c: int) -> list[di
                 {
                     "run_id": cfg.run_id,
                     "option": option,
-                    "transport": transport_label(cfg.wire),
+                    "transport": transport_label(cfg.wire, cfg.device),
                     "fabric": cfg.fabric or "shm",
                     "rows": b,
                     "heads": cfg.heads,
@@ -508,6 +508,30 @@ def _run_pass(cfg: ValidateConfig, comm, round_: int, b: int, c: int) -> list[di
     return rows
 
 
+def _start_process_group(cfg: ValidateConfig, comm, sink) -> None:
+    """The nccl wire's process group over the two ranks (NCCL refuses two ranks on one
+    GPU: said in one line first); a rank that cannot start it ends the run with its line."""
+    from xbench.fabric.gpu import claim_own_gpu
+    from xbench.fabric.nccl import init_process_group
+    from xbench.validate.wire import dist_backend
+
+    try:
+        if cfg.device == "cuda":
+            import torch
+
+            try:
+                claim_own_gpu(comm, torch.cuda.current_device(), "nccl")
+            except XbenchError as shared:
+                raise XbenchError(
+                    shared.problem, "pass --wire staged (two ranks may share a GPU there)"
+                ) from None
+        init_process_group(comm, dist_backend(cfg.device))
+    except XbenchError as exc:
+        if comm.Get_rank() == 0:
+            sink.error(str(exc))
+        raise SystemExit(2) from None
+
+
 def run_validate(cfg: ValidateConfig, sink) -> None:
     import torch
     from mpi4py import MPI
@@ -523,6 +547,8 @@ def run_validate(cfg: ValidateConfig, sink) -> None:
     if cfg.device == "cuda":  # the ranks take the GPUs in turn (two may share one)
         torch.cuda.set_device(rank % torch.cuda.device_count())
         device_name = torch.cuda.get_device_name()
+    if cfg.wire == "nccl":
+        _start_process_group(cfg, comm, sink)
     allocator = steady_allocator()  # the state the kernel sweep measured in (see host.py)
     torch.set_num_threads(cfg.threads)
     cpu_bf16.choose_path(cfg.cpu_attention)
@@ -560,6 +586,10 @@ def run_validate(cfg: ValidateConfig, sink) -> None:
             route = sorted(r["value"] for r in rows if r["option"] == "route" and not r["warmup"])
             sink.case_done(index, label, route[len(route) // 2], "us")
     comm.Barrier()
+    if cfg.wire == "nccl":
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
     if rank == 0:
         store.finish()
         sink.finish()
