@@ -98,13 +98,16 @@ def test_the_host_wire_hands_mpi_the_tensors_own_memory_and_refuses_gpu_tensors(
 
 
 @pytest.mark.mpi  # starts MPI: runs under every MPI
-def test_validate_over_the_staged_wire_between_two_ranks(xbench, tmp_path):
-    """Every path's output through host buffers still matches one-instance attention, and
-    the samples say which wire carried them."""
+@pytest.mark.parametrize("wire, transport", [("staged", "mpi-staged"), ("nccl", "gloo")])
+def test_validate_over_each_wire_between_two_ranks(xbench, tmp_path, wire, transport):
+    """Every path's output still matches one-instance attention through host buffers around
+    MPI (staged) and through torch.distributed on the tensors themselves (nccl's code path
+    on CPUs: gloo), a fetch's pages as messages of their own; the samples say which wire
+    carried them."""
     out = tmp_path / "v"
     r = xbench(
         "validate", "--profile", "profiles/h100-priors.toml", "--fabric", "ib",
-        "--wire", "staged", "--rows", "1", "--chunk", "128", "--heads", "4",
+        "--wire", wire, "--rows", "1,2", "--chunk", "128", "--heads", "4",
         "--samples", "2", "--rounds", "1", "--cpu-attention", "torch",
         "--out", out, "--format", "json",
     )  # fmt: skip
@@ -114,9 +117,10 @@ def test_validate_over_the_staged_wire_between_two_ranks(xbench, tmp_path):
     from xbench.results.store import read_run_meta, read_table
 
     samples = read_table(out, VALIDATE_SAMPLES)
-    assert set(samples.transport) == {"mpi-staged"} and samples.correct.all()
+    assert set(samples.transport) == {transport} and samples.correct.all()
+    assert (samples[samples.option == "fetch"].segments > 1).all()  # pages as messages
     meta = read_run_meta(out)
-    assert meta["wire"] == "staged" and meta["device"] == "cpu"
+    assert meta["wire"] == wire and meta["device"] == "cpu"
 
 
 def test_validate_refuses_a_gpu_it_cannot_use_in_one_line(xbench, tmp_path):
@@ -153,25 +157,3 @@ def test_a_validate_case_past_its_timeout_leaves_each_ranks_stacks(xbench, tmp_p
     report = (out / f"hang-rank{said[1]}.txt").read_text()
     assert report.startswith("validate case rows=1 chunk=128 did not finish within 0.001 s")
     assert "Current thread" in report and "run_validate" in report, report
-
-
-@pytest.mark.mpi  # starts MPI: runs under every MPI
-def test_validate_over_torch_distributed_between_two_ranks(xbench, tmp_path):
-    """The nccl wire's code path on CPUs (gloo): the tensors themselves go through
-    torch.distributed, page by page for a fetch, and still match one-instance attention."""
-    out = tmp_path / "v"
-    r = xbench(
-        "validate", "--profile", "profiles/h100-priors.toml", "--fabric", "ib",
-        "--wire", "nccl", "--rows", "1,2", "--chunk", "128", "--heads", "4",
-        "--samples", "2", "--rounds", "1", "--cpu-attention", "torch",
-        "--out", out, "--format", "json",
-    )  # fmt: skip
-    assert r.returncode == 0, r.stderr
-    assert all(row["correct"] for row in json.loads(r.stdout))
-    from xbench.results.schema import VALIDATE_SAMPLES
-    from xbench.results.store import read_run_meta, read_table
-
-    samples = read_table(out, VALIDATE_SAMPLES)
-    assert set(samples.transport) == {"gloo"} and samples.correct.all()
-    assert (samples[samples.option == "fetch"].segments > 1).all()  # pages as messages
-    assert read_run_meta(out)["wire"] == "nccl"
