@@ -359,7 +359,7 @@ def _device_initiated_on_one_pe(core, bindings) -> int:
 
     from xbench.errors import XbenchError
     from xbench.fabric.device_probe import build_cubin
-    from xbench.fabric.nvshmem import NvshmemTransport, allocate_symmetric
+    from xbench.fabric.nvshmem import NvshmemTransport, allocate_symmetric, free_symmetric
     from xbench.fabric.nvshmem_device import (
         NvshmemDeviceTransport,
         arch_of,
@@ -408,9 +408,8 @@ def _device_initiated_on_one_pe(core, bindings) -> int:
             rc = rc or (0 if ok else 1)
     torch.cuda.synchronize()
     finalize_library(bindings, loaded["module"])
+    free_symmetric(world)  # NVSHMEM itself is finalized with the host part's buffers
     NvshmemDeviceTransport._loaded, NvshmemTransport._world = {}, {}
-    for tensor in [*world["buffers"], world["signal"]]:
-        core.interop.torch.free_tensor(tensor)
     return rc
 
 

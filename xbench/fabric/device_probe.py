@@ -72,13 +72,19 @@ def build(exe: Path, cuda_dir: Path, *, with_nvshmem: bool = True, arch: str = "
             "the device-initiated NVSHMEM probe needs NVSHMEM's headers and libraries",
             "pip install nvidia-nvshmem-cu13 (or -cu12), or build the peer loops alone",
         )
-    done = subprocess.run(
-        build_command(exe, cuda_dir, home, arch), capture_output=True, text=True, timeout=600
-    )
+    _nvcc(build_command(exe, cuda_dir, home, arch), SOURCE)
+    return exe
+
+
+def _nvcc(cmd: list[str], source: str) -> None:
+    """One nvcc step; its first error line as a one-line XbenchError when it fails."""
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if done.returncode:
         first = next((ln for ln in done.stderr.splitlines() if "error" in ln), done.stderr[-200:])
-        raise XbenchError(f"nvcc failed on {SOURCE}: {first.strip()}", "see nvcc's output above")
-    return exe
+        raise XbenchError(
+            f"nvcc failed on {source}: {first.strip()}",
+            f"run it by hand to see the whole log: {' '.join(cmd)}",
+        )
 
 
 def cubin_command(
@@ -129,14 +135,7 @@ def build_cubin(cuda_dir: Path, arch: str = "sm_90") -> bytes:
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         obj, cubin = Path(tmp) / "probe_device.o", Path(tmp) / "probe_device.cubin"
         for cmd in cubin_command(obj, cubin, cuda_dir, home, arch):
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-            if done.returncode:
-                lines = done.stderr.splitlines()
-                first = next((ln for ln in lines if "error" in ln), done.stderr[-200:])
-                raise XbenchError(
-                    f"nvcc failed on {KERNELS_SOURCE}: {first.strip()}",
-                    f"run it by hand to see the whole log: {' '.join(cmd)}",
-                )
+            _nvcc(cmd, KERNELS_SOURCE)
         os.replace(cubin, target)  # whole or not at all: ranks on one node may race
     return target.read_bytes()
 

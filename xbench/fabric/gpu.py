@@ -59,7 +59,7 @@ def ranks_sharing_a_gpu(idents: list[tuple[str, str]]) -> list[int]:
     return [r for r, ident in enumerate(idents) if idents.count(ident) > 1]
 
 
-def claim_own_gpu(world_comm, gpu: int, transport: str) -> None:
+def claim_own_gpu(world_comm, gpu: int, transport: str, fix: str | None = None) -> None:
     """NCCL refuses two ranks on one GPU ("Duplicate GPU detected") and NVSHMEM's host
     barriers refuse it ("limited MPG"); say so before either library starts. Compared by
     UUID, so ranks that each see one different GPU (srun --gpus-per-task=1) pass."""
@@ -71,6 +71,7 @@ def claim_own_gpu(world_comm, gpu: int, transport: str) -> None:
         raise XbenchError(
             f"the {transport} transport needs one GPU per rank, and ranks {shared} share "
             f"a GPU ({torch.cuda.device_count()} visible on {host})",
-            "launch at most one rank per GPU (--np, or srun --gpus-per-task=1), "
+            fix
+            or "launch at most one rank per GPU (--np, or srun --gpus-per-task=1), "
             "or use --transport mpi",
         )

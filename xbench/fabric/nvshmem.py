@@ -224,8 +224,13 @@ def allocate_symmetric(core, bindings, sizes) -> dict:
     return {"core": core, "bindings": bindings, "buffers": buffers, "signal": signal}
 
 
-def release_symmetric(world: dict) -> None:
+def free_symmetric(world: dict) -> None:
     interop = world["core"].interop.torch
     for tensor in [*world["buffers"], world["signal"]]:
         interop.free_tensor(tensor)
+
+
+def release_symmetric(world: dict) -> None:
+    """The buffers freed, then NVSHMEM finalized."""
+    free_symmetric(world)
     world["core"].finalize()

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
+
 from xbench.errors import XbenchError
 from xbench.fabric.gpu import claim_own_gpu, local_gpu, torch_module
 from xbench.fabric.nvshmem import NvshmemTransport
@@ -79,16 +81,13 @@ class NvshmemDeviceTransport(NvshmemTransport):
         self.kernels, self.sms = loaded["kernels"], loaded["sms"]
         self.launcher = loaded["launch"]
         # where the kernel writes its loop's span (ns), beside the signal word
-        self.elapsed = torch_module().zeros(
-            1, dtype=torch_module().int64, device=self.signal.device
-        )
+        torch = torch_module()
+        self.elapsed = torch.zeros(1, dtype=torch.int64, device=self.signal.device)
 
     def _launch(self, name: str, blocks: int, *args) -> None:
         self.launcher(self.kernels[name], blocks, THREADS[name], *args)
 
     def exchange(self, send_n, recv_n, iters):
-        import numpy as np
-
         me = self.pair.initiator
         first = self.sent + 1  # both sides count the same round trips
         self._launch(
@@ -110,31 +109,29 @@ class NvshmemDeviceTransport(NvshmemTransport):
         return int(self.elapsed.item()) / 1e9
 
     def window(self, n, window, iters):
-        import numpy as np
+        if not self.pair.initiator:  # nothing to post: wait until the stream has landed
+            t0 = time.perf_counter()
+            self.pair.comm.Barrier()
+            return time.perf_counter() - t0
+        blocks = bandwidth_blocks(n, self.sms)
 
-        t0 = time.perf_counter()
-        if self.pair.initiator:
-            blocks = bandwidth_blocks(n, self.sms)
+        def body():
+            self._launch(
+                "nvshmem_put_bw",
+                blocks,
+                self.rbuf.data_ptr(),
+                self.sbuf.data_ptr(),
+                np.uint64(n),
+                np.int32(self.peer_pe),
+                np.int64(window * iters),
+            )
 
-            def body():
-                self._launch(
-                    "nvshmem_put_bw",
-                    blocks,
-                    self.rbuf.data_ptr(),
-                    self.sbuf.data_ptr(),
-                    np.uint64(n),
-                    np.int32(self.peer_pe),
-                    np.int64(window * iters),
-                )
-
-            elapsed = self.timer.run(body)
+        elapsed = self.timer.run(body)
         self.pair.comm.Barrier()  # no sample starts before the last put has landed
-        return elapsed if self.pair.initiator else time.perf_counter() - t0
+        return elapsed
 
     def empty_loop(self, iters: int) -> float:
         """The kernels' loop with nothing in it, timed on the GPU as they are."""
-        import numpy as np
-
         self._launch("empty_loop", 1, np.int64(iters), self.elapsed.data_ptr())
         self._sync()
         return int(self.elapsed.item()) / 1e9
@@ -189,8 +186,8 @@ def load_kernels(bindings, cubin: bytes, gpu: int) -> dict:
 
 
 def _built_on_each_node(world_comm, arch: str) -> bytes:
-    """The cubin, built by one rank a node (into the node's cache) while the others wait;
-    a build that fails stops every rank with the builder's one line."""
+    """The cubin, built (or read from the cache) by one rank a node and handed to the
+    others; a build that fails stops every rank with the builder's one line."""
     from mpi4py import MPI
 
     from xbench.fabric.device_probe import build_cubin
@@ -198,18 +195,18 @@ def _built_on_each_node(world_comm, arch: str) -> bytes:
 
     node = world_comm.Split_type(MPI.COMM_TYPE_SHARED)
     try:
-        problem = None
+        built = None
         if node.Get_rank() == 0:
             try:
-                build_cubin(cuda_dir(), arch)
+                built = build_cubin(cuda_dir(), arch)
             except XbenchError as exc:
-                problem = (exc.problem, exc.fix)
-        problem = node.bcast(problem, root=0)
-        if problem:
-            raise XbenchError(*problem)
-        return build_cubin(cuda_dir(), arch)
+                built = (exc.problem, exc.fix)
+        built = node.bcast(built, root=0)
     finally:
         node.Free()
+    if isinstance(built, tuple):
+        raise XbenchError(*built)
+    return built
 
 
 def arch_of(torch, gpu: int) -> str:

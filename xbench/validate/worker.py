@@ -519,12 +519,12 @@ def _start_process_group(cfg: ValidateConfig, comm, sink) -> None:
         if cfg.device == "cuda":
             import torch
 
-            try:
-                claim_own_gpu(comm, torch.cuda.current_device(), "nccl")
-            except XbenchError as shared:
-                raise XbenchError(
-                    shared.problem, "pass --wire staged (two ranks may share a GPU there)"
-                ) from None
+            claim_own_gpu(
+                comm,
+                torch.cuda.current_device(),
+                "nccl",
+                fix="pass --wire staged (two ranks may share a GPU there)",
+            )
         init_process_group(comm, dist_backend(cfg.device))
     except XbenchError as exc:
         if comm.Get_rank() == 0:
