@@ -391,14 +391,18 @@ def test_the_mpich_netmod_follows_the_device_line_and_the_plugin():
 
 
 @pytest.mark.gpu
-def test_validate_over_nccl_between_gpus(xbench, tmp_path):
-    """validate's nccl wire on GPU tensors: two GPUs, or one line on a machine with one."""
+@pytest.mark.parametrize("wire", ["nccl", "nvshmem"])
+def test_validate_over_nccl_or_nvshmem_between_gpus(xbench, tmp_path, wire):
+    """validate's nccl and nvshmem wires on GPU tensors: two GPUs, or one line on a machine
+    with one."""
     import torch
 
+    if wire == "nvshmem":
+        pytest.importorskip("nvshmem.core")
     out = tmp_path / "v"
     r = xbench(
         "validate", "--profile", "profiles/h100-priors.toml", "--fabric", "nvlink",
-        "--device", "cuda", "--wire", "nccl", "--rows", "1", "--chunk", "1024",
+        "--device", "cuda", "--wire", wire, "--rows", "1", "--chunk", "1024",
         "--heads", "16", "--samples", "2", "--rounds", "1", "--out", out,
     )  # fmt: skip
     if torch.cuda.device_count() < 2:
@@ -409,4 +413,4 @@ def test_validate_over_nccl_between_gpus(xbench, tmp_path):
     from xbench.results.schema import VALIDATE_SAMPLES
 
     samples = read_table(out, VALIDATE_SAMPLES)
-    assert set(samples.transport) == {"nccl"} and samples.correct.all()
+    assert set(samples.transport) == {wire} and samples.correct.all()

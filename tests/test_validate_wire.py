@@ -1,12 +1,18 @@
 """validate's wires: MPI on the tensors' memory (host), or through host buffers around MPI
-(staged, for GPU tensors with an MPI that is not CUDA-aware). The staged wire runs here on
-CPU tensors through the same code, against a fake communicator that records what MPI was
-handed, and end to end between two real ranks."""
+(staged, for GPU tensors with an MPI that is not CUDA-aware), torch.distributed (nccl) and
+NVSHMEM puts (nvshmem). The staged wire runs here on CPU tensors through the same code,
+against a fake communicator that records what MPI was handed, and end to end between two
+real ranks; nccl's code path runs over gloo; nvshmem's against a stand-in nvshmem4py
+(tests/fake_nvshmem) that moves the bytes between the two ranks' processes."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -127,7 +133,8 @@ def test_validate_refuses_a_gpu_it_cannot_use_in_one_line(xbench, tmp_path):
     base = ["validate", "--profile", "profiles/h100-priors.toml", "--fabric", "ib"]
     for args, words in (
         (["--device", "tpu"], "pick cpu or cuda"),
-        (["--wire", "rdma"], "pick auto, host, staged, nccl"),
+        (["--wire", "rdma"], "pick auto, host, staged, nccl, nvshmem"),
+        (["--wire", "nvshmem"], "pass --device cuda"),
         (["--device", "cuda"], "torch sees none here")
         if not torch.cuda.is_available()
         else (["--device", "cuda", "--wire", "host"], "pass --wire staged"),
@@ -157,3 +164,60 @@ def test_a_validate_case_past_its_timeout_leaves_each_ranks_stacks(xbench, tmp_p
     report = (out / f"hang-rank{said[1]}.txt").read_text()
     assert report.startswith("validate case rows=1 chunk=128 did not finish within 0.001 s")
     assert "Current thread" in report and "run_validate" in report, report
+
+
+FAKE_NVSHMEM = Path(__file__).parent / "fake_nvshmem"
+
+
+@pytest.mark.mpi  # starts MPI: runs under every MPI
+@pytest.mark.parametrize("layout", ["pages", "packed"])
+def test_validate_over_nvshmem_puts_between_two_ranks(tmp_path, layout):
+    """The nvshmem wire's code, between two real ranks, against a stand-in nvshmem4py that
+    moves the bytes between the two processes' symmetric heaps and enforces NVSHMEM's rules
+    (allocations collective and equal, destinations, sources and signals on the heap and in
+    bounds): every path matches one-instance attention; each message is one put of exactly
+    its bytes (a fetch's pages one put each, then one signal); nothing is left allocated."""
+    from conftest import BIN
+
+    from xbench.results.schema import VALIDATE_SAMPLES
+    from xbench.results.store import read_run_meta, read_table
+    from xbench.validate import ValidateConfig
+
+    rows, heads, chunk = (1, 2), 4, 128
+    cfg = ValidateConfig(
+        out_dir=str(tmp_path / "v"), run_id="nvshmem-wire", rows=rows, chunks=(chunk,),
+        heads=heads, samples=2, rounds=1, cpu_attention="torch", wire="nvshmem",
+        fabric="ib", fetch_layout=layout,
+    )  # fmt: skip
+    config = tmp_path / "validate-config.json"
+    config.write_text(cfg.to_json())
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(FAKE_NVSHMEM), os.environ.get("PYTHONPATH")])
+        ),
+        "FAKE_NVSHMEM_LOG": str(tmp_path / "calls"),
+    }
+    r = subprocess.run(
+        [str(BIN / "mpiexec"), "-n", "2", sys.executable, "-m", "xbench.validate.worker", str(config)],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    samples = read_table(tmp_path / "v", VALIDATE_SAMPLES)
+    assert set(samples.transport) == {"nvshmem"} and samples.correct.all()
+    assert read_run_meta(tmp_path / "v")["wire"] == "nvshmem"
+    queries = {b * heads * 576 * 2 for b in rows}  # bf16 rows out
+    partials = {b * heads * (512 * 2 + 4) for b in rows}  # bf16 output and fp32 LSE back
+    page = 64 * 576 * 2
+    for pe in (0, 1):
+        calls = [json.loads(line) for line in (tmp_path / f"calls.{pe}").read_text().splitlines()]
+        assert calls[0] == {"init": {"pe": pe, "npes": 2, "device": "None"}}
+        puts = {c["put_signal"][0] for c in calls if "put_signal" in c}
+        pages = [c["put_nbi"][0] for c in calls if "put_nbi" in c]
+        if layout == "pages":
+            assert puts == queries | partials and set(pages) == {page}
+            assert sum(1 for c in calls if "signal" in c) == len(pages) // (chunk // 64)
+        else:
+            assert puts == queries | partials | {chunk * 576 * 2} and not pages
+        assert all(c["put_signal"][2] == 1 - pe for c in calls if "put_signal" in c)
+        assert calls[-1] == {"finalize": {"live": []}}  # every case gave its memory back

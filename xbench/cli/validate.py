@@ -88,8 +88,9 @@ def validate(
         str,
         typer.Option(
             help="How messages cross: host (MPI on the tensors' memory; CPU only), staged "
-            "(copied through host buffers around MPI, for GPU tensors) or nccl "
-            "(torch.distributed on the tensors: NCCL on GPUs, one each; gloo on CPUs); "
+            "(copied through host buffers around MPI, for GPU tensors), nccl "
+            "(torch.distributed on the tensors: NCCL on GPUs, one each; gloo on CPUs) or "
+            "nvshmem (NVSHMEM puts between GPUs, one each, from and into the symmetric heap); "
             "default: host on cpu, staged on cuda."
         ),
     ] = "auto",
@@ -251,6 +252,11 @@ def _check_device(device: str, wire: str) -> str:
         raise XbenchError(f"unknown --device {device!r}", "pick cpu or cuda")
     if wire not in (*WIRES, "auto"):
         raise XbenchError(f"unknown --wire {wire!r}", f"pick auto, {', '.join(WIRES)}")
+    if wire == "nvshmem" and device != "cuda":
+        raise XbenchError(
+            "--wire nvshmem puts one GPU's memory into another's",
+            "pass --device cuda, or --wire host or nccl on CPUs",
+        )
     if device == "cuda":
         import torch
 
@@ -264,6 +270,10 @@ def _check_device(device: str, wire: str) -> str:
                 "--wire host hands MPI the tensors' memory, which is on the GPU with --device cuda",
                 "pass --wire staged (copies through host buffers), or leave --wire auto",
             )
+        if wire == "nvshmem":
+            from xbench.fabric.nvshmem import NvshmemTransport
+
+            NvshmemTransport.require_library()  # the wheel to install, before any rank starts
         return "staged" if wire == "auto" else wire
     return "host" if wire == "auto" else wire
 

@@ -33,7 +33,7 @@ def install_hint(cuda_version: str | None) -> str:
     return "pip install nvshmem4py-cu12 or -cu13 on GPU nodes, the one for torch's CUDA"
 
 
-def _constant(bindings, enum: str, member: str, default: int) -> int:
+def constant(bindings, enum: str, member: str, default: int) -> int:
     return int(getattr(getattr(bindings, enum, None), member, default))
 
 
@@ -60,8 +60,8 @@ class NvshmemTransport(Transport):
         super().__init__(pair, plan, seed=seed)
         self.signal = world["signal"]
         self.peer_pe = pair.world_ranks[pair.peer]
-        self.signal_set = _constant(self.bindings, "Signal_op", "SIGNAL_SET", SIGNAL_SET)
-        self.cmp_ge = _constant(self.bindings, "Cmp_type", "CMP_GE", CMP_GE)
+        self.signal_set = constant(self.bindings, "Signal_op", "SIGNAL_SET", SIGNAL_SET)
+        self.cmp_ge = constant(self.bindings, "Cmp_type", "CMP_GE", CMP_GE)
         self.sent = self.seen = 0
         self.timer = DeviceTimer(True)
 
@@ -172,11 +172,8 @@ class NvshmemTransport(Transport):
 
     @staticmethod
     def setup_world(world_comm, cfg, plan) -> None:
-        import numpy as np
-
         NvshmemTransport.require_library()
         import nvshmem.core
-        from cuda.core import Device
         from nvshmem import bindings
 
         torch = torch_module()
@@ -187,17 +184,7 @@ class NvshmemTransport(Transport):
         gpu = local_gpu(world_comm)
         claim_own_gpu(world_comm, gpu, "nvshmem")
         torch.cuda.set_device(gpu)
-        dev = Device(gpu)
-        dev.set_current()
-        uid = nvshmem.core.get_unique_id(empty=world_comm.Get_rank() != 0)
-        world_comm.Bcast(uid._data.view(np.int8), root=0)
-        nvshmem.core.init(
-            device=dev,
-            uid=uid,
-            rank=world_comm.Get_rank(),
-            nranks=world_comm.Get_size(),
-            initializer_method="uid",
-        )
+        init_pes(world_comm, gpu)
         NvshmemTransport._world = allocate_symmetric(
             nvshmem.core, bindings, host_buffer_sizes(plan)
         )
@@ -212,6 +199,31 @@ class NvshmemTransport(Transport):
         torch_module().cuda.synchronize()
         world_comm.Barrier()  # no PE frees what a peer may still be putting into
         release_symmetric(world)
+
+
+def init_pes(world_comm, gpu: int | None) -> None:
+    """NVSHMEM started on every rank of ``world_comm``, one PE each, bound to ``gpu``: rank 0
+    makes the unique ID and MPI hands it to the others (NVSHMEM's UID bootstrap, so it needs
+    no MPI of its own). ``gpu`` None binds no device: only the tests' stand-in library,
+    which runs on CPUs, takes that."""
+    import numpy as np
+    import nvshmem.core
+
+    device = None
+    if gpu is not None:
+        from cuda.core import Device
+
+        device = Device(gpu)
+        device.set_current()
+    uid = nvshmem.core.get_unique_id(empty=world_comm.Get_rank() != 0)
+    world_comm.Bcast(uid._data.view(np.int8), root=0)
+    nvshmem.core.init(
+        device=device,
+        uid=uid,
+        rank=world_comm.Get_rank(),
+        nranks=world_comm.Get_size(),
+        initializer_method="uid",
+    )
 
 
 def allocate_symmetric(core, bindings, sizes) -> dict:

@@ -10,18 +10,25 @@ send, return and transfer phases they belong to, and the run says so (transport
 tests check it without a GPU. ``nccl``: torch.distributed point-to-point on the tensors
 themselves, as an engine with NCCL moves them (NCCL on GPUs, one GPU a rank; gloo on CPUs,
 which is how the tests run it); its process group is set up once a run
-(:func:`xbench.fabric.nccl.init_process_group`).
+(:func:`xbench.fabric.nccl.init_process_group`). ``nvshmem``: NVSHMEM puts from one GPU's
+memory into the other's, as an engine with a symmetric KV heap moves them (NVSHMEM starts once
+a run, :func:`xbench.fabric.nvshmem.init_pes`); what crosses it lives on the symmetric heap,
+so the paths ask their wire to ``place`` those tensors.
 """
 
 from __future__ import annotations
 
-WIRES = ("host", "staged", "nccl")
+from xbench.errors import XbenchError
+
+WIRES = ("host", "staged", "nccl", "nvshmem")
 
 
 def transport_label(wire: str, device: str = "cpu") -> str:
     """The samples' ``transport``: what the bytes went through."""
     if wire == "nccl":  # torch.distributed's backend, as it moved these tensors
         return dist_backend(device)
+    if wire == "nvshmem":
+        return "nvshmem"
     return "mpi" if wire == "host" else "mpi-staged"
 
 
@@ -44,7 +51,20 @@ def byte_view(t):
     return t.contiguous().view(-1).view(torch.uint8)
 
 
-class HostWire:
+class Wire:
+    """What every wire offers besides moving messages: where a case's tensors that cross it
+    live (``place``), and the end of a case (``close``). Only NVSHMEM needs either."""
+
+    def place(self, t, landing: int | None = None):
+        """``t``, or a copy of it where this wire can move it from and into; ``landing``: the
+        tag of the messages that arrive in it."""
+        return t
+
+    def close(self) -> None:
+        """The case is over on both ranks: what ``place`` took is given back."""
+
+
+class HostWire(Wire):
     """MPI on the tensors' memory: CPU tensors only."""
 
     name = "host"
@@ -71,7 +91,7 @@ class HostWire:
         _waitall([self.comm.Irecv(byte_view(t).numpy(), source, tag) for t in tensors])
 
 
-class StagedWire:
+class StagedWire(Wire):
     """Device tensors through host buffers around MPI (an MPI that is not CUDA-aware).
 
     One host buffer per message shape and role, allocated on first use and reused, as an
@@ -132,7 +152,7 @@ class StagedWire:
         self.ready()
 
 
-class TorchDistWire:
+class TorchDistWire(Wire):
     """torch.distributed point-to-point on the tensors' own memory: NCCL between GPUs (it
     orders a pair's messages as they were posted, so tags need not match), gloo on CPUs."""
 
@@ -172,5 +192,120 @@ class TorchDistWire:
         self.ready()
 
 
+class NvshmemWire(Wire):
+    """Host-initiated NVSHMEM puts on the stream, GPU memory into the peer's GPU memory, each
+    message's arrival a signal (as the nvshmem transport probes it).
+
+    A put lands at a symmetric address, and over a network its source is read by the NIC,
+    which needs memory NVSHMEM registered: so what crosses lives on the symmetric heap. The
+    ranks build a case identically, so their ``place`` calls are the same collective
+    allocations in the same order. A message lands in the tensor placed with its tag; a
+    fetch's pages are puts of their own, back to back in that tensor, then one signal after
+    NVSHMEM's quiet, so the requester waits once. Each side counts the messages it sent and
+    has seen; the signal word holds the peer's count. The word is zeroed as the case starts
+    and a barrier follows, so no count of an earlier case satisfies a wait.
+    """
+
+    name = "nvshmem"
+
+    def __init__(self, comm, device: str = "cpu"):
+        import nvshmem.core
+        import torch
+        from nvshmem import bindings
+
+        from xbench.fabric.nvshmem import CMP_GE, SIGNAL_SET, constant
+
+        self.torch, self.comm, self.bindings = torch, comm, bindings
+        self.interop = nvshmem.core.interop.torch
+        self.cuda = torch.device(device).type == "cuda"
+        self.peer_pe = 1 - comm.Get_rank()  # the PEs are the run's two ranks (init_pes)
+        self.signal_set = constant(bindings, "Signal_op", "SIGNAL_SET", SIGNAL_SET)
+        self.cmp_ge = constant(bindings, "Cmp_type", "CMP_GE", CMP_GE)
+        self.placed: list = []
+        self.landings: dict = {}
+        self.signal = self.place(torch.zeros(1, dtype=torch.int64))
+        self.ready()
+        comm.Barrier()
+        self.sent = self.seen = 0
+
+    def place(self, t, landing: int | None = None):
+        try:
+            symmetric = self.interop.tensor(tuple(t.shape), dtype=t.dtype)
+        except Exception as exc:  # nvshmem4py's own errors; the heap's size, mostly
+            raise XbenchError(
+                f"NVSHMEM could not place {t.numel() * t.element_size()} B on the symmetric "
+                f"heap: {exc}",
+                "raise NVSHMEM_SYMMETRIC_SIZE (1 GB unless set), or pass a smaller --chunk",
+            ) from None
+        symmetric.copy_(t)
+        self.placed.append(symmetric)
+        if landing is not None:
+            self.landings[landing] = symmetric
+        return symmetric
+
+    def ready(self) -> None:
+        if self.cuda:
+            self.torch.cuda.synchronize()
+
+    def _stream(self) -> int:
+        return self.torch.cuda.current_stream().cuda_stream if self.cuda else 0
+
+    def _wait(self) -> None:
+        """Until the peer's count of messages to us passes the ones we have seen."""
+        self.seen += 1
+        self.bindings.signal_wait_until_on_stream(
+            self.signal.data_ptr(), self.cmp_ge, self.seen, self._stream()
+        )
+
+    def _check_landing(self, t, tag: int) -> None:
+        """A message is received where it landed: in the tensor placed for its tag."""
+        if t.data_ptr() != self.landings[tag].data_ptr():
+            raise ValueError(f"messages tagged {tag} land in the tensor placed for them")
+
+    def send(self, t, dest: int, tag: int) -> None:
+        self.sent += 1
+        self.bindings.putmem_signal_on_stream(
+            self.landings[tag].data_ptr(),
+            t.data_ptr(),
+            t.numel() * t.element_size(),
+            self.signal.data_ptr(),
+            self.sent,
+            self.signal_set,
+            self.peer_pe,
+            self._stream(),
+        )
+
+    def recv(self, t, source: int, tag: int) -> None:
+        self._check_landing(t, tag)
+        self._wait()
+        self.ready()
+
+    def send_all(self, tensors, dest: int, tag: int) -> None:
+        b, stream = self.bindings, self._stream()
+        at = self.landings[tag].data_ptr()
+        for t in tensors:
+            n = t.numel() * t.element_size()
+            b.putmem_nbi_on_stream(at, t.data_ptr(), n, self.peer_pe, stream)
+            at += n
+        b.quiet_on_stream(stream)  # every page has landed before the signal says so
+        self.sent += 1
+        b.signal_op_on_stream(
+            self.signal.data_ptr(), self.sent, self.signal_set, self.peer_pe, stream
+        )
+
+    def recv_all(self, tensors, source: int, tag: int) -> None:
+        self._check_landing(tensors[0], tag)
+        self._wait()
+        self.ready()
+
+    def close(self) -> None:
+        self.ready()
+        self.comm.Barrier()  # no rank frees what its peer may still put into
+        for t in self.placed:
+            self.interop.free_tensor(t)
+        self.placed, self.landings = [], {}
+
+
 def make_wire(name: str, comm, device: str):
-    return {"host": HostWire, "staged": StagedWire, "nccl": TorchDistWire}[name](comm, device)
+    wires = {"host": HostWire, "staged": StagedWire, "nccl": TorchDistWire, "nvshmem": NvshmemWire}
+    return wires[name](comm, device)

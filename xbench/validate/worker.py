@@ -75,7 +75,7 @@ class ValidateConfig:
     timeout_s: float = 300.0
     fabric: str | None = None
     device: str = "cpu"  # where the tensors and kernels are: cpu or cuda
-    wire: str = "host"  # how messages cross (xbench.validate.wire): host, staged or nccl
+    wire: str = "host"  # how messages cross (xbench.validate.wire): host, staged, nccl, nvshmem
     scale: float = 1 / math.sqrt(576)
     extra: dict = field(default_factory=dict)
 
@@ -110,6 +110,9 @@ class Peer:
 
         self.cfg, self.rows, self.chunk, self.comm = cfg, rows, chunk, comm
         self.wire = make_wire(cfg.wire, comm, cfg.device)
+        # what crosses the wire lives where the wire moves it from and into (NVSHMEM's
+        # symmetric heap; the tensors themselves on the other wires)
+        place = self.wire.place
         dev = torch.device(cfg.device)
         self.rank = comm.Get_rank()
         self.other = 1 - self.rank
@@ -123,15 +126,15 @@ class Peer:
 
         for s in range(min(sets, FRESH_SETS)):  # identical on both ranks: same seeds
             gen = torch.Generator().manual_seed(1000 * rows + chunk + 7919 * s)
-            holder = torch.randn(2 * pages, bs, cfg.dim, generator=gen).to(dt).to(dev)
+            holder = place(torch.randn(2 * pages, bs, cfg.dim, generator=gen).to(dt).to(dev))
             sel = DensePages(torch.randperm(2 * pages, generator=gen)[:pages], chunk)
             local = torch.randn(-(-cfg.local_tokens // bs), bs, cfg.dim, generator=gen)
             local = local.to(dt).to(dev)
-            q = torch.randn(rows, cfg.heads, cfg.dim, generator=gen).to(dt).to(dev)
+            q = place(torch.randn(rows, cfg.heads, cfg.dim, generator=gen).to(dt).to(dev))
             self.sets.append((holder, sel, local, q))
         for s in range(FRESH_SETS, sets):  # more memory to rotate over: copies, not draws
             holder, sel, local, q = self.sets[s % FRESH_SETS]
-            self.sets.append((holder.clone(), sel, local, q.clone()))
+            self.sets.append((place(holder.clone()), sel, local, place(q.clone())))
         # A's free pages: one target per set, so a fetch writes pages not in cache, as a
         # serving cache's free pages are (the bench's splice rotates its targets the same way),
         # and scattered over it as a free list hands them out: attention over pages in order
@@ -145,16 +148,20 @@ class Peer:
         self.free_pages = [f.tolist() for f in free]  # a list, as the kernel sweep passes
         # where each set's fetch puts the chunk, in the chunk's token order
         self.spliced = [DensePages(f, chunk) for f in free]
-        self.sq = torch.empty(rows, cfg.heads, cfg.dim, dtype=dt, device=dev)
+        # each message lands in its own tensor, named by its tag (1 queries, 2 partials,
+        # 5 a fetch's chunk)
+        self.sq = place(torch.empty(rows, cfg.heads, cfg.dim, dtype=dt, device=dev), landing=1)
         # What the holder returns, as one message of S_o bytes per query row (the model's
         # S_o): the partial output in the cache dtype, then its fp32 LSE.
         n_out = rows * cfg.heads * cfg.v_dim * torch.finfo(dt).bits // 8
-        self.ret = torch.empty(n_out + rows * cfg.heads * 4, dtype=torch.uint8, device=dev)
+        self.ret = place(
+            torch.empty(n_out + rows * cfg.heads * 4, dtype=torch.uint8, device=dev), landing=2
+        )
         self.ret_out = self.ret[:n_out].view(dt).view(rows, cfg.heads, cfg.v_dim)
         self.ret_lse = self.ret[n_out:].view(torch.float32).view(rows, cfg.heads)
         # the requester receives the chunk here; the holder packs it here
-        self.skv = torch.empty(chunk, cfg.dim, dtype=dt, device=dev)
-        self.staging = torch.empty(chunk, cfg.dim, dtype=dt, device=dev)
+        self.skv = place(torch.empty(chunk, cfg.dim, dtype=dt, device=dev), landing=5)
+        self.staging = place(torch.empty(chunk, cfg.dim, dtype=dt, device=dev))
         # a per-page fetch sends each selected page from where it lies in the holder's cache
         # and lands it at its place in skv; the last page may be partly selected
         landing = byte_view(self.skv)
@@ -179,6 +186,10 @@ class Peer:
             for _, _, local, q in self.sets[:FRESH_SETS]
         ]
         self.local_partials *= -(-len(self.sets) // FRESH_SETS)  # a copy's are its source's
+
+    def close(self) -> None:
+        """The case is over: the wire's placed memory given back (both ranks, together)."""
+        self.wire.close()
 
     def stamp(self) -> None:
         """A phase boundary: the device's queued work done, then the clock read."""
@@ -505,31 +516,51 @@ def _run_pass(cfg: ValidateConfig, comm, round_: int, b: int, c: int) -> list[di
                     **{f"{k}_us": phases.get(k, math.nan) * 1e6 for k in PHASE_COLUMNS},
                 }
             )
+    peer.close()
     return rows
 
 
-def _start_process_group(cfg: ValidateConfig, comm, sink) -> None:
-    """The nccl wire's process group over the two ranks (NCCL refuses two ranks on one
-    GPU: said in one line first); a rank that cannot start it ends the run with its line."""
+def _start_wire(cfg: ValidateConfig, comm, sink) -> None:
+    """What the nccl and nvshmem wires start once a run over the two ranks: a process group,
+    or NVSHMEM's PEs. Both refuse two ranks on one GPU (NCCL's "Duplicate GPU", NVSHMEM's
+    limited MPG): said in one line first. A rank that cannot start it ends the run with its
+    line."""
     from xbench.fabric.gpu import claim_own_gpu
-    from xbench.fabric.nccl import init_process_group
-    from xbench.validate.wire import dist_backend
 
     try:
+        gpu = None
         if cfg.device == "cuda":
             import torch
 
+            gpu = torch.cuda.current_device()
             claim_own_gpu(
-                comm,
-                torch.cuda.current_device(),
-                "nccl",
-                fix="pass --wire staged (two ranks may share a GPU there)",
+                comm, gpu, cfg.wire, fix="pass --wire staged (two ranks may share a GPU there)"
             )
-        init_process_group(comm, dist_backend(cfg.device))
+        if cfg.wire == "nccl":
+            from xbench.fabric.nccl import init_process_group
+            from xbench.validate.wire import dist_backend
+
+            init_process_group(comm, dist_backend(cfg.device))
+        else:
+            from xbench.fabric.nvshmem import NvshmemTransport, init_pes
+
+            NvshmemTransport.require_library()
+            init_pes(comm, gpu)
     except XbenchError as exc:
         if comm.Get_rank() == 0:
             sink.error(str(exc))
         raise SystemExit(2) from None
+
+
+def _stop_wire(cfg: ValidateConfig) -> None:
+    if cfg.wire == "nccl":
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+    elif cfg.wire == "nvshmem":
+        import nvshmem.core
+
+        nvshmem.core.finalize()
 
 
 def run_validate(cfg: ValidateConfig, sink) -> None:
@@ -547,8 +578,8 @@ def run_validate(cfg: ValidateConfig, sink) -> None:
     if cfg.device == "cuda":  # the ranks take the GPUs in turn (two may share one)
         torch.cuda.set_device(rank % torch.cuda.device_count())
         device_name = torch.cuda.get_device_name()
-    if cfg.wire == "nccl":
-        _start_process_group(cfg, comm, sink)
+    if cfg.wire in ("nccl", "nvshmem"):
+        _start_wire(cfg, comm, sink)
     allocator = steady_allocator()  # the state the kernel sweep measured in (see host.py)
     torch.set_num_threads(cfg.threads)
     cpu_bf16.choose_path(cfg.cpu_attention)
@@ -586,10 +617,7 @@ def run_validate(cfg: ValidateConfig, sink) -> None:
             route = sorted(r["value"] for r in rows if r["option"] == "route" and not r["warmup"])
             sink.case_done(index, label, route[len(route) // 2], "us")
     comm.Barrier()
-    if cfg.wire == "nccl":
-        import torch.distributed as dist
-
-        dist.destroy_process_group()
+    _stop_wire(cfg)
     if rank == 0:
         store.finish()
         sink.finish()

@@ -1,0 +1,1 @@
+"""Stand-in for nvshmem4py on CPUs (see ../README.md)."""
