@@ -508,6 +508,19 @@ def test_slurm_parses_what_it_forwards_before_writing(xbench, tmp_path):
         line = one_line(xbench("slurm", "probe", "--out", script, "--", *forwarded))
         assert words in line, line
         assert not script.exists()
+    for forwarded, words in [
+        (["--wire", "nvshmem"], "--wire nvshmem puts one GPU's memory"),  # GPU memory only
+        (["--device", "cuda", "--wire", "host"], "pass --wire staged"),  # no GPU needed here
+    ]:
+        args = ["--profile", "h100-priors", "--fabric", "ib", *forwarded]
+        line = one_line(xbench("slurm", "validate", "--out", script, "--", *args))
+        assert words in line, line
+        assert not script.exists()
+    # a GPU pair the login node cannot run itself is still written (the nodes have GPUs)
+    gpu = ["--profile", "h100-priors", "--fabric", "ib", "--device", "cuda", "--wire", "nvshmem"]
+    r = xbench("slurm", "validate", "--out", script, "--", *gpu)
+    assert r.returncode == 0 and "--wire nvshmem" in script.read_text(), r.stderr
+    script.unlink()
     line = one_line(xbench("slurm", "probe", "--srun-mpi", "openmpi", "--out", script))
     assert "--srun-mpi 'openmpi' is not an srun MPI plugin" in line and "pmi2" in line
     r = xbench("slurm", "probe", "--srun-mpi", "pmi2", "--out", script, "--", "--sizes", "1KB")

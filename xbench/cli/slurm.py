@@ -200,6 +200,10 @@ def _check_values(params: dict) -> None:
         value = params.get(name)
         if isinstance(value, str):
             parse(value)
+    if "wire" in params:  # a validate: how its messages may cross
+        from xbench.cli.validate import check_wire
+
+        check_wire(params["device"], params["wire"])
     if "initiator" in params:  # a probe: what the GPU can post
         from xbench.probe.runner import check_initiator
 

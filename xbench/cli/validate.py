@@ -244,8 +244,9 @@ def _summarize(prof, fab: str, out_dir: Path, fmt) -> None:
         )
 
 
-def _check_device(device: str, wire: str) -> str:
-    """The wire to use, or a one-line refusal (before anything is launched or written)."""
+def check_wire(device: str, wire: str) -> None:
+    """The --device and --wire pair, wherever the ranks will run (``xbench slurm`` checks
+    it on the login node, before it writes a script)."""
     from xbench.validate.wire import WIRES
 
     if device not in ("cpu", "cuda"):
@@ -257,6 +258,16 @@ def _check_device(device: str, wire: str) -> str:
             "--wire nvshmem puts one GPU's memory into another's",
             "pass --device cuda, or --wire host or nccl on CPUs",
         )
+    if wire == "host" and device == "cuda":
+        raise XbenchError(
+            "--wire host hands MPI the tensors' memory, which is on the GPU with --device cuda",
+            "pass --wire staged (copies through host buffers), or leave --wire auto",
+        )
+
+
+def _check_device(device: str, wire: str) -> str:
+    """The wire to use, or a one-line refusal (before anything is launched or written)."""
+    check_wire(device, wire)
     if device == "cuda":
         import torch
 
@@ -264,11 +275,6 @@ def _check_device(device: str, wire: str) -> str:
             raise XbenchError(
                 "--device cuda needs a CUDA GPU, and torch sees none here",
                 "run on a GPU machine, or use --device cpu",
-            )
-        if wire == "host":
-            raise XbenchError(
-                "--wire host hands MPI the tensors' memory, which is on the GPU with --device cuda",
-                "pass --wire staged (copies through host buffers), or leave --wire auto",
             )
         if wire == "nvshmem":
             from xbench.fabric.nvshmem import NvshmemTransport
