@@ -20,8 +20,6 @@ from __future__ import annotations
 
 from xbench.errors import XbenchError
 
-WIRES = ("host", "staged", "nccl", "nvshmem")
-
 
 def transport_label(wire: str, device: str = "cpu") -> str:
     """The samples' ``transport``: what the bytes went through."""
@@ -52,8 +50,20 @@ def byte_view(t):
 
 
 class Wire:
-    """What every wire offers besides moving messages: where a case's tensors that cross it
-    live (``place``), and the end of a case (``close``). Only NVSHMEM needs either."""
+    """What every wire offers besides moving messages: what it starts once a run
+    (``start_run``, ``stop_run``), where a case's tensors that cross it live (``place``),
+    and the end of a case (``close``). MPI's wires need none of them."""
+
+    # NCCL ("Duplicate GPU") and NVSHMEM (its limited MPG) refuse two ranks on one GPU
+    one_gpu_each = False
+
+    @staticmethod
+    def start_run(comm, gpu: int | None) -> None:
+        """Started over the run's two ranks, each on ``gpu`` (None: on CPUs)."""
+
+    @staticmethod
+    def stop_run() -> None:
+        """The run is over on both ranks."""
 
     def place(self, t, landing: int | None = None):
         """``t``, or a copy of it where this wire can move it from and into; ``landing``: the
@@ -157,6 +167,19 @@ class TorchDistWire(Wire):
     orders a pair's messages as they were posted, so tags need not match), gloo on CPUs."""
 
     name = "nccl"
+    one_gpu_each = True
+
+    @staticmethod
+    def start_run(comm, gpu: int | None) -> None:
+        from xbench.fabric.nccl import init_process_group
+
+        init_process_group(comm, dist_backend("cpu" if gpu is None else "cuda"))
+
+    @staticmethod
+    def stop_run() -> None:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
 
     def __init__(self, comm, device: str = "cpu"):
         import torch
@@ -207,6 +230,20 @@ class NvshmemWire(Wire):
     """
 
     name = "nvshmem"
+    one_gpu_each = True
+
+    @staticmethod
+    def start_run(comm, gpu: int | None) -> None:
+        from xbench.fabric.nvshmem import NvshmemTransport, init_pes
+
+        NvshmemTransport.require_library()
+        init_pes(comm, gpu)
+
+    @staticmethod
+    def stop_run() -> None:
+        import nvshmem.core
+
+        nvshmem.core.finalize()
 
     def __init__(self, comm, device: str = "cpu"):
         import nvshmem.core
@@ -306,6 +343,8 @@ class NvshmemWire(Wire):
         self.placed, self.landings = [], {}
 
 
+WIRES = {"host": HostWire, "staged": StagedWire, "nccl": TorchDistWire, "nvshmem": NvshmemWire}
+
+
 def make_wire(name: str, comm, device: str):
-    wires = {"host": HostWire, "staged": StagedWire, "nccl": TorchDistWire, "nvshmem": NvshmemWire}
-    return wires[name](comm, device)
+    return WIRES[name](comm, device)

@@ -521,46 +521,27 @@ def _run_pass(cfg: ValidateConfig, comm, round_: int, b: int, c: int) -> list[di
 
 
 def _start_wire(cfg: ValidateConfig, comm, sink) -> None:
-    """What the nccl and nvshmem wires start once a run over the two ranks: a process group,
-    or NVSHMEM's PEs. Both refuse two ranks on one GPU (NCCL's "Duplicate GPU", NVSHMEM's
-    limited MPG): said in one line first. A rank that cannot start it ends the run with its
-    line."""
+    """What the run's wire starts once over the two ranks (NCCL's process group, NVSHMEM's
+    PEs); one GPU a rank first, where the wire needs it, said in one line. A rank that
+    cannot start it ends the run with its line."""
     from xbench.fabric.gpu import claim_own_gpu
+    from xbench.validate.wire import WIRES
 
+    wire = WIRES[cfg.wire]
     try:
         gpu = None
         if cfg.device == "cuda":
             import torch
 
             gpu = torch.cuda.current_device()
-            claim_own_gpu(
-                comm, gpu, cfg.wire, fix="pass --wire staged (two ranks may share a GPU there)"
-            )
-        if cfg.wire == "nccl":
-            from xbench.fabric.nccl import init_process_group
-            from xbench.validate.wire import dist_backend
-
-            init_process_group(comm, dist_backend(cfg.device))
-        else:
-            from xbench.fabric.nvshmem import NvshmemTransport, init_pes
-
-            NvshmemTransport.require_library()
-            init_pes(comm, gpu)
+            if wire.one_gpu_each:
+                fix = "pass --wire staged (two ranks may share a GPU there)"
+                claim_own_gpu(comm, gpu, cfg.wire, fix=fix)
+        wire.start_run(comm, gpu)
     except XbenchError as exc:
         if comm.Get_rank() == 0:
             sink.error(str(exc))
         raise SystemExit(2) from None
-
-
-def _stop_wire(cfg: ValidateConfig) -> None:
-    if cfg.wire == "nccl":
-        import torch.distributed as dist
-
-        dist.destroy_process_group()
-    elif cfg.wire == "nvshmem":
-        import nvshmem.core
-
-        nvshmem.core.finalize()
 
 
 def run_validate(cfg: ValidateConfig, sink) -> None:
@@ -571,6 +552,7 @@ def run_validate(cfg: ValidateConfig, sink) -> None:
     from xbench.host import steady_allocator
     from xbench.kernels import cpu_bf16
     from xbench.results.schema import VALIDATE_SAMPLES
+    from xbench.validate.wire import WIRES
 
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
@@ -578,8 +560,7 @@ def run_validate(cfg: ValidateConfig, sink) -> None:
     if cfg.device == "cuda":  # the ranks take the GPUs in turn (two may share one)
         torch.cuda.set_device(rank % torch.cuda.device_count())
         device_name = torch.cuda.get_device_name()
-    if cfg.wire in ("nccl", "nvshmem"):
-        _start_wire(cfg, comm, sink)
+    _start_wire(cfg, comm, sink)
     allocator = steady_allocator()  # the state the kernel sweep measured in (see host.py)
     torch.set_num_threads(cfg.threads)
     cpu_bf16.choose_path(cfg.cpu_attention)
@@ -617,7 +598,7 @@ def run_validate(cfg: ValidateConfig, sink) -> None:
             route = sorted(r["value"] for r in rows if r["option"] == "route" and not r["warmup"])
             sink.case_done(index, label, route[len(route) // 2], "us")
     comm.Barrier()
-    _stop_wire(cfg)
+    WIRES[cfg.wire].stop_run()
     if rank == 0:
         store.finish()
         sink.finish()
