@@ -17,7 +17,8 @@ own time limit (never past the budget), each step's output in ``OUT_DIR/STEP.log
    ``triton-tests``: the triton backend's numerics on this GPU's tensor cores.
 4. ``device-probe``: ``cuda/probe_device_main.cu`` built with nvcc against NVSHMEM's wheel
    and run: device-initiated put, put-with-signal ping-pong and block-wide put bandwidth on
-   one PE (to itself, every byte checked), and the peer loops on one GPU.
+   one PE (to itself, every byte checked), and the peer loops on GPU 0 (and between GPUs
+   0 and 1 where the machine has two).
 5. ``profile``: the triton backend's kernels one by one (torch.profiler), to see what the
    split kernel, the combine and the index preparation each cost.
 6. ``nvshmem``: nvshmem4py on one PE through the calls the nvshmem transport makes

@@ -9,8 +9,9 @@
 // One PE (run alone): NVSHMEM starts from a unique id made here, every put goes to this
 // PE itself; two PEs (under a launcher with NVSHMEM_BOOTSTRAP set, one GPU each): PE 0
 // initiates, PE 1 answers. Without NVSHMEM (-DXBENCH_NO_NVSHMEM) only the peer loops run.
-// The peer loops (no NVSHMEM) run on one GPU: two kernels on two streams bump each
-// other's flag in this GPU's memory, and a grid copies a buffer to another on the same GPU.
+// The peer loops (no NVSHMEM; alone with --peer-only) run on GPU 0: two kernels on two
+// streams bump each other's flag in its memory, and a grid copies a buffer to another on it;
+// then, where the process sees two GPUs, between GPUs 0 and 1 through peer access.
 //
 // Prints one JSON object a line: {"probe", "bytes", "iters", "us" (per iteration: one-way
 // for ping-pongs, i.e. half the round trip), "gb_per_s", "checked"}; "error" on failure.
@@ -63,16 +64,22 @@ static bool same(const char* a, const char* b, size_t bytes) {
     return memcmp(ha.data(), hb.data(), bytes) == 0;
 }
 
-static void report(const char* probe, size_t bytes, long long iters, double us, bool checked) {
+// gpus: which GPUs a peer loop ran between ("0", "0-1"); the NVSHMEM probes say their PEs.
+static void report(const char* probe, size_t bytes, long long iters, double us, bool checked,
+                   const char* gpus = nullptr) {
     double gbps = us > 0 ? bytes / (us * 1e3) : 0.0;
-    printf("{\"probe\": \"%s\", \"bytes\": %zu, \"iters\": %lld, \"us\": %.4f, \"gb_per_s\": %.3f, \"checked\": %s}\n",
+    printf("{\"probe\": \"%s\", \"bytes\": %zu, \"iters\": %lld, \"us\": %.4f, \"gb_per_s\": %.3f, \"checked\": %s",
            probe, bytes, iters, us, gbps, checked ? "true" : "false");
+    if (gpus) printf(", \"gpus\": \"%s\"", gpus);
+    printf("}\n");
     fflush(stdout);
     if (!checked) failures++;
 }
 
-static void fail(const char* probe, const char* why) {
-    printf("{\"probe\": \"%s\", \"error\": \"%s\"}\n", probe, why);
+static void fail(const char* probe, const char* why, const char* gpus = nullptr) {
+    printf("{\"probe\": \"%s\", \"error\": \"%s\"", probe, why);
+    if (gpus) printf(", \"gpus\": \"%s\"", gpus);
+    printf("}\n");
     fflush(stdout);
     failures++;
 }
@@ -86,34 +93,69 @@ static long long iterations(size_t bytes, double target, long long lo, long long
     return n < lo ? lo : (n > hi ? hi : n);
 }
 
-static void peer_loops(int sms) {
-    // ping-pong between two kernels on one GPU, through this GPU's memory
-    unsigned long long *flags, *elapsed;
-    CHECK(cudaMalloc(&flags, 2 * sizeof(unsigned long long)));
-    CHECK(cudaMalloc(&elapsed, 2 * sizeof(unsigned long long)));
-    cudaStream_t s0, s1;
-    CHECK(cudaStreamCreateWithFlags(&s0, cudaStreamNonBlocking));
-    CHECK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+// The peer loops between GPU a and GPU b: two kernels, one on each (on one GPU when a == b,
+// on two streams), each polling a flag in its own GPU's memory and storing into the other's
+// (through peer access between two GPUs: NVLink, or PCIe), then a grid on a copying a buffer
+// into one on b (read plus write counted once). Lines carry "gpus": "0", or "0-1".
+static void peer_loops(int a, int b) {
+    char gpus[32];
+    snprintf(gpus, sizeof gpus, a == b ? "%d" : "%d-%d", a, b);
+    if (a != b) {
+        int ab = 0, ba = 0;
+        CHECK(cudaDeviceCanAccessPeer(&ab, a, b));
+        CHECK(cudaDeviceCanAccessPeer(&ba, b, a));
+        if (!ab || !ba) {
+            fail("peer_pingpong", "these GPUs cannot map each other's memory (cudaDeviceCanAccessPeer)", gpus);
+            return;
+        }
+        for (int side = 0; side < 2; side++) {
+            CHECK(cudaSetDevice(side ? b : a));
+            const cudaError_t err = cudaDeviceEnablePeerAccess(side ? a : b, 0);
+            if (err == cudaErrorPeerAccessAlreadyEnabled) (void)cudaGetLastError();  // clears it
+            else CHECK(err);
+        }
+    }
+    int sms = 0;
+    CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, a));
+    unsigned long long *flag_a, *flag_b, *elapsed_a, *elapsed_b;
+    cudaStream_t s_a, s_b;
+    CHECK(cudaSetDevice(b));
+    CHECK(cudaMalloc(&flag_b, sizeof(unsigned long long)));
+    CHECK(cudaMalloc(&elapsed_b, sizeof(unsigned long long)));
+    CHECK(cudaStreamCreateWithFlags(&s_b, cudaStreamNonBlocking));
+    CHECK(cudaSetDevice(a));
+    CHECK(cudaMalloc(&flag_a, sizeof(unsigned long long)));
+    CHECK(cudaMalloc(&elapsed_a, sizeof(unsigned long long)));
+    CHECK(cudaStreamCreateWithFlags(&s_a, cudaStreamNonBlocking));
     for (int round = 0; round < 2; round++) {  // the first is a warm-up
         const long long iters = round ? 100000 : 1000;
-        CHECK(cudaMemset(flags, 0, 2 * sizeof(unsigned long long)));
+        // both flags zeroed and both GPUs idle before either kernel starts: a device-wide
+        // wait after the responder's launch would wait for it, and it waits for the initiator
+        CHECK(cudaSetDevice(b));
+        CHECK(cudaMemset(flag_b, 0, sizeof(unsigned long long)));
         CHECK(cudaDeviceSynchronize());
-        peer_pingpong<<<1, 32, 0, s1>>>(flags + 1, flags, 0, iters, elapsed + 1);  // responder first
-        peer_pingpong<<<1, 32, 0, s0>>>(flags, flags + 1, 1, iters, elapsed);
-        if (!finish(s0, 20.0) || !finish(s1, 20.0)) {
-            fail("peer_pingpong", "the two kernels did not run together (no answer in 20 s)");
+        CHECK(cudaSetDevice(a));
+        CHECK(cudaMemset(flag_a, 0, sizeof(unsigned long long)));
+        CHECK(cudaDeviceSynchronize());
+        CHECK(cudaSetDevice(b));
+        peer_pingpong<<<1, 32, 0, s_b>>>(flag_b, flag_a, 0, iters, elapsed_b);  // responder first
+        CHECK(cudaSetDevice(a));
+        peer_pingpong<<<1, 32, 0, s_a>>>(flag_a, flag_b, 1, iters, elapsed_a);
+        if (!finish(s_a, 20.0) || !finish(s_b, 20.0)) {
+            fail("peer_pingpong", "the two kernels did not run together (no answer in 20 s)", gpus);
             exit(3);  // a spinning kernel cannot be stopped; leaving the process ends it
         }
         if (round) {
             unsigned long long ns;
-            CHECK(cudaMemcpy(&ns, elapsed, sizeof ns, cudaMemcpyDeviceToHost));
-            report("peer_pingpong", 8, iters, ns / 1e3 / iters / 2, true);
+            CHECK(cudaMemcpy(&ns, elapsed_a, sizeof ns, cudaMemcpyDeviceToHost));
+            report("peer_pingpong", 8, iters, ns / 1e3 / iters / 2, true, gpus);
         }
     }
-    // a grid copies one buffer into another on this GPU (read plus write counted once)
     char *src, *dst;
-    CHECK(cudaMalloc(&src, MOST));
+    CHECK(cudaSetDevice(b));
     CHECK(cudaMalloc(&dst, MOST));
+    CHECK(cudaSetDevice(a));
+    CHECK(cudaMalloc(&src, MOST));
     fill(src, MOST, 7);
     cudaEvent_t e0, e1;
     CHECK(cudaEventCreate(&e0));
@@ -126,19 +168,34 @@ static void peer_loops(int sms) {
         if (blocks > 4LL * sms) blocks = 4LL * sms;
         const long long iters = iterations(bytes, 8e9, 20, 20000);
         CHECK(cudaMemset(dst, 0, bytes));
-        peer_put_loop<<<(int)blocks, threads>>>((const int4*)src, (int4*)dst, n16, 2, elapsed);  // warm-up
+        CHECK(cudaDeviceSynchronize());
+        peer_put_loop<<<(int)blocks, threads>>>((const int4*)src, (int4*)dst, n16, 2, elapsed_a);  // warm-up
         CHECK(cudaEventRecord(e0));
-        peer_put_loop<<<(int)blocks, threads>>>((const int4*)src, (int4*)dst, n16, iters, elapsed);
+        peer_put_loop<<<(int)blocks, threads>>>((const int4*)src, (int4*)dst, n16, iters, elapsed_a);
         CHECK(cudaEventRecord(e1));
         CHECK(cudaEventSynchronize(e1));
         float ms;
         CHECK(cudaEventElapsedTime(&ms, e0, e1));
-        report("peer_put_loop", bytes, iters, ms * 1e3 / iters, same(src, dst, bytes));
+        report("peer_put_loop", bytes, iters, ms * 1e3 / iters, same(src, dst, bytes), gpus);
     }
     CHECK(cudaFree(src));
+    CHECK(cudaFree(flag_a));
+    CHECK(cudaFree(elapsed_a));
+    CHECK(cudaStreamDestroy(s_a));
+    CHECK(cudaSetDevice(b));
     CHECK(cudaFree(dst));
-    CHECK(cudaFree(flags));
-    CHECK(cudaFree(elapsed));
+    CHECK(cudaFree(flag_b));
+    CHECK(cudaFree(elapsed_b));
+    CHECK(cudaStreamDestroy(s_b));
+    CHECK(cudaSetDevice(a));
+}
+
+// The peer loops on GPU 0, then between GPUs 0 and 1 where this process sees two.
+static void all_peer_loops() {
+    int count = 0;
+    CHECK(cudaGetDeviceCount(&count));
+    peer_loops(0, 0);
+    if (count > 1) peer_loops(0, 1);
 }
 
 #ifdef XBENCH_WITH_NVSHMEM
@@ -249,14 +306,14 @@ int main(int argc, char** argv) {
 #ifdef XBENCH_WITH_NVSHMEM
     if (!only_peer) {
         nvshmem_probes(sms);
-        if (nvshmem_my_pe() == 0) peer_loops(sms);
+        if (nvshmem_my_pe() == 0) peer_loops(device, device);
         nvshmem_finalize();
     } else {
-        peer_loops(sms);
+        all_peer_loops();
     }
 #else
     (void)only_peer;
-    peer_loops(sms);
+    all_peer_loops();
 #endif
     return failures ? 1 : 0;
 }

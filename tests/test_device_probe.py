@@ -56,9 +56,12 @@ def test_without_nvcc_the_build_is_refused_in_one_line(tmp_path, monkeypatch):
 
 
 def test_the_programs_lines_are_read_and_other_output_skipped():
-    text = 'NVSHMEM banner\n{"probe": "peer_pingpong", "bytes": 8, "us": 0.37}\n{"error": "x"}\n'
+    text = (
+        "NVSHMEM banner\n"
+        '{"probe": "peer_pingpong", "bytes": 8, "us": 0.37, "gpus": "0-1"}\n{"error": "x"}\n'
+    )
     assert device_probe.parse_output(text) == [
-        {"probe": "peer_pingpong", "bytes": 8, "us": 0.37},
+        {"probe": "peer_pingpong", "bytes": 8, "us": 0.37, "gpus": "0-1"},
         {"error": "x"},
     ]
 
