@@ -391,6 +391,26 @@ def test_the_mpich_netmod_follows_the_device_line_and_the_plugin():
 
 
 @pytest.mark.gpu
+def test_validate_hands_gpu_memory_only_to_an_mpi_that_says_it_takes_it(xbench, tmp_path):
+    """validate's cuda-aware wire asks the MPI first: the PyPI wheels say no, in one line;
+    an MPI built with CUDA runs route, fetch and local with two ranks (on one GPU or two)."""
+    from xbench.results.schema import VALIDATE_SAMPLES
+
+    out = tmp_path / "v"
+    r = xbench(
+        "validate", "--profile", "profiles/h100-priors.toml", "--fabric", "nvlink",
+        "--device", "cuda", "--wire", "cuda-aware", "--rows", "1", "--chunk", "1024",
+        "--heads", "16", "--samples", "2", "--rounds", "1", "--out", out,
+    )  # fmt: skip
+    if r.returncode != 0:
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert "CUDA-aware" in lines[-1], r.stderr
+        return
+    samples = read_table(out, VALIDATE_SAMPLES)
+    assert set(samples.transport) == {"mpi-cuda"} and samples.correct.all()
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("wire", ["nccl", "nvshmem"])
 def test_validate_over_nccl_or_nvshmem_between_gpus(xbench, tmp_path, wire):
     """validate's nccl and nvshmem wires on GPU tensors: two GPUs, or one line on a machine

@@ -18,7 +18,14 @@ import numpy as np
 import pytest
 import torch
 
-from xbench.validate.wire import HostWire, StagedWire, byte_view, make_wire, transport_label
+from xbench.validate.wire import (
+    CudaAwareWire,
+    HostWire,
+    StagedWire,
+    byte_view,
+    make_wire,
+    transport_label,
+)
 
 # no MPI but in the tests marked mpi (conftest: the Open MPI run skips the others)
 pytestmark = pytest.mark.nompi
@@ -103,11 +110,46 @@ def test_the_host_wire_hands_mpi_the_tensors_own_memory_and_refuses_gpu_tensors(
     assert transport_label("host") == "mpi" and transport_label("staged") == "mpi-staged"
 
 
+def test_the_cuda_aware_wire_hands_mpi_the_tensors_themselves():
+    """No host copy: MPI gets the tensor (its memory, through DLPack), and GPU tensors are
+    labelled as what crossed (mpi-cuda), CPU ones as plain MPI."""
+    sent = []
+
+    class Comm:
+        def Send(self, buf, dest, tag):
+            sent.append((buf, dest, tag))
+
+    t = torch.arange(6, dtype=torch.float32)
+    CudaAwareWire(Comm(), "cpu").send(t, 1, 3)
+    ((buf, dest, tag),) = sent
+    assert isinstance(buf, torch.Tensor) and buf.data_ptr() == t.data_ptr()
+    assert (dest, tag, buf.dtype, buf.numel()) == (1, 3, torch.uint8, 24)
+    assert transport_label("cuda-aware", "cuda") == "mpi-cuda"
+    assert transport_label("cuda-aware", "cpu") == "mpi"
+
+
+def test_the_cuda_aware_wire_asks_the_mpi_before_it_hands_it_a_gpu(monkeypatch):
+    """On GPUs the MPI says first whether it takes device memory (here it cannot say: it
+    was never started), refused in one line pointing at the staged wire; CPUs ask nothing."""
+    from xbench.errors import XbenchError
+    from xbench.fabric import mpi_device
+
+    monkeypatch.delenv(mpi_device.ASSUME_ENV, raising=False)
+    monkeypatch.setattr(mpi_device, "_mpi_started", lambda: False)  # no MPI in pytest
+    with pytest.raises(XbenchError) as err:
+        CudaAwareWire.start_run(None, 0)
+    assert "CUDA-aware" in err.value.problem and "--wire staged" in err.value.fix
+    CudaAwareWire.start_run(None, None)
+
+
 @pytest.mark.mpi  # starts MPI: runs under every MPI
-@pytest.mark.parametrize("wire, transport", [("staged", "mpi-staged"), ("nccl", "gloo")])
+@pytest.mark.parametrize(
+    "wire, transport", [("staged", "mpi-staged"), ("cuda-aware", "mpi"), ("nccl", "gloo")]
+)
 def test_validate_over_each_wire_between_two_ranks(xbench, tmp_path, wire, transport):
     """Every path's output still matches one-instance attention through host buffers around
-    MPI (staged) and through torch.distributed on the tensors themselves (nccl's code path
+    MPI (staged), with MPI handed the tensors themselves (cuda-aware's code path on CPUs:
+    torch tensors through DLPack) and through torch.distributed on them (nccl's code path
     on CPUs: gloo), a fetch's pages as messages of their own; the samples say which wire
     carried them."""
     out = tmp_path / "v"
@@ -133,7 +175,7 @@ def test_validate_refuses_a_gpu_it_cannot_use_in_one_line(xbench, tmp_path):
     base = ["validate", "--profile", "profiles/h100-priors.toml", "--fabric", "ib"]
     for args, words in (
         (["--device", "tpu"], "pick cpu or cuda"),
-        (["--wire", "rdma"], "pick auto, host, staged, nccl, nvshmem"),
+        (["--wire", "rdma"], "pick auto, host, staged, cuda-aware, nccl, nvshmem"),
         (["--wire", "nvshmem"], "pass --device cuda"),
         (["--device", "cuda"], "torch sees none here")
         if not torch.cuda.is_available()

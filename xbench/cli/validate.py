@@ -88,7 +88,8 @@ def validate(
         str,
         typer.Option(
             help="How messages cross: host (MPI on the tensors' memory; CPU only), staged "
-            "(copied through host buffers around MPI, for GPU tensors), nccl "
+            "(copied through host buffers around MPI, for GPU tensors), cuda-aware (MPI "
+            "handed the GPU's memory: an MPI built with CUDA), nccl "
             "(torch.distributed on the tensors: NCCL on GPUs, one each; gloo on CPUs) or "
             "nvshmem (NVSHMEM puts between GPUs, one each, from and into the symmetric heap); "
             "default: host on cpu, staged on cuda."

@@ -81,8 +81,9 @@ def cuda_aware_mpi(lookup=_libmpi_symbol) -> tuple[bool | None, str]:
     return None, "the MPI offers neither MPIX_Query_cuda_support nor MPIX_GPU_query_support"
 
 
-def require_cuda_aware(lookup=_libmpi_symbol) -> str:
-    """One line refusing an MPI that cannot take device pointers; the evidence when it can."""
+def require_cuda_aware(lookup=_libmpi_symbol, instead: str = "--device host") -> str:
+    """One line refusing an MPI that cannot take device pointers; the evidence when it can.
+    ``instead``: the caller's option that keeps device memory away from MPI."""
     supported, how = cuda_aware_mpi(lookup)
     if supported:
         return how
@@ -91,11 +92,11 @@ def require_cuda_aware(lookup=_libmpi_symbol) -> str:
     if supported is None:
         raise XbenchError(
             f"cannot tell whether this MPI is CUDA-aware: {how}",
-            f"use --device host, or set {ASSUME_ENV}=1 if you know it is",
+            f"use {instead}, or set {ASSUME_ENV}=1 if you know it is",
         )
     raise XbenchError(
         f"this MPI is not CUDA-aware ({how}): device buffers would crash it",
-        "use an MPI built with CUDA (e.g. Open MPI with UCX and CUDA), or --device host",
+        f"use an MPI built with CUDA (e.g. Open MPI with UCX and CUDA), or {instead}",
     )
 
 

@@ -7,7 +7,8 @@ it and from one after MPI receives it, as a serving engine whose MPI is not CUDA
 PyPI MPICH and Debian's Open MPI are not) moves a GPU's bytes; the copies are part of the
 send, return and transfer phases they belong to, and the run says so (transport
 ``mpi-staged``). On a CPU the same staged path runs with plain host buffers, which is how the
-tests check it without a GPU. ``nccl``: torch.distributed point-to-point on the tensors
+tests check it without a GPU. ``cuda-aware``: MPI handed the GPU's memory itself, for an MPI
+built with CUDA (transport ``mpi-cuda``; on CPUs the same calls on host memory). ``nccl``: torch.distributed point-to-point on the tensors
 themselves, as an engine with NCCL moves them (NCCL on GPUs, one GPU a rank; gloo on CPUs,
 which is how the tests run it); its process group is set up once a run
 (:func:`xbench.fabric.nccl.init_process_group`). ``nvshmem``: NVSHMEM puts from one GPU's
@@ -27,6 +28,8 @@ def transport_label(wire: str, device: str = "cpu") -> str:
         return dist_backend(device)
     if wire == "nvshmem":
         return "nvshmem"
+    if wire == "cuda-aware":  # MPI on the GPU's memory; on CPUs, plain MPI
+        return "mpi-cuda" if device.startswith("cuda") else "mpi"
     return "mpi" if wire == "host" else "mpi-staged"
 
 
@@ -87,18 +90,63 @@ class HostWire(Wire):
     def ready(self) -> None:
         """Work queued on the device is done (a phase boundary): nothing is queued on a CPU."""
 
+    @staticmethod
+    def _memory(t):
+        """What MPI is handed for a message: the tensor's own bytes, as an array."""
+        return byte_view(t).numpy()
+
     def send(self, t, dest: int, tag: int) -> None:
-        self.comm.Send(byte_view(t).numpy(), dest=dest, tag=tag)
+        self.comm.Send(self._memory(t), dest=dest, tag=tag)
 
     def recv(self, t, source: int, tag: int) -> None:
-        self.comm.Recv(byte_view(t).numpy(), source=source, tag=tag)
+        self.comm.Recv(self._memory(t), source=source, tag=tag)
 
     def send_all(self, tensors, dest: int, tag: int) -> None:
         """One message per tensor, all in flight at once (a per-page fetch)."""
-        _waitall([self.comm.Isend(byte_view(t).numpy(), dest, tag) for t in tensors])
+        _waitall([self.comm.Isend(self._memory(t), dest, tag) for t in tensors])
 
     def recv_all(self, tensors, source: int, tag: int) -> None:
-        _waitall([self.comm.Irecv(byte_view(t).numpy(), source, tag) for t in tensors])
+        _waitall([self.comm.Irecv(self._memory(t), source, tag) for t in tensors])
+
+
+class CudaAwareWire(HostWire):
+    """MPI handed the tensors' GPU memory itself (a CUDA-aware MPI: Open MPI or MPICH built
+    with CUDA), as ``--transport mpi --device cuda`` probes it. mpi4py takes a torch tensor
+    through DLPack, on any device, so on CPUs the same calls move host memory (the tests).
+    The MPI is asked whether it takes device memory before the run starts (a build without
+    CUDA crashes on a device pointer). A CUDA-aware MPI does not follow the stream, so a
+    send waits for the queued work that wrote its message."""
+
+    name = "cuda-aware"
+
+    @staticmethod
+    def start_run(comm, gpu: int | None) -> None:
+        if gpu is not None:
+            from xbench.fabric.mpi_device import require_cuda_aware
+
+            require_cuda_aware(instead="--wire staged")
+
+    def __init__(self, comm, device: str = "cpu"):
+        import torch
+
+        self.comm, self.torch = comm, torch
+        self.cuda = torch.device(device).type == "cuda"
+
+    def ready(self) -> None:
+        if self.cuda:
+            self.torch.cuda.synchronize()
+
+    @staticmethod
+    def _memory(t):
+        return byte_view(t)
+
+    def send(self, t, dest: int, tag: int) -> None:
+        self.ready()
+        super().send(t, dest, tag)
+
+    def send_all(self, tensors, dest: int, tag: int) -> None:
+        self.ready()
+        super().send_all(tensors, dest, tag)
 
 
 class StagedWire(Wire):
@@ -343,7 +391,13 @@ class NvshmemWire(Wire):
         self.placed, self.landings = [], {}
 
 
-WIRES = {"host": HostWire, "staged": StagedWire, "nccl": TorchDistWire, "nvshmem": NvshmemWire}
+WIRES = {
+    "host": HostWire,
+    "staged": StagedWire,
+    "cuda-aware": CudaAwareWire,
+    "nccl": TorchDistWire,
+    "nvshmem": NvshmemWire,
+}
 
 
 def make_wire(name: str, comm, device: str):
