@@ -240,10 +240,15 @@ def test_validate_over_nvshmem_puts_between_two_ranks(tmp_path, layout):
         ),
         "FAKE_NVSHMEM_LOG": str(tmp_path / "calls"),
     }
-    r = subprocess.run(
-        [str(BIN / "mpiexec"), "-n", "2", sys.executable, "-m", "xbench.validate.worker", str(config)],
-        capture_output=True, text=True, timeout=300, env=env,
-    )  # fmt: skip
+    before = set(Path("/dev/shm").glob("fake-nvshmem-*"))
+    try:
+        r = subprocess.run(
+            [str(BIN / "mpiexec"), "-n", "2", sys.executable, "-m", "xbench.validate.worker", str(config)],
+            capture_output=True, text=True, timeout=300, env=env,
+        )  # fmt: skip
+    finally:  # a rank that failed never finalized: its heap's files stay behind
+        for left in set(Path("/dev/shm").glob("fake-nvshmem-*")) - before:
+            left.unlink(missing_ok=True)
     assert r.returncode == 0, r.stderr
     samples = read_table(tmp_path / "v", VALIDATE_SAMPLES)
     assert set(samples.transport) == {"nvshmem"} and samples.correct.all()
