@@ -33,8 +33,13 @@ def install_hint(cuda_version: str | None) -> str:
     return "pip install nvshmem4py-cu12 or -cu13 on GPU nodes, the one for torch's CUDA"
 
 
-def constant(bindings, enum: str, member: str, default: int) -> int:
-    return int(getattr(getattr(bindings, enum, None), member, default))
+def signal_constants(bindings) -> tuple[int, int]:
+    """(NVSHMEM_SIGNAL_SET, NVSHMEM_CMP_GE) as these bindings name them, else nvshmem.h's."""
+
+    def constant(enum: str, member: str, default: int) -> int:
+        return int(getattr(getattr(bindings, enum, None), member, default))
+
+    return constant("Signal_op", "SIGNAL_SET", SIGNAL_SET), constant("Cmp_type", "CMP_GE", CMP_GE)
 
 
 class NvshmemTransport(Transport):
@@ -60,8 +65,7 @@ class NvshmemTransport(Transport):
         super().__init__(pair, plan, seed=seed)
         self.signal = world["signal"]
         self.peer_pe = pair.world_ranks[pair.peer]
-        self.signal_set = constant(self.bindings, "Signal_op", "SIGNAL_SET", SIGNAL_SET)
-        self.cmp_ge = constant(self.bindings, "Cmp_type", "CMP_GE", CMP_GE)
+        self.signal_set, self.cmp_ge = signal_constants(self.bindings)
         self.sent = self.seen = 0
         self.timer = DeviceTimer(True)
 

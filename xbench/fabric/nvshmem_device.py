@@ -173,8 +173,13 @@ def load_kernels(bindings, cubin: bytes, gpu: int) -> dict:
     kernels = {name: module.get_kernel(name) for name in KERNELS}  # loads the library
     init_library(bindings, module)  # before any launch: the kernels read NVSHMEM's state
 
+    streams: dict = {}  # cuda.core's view of each torch stream, made once, not per launch
+
     def launch_on_torchs_stream(kernel, blocks, threads, *args):
-        stream = device.create_stream(torch.cuda.current_stream())
+        current = torch.cuda.current_stream()
+        stream = streams.get(current.cuda_stream)
+        if stream is None:
+            stream = streams[current.cuda_stream] = device.create_stream(current)
         launch(stream, LaunchConfig(grid=blocks, block=threads), kernel, *args)
 
     return {

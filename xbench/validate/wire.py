@@ -24,13 +24,7 @@ from xbench.errors import XbenchError
 
 def transport_label(wire: str, device: str = "cpu") -> str:
     """The samples' ``transport``: what the bytes went through."""
-    if wire == "nccl":  # torch.distributed's backend, as it moved these tensors
-        return dist_backend(device)
-    if wire == "nvshmem":
-        return "nvshmem"
-    if wire == "cuda-aware":  # MPI on the GPU's memory; on CPUs, plain MPI
-        return "mpi-cuda" if device.startswith("cuda") else "mpi"
-    return "mpi" if wire == "host" else "mpi-staged"
+    return WIRES[wire].transport(device)
 
 
 def dist_backend(device: str) -> str:
@@ -60,6 +54,22 @@ class Wire:
     # NCCL ("Duplicate GPU") and NVSHMEM (its limited MPG) refuse two ranks on one GPU
     one_gpu_each = False
 
+    def __init__(self, comm, device: str = "cpu"):
+        import torch
+
+        self.comm, self.torch = comm, torch
+        self.cuda = torch.device(device).type == "cuda"
+
+    @staticmethod
+    def transport(device: str) -> str:
+        """The samples' ``transport`` for this wire's messages on ``device``."""
+        return "mpi"
+
+    def ready(self) -> None:
+        """Work queued on the device is done (a phase boundary)."""
+        if self.cuda:
+            self.torch.cuda.synchronize()
+
     @staticmethod
     def start_run(comm, gpu: int | None) -> None:
         """Started over the run's two ranks, each on ``gpu`` (None: on CPUs)."""
@@ -85,10 +95,7 @@ class HostWire(Wire):
     def __init__(self, comm, device: str = "cpu"):
         if device != "cpu":
             raise ValueError("the host wire moves CPU tensors; GPU tensors take the staged wire")
-        self.comm = comm
-
-    def ready(self) -> None:
-        """Work queued on the device is done (a phase boundary): nothing is queued on a CPU."""
+        super().__init__(comm, device)
 
     @staticmethod
     def _memory(t):
@@ -127,25 +134,30 @@ class CudaAwareWire(HostWire):
             require_cuda_aware(instead="--wire staged")
 
     def __init__(self, comm, device: str = "cpu"):
-        import torch
+        Wire.__init__(self, comm, device)  # GPU tensors welcome, unlike the host wire's
 
-        self.comm, self.torch = comm, torch
-        self.cuda = torch.device(device).type == "cuda"
-
-    def ready(self) -> None:
-        if self.cuda:
-            self.torch.cuda.synchronize()
+    @staticmethod
+    def transport(device: str) -> str:
+        return "mpi-cuda" if device.startswith("cuda") else "mpi"
 
     @staticmethod
     def _memory(t):
         return byte_view(t)
 
+    def _written(self) -> None:
+        """The queued work that wrote a message is done before MPI reads it; a query, not
+        a wait, where a phase boundary has just waited (every path stamps before it sends)."""
+        if self.cuda:
+            stream = self.torch.cuda.current_stream()
+            if not stream.query():
+                stream.synchronize()
+
     def send(self, t, dest: int, tag: int) -> None:
-        self.ready()
+        self._written()
         super().send(t, dest, tag)
 
     def send_all(self, tensors, dest: int, tag: int) -> None:
-        self.ready()
+        self._written()
         super().send_all(tensors, dest, tag)
 
 
@@ -161,10 +173,7 @@ class StagedWire(Wire):
     name = "staged"
 
     def __init__(self, comm, device: str = "cpu"):
-        import torch
-
-        self.comm, self.torch = comm, torch
-        self.cuda = torch.device(device).type == "cuda"
+        super().__init__(comm, device)
         self._buffers: dict = {}
 
     def _host(self, key, nbytes: int):
@@ -174,9 +183,9 @@ class StagedWire(Wire):
             self._buffers[(key, nbytes)] = buf
         return buf
 
-    def ready(self) -> None:
-        if self.cuda:
-            self.torch.cuda.synchronize()
+    @staticmethod
+    def transport(device: str) -> str:
+        return "mpi-staged"
 
     def _to_host(self, t, key):
         src = byte_view(t)
@@ -229,18 +238,17 @@ class TorchDistWire(Wire):
 
         dist.destroy_process_group()
 
+    @staticmethod
+    def transport(device: str) -> str:  # torch.distributed's backend, as it moved them
+        return dist_backend(device)
+
     def __init__(self, comm, device: str = "cpu"):
-        import torch
         import torch.distributed as dist
 
         if not dist.is_initialized():
             raise ValueError("the nccl wire needs the run's process group (run_validate)")
-        self.torch, self.dist = torch, dist
-        self.cuda = torch.device(device).type == "cuda"
-
-    def ready(self) -> None:
-        if self.cuda:
-            self.torch.cuda.synchronize()
+        super().__init__(comm, device)
+        self.dist = dist
 
     def send(self, t, dest: int, tag: int) -> None:
         self.dist.send(byte_view(t), dest, tag=tag)
@@ -293,22 +301,24 @@ class NvshmemWire(Wire):
 
         nvshmem.core.finalize()
 
+    @staticmethod
+    def transport(device: str) -> str:
+        return "nvshmem"
+
     def __init__(self, comm, device: str = "cpu"):
         import nvshmem.core
-        import torch
         from nvshmem import bindings
 
-        from xbench.fabric.nvshmem import CMP_GE, SIGNAL_SET, constant
+        from xbench.fabric.nvshmem import signal_constants
 
-        self.torch, self.comm, self.bindings = torch, comm, bindings
+        super().__init__(comm, device)
+        self.bindings = bindings
         self.interop = nvshmem.core.interop.torch
-        self.cuda = torch.device(device).type == "cuda"
         self.peer_pe = 1 - comm.Get_rank()  # the PEs are the run's two ranks (init_pes)
-        self.signal_set = constant(bindings, "Signal_op", "SIGNAL_SET", SIGNAL_SET)
-        self.cmp_ge = constant(bindings, "Cmp_type", "CMP_GE", CMP_GE)
+        self.signal_set, self.cmp_ge = signal_constants(bindings)
         self.placed: list = []
         self.landings: dict = {}
-        self.signal = self.place(torch.zeros(1, dtype=torch.int64))
+        self.signal = self.place(self.torch.zeros(1, dtype=self.torch.int64))
         self.ready()
         comm.Barrier()
         self.sent = self.seen = 0
@@ -318,8 +328,7 @@ class NvshmemWire(Wire):
             symmetric = self.interop.tensor(tuple(t.shape), dtype=t.dtype)
         except Exception as exc:  # nvshmem4py's own errors; the heap's size, mostly
             raise XbenchError(
-                f"NVSHMEM could not place {t.numel() * t.element_size()} B on the symmetric "
-                f"heap: {exc}",
+                f"NVSHMEM could not place {t.nbytes} B on the symmetric heap: {exc}",
                 "raise NVSHMEM_SYMMETRIC_SIZE (1 GB unless set), or pass a smaller --chunk",
             ) from None
         symmetric.copy_(t)
@@ -327,10 +336,6 @@ class NvshmemWire(Wire):
         if landing is not None:
             self.landings[landing] = symmetric
         return symmetric
-
-    def ready(self) -> None:
-        if self.cuda:
-            self.torch.cuda.synchronize()
 
     def _stream(self) -> int:
         return self.torch.cuda.current_stream().cuda_stream if self.cuda else 0
@@ -352,7 +357,7 @@ class NvshmemWire(Wire):
         self.bindings.putmem_signal_on_stream(
             self.landings[tag].data_ptr(),
             t.data_ptr(),
-            t.numel() * t.element_size(),
+            t.nbytes,
             self.signal.data_ptr(),
             self.sent,
             self.signal_set,
@@ -369,9 +374,8 @@ class NvshmemWire(Wire):
         b, stream = self.bindings, self._stream()
         at = self.landings[tag].data_ptr()
         for t in tensors:
-            n = t.numel() * t.element_size()
-            b.putmem_nbi_on_stream(at, t.data_ptr(), n, self.peer_pe, stream)
-            at += n
+            b.putmem_nbi_on_stream(at, t.data_ptr(), t.nbytes, self.peer_pe, stream)
+            at += t.nbytes
         b.quiet_on_stream(stream)  # every page has landed before the signal says so
         self.sent += 1
         b.signal_op_on_stream(

@@ -75,7 +75,7 @@ class ValidateConfig:
     timeout_s: float = 300.0
     fabric: str | None = None
     device: str = "cpu"  # where the tensors and kernels are: cpu or cuda
-    wire: str = "host"  # how messages cross (xbench.validate.wire): host, staged, nccl, nvshmem
+    wire: str = "host"  # how messages cross: a name of xbench.validate.wire.WIRES
     scale: float = 1 / math.sqrt(576)
     extra: dict = field(default_factory=dict)
 
