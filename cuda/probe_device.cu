@@ -64,13 +64,48 @@ extern "C" __global__ void empty_loop(long long iters, unsigned long long* elaps
     *elapsed_ns = global_ns() - t0;
 }
 
-extern "C" __global__ void nvshmem_put_loop(void* dst, const void* src, size_t bytes, int pe, long long iters,
-                                            unsigned long long* elapsed_ns) {
-    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+// Who issues a message: one thread (NVSHMEM's thread-scoped calls), one warp or the whole
+// block (nvshmemx_*_warp / _block). Over NVLink a put is the issuing threads' own loads and
+// stores to the peer, so one thread moves a KB-sized message at a fraction of a GB/s (0.59
+// GB/s from 8 KiB up on an H200, session 43) where a warp or a block copies it together;
+// over InfiniBand with IBGDA one of them posts the work request either way. Serving
+// kernels that move KV pages (DeepEP's, for one) put with a warp.
+#define XBENCH_SCOPE_THREAD 0
+#define XBENCH_SCOPE_WARP 1
+#define XBENCH_SCOPE_BLOCK 2
+
+__device__ __forceinline__ void put_nbi_scoped(int scope, void* dst, const void* src, size_t bytes, int pe) {
+    if (scope == XBENCH_SCOPE_BLOCK) {
+        nvshmemx_putmem_nbi_block(dst, src, bytes, pe);
+    } else if (scope == XBENCH_SCOPE_WARP) {
+        if (threadIdx.x < 32) nvshmemx_putmem_nbi_warp(dst, src, bytes, pe);
+    } else if (threadIdx.x == 0) {
+        nvshmem_putmem_nbi(dst, src, bytes, pe);
+    }
+}
+
+__device__ __forceinline__ void putsig_nbi_scoped(int scope, void* dst, const void* src, size_t bytes,
+                                                  uint64_t* signal, uint64_t value, int pe) {
+    if (scope == XBENCH_SCOPE_BLOCK) {
+        nvshmemx_putmem_signal_nbi_block(dst, src, bytes, signal, value, NVSHMEM_SIGNAL_SET, pe);
+    } else if (scope == XBENCH_SCOPE_WARP) {
+        if (threadIdx.x < 32) nvshmemx_putmem_signal_nbi_warp(dst, src, bytes, signal, value, NVSHMEM_SIGNAL_SET, pe);
+    } else if (threadIdx.x == 0) {
+        nvshmem_putmem_signal_nbi(dst, src, bytes, signal, value, NVSHMEM_SIGNAL_SET, pe);
+    }
+}
+
+// Puts back to back from block 0 at `scope`, then their completion; timed by thread 0.
+extern "C" __global__ void nvshmem_put_loop(void* dst, const void* src, size_t bytes, int pe, int scope,
+                                            long long iters, unsigned long long* elapsed_ns) {
+    if (blockIdx.x != 0) return;
     const unsigned long long t0 = global_ns();
-    for (long long i = 0; i < iters; i++) nvshmem_putmem_nbi(dst, src, bytes, pe);
-    nvshmem_quiet();
-    *elapsed_ns = global_ns() - t0;
+    for (long long i = 0; i < iters; i++) put_nbi_scoped(scope, dst, src, bytes, pe);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        nvshmem_quiet();
+        *elapsed_ns = global_ns() - t0;
+    }
 }
 
 // Bandwidth: every block puts its share of `bytes` with the block-wide call, `iters` times,
@@ -89,23 +124,29 @@ extern "C" __global__ void nvshmem_put_bw(char* dst, const char* src, size_t byt
 // Put-with-signal ping-pong: the message and the signal that it has landed are one call,
 // so nothing can overtake the payload; each side waits for the other's count. The counts
 // run from `first` (1 after the signal word was zeroed; one past the last count when a
-// launch continues the previous one's, as xbench probe's samples do).
+// launch continues the previous one's, as xbench probe's samples do). Block 0 puts at
+// `scope`; its thread 0 waits and times.
 extern "C" __global__ void nvshmem_putsig_pingpong(void* dst, const void* src, size_t bytes, uint64_t* signal, int pe,
-                                                   int initiator, long long first, long long iters,
+                                                   int scope, int initiator, long long first, long long iters,
                                                    unsigned long long* elapsed_ns) {
-    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    if (blockIdx.x != 0) return;
     const unsigned long long t0 = global_ns();
     for (long long i = first; i < first + iters; i++) {
         if (initiator) {
-            nvshmem_putmem_signal_nbi(dst, src, bytes, signal, (uint64_t)i, NVSHMEM_SIGNAL_SET, pe);
-            nvshmem_signal_wait_until(signal, NVSHMEM_CMP_GE, (uint64_t)i);
+            putsig_nbi_scoped(scope, dst, src, bytes, signal, (uint64_t)i, pe);
+            if (threadIdx.x == 0) nvshmem_signal_wait_until(signal, NVSHMEM_CMP_GE, (uint64_t)i);
+            __syncthreads();
         } else {
-            nvshmem_signal_wait_until(signal, NVSHMEM_CMP_GE, (uint64_t)i);
-            nvshmem_putmem_signal_nbi(dst, src, bytes, signal, (uint64_t)i, NVSHMEM_SIGNAL_SET, pe);
+            if (threadIdx.x == 0) nvshmem_signal_wait_until(signal, NVSHMEM_CMP_GE, (uint64_t)i);
+            __syncthreads();
+            putsig_nbi_scoped(scope, dst, src, bytes, signal, (uint64_t)i, pe);
         }
     }
-    nvshmem_quiet();
-    *elapsed_ns = global_ns() - t0;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        nvshmem_quiet();
+        *elapsed_ns = global_ns() - t0;
+    }
 }
 
 extern "C" __global__ void nvshmem_pingpong(long long* flag, int pe, int initiator, long long iters,

@@ -64,21 +64,22 @@ static bool same(const char* a, const char* b, size_t bytes) {
     return memcmp(ha.data(), hb.data(), bytes) == 0;
 }
 
-// gpus: which GPUs a peer loop ran between ("0", "0-1"); the NVSHMEM probes say their PEs.
+// extra: more of the line's JSON fields: "gpus" for a peer loop (which GPUs it ran between,
+// "0" or "0-1"; the NVSHMEM probes say their PEs), "scope" and "blocks" for a put.
 static void report(const char* probe, size_t bytes, long long iters, double us, bool checked,
-                   const char* gpus = nullptr) {
+                   const char* extra = nullptr) {
     double gbps = us > 0 ? bytes / (us * 1e3) : 0.0;
     printf("{\"probe\": \"%s\", \"bytes\": %zu, \"iters\": %lld, \"us\": %.4f, \"gb_per_s\": %.3f, \"checked\": %s",
            probe, bytes, iters, us, gbps, checked ? "true" : "false");
-    if (gpus) printf(", \"gpus\": \"%s\"", gpus);
+    if (extra) printf(", %s", extra);
     printf("}\n");
     fflush(stdout);
     if (!checked) failures++;
 }
 
-static void fail(const char* probe, const char* why, const char* gpus = nullptr) {
+static void fail(const char* probe, const char* why, const char* extra = nullptr) {
     printf("{\"probe\": \"%s\", \"error\": \"%s\"", probe, why);
-    if (gpus) printf(", \"gpus\": \"%s\"", gpus);
+    if (extra) printf(", %s", extra);
     printf("}\n");
     fflush(stdout);
     failures++;
@@ -98,8 +99,8 @@ static long long iterations(size_t bytes, double target, long long lo, long long
 // (through peer access between two GPUs: NVLink, or PCIe), then a grid on a copying a buffer
 // into one on b (read plus write counted once). Lines carry "gpus": "0", or "0-1".
 static void peer_loops(int a, int b) {
-    char gpus[32];
-    snprintf(gpus, sizeof gpus, a == b ? "%d" : "%d-%d", a, b);
+    char gpus[48];
+    snprintf(gpus, sizeof gpus, a == b ? "\"gpus\": \"%d\"" : "\"gpus\": \"%d-%d\"", a, b);
     if (a != b) {
         int ab = 0, ba = 0;
         CHECK(cudaDeviceCanAccessPeer(&ab, a, b));
@@ -218,39 +219,50 @@ static void nvshmem_probes(int sms) {
     CHECK(cudaEventCreate(&e1));
     const char* where = npes == 1 ? "1 PE, to itself" : "2 PEs";
     printf("{\"nvshmem\": \"%s\", \"pe\": %d, \"npes\": %d}\n", where, me, npes);
+    // who issues each latency-sized put: one thread, a warp, or a block (probe_device.cu)
+    const char* scope_names[] = {"thread", "warp", "block"};
+    const int scope_threads[] = {1, 32, 512};
     for (size_t bytes : SIZES) {
-        // latency: one thread, puts back to back, then quiet (PE 0 only; the peer waits)
-        if (initiator && bytes <= 65536) {
-            const long long iters = iterations(bytes, 1e9, 10, 10000);
-            CHECK(cudaMemset(dst, 0, bytes));
+        for (int scope = 0; scope < 3 && bytes <= 65536; scope++) {
+            char extra[64];
+            snprintf(extra, sizeof extra, "\"scope\": \"%s\"", scope_names[scope]);
+            // puts back to back, then quiet (PE 0 only; the peer waits)
+            if (initiator) {
+                const long long iters = iterations(bytes, 1e9, 10, 10000);
+                CHECK(cudaMemset(dst, 0, bytes));
+                nvshmem_barrier_all();
+                nvshmem_put_loop<<<1, scope_threads[scope]>>>(dst, src, bytes, peer, scope, iters, elapsed);
+                CHECK(cudaDeviceSynchronize());
+                unsigned long long ns;
+                CHECK(cudaMemcpy(&ns, elapsed, sizeof ns, cudaMemcpyDeviceToHost));
+                const bool ok = npes > 1 || same(src, dst, bytes);  // two PEs: checked by the peer below
+                report("nvshmem_put_loop", bytes, iters, ns / 1e3 / iters, ok, extra);
+            } else {
+                nvshmem_barrier_all();
+            }
             nvshmem_barrier_all();
-            nvshmem_put_loop<<<1, 32>>>(dst, src, bytes, peer, iters, elapsed);
-            CHECK(cudaDeviceSynchronize());
-            unsigned long long ns;
-            CHECK(cudaMemcpy(&ns, elapsed, sizeof ns, cudaMemcpyDeviceToHost));
-            const bool ok = npes > 1 || same(src, dst, bytes);  // two PEs: checked by the peer below
-            report("nvshmem_put_loop", bytes, iters, ns / 1e3 / iters, ok);
-        } else {
-            nvshmem_barrier_all();
-        }
-        nvshmem_barrier_all();
-        // put-with-signal ping-pong (one thread a side: latency sizes only)
-        if (bytes <= 65536) {
+            // put-with-signal ping-pong
             const long long iters = iterations(bytes, 2e9, 10, 10000);
             CHECK(cudaMemset(signal, 0, sizeof(uint64_t)));
             CHECK(cudaDeviceSynchronize());
             nvshmem_barrier_all();
-            nvshmem_putsig_pingpong<<<1, 32>>>(dst, src, bytes, signal, peer, initiator, 1, iters, elapsed);
+            nvshmem_putsig_pingpong<<<1, scope_threads[scope]>>>(dst, src, bytes, signal, peer, scope, initiator, 1,
+                                                                 iters, elapsed);
             CHECK(cudaDeviceSynchronize());
             nvshmem_barrier_all();
             unsigned long long ns;
             CHECK(cudaMemcpy(&ns, elapsed, sizeof ns, cudaMemcpyDeviceToHost));
-            if (initiator) report("nvshmem_putsig_pingpong", bytes, iters, ns / 1e3 / iters / 2, true);
+            if (initiator) report("nvshmem_putsig_pingpong", bytes, iters, ns / 1e3 / iters / 2, true, extra);
         }
-        // bandwidth: every block puts its share
-        {
+        // bandwidth: every block puts its share. At the largest size both one block an SM (the
+        // transport's grid) and four (the peer loop's, which copied 6x faster on an H200 in
+        // session 43, where the NVSHMEM grid reached 320 GB/s): the run says which to keep.
+        const int grids[] = {bytes < (1 << 20) ? 1 : (bytes < (16 << 20) ? 16 : sms), 4 * sms};
+        for (int g = 0; g < (bytes == MOST ? 2 : 1); g++) {
+            const int blocks = grids[g];
+            char extra[64];
+            snprintf(extra, sizeof extra, "\"scope\": \"block\", \"blocks\": %d", blocks);
             const long long iters = iterations(bytes, 8e9, 5, 2000);
-            int blocks = bytes < (1 << 20) ? 1 : (bytes < (16 << 20) ? 16 : sms);
             CHECK(cudaMemset(dst, 0, bytes));
             CHECK(cudaDeviceSynchronize());
             nvshmem_barrier_all();
@@ -264,7 +276,7 @@ static void nvshmem_probes(int sms) {
             if (initiator) {
                 float ms;
                 CHECK(cudaEventElapsedTime(&ms, e0, e1));
-                report("nvshmem_put_bw", bytes, iters, ms * 1e3 / iters, npes > 1 || same(src, dst, bytes));
+                report("nvshmem_put_bw", bytes, iters, ms * 1e3 / iters, npes > 1 || same(src, dst, bytes), extra);
             } else if (npes > 1) {  // the bytes PE 0 put here are PE 0's pattern
                 char* expect;
                 CHECK(cudaMalloc(&expect, bytes));

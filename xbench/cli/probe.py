@@ -28,6 +28,7 @@ from xbench.core.units import (
     parse_size_list,
 )
 from xbench.errors import XbenchError
+from xbench.fabric.device_probe import PUT_SCOPES
 from xbench.fabric.registry import INITIATORS, TRANSPORTS, check_fabric
 from xbench.probe.patterns import DEFAULT_PATTERNS, PATTERNS, SweepSpec
 from xbench.probe.runner import BACKENDS, BINDINGS, DEVICES, LOOPS
@@ -38,6 +39,7 @@ Binding = Enum("Binding", [(v, v) for v in BINDINGS], type=str)
 Device = Enum("Device", [(v, v) for v in DEVICES], type=str)
 Backend = Enum("Backend", [(v, v) for v in BACKENDS], type=str)
 Initiator = Enum("Initiator", [(v, v) for v in INITIATORS], type=str)
+PutScope = Enum("PutScope", [(v, v) for v in PUT_SCOPES], type=str)
 
 
 def _patterns(text: str) -> tuple[str, ...]:
@@ -173,6 +175,14 @@ def probe(
             "puts, IBGDA on InfiniBand; built with nvcc against NVSHMEM's device library)."
         ),
     ] = Initiator.host,
+    put_scope: Annotated[
+        PutScope | None,
+        typer.Option(
+            help="--initiator device: who issues each ping-pong put: one thread (NVSHMEM "
+            "perftest's latency), a warp (default; as kernels that move KV pages put) or the "
+            "block. Over NVLink a put is its threads' own copy."
+        ),
+    ] = None,
     tcp_interface: Annotated[
         str | None, typer.Option(help="tcp: network interface to listen on, e.g. eth0.")
     ] = None,
@@ -231,6 +241,7 @@ def probe(
         device=device.value,
         backend=backend.value,
         initiator=initiator.value,
+        put_scope=put_scope.value if put_scope else None,
         preset_env=preset_env(transport, fabric, backend.value),
         iterations=iterations,
         skip=skip,

@@ -207,8 +207,12 @@ def _check_values(params: dict) -> None:
     if "initiator" in params:  # a probe: what the GPU can post
         from xbench.probe.runner import check_initiator
 
+        scope = params.get("put_scope")
         check_initiator(
-            params["initiator"].value, params["transport"], _patterns(params["pattern"])
+            params["initiator"].value,
+            params["transport"],
+            _patterns(params["pattern"]),
+            scope.value if scope else None,
         )
 
 

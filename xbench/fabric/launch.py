@@ -259,6 +259,9 @@ def run_ranks(
             f"'{result.last_started}'; stopped the job; {kept}",
             f"see {log_path}",
         )
+    refused = launcher_refusal(log_path)
+    if refused:
+        raise RankFailure(*refused)
     where = f" during '{result.last_started}'" if result.last_started else " before the first case"
     raise RankFailure(
         f"a rank died{where} (mpiexec exit {result.returncode}); {kept}", f"see {log_path}"
@@ -320,6 +323,26 @@ def rank_error(log_path: Path, start: int = 0) -> str | None:
                     return line[len("xbench: error on ") :].strip()
     except OSError:
         return None
+    return None
+
+
+# Open MPI's mpiexec starts no rank as root unless told to, and says so in a paragraph
+# (containers on GPU nodes and CI runners often run as root)
+OPEN_MPI_ROOT = "has detected an attempt to run as root"
+
+
+def launcher_refusal(log_path: Path) -> tuple[str, str] | None:
+    """(problem, fix) where the launcher itself refused to start the ranks."""
+    try:
+        text = Path(log_path).read_text(errors="replace")
+    except OSError:
+        return None
+    if OPEN_MPI_ROOT in text:
+        return (
+            "Open MPI's mpiexec refuses to start ranks as root",
+            "run as a user, or where root is the norm (a container, CI) export "
+            "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
+        )
     return None
 
 

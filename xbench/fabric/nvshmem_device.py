@@ -8,9 +8,12 @@ device code linked against NVSHMEM's device library (``device_probe.build_cubin`
 build a node, cached), loaded with cuda.core and initialised by NVSHMEM after its own
 start, and launched on torch's stream, one launch per sample:
 
-- latency and rtt: ``nvshmem_putsig_pingpong``, one thread a side, each message and its
-  signal one put; the loop is timed on the GPU's global timer, so the launch is not in it.
-  The counts continue from launch to launch (a launch starts one past the last count).
+- latency and rtt: ``nvshmem_putsig_pingpong``, one block a side, each message and its
+  signal one put issued by one thread, a warp (the default, as serving kernels that move
+  KV pages put) or the block (``--put-scope``; over NVLink a put is its threads' own
+  copy, so one thread moves a KB-sized message at under 1 GB/s); the loop is timed on the
+  GPU's global timer, so the launch is not in it. The counts continue from launch to
+  launch (a launch starts one past the last count).
 - bandwidth: ``nvshmem_put_bw``, the initiator's grid puts window x iterations messages
   back to back (each block its share, block-wide puts) and waits for their completion
   (``nvshmem_quiet``), timed with CUDA events, as NVSHMEM's own ``shmem_put_bw`` is: no
@@ -28,11 +31,16 @@ import time
 import numpy as np
 
 from xbench.errors import XbenchError
+from xbench.fabric.device_probe import PUT_SCOPES
 from xbench.fabric.gpu import claim_own_gpu, local_gpu, torch_module
 from xbench.fabric.nvshmem import NvshmemTransport
 
 KERNELS = ("nvshmem_putsig_pingpong", "nvshmem_put_bw", "empty_loop")
-THREADS = {"nvshmem_putsig_pingpong": 32, "nvshmem_put_bw": 512, "empty_loop": 32}
+THREADS = {"nvshmem_put_bw": 512, "empty_loop": 32}
+# --put-scope: the block that issues each ping-pong put (its code for the kernel is its
+# place in PUT_SCOPES)
+SCOPE_THREADS = {"thread": 1, "warp": 32, "block": 512}
+DEFAULT_PUT_SCOPE = PUT_SCOPES[1]
 
 
 def bandwidth_blocks(nbytes: int, sms: int) -> int:
@@ -80,12 +88,14 @@ class NvshmemDeviceTransport(NvshmemTransport):
         super().__init__(pair, plan, seed=seed)
         self.kernels, self.sms = loaded["kernels"], loaded["sms"]
         self.launcher = loaded["launch"]
+        scope = loaded.get("put_scope", DEFAULT_PUT_SCOPE)
+        self.scope, self.scope_threads = PUT_SCOPES.index(scope), SCOPE_THREADS[scope]
         # where the kernel writes its loop's span (ns), beside the signal word
         torch = torch_module()
         self.elapsed = torch.zeros(1, dtype=torch.int64, device=self.signal.device)
 
-    def _launch(self, name: str, blocks: int, *args) -> None:
-        self.launcher(self.kernels[name], blocks, THREADS[name], *args)
+    def _launch(self, name: str, blocks: int, *args, threads: int | None = None) -> None:
+        self.launcher(self.kernels[name], blocks, threads or THREADS[name], *args)
 
     def exchange(self, send_n, recv_n, iters):
         me = self.pair.initiator
@@ -98,10 +108,12 @@ class NvshmemDeviceTransport(NvshmemTransport):
             np.uint64(send_n if me else recv_n),
             self.signal.data_ptr(),
             np.int32(self.peer_pe),
+            np.int32(self.scope),
             np.int32(int(me)),
             np.int64(first),
             np.int64(iters),
             self.elapsed.data_ptr(),
+            threads=self.scope_threads,
         )
         self._sync()
         self.sent += iters
@@ -148,6 +160,7 @@ class NvshmemDeviceTransport(NvshmemTransport):
         NvshmemDeviceTransport._loaded = load_kernels(
             NvshmemTransport._world["bindings"], cubin, gpu
         )
+        NvshmemDeviceTransport._loaded["put_scope"] = cfg.put_scope or DEFAULT_PUT_SCOPE
         torch.cuda.synchronize()
         world_comm.Barrier()
 

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 
 from xbench.errors import XbenchError
+from xbench.fabric.device_probe import PUT_SCOPES
 from xbench.fabric.launch import thread_level_name
 from xbench.fabric.registry import (
     DEVICE_INITIATED,
@@ -66,6 +67,7 @@ class ProbeConfig:
     device: str = "host"  # host or cuda buffers (mpi --device cuda: CUDA-aware MPI)
     backend: str = "nccl"  # nccl transport: nccl on GPUs, gloo on CPUs
     initiator: str = "host"  # who posts the messages: the host, or GPU kernels (nvshmem)
+    put_scope: str | None = None  # --initiator device: who issues a put (None: a warp)
     preset_env: dict = field(default_factory=dict)  # the --fabric preset applied to every rank
     process_run: int = 0  # which launch of the ranks this is (--runs N)
     # Fixed-count sampling (OSU's method) instead of calibrated samples: every sample runs
@@ -117,7 +119,7 @@ class ProbeConfig:
         ):
             if value not in allowed:
                 raise XbenchError(f"unknown {name} {value!r}", f"pick one of {', '.join(allowed)}")
-        check_initiator(self.initiator, self.transport, self.sweep.patterns)
+        check_initiator(self.initiator, self.transport, self.sweep.patterns, self.put_scope)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -148,10 +150,21 @@ class ProbeConfig:
         return cfg, int(meta.get("ranks") or 2), int(meta["config"].get("process_run", 0)) + 1
 
 
-def check_initiator(initiator: str, transport: str, patterns) -> None:
+def check_initiator(initiator: str, transport: str, patterns, put_scope=None) -> None:
     """What GPU kernels post here: NVSHMEM's puts, as a ping-pong and a stream (no gather,
-    no both-ways stream); every transport is posted by the host too."""
+    no both-ways stream), each ping-pong put issued at ``put_scope``; every transport is
+    posted by the host too."""
+    if put_scope is not None and put_scope not in PUT_SCOPES:
+        raise XbenchError(
+            f"unknown put scope {put_scope!r}", f"pick one of {', '.join(PUT_SCOPES)}"
+        )
     if initiator != "device":
+        if put_scope is not None:
+            raise XbenchError(
+                "--put-scope says who issues a GPU kernel's put, and --initiator host posts "
+                "from the host",
+                "pass --transport nvshmem --initiator device with it, or leave it out",
+            )
         return
     if transport not in DEVICE_INITIATED:
         raise XbenchError(
