@@ -538,23 +538,27 @@ def test_one_catalogue_of_device_terms_that_device_reader_and_writer_follow(tmp_
 
 
 def test_every_shipped_term_has_a_source_and_no_term_beats_the_hardware_it_names():
-    """Each coefficient of each shipped profile says where its value comes from, each
-    profile names its hardware's ceilings, and no term's fast end implies a bandwidth or a
-    FLOP rate above them; the priors that did (a move at 1.5 ps a token, 768 TB/s; a merge
-    at 1 ps a row-partial) are caught."""
+    """Each coefficient of each shipped profile says where its value comes from (a prior its
+    own source; a measured term the run it was fitted from, as decide --sources shows it),
+    each profile names its hardware's ceilings, and no term's fast end implies a bandwidth
+    or a FLOP rate above them; the priors that did (a move at 1.5 ps a token, 768 TB/s; a
+    merge at 1 ps a row-partial) are caught."""
+    from xbench.cli.terms import coefficient_frame
     from xbench.core import device_terms
     from xbench.core.implied import implied_rates
     from xbench.resources import profile_path, shipped_profiles
 
     shipped = [profile_path(name) for name in shipped_profiles()]
-    assert shipped
+    assert {"h100-priors", "h200"} <= set(shipped_profiles())
     for path in shipped:
         profile = load_profile(path)
         assert profile.ceilings is not None, path
         coefs = [f.overhead for f in profile.fabrics]
         coefs += [c for f in profile.fabrics for s in f.segments for c in (s.alpha, s.beta)]
         coefs += [c for t in device_terms.TERMS if (c := getattr(profile.device, t.name))]
-        assert all(c.source for c in coefs), [c for c in coefs if not c.source]
+        assert all(c.source or not c.prior for c in coefs), [c for c in coefs if not c.source]
+        shown = coefficient_frame(profile)
+        assert len(shown) >= len(coefs) and shown.source.str.len().gt(0).all(), path
         rates = implied_rates(profile)
         assert len(rates) >= 5 + len(profile.fabrics)
         assert all(r.within for r in rates), [r for r in rates if not r.within]

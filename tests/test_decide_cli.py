@@ -69,6 +69,29 @@ def test_decide_sources_prints_each_term_and_where_it_comes_from(xbench, tmp_pat
     assert "move_t0: " in said and "fabric ibgda" in said
 
 
+def test_the_shipped_h200_profile_cites_the_run_its_device_terms_were_measured_in(xbench, tmp_path):
+    """profiles/h200.toml: device terms fitted from a GPU run (not marked prior, each citing
+    the device, backend, software and driver of that run), the prefill still a prior."""
+    from xbench.cli.terms import coefficient_frame
+    from xbench.resources import profile_path
+
+    terms = coefficient_frame(load_profile(profile_path("h200")))
+    device = terms[terms.group == "device NVIDIA H200"].set_index("term")
+    measured = device[~device.prior]
+    assert len(measured) >= 9 and device.loc["recompute_per_token", "prior"]
+    assert measured.source.str.contains("NVIDIA H200").all()
+    assert measured.source.str.contains("2026-11-28").all()
+    r = xbench("decide", "--profile", "h200", "--payload", "1KB", "--sources",
+               "--out", tmp_path / "d.parquet")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    said = " ".join(r.stdout.split())  # the table wraps long lines
+    assert (
+        "compute_per_row_token: fitted from kernel runs on NVIDIA H200 (backend triton, "
+        "torch 2.11.0, triton 3.6.0, driver 580.159.04), 2026-11-28" in said
+    )
+    assert "recompute_per_token* " in said  # still a prior, and marked
+
+
 def test_decide_model_table_shows_thresholds(xbench, tmp_path):
     r = xbench(
         "decide",

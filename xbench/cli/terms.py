@@ -32,6 +32,8 @@ def fitted_source(profile, device: bool) -> str:
         return f"fitted from probe runs on {', '.join(p.get('hosts') or ['?'])}, {date}"
     software = dict(p.get("software") or {})
     on = software.pop("device", None) or profile.device.name
+    if driver := (p.get("conditions") or {}).get("driver"):
+        software["driver"] = driver
     used = ", ".join(f"{k} {v}" for k, v in software.items())
     return f"fitted from kernel runs on {on}" + (f" ({used})" if used else "") + f", {date}"
 
