@@ -112,6 +112,7 @@ from xbench.validate.worker import Peer, ValidateConfig
 from xbench.kernels.bench import FRESH_SETS
 cfg = ValidateConfig(out_dir="-", run_id="-", local_tokens=64)
 peer = Peer(cfg, 2, 128, MPI.COMM_SELF, FRESH_SETS + 3)
+peer.prepare()
 holders = [h for h, _, _, _ in peer.sets]
 results = [peer.local(i) for i in range(len(peer.sets))]
 print(json.dumps({

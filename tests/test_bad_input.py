@@ -316,6 +316,8 @@ def test_slurm_refuses_a_time_limit_sbatch_would_refuse(xbench, tmp_path):
         (["probe", "--put-scope", "block"], "--put-scope says who issues a GPU kernel's put"),
         (["kernel", "--config-from", ROOT], "no stored kernel sweep configuration"),
         (["validate", "--profile", PRIORS, "--fabric", "ib", "--rows", "0"], "bad --rows '0'"),
+        (["validate", "--profile", PRIORS, "--fabric", "ib", "--launch", "graph"], "needs a CUDA"),
+        (["validate", "--profile", PRIORS, "--fabric", "ib", "--launch", "jit"], "--launch 'jit'"),
     ],
 )
 def test_counts_that_mean_nothing_are_refused_before_any_rank_starts(xbench, tmp_path, args, words):
@@ -513,6 +515,7 @@ def test_slurm_parses_what_it_forwards_before_writing(xbench, tmp_path):
     for forwarded, words in [
         (["--wire", "nvshmem"], "--wire nvshmem puts one GPU's memory"),  # GPU memory only
         (["--device", "cuda", "--wire", "host"], "pass --wire staged"),  # no GPU needed here
+        (["--launch", "graph"], "--launch graph needs a CUDA device"),
     ]:
         args = ["--profile", "h100-priors", "--fabric", "ib", *forwarded]
         line = one_line(xbench("slurm", "validate", "--out", script, "--", *args))

@@ -434,3 +434,25 @@ def test_validate_over_nccl_or_nvshmem_between_gpus(xbench, tmp_path, wire):
 
     samples = read_table(out, VALIDATE_SAMPLES)
     assert set(samples.transport) == {wire} and samples.correct.all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("launch", ["graph", "eager"])
+def test_validate_on_one_gpu_replays_its_compute_from_graphs_or_launches_it(
+    xbench, tmp_path, launch
+):
+    """Two ranks sharing the GPU, messages staged through host buffers: every path matches
+    one-instance attention whether the compute calls replay from CUDA graphs (the default
+    there) or run eagerly, and the run says which."""
+    from xbench.results.schema import VALIDATE_SAMPLES
+
+    out = tmp_path / "v"
+    r = xbench(
+        "validate", "--profile", "profiles/h200.toml", "--fabric", "nvlink", "--device", "cuda",
+        "--launch", launch, "--rows", "1,4", "--chunk", "1024", "--heads", "16",
+        "--fetch-layout", "packed", "--samples", "2", "--rounds", "1", "--out", out,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    samples = read_table(out, VALIDATE_SAMPLES)
+    assert samples.correct.all() and set(samples.option) == {"route", "fetch", "local"}
+    assert read_run_meta(out)["config"]["launch"] == launch

@@ -268,3 +268,20 @@ def test_validate_over_nvshmem_puts_between_two_ranks(tmp_path, layout):
             assert puts == queries | partials | {chunk * 576 * 2} and not pages
         assert all(c["put_signal"][2] == 1 - pe for c in calls if "put_signal" in c)
         assert calls[-1] == {"finalize": {"live": []}}  # every case gave its memory back
+
+
+def test_compute_calls_are_prepared_before_any_is_timed():
+    """validate's compute calls (calls.py): while preparing, each key is recorded (on a GPU,
+    its graph captured) and nothing runs; afterwards a key is run (or replayed), and one
+    never prepared is refused, so a path that makes a call prepare() misses fails here on
+    CPUs rather than capturing a graph inside a timed sample on a GPU."""
+    from xbench.validate.calls import CaseCalls
+
+    calls, ran = CaseCalls(graphs=False), []
+    calls.preparing = True
+    assert calls(("local attention", 0), lambda: ran.append("prepared")) is None
+    calls.preparing = False
+    assert calls(("local attention", 0), lambda: ran.append("timed") or "out") == "out"
+    assert ran == ["timed"]
+    with pytest.raises(RuntimeError, match="fetch splice on set 3 was not prepared"):
+        calls(("fetch splice", 3), lambda: None)

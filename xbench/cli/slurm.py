@@ -201,9 +201,10 @@ def _check_values(params: dict) -> None:
         if isinstance(value, str):
             parse(value)
     if "wire" in params:  # a validate: how its messages may cross
-        from xbench.cli.validate import check_wire
+        from xbench.cli.validate import check_wire, resolve_launch
 
         check_wire(params["device"], params["wire"])
+        resolve_launch(params["device"], params["launch"])
     if "initiator" in params:  # a probe: what the GPU can post
         from xbench.probe.runner import check_initiator
 

@@ -95,6 +95,14 @@ def validate(
             "default: host on cpu, staged on cuda."
         ),
     ] = "auto",
+    launch: Annotated[
+        str,
+        typer.Option(
+            help="auto, graph or eager: on GPUs, replay each compute call (attention, merge, "
+            "gather, splice) from a CUDA graph, as serving engines run decode and as "
+            "xbench kernel times them (default there), or launch them one by one."
+        ),
+    ] = "auto",
     out: RunDirOption = None,
     fmt: FormatOption = OutputFormat.table,
 ) -> None:
@@ -113,6 +121,7 @@ def validate(
     check_threads(threads)
     choose_cpu_attention(cpu_attention)
     wire = _check_device(device, wire)
+    launch = resolve_launch(device, launch)
     run_id = new_run_id("validate")
     out_dir = out or Path("results") / run_id
     cfg = ValidateConfig(
@@ -132,6 +141,7 @@ def validate(
         runs=runs,
         device=device,
         wire=wire,
+        launch=launch,
     )
     from xbench.fabric.launch import inside_launcher, refuse_srun_without_pmi
 
@@ -264,6 +274,16 @@ def check_wire(device: str, wire: str) -> None:
             "--wire host hands MPI the tensors' memory, which is on the GPU with --device cuda",
             "pass --wire staged (copies through host buffers), or leave --wire auto",
         )
+
+
+def resolve_launch(device: str, launch: str) -> str:
+    """--launch for --device: auto is graph on a GPU, eager on CPUs; graph needs a GPU."""
+    from xbench.validate.calls import check_launch
+
+    if launch == "auto":
+        return "graph" if device == "cuda" else "eager"
+    check_launch(device, launch)
+    return launch
 
 
 def _check_device(device: str, wire: str) -> str:

@@ -33,6 +33,7 @@ from pathlib import Path
 from xbench.core.sweep_rules import check_repeats
 from xbench.errors import XbenchError
 from xbench.ranks import mpi_library
+from xbench.validate.calls import CaseCalls, check_launch
 
 OPTIONS = ("route", "fetch", "local")
 # The phases each option's time is split into, as the model splits it (costmodel.phase_times).
@@ -75,6 +76,7 @@ class ValidateConfig:
     timeout_s: float = 300.0
     fabric: str | None = None
     device: str = "cpu"  # where the tensors and kernels are: cpu or cuda
+    launch: str = "eager"  # the compute calls: replayed from CUDA graphs, or eager (calls.py)
     wire: str = "host"  # how messages cross: a name of xbench.validate.wire.WIRES
     scale: float = 1 / math.sqrt(576)
     extra: dict = field(default_factory=dict)
@@ -83,6 +85,7 @@ class ValidateConfig:
         """The rules a configuration keeps wherever it comes from (the command line, the
         JSON the ranks read)."""
         check_repeats(self.dtype, self.rounds, self.samples, self.runs)
+        check_launch(self.device, self.launch)
         if self.fetch_layout not in FETCH_LAYOUTS:
             raise XbenchError(
                 f"unknown --fetch-layout {self.fetch_layout!r}",
@@ -110,6 +113,7 @@ class Peer:
 
         self.cfg, self.rows, self.chunk, self.comm = cfg, rows, chunk, comm
         self.wire = make_wire(cfg.wire, comm, cfg.device)
+        self.calls = CaseCalls(graphs=cfg.launch == "graph")
         # what crosses the wire lives where the wire moves it from and into (NVSHMEM's
         # symmetric heap; the tensors themselves on the other wires)
         place = self.wire.place
@@ -122,12 +126,17 @@ class Peer:
         bs = cfg.block_size
         pages = -(-chunk // bs)
         self.sets = []
+        self.chosen_pages: list = []  # each fresh set's selected pages, on the host
         from xbench.kernels.bench import FRESH_SETS
 
         for s in range(min(sets, FRESH_SETS)):  # identical on both ranks: same seeds
             gen = torch.Generator().manual_seed(1000 * rows + chunk + 7919 * s)
             holder = place(torch.randn(2 * pages, bs, cfg.dim, generator=gen).to(dt).to(dev))
-            sel = DensePages(torch.randperm(2 * pages, generator=gen)[:pages], chunk)
+            # on a GPU the page table lives there (and a graph's capture refuses a copy from
+            # the host); the pages a fetch sends are also named on the host (page_views)
+            chosen = torch.randperm(2 * pages, generator=gen)[:pages]
+            self.chosen_pages.append(chosen)
+            sel = DensePages(_page_table(chosen, dev), chunk)
             local = torch.randn(-(-cfg.local_tokens // bs), bs, cfg.dim, generator=gen)
             local = local.to(dt).to(dev)
             q = place(torch.randn(rows, cfg.heads, cfg.dim, generator=gen).to(dt).to(dev))
@@ -145,9 +154,10 @@ class Peer:
             torch.zeros(2 * pages, bs, cfg.dim, dtype=dt, device=dev) for _ in range(sets)
         ]
         free = [torch.randperm(2 * pages, generator=gen)[:pages] for _ in range(sets)]
-        self.free_pages = [f.tolist() for f in free]  # a list, as the kernel sweep passes
+        # as the kernel sweep passes them: a list on a CPU, a tensor on a GPU
+        self.free_pages = [f.tolist() if dev.type == "cpu" else f.to(dev) for f in free]
         # where each set's fetch puts the chunk, in the chunk's token order
-        self.spliced = [DensePages(f, chunk) for f in free]
+        self.spliced = [DensePages(_page_table(f, dev), chunk) for f in free]
         # each message lands in its own tensor, named by its tag (1 queries, 2 partials,
         # 5 a fetch's chunk)
         self.sq = place(torch.empty(rows, cfg.heads, cfg.dim, dtype=dt, device=dev), landing=1)
@@ -170,9 +180,9 @@ class Peer:
         self.page_views = [
             [
                 byte_view(holder[int(p)])[: len(land)]
-                for p, land in zip(sel.pages, self.landing, strict=True)
+                for p, land in zip(self.chosen_pages[s % FRESH_SETS], self.landing, strict=True)
             ]
-            for holder, sel, _, _ in self.sets
+            for s, (holder, _, _, _) in enumerate(self.sets)
         ]
         self.req = bytearray(1)  # a fetch's request: one byte through host MPI
         self.stamps: list[float] = []  # phase boundaries of the iterations being timed
@@ -196,34 +206,108 @@ class Peer:
         self.wire.ready()
         self.stamps.append(now())
 
+    # ---- the compute calls, one key each (calls.py): replayed from graphs on a GPU ----
+    def _attend_routed(self, k: int):
+        """The holder's attention over its set ``k`` for the routed query, written straight
+        into the message, in the wire format."""
+        from xbench.kernels import mla_partial_attention
+
+        holder, sel, _, _ = self.sets[k]
+        return self.calls(
+            ("route attention", k),
+            lambda: mla_partial_attention(
+                self.sq, holder, sel, self.cfg.scale, v_dim=self.cfg.v_dim,
+                out=self.ret_out, lse=self.ret_lse,
+            ),
+        )  # fmt: skip
+
+    def _merge_routed(self, k: int):
+        """The returned partial merged where it lies (bf16, no unpacking copy) with A's own."""
+        from xbench.kernels import merge_partials
+
+        out, lse = self.local_partials[k]
+        return self.calls(
+            ("route merge", k),
+            lambda: merge_partials([self.ret_out, out], [self.ret_lse, lse]),
+        )
+
+    def _gather(self, k: int):
+        """The holder packs set ``k``'s selected pages into the staging buffer."""
+        from xbench.kernels import gather_kv
+
+        holder, sel, _, _ = self.sets[k]
+        return self.calls(("fetch gather", k), lambda: gather_kv(holder, sel, out=self.staging))
+
+    def _splice_fetched(self, k: int):
+        from xbench.kernels import splice_kv
+
+        return self.calls(
+            ("fetch splice", k),
+            lambda: splice_kv(self.targets[k], self.skv, self.free_pages[k], 0),
+        )
+
+    def _attend_fetched(self, k: int):
+        from xbench.kernels import mla_partial_attention
+
+        q = self.sets[k][3]
+        return self.calls(
+            ("fetch attention", k),
+            lambda: mla_partial_attention(
+                q, self.targets[k], self.spliced[k], self.cfg.scale, v_dim=self.cfg.v_dim
+            ),
+        )
+
+    def _merge_fetched(self, k: int, attended):
+        """The fetched chunk's partial (``attended``: what ``_attend_fetched`` gave, its
+        graph's outputs on a GPU) merged with A's own."""
+        from xbench.kernels import merge_partials
+
+        local_out, local_lse = self.local_partials[k]
+        return self.calls(
+            ("fetch merge", k),
+            lambda: merge_partials([attended[0], local_out], [attended[1], local_lse]),
+        )
+
+    def _attend_local(self, k: int):
+        from xbench.kernels import mla_partial_attention
+
+        holder, sel, _, q = self.sets[k]
+        return self.calls(
+            ("local attention", k),
+            lambda: mla_partial_attention(q, holder, sel, self.cfg.scale, v_dim=self.cfg.v_dim),
+        )
+
+    def prepare(self) -> None:
+        """Every compute call the paths make, on every set and in both roles, captured
+        (graphs) or recorded before the first sample is timed."""
+        self.calls.preparing = True
+        try:
+            for k in range(len(self.sets)):
+                self._attend_routed(k)
+                self._merge_routed(k)
+                if self.cfg.fetch_layout == "packed":
+                    self._gather(k)
+                self._splice_fetched(k)
+                self._merge_fetched(k, self._attend_fetched(k))
+                self._attend_local(k)
+        finally:
+            self.calls.preparing = False
+
     # ---- the three paths; A's side returns the merged (out, lse) ----
     def route(self, i: int):
-        from xbench.kernels import merge_partials, mla_partial_attention
-
-        holder, sel, _, q = self.sets[i % len(self.sets)]
+        k = i % len(self.sets)
         wire, stamp = self.wire, self.stamp
         if self.rank == self.requester:
             stamp()
-            wire.send(q, self.other, 1)
+            wire.send(self.sets[k][3], self.other, 1)
             wire.recv(self.ret, self.other, 2)
             stamp()
-            # the received partial is merged where it lies, bf16, with no unpacking copy
-            out, lse = self.local_partials[i % len(self.sets)]
-            merged = merge_partials([self.ret_out, out], [self.ret_lse, lse])
+            merged = self._merge_routed(k)
             stamp()
             return merged
         wire.recv(self.sq, self.other, 1)
         stamp()
-        # attention writes its partial straight into the message, in the wire format
-        mla_partial_attention(
-            self.sq,
-            holder,
-            sel,
-            self.cfg.scale,
-            v_dim=self.cfg.v_dim,
-            out=self.ret_out,
-            lse=self.ret_lse,
-        )
+        self._attend_routed(k)
         stamp()
         wire.send(self.ret, self.other, 2)
         return None
@@ -234,9 +318,7 @@ class Peer:
         return len(self.landing) if self.cfg.fetch_layout == "pages" else 1
 
     def fetch(self, i: int):
-        from xbench.kernels import gather_kv, merge_partials, mla_partial_attention, splice_kv
-
-        holder, sel, _, q = self.sets[i % len(self.sets)]
+        k = i % len(self.sets)
         c, wire, stamp = self.comm, self.wire, self.stamp
         pages = self.cfg.fetch_layout == "pages"
         if self.rank == self.requester:
@@ -247,35 +329,28 @@ class Peer:
             else:
                 wire.recv(self.skv, self.other, 5)
             stamp()
-            k = i % len(self.sets)
-            splice_kv(self.targets[k], self.skv, self.free_pages[k], 0)
+            self._splice_fetched(k)
             stamp()
-            out, lse = mla_partial_attention(
-                q, self.targets[k], self.spliced[k], self.cfg.scale, v_dim=self.cfg.v_dim
-            )
+            attended = self._attend_fetched(k)
             stamp()
-            local_out, local_lse = self.local_partials[i % len(self.sets)]
-            merged = merge_partials([out, local_out], [lse, local_lse])
+            merged = self._merge_fetched(k, attended)
             stamp()
             return merged
         c.Recv(self.req, source=self.other, tag=4)
         stamp()
         if pages:
             stamp()  # nothing to pack: the pages leave from where they lie
-            wire.send_all(self.page_views[i % len(self.sets)], self.other, 5)
+            wire.send_all(self.page_views[k], self.other, 5)
         else:
-            gather_kv(holder, sel, out=self.staging)
+            self._gather(k)
             stamp()
             wire.send(self.staging, self.other, 5)
         return None
 
     def local(self, i: int):
-        from xbench.kernels import mla_partial_attention
-
-        holder, sel, _, q = self.sets[i % len(self.sets)]
         if self.rank == self.requester:
             self.stamp()
-            result = mla_partial_attention(q, holder, sel, self.cfg.scale, v_dim=self.cfg.v_dim)
+            result = self._attend_local(i % len(self.sets))
             self.stamp()
             return result
         return None
@@ -356,6 +431,14 @@ def phase_means(option: str, requester: list[float], holder: list[float], n: int
         "attention": float(np.mean(a[:, 3] - a[:, 2])),
         "merge": float(np.mean(a[:, 4] - a[:, 3])),
     }
+
+
+def _page_table(pages, dev):
+    """A selection's pages where its kernels read them: on a GPU, a serving engine's int32
+    block table on the device, as the kernel sweep passes them; on a CPU, as they are."""
+    import torch
+
+    return pages if dev.type == "cpu" else pages.to(device=dev, dtype=torch.int32)
 
 
 def _sets_needed(cfg, chunk: int, rows: int) -> int:
@@ -478,6 +561,7 @@ def _run_pass(cfg: ValidateConfig, comm, round_: int, b: int, c: int) -> list[di
     from xbench.validate.wire import transport_label
 
     peer = Peer(cfg, b, c, comm, _sets_needed(cfg, c, b))
+    peer.prepare()  # graphs captured (GPU) before any call is checked or timed
     checks, iters = _check_and_calibrate(cfg, peer, comm)
     rows = []
     # Options alternate sample by sample, so drift on a shared machine hits them alike; so
