@@ -109,7 +109,10 @@ def steps(out: Path, cpu: bool) -> list[tuple[str, int, str]]:
         (
             "validate",
             90,
-            f"{xb} validate --device {validate_device} --profile {q(str(PRIORS))} "
+            # against this run's own device terms where device-fit wrote them (the compute
+            # phases checked against what this GPU measured), else the priors
+            f'P={q(str(out / "device-fit.toml"))}; [ -f "$P" ] || P={q(str(PRIORS))}; '
+            f'{xb} validate --device {validate_device} --profile "$P" '
             f"--fabric nvlink --rows 1,16 --chunk {validate_chunks} --heads {validate_heads} "
             f"--samples 3 --rounds 1 --out {q(str(out / 'validate'))}",
         ),

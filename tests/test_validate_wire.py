@@ -285,3 +285,16 @@ def test_compute_calls_are_prepared_before_any_is_timed():
     assert ran == ["timed"]
     with pytest.raises(RuntimeError, match="fetch splice on set 3 was not prepared"):
         calls(("fetch splice", 3), lambda: None)
+
+
+def test_validate_on_gpus_says_what_its_messages_went_through(capsys):
+    """One GPU's run (two ranks sharing it, staged through host buffers) is predicted with
+    a fabric's wire terms the messages never crossed: the summary says so."""
+    from xbench.cli.validate import _gpu_note
+
+    _gpu_note({"wire": "staged", "launch": "graph"}, "nvlink")
+    said = " ".join(capsys.readouterr().out.split())
+    assert (
+        "messages through mpi-staged (--wire staged), predicted with nvlink's wire terms; "
+        "compute calls replayed from CUDA graphs" in said
+    ), said

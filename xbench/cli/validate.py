@@ -247,7 +247,14 @@ def _summarize(prof, fab: str, out_dir: Path, fmt) -> None:
         out_dir / "validate_summary.parquet", VALIDATE_SUMMARY, summary, read_run_meta(out_dir)
     )
     wire = prof.provenance.get("wire_pattern", {}).get(fab)
-    emit_frame(summary, fmt, lambda f: _table(f, prof.name, fab, out_dir, wire))
+    run = read_run_meta(out_dir).get("config", {})
+
+    def table(frame):
+        _table(frame, prof.name, fab, out_dir, wire)
+        if run.get("device") == "cuda":
+            _gpu_note(run, fab)
+
+    emit_frame(summary, fmt, table)
     if not summary.correct.all():
         raise XbenchError(
             "a path's output differs from one-instance attention beyond tolerance",
@@ -354,6 +361,20 @@ def _table(summary, profile: str, fabric: str, out_dir, wire: str | None = None)
             "-p offcache gives the cold-cache regime that routed and fetched messages meet",
             style="dim",
         )
+
+
+def _gpu_note(run: dict, fabric: str) -> None:
+    """On GPUs, what the messages went through and how the compute was launched: the wire
+    phases are that path's, whatever fabric's terms predict them."""
+    from xbench.validate.wire import transport_label
+
+    wire = run.get("wire", "staged")
+    launched = "replayed from CUDA graphs" if run.get("launch") == "graph" else "launched eagerly"
+    console.print(
+        f"on the GPUs: messages through {transport_label(wire, 'cuda')} (--wire {wire}), "
+        f"predicted with {fabric}'s wire terms; compute calls {launched}",
+        style="dim",
+    )
 
 
 def _phase_table(summary) -> None:
