@@ -142,6 +142,92 @@ print(json.dumps({
     }
 
 
+@pytest.mark.mpi  # starts MPI: runs under every MPI
+def test_validate_graphs_are_captured_per_call_and_set_before_timing_and_replayed_after():
+    """validate's --launch graph path on one real rank (MPI_COMM_SELF), with CUDA's capture
+    stood in for by one that records what it was asked and replays by running the call
+    again (no GPU here): prepare() captures each compute call once per set (a fetch's merge
+    reading its attention's captured outputs), the paths then only replay, and their
+    answers are the eager ones."""
+    code = """
+import json, torch
+from mpi4py import MPI
+from xbench.kernels import bench
+from xbench.kernels.bench import FRESH_SETS
+from xbench.validate.calls import CaseCalls
+from xbench.validate.worker import Peer, ValidateConfig
+
+captured = []
+
+def tensors(out):
+    return [out] if isinstance(out, torch.Tensor) else list(out)
+
+class Replay:  # a graph's replay: the call's results written into the captured outputs
+    def __init__(self, body, static):
+        self.body, self.static, self.replays = body, static, 0
+    def replay(self):
+        self.replays += 1
+        for held, new in zip(self.static, tensors(self.body()), strict=True):
+            held.copy_(new)
+
+def capture(self, body):  # the eager warm-up, then what a graph would hold
+    body()
+    captured.append(body)
+    return Replay(body, tensors(body()))
+
+bench.Clock.capture = capture
+cfg = ValidateConfig(out_dir="-", run_id="-", local_tokens=64, fetch_layout="packed")
+eager = Peer(cfg, 2, 128, MPI.COMM_SELF, FRESH_SETS + 1)
+graphed = Peer(cfg, 2, 128, MPI.COMM_SELF, FRESH_SETS + 1)
+graphed.calls = CaseCalls(graphs=True)
+eager.prepare()
+graphed.prepare()
+after_prepare = len(captured)
+same = []
+for peer in (eager, graphed):
+    peer.skv.copy_(peer.sets[1][0].reshape(-1, cfg.dim)[: peer.chunk])  # a fetched chunk
+    peer.sq.copy_(peer.sets[1][3])  # a routed query
+def fetched(p, k):  # the requester's side of a fetch, past the wire (one rank here)
+    p._splice_fetched(k)
+    return p._merge_fetched(k, p._attend_fetched(k))
+
+def routed(p, k):  # both sides of a route, past the wire
+    p._gather(k)
+    p._attend_routed(k)
+    return p._merge_routed(k)
+
+for i in range(len(graphed.sets)):
+    for path in (lambda p: p.local(i), lambda p: fetched(p, i), lambda p: routed(p, i)):
+        got = [path(p) for p in (eager, graphed)]
+        same.append(all(torch.equal(a, b) for a, b in zip(*got, strict=True)))
+print(json.dumps({
+    "sets": len(graphed.sets),
+    "captured": after_prepare,
+    "keys": sorted({k[0] for k in graphed.calls.graphs}),
+    "after_timing": len(captured) - after_prepare,
+    "same": all(same),
+    "replayed": min(g.replays for k, g in graphed.calls.graphs.items()
+                    if k[0] in ("local attention", "fetch merge", "route merge")),
+}))
+"""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    keys = ["fetch attention", "fetch gather", "fetch merge", "fetch splice", "local attention"]
+    keys += ["route attention", "route merge"]
+    assert got == {
+        "sets": 9,
+        "captured": 7 * 9,
+        "keys": keys,
+        "after_timing": 0,
+        "same": True,
+        "replayed": 1,
+    }
+
+
 def test_bias_and_phase_errors_name_the_term_that_is_off():
     summary = pd.DataFrame(
         {

@@ -38,13 +38,14 @@ class CaseCalls:
         self.preparing = False
 
     def __call__(self, key: tuple, body):
-        """``body()`` for ``key``: run (eager), or replayed from its graph; while preparing,
-        only recorded (eager) or captured (graph), and None returned."""
+        """``body()`` for ``key``: run (eager), or replayed from its graph. While preparing,
+        only recorded (eager: None returned) or captured (graph: its outputs returned, which
+        a later call's capture may read, as a fetch's merge reads its attention's)."""
         if self.preparing:
             self.known.add(key)
             if self.graphs is not None and key not in self.graphs:
                 self._capture(key, body)
-            return None
+            return self.outputs.get(key)
         if key not in self.known:
             raise RuntimeError(f"validate's {key[0]} on set {key[1]} was not prepared")
         if self.graphs is None:
@@ -57,8 +58,9 @@ class CaseCalls:
 
         result = {}
 
-        def run():
+        def run():  # (returned too: a stand-in capture in the CPU tests keeps them)
             result["out"] = body()
+            return result["out"]
 
         # an eager run on a side stream (allocations, Triton's tuning), then the recording,
         # whose outputs each replay rewrites
