@@ -405,7 +405,7 @@ def _device_initiated_on_one_pe(core, bindings) -> int:
         t.connect()
         for n in sizes:
             runs = [("nvshmem_putsig_pingpong", 1000, 1)] if n <= 65536 else []
-            if scope == PUT_SCOPES[-1]:  # the stream's puts are block-wide whatever the scope
+            if scope == list(PUT_SCOPES)[-1]:  # the stream's puts are block-wide, any scope
                 runs.append(("nvshmem_put_bw", 5 if n > 1 << 20 else 200, 64 if n <= 65536 else 1))
             for kernel, iters, window in runs:
                 t.rbuf[:n].zero_()

@@ -238,6 +238,7 @@ def _where_it_runs(dev: str, backend: str, launch: str, cpu_attention: str) -> t
     """(backend, launch) for the device: the backend resolved and able to run here, the
     launch (graph on CUDA, eager on CPU, unless asked), and the CPU attention's path chosen;
     each refused in one line where it cannot be."""
+    from xbench.core.sweep_rules import resolve_launch
     from xbench.kernels.backend import get_backend, resolve
 
     if dev not in ("cpu", "cuda") and not dev.startswith("cuda:"):
@@ -245,11 +246,7 @@ def _where_it_runs(dev: str, backend: str, launch: str, cpu_attention: str) -> t
     choose_cpu_attention(cpu_attention)
     backend = resolve(backend, dev)
     get_backend(backend)  # a backend that cannot run here says why before anything is measured
-    if launch == "graph" and not dev.startswith("cuda"):
-        raise XbenchError("--launch graph needs a CUDA device", "use --launch eager on CPU")
-    return backend, (
-        ("graph" if dev.startswith("cuda") else "eager") if launch == "auto" else launch
-    )
+    return backend, resolve_launch(dev, launch)
 
 
 # A server's idle times at moderate load span these.

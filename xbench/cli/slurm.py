@@ -201,7 +201,8 @@ def _check_values(params: dict) -> None:
         if isinstance(value, str):
             parse(value)
     if "wire" in params:  # a validate: how its messages may cross
-        from xbench.cli.validate import check_wire, resolve_launch
+        from xbench.cli.validate import check_wire
+        from xbench.core.sweep_rules import resolve_launch
 
         check_wire(params["device"], params["wire"])
         resolve_launch(params["device"], params["launch"])

@@ -120,6 +120,8 @@ def validate(
         raise XbenchError(f"--np {np}: validate runs one requester and one holder", "pass --np 2")
     check_threads(threads)
     choose_cpu_attention(cpu_attention)
+    from xbench.core.sweep_rules import resolve_launch
+
     wire = _check_device(device, wire)
     launch = resolve_launch(device, launch)
     run_id = new_run_id("validate")
@@ -241,20 +243,13 @@ def _summarize(prof, fab: str, out_dir: Path, fmt) -> None:
     from xbench.results.store import read_run_meta, read_table, write_table
     from xbench.validate import summarize_validation
 
-    warn_conditions(prof, conditions.from_run_meta(read_run_meta(out_dir)))
+    meta = read_run_meta(out_dir)
+    warn_conditions(prof, conditions.from_run_meta(meta))
     summary = summarize_validation(read_table(out_dir, VALIDATE_SAMPLES), prof, fab)
-    write_table(
-        out_dir / "validate_summary.parquet", VALIDATE_SUMMARY, summary, read_run_meta(out_dir)
-    )
+    write_table(out_dir / "validate_summary.parquet", VALIDATE_SUMMARY, summary, meta)
     wire = prof.provenance.get("wire_pattern", {}).get(fab)
-    run = read_run_meta(out_dir).get("config", {})
-
-    def table(frame):
-        _table(frame, prof.name, fab, out_dir, wire)
-        if run.get("device") == "cuda":
-            _gpu_note(run, fab)
-
-    emit_frame(summary, fmt, table)
+    run = meta.get("config", {})
+    emit_frame(summary, fmt, lambda f: _table(f, prof.name, fab, out_dir, wire, run))
     if not summary.correct.all():
         raise XbenchError(
             "a path's output differs from one-instance attention beyond tolerance",
@@ -283,16 +278,6 @@ def check_wire(device: str, wire: str) -> None:
         )
 
 
-def resolve_launch(device: str, launch: str) -> str:
-    """--launch for --device: auto is graph on a GPU, eager on CPUs; graph needs a GPU."""
-    from xbench.validate.calls import check_launch
-
-    if launch == "auto":
-        return "graph" if device == "cuda" else "eager"
-    check_launch(device, launch)
-    return launch
-
-
 def _check_device(device: str, wire: str) -> str:
     """The wire to use, or a one-line refusal (before anything is launched or written)."""
     check_wire(device, wire)
@@ -312,7 +297,9 @@ def _check_device(device: str, wire: str) -> str:
     return "host" if wire == "auto" else wire
 
 
-def _table(summary, profile: str, fabric: str, out_dir, wire: str | None = None) -> None:
+def _table(
+    summary, profile: str, fabric: str, out_dir, wire: str | None = None, run: dict | None = None
+) -> None:
     from xbench.cli.render import add_columns, notes, result_table
 
     table = result_table(f"xbench validate: measured against profile {profile} on {fabric}")
@@ -361,6 +348,8 @@ def _table(summary, profile: str, fabric: str, out_dir, wire: str | None = None)
             "-p offcache gives the cold-cache regime that routed and fetched messages meet",
             style="dim",
         )
+    if run and run.get("device") == "cuda":
+        _gpu_note(run, fabric)
 
 
 def _gpu_note(run: dict, fabric: str) -> None:

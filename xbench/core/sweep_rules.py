@@ -12,6 +12,19 @@ LAUNCHES = ("graph", "eager")  # how a sample's calls start on a GPU (eager on C
 RANKS = (1, 2)  # the kernel sweep alone, or beside one peer waiting in MPI
 
 
+def resolve_launch(device: str, launch: str) -> str:
+    """--launch for --device (kernel and validate sweeps): auto is graph on a GPU (as serving
+    engines run decode) and eager on CPUs; graph needs a GPU."""
+    on_gpu = device.startswith("cuda")
+    if launch == "auto":
+        return "graph" if on_gpu else "eager"
+    if launch not in LAUNCHES:
+        raise XbenchError(f"unknown --launch {launch!r}", "pick auto, graph or eager")
+    if launch == "graph" and not on_gpu:
+        raise XbenchError("--launch graph needs a CUDA device", "use --launch eager on CPU")
+    return launch
+
+
 def check_repeats(dtype: str, rounds: int, samples: int, runs: int) -> None:
     """What a timed sweep (kernel or validate) needs: a dtype it times, something measured,
     a launch."""

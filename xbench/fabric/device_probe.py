@@ -22,9 +22,10 @@ from pathlib import Path
 
 from xbench.errors import XbenchError
 
-# Who issues each put of the device-initiated ping-pong (--put-scope): XBENCH_SCOPE_* in
-# cuda/probe_device.cu, in this order; the default is the second
-PUT_SCOPES = ("thread", "warp", "block")
+# Who issues each put of the device-initiated ping-pong (--put-scope), and the threads of
+# the block that does: XBENCH_SCOPE_* in cuda/probe_device.cu, in this order (a scope's
+# place is its code for the kernel); the default is the second
+PUT_SCOPES = {"thread": 1, "warp": 32, "block": 512}
 
 SOURCE = "probe_device_main.cu"
 KERNELS_SOURCE = "probe_device.cu"  # the kernels alone, for xbench probe to load

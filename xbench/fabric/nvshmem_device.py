@@ -37,10 +37,7 @@ from xbench.fabric.nvshmem import NvshmemTransport
 
 KERNELS = ("nvshmem_putsig_pingpong", "nvshmem_put_bw", "empty_loop")
 THREADS = {"nvshmem_put_bw": 512, "empty_loop": 32}
-# --put-scope: the block that issues each ping-pong put (its code for the kernel is its
-# place in PUT_SCOPES)
-SCOPE_THREADS = {"thread": 1, "warp": 32, "block": 512}
-DEFAULT_PUT_SCOPE = PUT_SCOPES[1]
+DEFAULT_PUT_SCOPE = list(PUT_SCOPES)[1]
 
 
 def bandwidth_blocks(nbytes: int, sms: int) -> int:
@@ -89,7 +86,7 @@ class NvshmemDeviceTransport(NvshmemTransport):
         self.kernels, self.sms = loaded["kernels"], loaded["sms"]
         self.launcher = loaded["launch"]
         scope = loaded.get("put_scope", DEFAULT_PUT_SCOPE)
-        self.scope, self.scope_threads = PUT_SCOPES.index(scope), SCOPE_THREADS[scope]
+        self.scope, self.scope_threads = list(PUT_SCOPES).index(scope), PUT_SCOPES[scope]
         # where the kernel writes its loop's span (ns), beside the signal word
         torch = torch_module()
         self.elapsed = torch.zeros(1, dtype=torch.int64, device=self.signal.device)

@@ -15,18 +15,6 @@ too, so the CPU tests check that ``prepare`` covers every call the paths make.
 
 from __future__ import annotations
 
-from xbench.errors import XbenchError
-
-LAUNCHES = ("graph", "eager")
-
-
-def check_launch(device: str, launch: str) -> None:
-    """``--launch`` resolved (graph or eager) for ``--device``: graphs only on a GPU."""
-    if launch not in LAUNCHES:
-        raise XbenchError(f"unknown --launch {launch!r}", "pick auto, graph or eager")
-    if launch == "graph" and device != "cuda":
-        raise XbenchError("--launch graph needs a CUDA device", "use --launch eager on CPU")
-
 
 class CaseCalls:
     """The compute calls of one case, by key ``(what, input set)``."""

@@ -30,10 +30,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from xbench.core.sweep_rules import check_repeats
+from xbench.core.sweep_rules import check_repeats, resolve_launch
 from xbench.errors import XbenchError
 from xbench.ranks import mpi_library
-from xbench.validate.calls import CaseCalls, check_launch
+from xbench.validate.calls import CaseCalls
 
 OPTIONS = ("route", "fetch", "local")
 # The phases each option's time is split into, as the model splits it (costmodel.phase_times).
@@ -85,7 +85,7 @@ class ValidateConfig:
         """The rules a configuration keeps wherever it comes from (the command line, the
         JSON the ranks read)."""
         check_repeats(self.dtype, self.rounds, self.samples, self.runs)
-        check_launch(self.device, self.launch)
+        self.launch = resolve_launch(self.device, self.launch)
         if self.fetch_layout not in FETCH_LAYOUTS:
             raise XbenchError(
                 f"unknown --fetch-layout {self.fetch_layout!r}",
