@@ -9,26 +9,29 @@ own time limit (never past the budget), each step's output in ``OUT_DIR/STEP.log
 2. ``sweep``: the ceilings (copy, matmul) and every attention backend that runs here against
    plain torch in a CUDA graph, rows 1 / 8 / 64 x 1K-64K tokens dense and top-2048 sparse
    (``gpu_kernels.py``).
-   ``device-fit``: ``xbench kernel`` on CUDA over what ``xbench fit`` needs (attention,
+3. ``device-fit``: ``xbench kernel`` on CUDA over what ``xbench fit`` needs (attention,
    merge, gather and splice at rows 1 / 8 / 64 x 1K-64K tokens), then ``xbench fit`` of it
    onto the priors' fabrics: ``OUT_DIR/device-fit.toml`` holds this device's measured terms
    with their intervals and provenance (issue 42: the shipped profile's device terms).
-3. ``tiles``: the triton tile and split candidates, timed one by one (``triton_tiles.py``).
-   ``triton-tests``: the triton backend's numerics on this GPU's tensor cores.
 4. ``device-probe``: ``cuda/probe_device_main.cu`` built with nvcc against NVSHMEM's wheel
    and run: device-initiated put, put-with-signal ping-pong and block-wide put bandwidth on
    one PE (to itself, every byte checked), and the peer loops on GPU 0 (and between GPUs
    0 and 1 where the machine has two).
-5. ``profile``: the triton backend's kernels one by one (torch.profiler), to see what the
-   split kernel, the combine and the index preparation each cost.
-6. ``nvshmem``: nvshmem4py on one PE through the calls the nvshmem transport makes
+5. ``nvshmem``: nvshmem4py on one PE through the calls the nvshmem transport makes
    (put-with-signal, non-blocking put, quiet), 8 B and 256 MiB, bytes checked; then
    ``--initiator device``'s transport on that PE (its kernels' cubin built with nvcc,
    loaded and initialised by NVSHMEM, each kernel launched as the probe does), 8 B-256 MiB.
-   ``validate``: route, fetch and local on the GPU, two ranks sharing it, messages staged
-   through host buffers, checked against one-instance attention (predictions: the priors).
-7. ``refusals``: what ``xbench probe`` says to GPU transports it cannot run on one GPU.
-8. ``pytest-gpu``: ``pytest -m gpu``.
+6. ``validate``: route, fetch and local on the GPU, two ranks sharing it, messages staged
+   through host buffers, compute replayed from CUDA graphs, checked against one-instance
+   attention (predictions: this run's ``device-fit.toml``, else the priors).
+7. ``tiles``: the preferred tile at one and eight rows x 32K-64K tokens, split counts timed
+   one by one, the combine launched after the split kernel and dependent on it
+   (``triton_tiles.py --pdl off on``).
+8. ``profile``: the triton backend's kernels one by one (torch.profiler), to see what the
+   split kernel, the combine and the index preparation each cost.
+9. ``refusals``: what ``xbench probe`` says to GPU transports it cannot run on one GPU.
+10. ``pytest-gpu``: ``pytest -m gpu``.
+11. ``triton-tests``: the triton backend's numerics on this GPU's tensor cores, shape by shape.
 
 Writes ``OUT_DIR/summary.md`` (each step's status and its figures) and prints it. Steps that
 cannot run here (no nvcc, no NVSHMEM wheel, one GPU) say why in their log and the summary.
@@ -52,11 +55,13 @@ ROOT = HERE.parent
 PRIORS = ROOT / "profiles" / "h100-priors.toml"
 PY = sys.executable
 
-# the tiles scanned: the shipped candidates (triton_mla.GPU_TILES) and the nearest rival
-# (one stage of 128 tokens: about 7 % slower at 64 rows on an H200; one stage of 64 and four of
-# 32 lost by more), a dense selection both as a page table and as token indices built in
-# the call (the way before the page table)
-TILES = "64,64,8,2,1 16,64,4,2,1 64,128,8,1,1"
+# what `tiles` times: the preferred tile (triton_mla.GPU_TILES[0]; the full scan of tiles chose
+# it in sessions 31, 34 and 43, the kernel unchanged since) at the one-row target's shapes and
+# eight rows, each count of several splits with the combine launched after the split kernel
+# and dependent on it (triton_mla.COMBINE_PDL, a candidate no GPU has timed yet); a dense
+# selection as its page table (token indices built in the call were 18-22 % slower in
+# sessions 33 to 43). `triton_tiles.py --tiles ...` scans other tiles where the kernel changes
+TILES = "64,64,8,2,1"
 
 
 def steps(out: Path, cpu: bool) -> list[tuple[str, int, str]]:
@@ -83,15 +88,16 @@ def steps(out: Path, cpu: bool) -> list[tuple[str, int, str]]:
     if cpu:  # tiny shapes, the interpreter: the plumbing, not figures
         shapes = "--device cpu --rows 1 --tokens 64 --topk 32 --heads 16"
         sweep = f"{q(PY)} {HERE}/gpu_kernels.py {shapes} --backends triton,torch --samples 1 --min-sample-time 0 --out {q(str(out / 'gpu-kernels'))}"
-        tiles = f"{q(PY)} {HERE}/triton_tiles.py {shapes} --tiles 16,16,4,1,1 --samples 1 --min-sample-time 0 --out {q(str(out / 'tiles.json'))}"
+        tiles = f"{q(PY)} {HERE}/triton_tiles.py {shapes} --tiles 16,16,4,1,1 --pdl off on --samples 1 --min-sample-time 0 --out {q(str(out / 'tiles.json'))}"
     else:
         sweep = (
             f"{q(PY)} {HERE}/gpu_kernels.py --samples 3 --out {q(str(out / 'gpu-kernels'))} "
             "--backends triton,torch,flashmla,flashinfer,plain-torch-graph"
         )
         tiles = (
-            f"{q(PY)} {HERE}/triton_tiles.py --rows 64,1,8 --tokens 8192,32768 --samples 3 "
-            f"--tiles {TILES} --dense-indices pages tokens --out {q(str(out / 'tiles.json'))}"
+            f"{q(PY)} {HERE}/triton_tiles.py --rows 1,8 --tokens 32768,65536 --samples 3 "
+            f"--tiles {TILES} --dense-indices pages --pdl off on "
+            f"--out {q(str(out / 'tiles.json'))}"
         )
     return [
         (
@@ -115,6 +121,8 @@ def steps(out: Path, cpu: bool) -> list[tuple[str, int, str]]:
             f"--fabric nvlink --rows 1,16 --chunk {validate_chunks} --heads {validate_heads} "
             f"--samples 3 --rounds 1 --out {q(str(out / 'validate'))}",
         ),
+        # the one-row target's open question (the combine's launch), before what has run
+        ("tiles", 120, tiles),
         (
             "profile",
             45,
@@ -131,9 +139,6 @@ def steps(out: Path, cpu: bool) -> list[tuple[str, int, str]]:
             'echo "exit $?"; done',
         ),
         ("pytest-gpu", 150, f"{q(PY)} -m pytest -q -m gpu -p no:cacheprovider {ROOT / 'tests'}"),
-        # after what has never run on a GPU: the scan chose the same tile and splits in
-        # sessions 34 and 43, the kernel unchanged since session 31
-        ("tiles", 200, tiles),
         # Last: pytest-gpu already checks the triton backend against torch on the tensor
         # cores; this file's many small shapes each compile and tune (5 of its 16 tests in
         # 120 s on an H200, session 43), so it takes what the budget has left.

@@ -8,7 +8,9 @@ split counts (one, the backend's own choice for that tile, one and two waves of 
 times the attention as ``xbench kernel`` does (inputs rotated past the last cache level,
 warm-ups, graph replay on GPUs) and prints us, TFLOP/s and the share of the bound measured
 in the same run, with the best per shape: what ``GPU_TILES`` and the split estimate are
-chosen from; run it again on another GPU before changing either. A tile that does not fit
+chosen from; run it again on another GPU before changing either. ``--pdl off on`` times each
+count of several splits twice, the combine launched after the split kernel and launched
+dependent on it (``triton_mla.COMBINE_PDL``), where the device can. A tile that does not fit
 the device (shared memory) prints why and is skipped. ``--device cpu`` under
 ``TRITON_INTERPRET=1`` with small shapes runs the same code (a smoke test of the script).
 """
@@ -29,7 +31,7 @@ from gpu_kernels import add_shape_options, attention_cases  # this folder's: run
 from xbench.kernels.backend import get_backend
 from xbench.kernels.bench import measure_ceilings, time_case
 from xbench.kernels.selection import DensePages
-from xbench.kernels.triton_backend import choose_splits
+from xbench.kernels.triton_backend import choose_splits, pdl_unavailable
 
 
 def split_counts(case, tile, sm_count: int, extra: tuple = ()) -> list[int]:
@@ -44,23 +46,41 @@ def split_counts(case, tile, sm_count: int, extra: tuple = ()) -> list[int]:
     return sorted({min(tiles, max(1, s)) for s in (1, own, *waves, *extra)})
 
 
-def time_tile(backend, model, case, device, launch, args, tile, splits, form) -> float:
+def time_tile(backend, model, case, device, launch, args, tile, splits, form, pdl) -> float:
     """The median time of one tile at one split count, in us, as ``xbench kernel`` times it;
-    ``form`` "tokens" hands a dense selection over as token indices built in the call."""
+    ``form`` "tokens" hands a dense selection over as token indices built in the call;
+    ``pdl``: the combine launched dependent on the split kernel."""
 
     def runner(x, v_dim=case.v_dim):
         indices = x["indices"]
         if form == "tokens" and isinstance(indices, DensePages):
             indices = indices.token_indices(x["cache"].shape[1])
         return backend.partial_attention(
-            x["q"], x["cache"], indices, model.softmax_scale, v_dim, splits=splits, tile=tile
-        )
+            x["q"], x["cache"], indices, model.softmax_scale, v_dim, splits=splits, tile=tile,
+            pdl=pdl,
+        )  # fmt: skip
 
     timed = time_case(
         case, "triton", device, model.softmax_scale, samples=args.samples, warmups=1,
         min_sample_s=args.min_sample_time, launch=launch, runner=runner,
     )  # fmt: skip
     return statistics.median(s for _, warm, s in timed if not warm) * 1e6
+
+
+def pdl_pair(found: list[dict], best: dict) -> str:
+    """Where the best timing's tile, split count and selection form were timed both with and
+    without the combine launched dependent on the split kernel: both times."""
+    same = {
+        r["pdl"]: r["us"]
+        for r in found
+        if (r["case"], r["tile"], r["splits"], r["indices"])
+        == (best["case"], best["tile"], best["splits"], best["indices"])
+    }
+    if len(same) < 2:
+        return ", pdl" * best["pdl"]
+    return (
+        f", pdl {'on' if best['pdl'] else 'off'} ({same[False]:,.1f} us off, {same[True]:,.1f} on)"
+    )
 
 
 def main(argv=None) -> int:
@@ -76,6 +96,14 @@ def main(argv=None) -> int:
         default=["pages"],
         help="how a dense selection reaches the kernel: its page table (the backend's way) "
         "or a list of token indices built in the call (the way before it); both: each timed",
+    )
+    ap.add_argument(
+        "--pdl",
+        nargs="+",
+        choices=("off", "on"),
+        default=["off"],
+        help="the combine launched after the split kernel (off) or dependent on it (on: "
+        "programmatic dependent launch, Hopper on); both: each count of several splits timed",
     )
     ap.add_argument(
         "--splits",
@@ -108,10 +136,15 @@ def main(argv=None) -> int:
     backend = get_backend("triton")
     sm_count = backend._sm_count(torch.device(device))
     launch = "graph" if cuda else "eager"
+    pdls = [p == "on" for p in args.pdl]
+    why_not = pdl_unavailable(torch, torch.device(device)) if any(pdls) else ""
+    if why_not:
+        print(f"--pdl on: not timed here: {why_not}")
+        pdls = [p for p in pdls if not p] or [False]
     found = []
     print(
-        f"{'case':46} {'tile':18} {'splits':>6} {'indices':>7} {'us':>10} {'TFLOP/s':>8} "
-        f"{'bound':>6}"
+        f"{'case':46} {'tile':18} {'splits':>6} {'indices':>7} {'pdl':>3} {'us':>10} "
+        f"{'TFLOP/s':>8} {'bound':>6}"
     )
     for case in cases:
         bound_s = max(
@@ -121,35 +154,42 @@ def main(argv=None) -> int:
         best = None
         forms = ["tokens"] if case.sparse else args.dense_indices
         for tile in tiles:
-            try:
-                counts = split_counts(case, tile, sm_count, extra)
-                for splits, form in itertools.product(counts, forms):
-                    us = time_tile(backend, model, case, device, launch, args, tile, splits, form)
-                    row = {
-                        "case": case.label,
-                        "rows": case.rows,
-                        "tokens": case.chunk,
-                        "sparse": case.sparse,
-                        "tile": list(tile),
-                        "splits": splits,
-                        "indices": form,
-                        "us": us,
-                        "tflops": case.flops / us / 1e6,
-                        "bound_share": bound_s * 1e6 / us,
-                    }
-                    found.append(row)
-                    best = row if best is None or us < best["us"] else best
-                    print(
-                        f"{case.label:46} {str(tile):18} {splits:>6} {form:>7} {us:>10,.1f} "
-                        f"{row['tflops']:>8,.1f} {100 * row['bound_share']:>5.0f}%",
-                        flush=True,
+            counts = split_counts(case, tile, sm_count, extra)
+            for splits, form, pdl in itertools.product(counts, forms, pdls):
+                if pdl and splits == 1:  # one split: no combine to launch
+                    continue
+                try:
+                    us = time_tile(
+                        backend, model, case, device, launch, args, tile, splits, form, pdl
                     )
-            except Exception as exc:  # noqa: BLE001 - e.g. a tile over the shared memory
-                print(f"{case.label:46} {str(tile):18} {type(exc).__name__}: {exc}"[:200])
+                except Exception as exc:  # noqa: BLE001 - e.g. a tile over the shared memory
+                    print(f"{case.label:46} {str(tile):18} {type(exc).__name__}: {exc}"[:200])
+                    continue
+                row = {
+                    "case": case.label,
+                    "rows": case.rows,
+                    "tokens": case.chunk,
+                    "sparse": case.sparse,
+                    "tile": list(tile),
+                    "splits": splits,
+                    "indices": form,
+                    "pdl": pdl,
+                    "us": us,
+                    "tflops": case.flops / us / 1e6,
+                    "bound_share": bound_s * 1e6 / us,
+                }
+                found.append(row)
+                best = row if best is None or us < best["us"] else best
+                print(
+                    f"{case.label:46} {str(tile):18} {splits:>6} {form:>7} "
+                    f"{'on' if pdl else 'off':>3} {us:>10,.1f} "
+                    f"{row['tflops']:>8,.1f} {100 * row['bound_share']:>5.0f}%",
+                    flush=True,
+                )
         if best:
             print(
                 f"best {case.label}: tile {tuple(best['tile'])}, {best['splits']} splits, "
-                f"{best['indices']}\n"
+                f"{best['indices']}{pdl_pair(found, best)}\n"
             )
     if args.out:
         args.out.write_text(json.dumps({"ceilings": ceilings, "timings": found}, indent=1))

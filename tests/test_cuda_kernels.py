@@ -209,3 +209,46 @@ def test_cuda_sparse_merge_gather_splice_on_gpu():
     ref.splice_kv(dst_cpu, packed.cpu(), [3, 4, 9, 11], 77)
     assert torch.equal(dst_gpu[..., :-64].cpu(), dst_cpu[..., :-64])
     assert torch.allclose(dst_gpu.cpu(), dst_cpu, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_triton_combine_launched_dependent_on_the_split_kernel_gives_the_same_bits():
+    """Programmatic dependent launch (``triton_mla.COMBINE_PDL``): the combine starts while
+    the split kernel runs and waits in the GPU for its partials. Eagerly and replayed from a
+    CUDA graph, at one row x 32K tokens (64 splits, the shape it is for), the output and LSE
+    are those of the combine launched after the split kernel, bit for bit: a combine that
+    read a partial before it was written would differ."""
+    from xbench.kernels.triton_backend import pdl_unavailable
+
+    try:
+        impl = get_backend("triton")
+    except BackendUnavailable as exc:
+        pytest.skip(str(exc))
+    why_not = pdl_unavailable(torch, torch.device("cuda"))
+    if why_not:
+        pytest.skip(why_not)
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 128, 576, generator=gen).bfloat16().cuda()
+    cache = torch.randn(512, 64, 576, generator=gen).bfloat16().cuda()
+    sel = DensePages(torch.randperm(512, generator=gen).int(), 512 * 64)
+    scale = 1 / math.sqrt(576)
+    after = impl.partial_attention(q, cache, sel, scale, 512, pdl=False)
+    assert "pdl" not in impl.last_plan and "combine" in impl.last_plan
+    dependent = impl.partial_attention(q, cache, sel, scale, 512, pdl=True)
+    assert impl.last_plan.endswith(" pdl"), impl.last_plan
+    assert all(torch.equal(a, d) for a, d in zip(after, dependent, strict=True))
+    out, lse = torch.empty_like(after[0]), torch.empty_like(after[1])
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm outside the capture: the tuner has run already
+        impl.partial_attention(q, cache, sel, scale, 512, out=out, lse=lse, pdl=True)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        impl.partial_attention(q, cache, sel, scale, 512, out=out, lse=lse, pdl=True)
+    for _ in range(3):
+        out.zero_()
+        lse.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, after[0]) and torch.equal(lse, after[1])

@@ -30,8 +30,8 @@ def test_tiles_profile_and_device_fit_on_tiny_shapes_write_a_summary(tmp_path):
     steps = json.loads((out / "steps.json").read_text())
     assert [(s["step"], s["status"]) for s in steps] == [
         ("device-fit", "ok"),
-        ("profile", "ok"),
         ("tiles", "ok"),
+        ("profile", "ok"),
     ]
     # the device terms fitted onto the priors' fabrics, measured, with what timed them
     from xbench.core.profile import load_profile

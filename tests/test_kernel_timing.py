@@ -315,17 +315,22 @@ def test_the_tile_benchmark_times_each_tile_and_split_count(tmp_path):
     r = subprocess.run(
         [*script, "--rows", "1", "--tokens", "40", "--topk", "0", "--heads", "16",
          "--tiles", "16,16,4,1,2", "16,32,4,1,1", "--samples", "1",
-         "--dense-indices", "pages", "tokens", "--min-sample-time", "0.001", "--out", str(out)],
+         "--dense-indices", "pages", "tokens", "--min-sample-time", "0.001", "--out", str(out),
+         "--pdl", "off", "on"],
         capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-2000:]
     assert "best partial_attention rows=1 chunk=40 dense" in r.stdout
+    # the dependent launch of the combine is timed only where a GPU can do it: said, not
+    # timed as something it is not
+    assert "--pdl on: not timed here: programmatic dependent launch needs a CUDA GPU" in r.stdout
     timings = json.loads(out.read_text())["timings"]
     assert {tuple(t["tile"]) for t in timings} == {(16, 16, 4, 1, 2), (16, 32, 4, 1, 1)}
     assert all(t["us"] > 0 and t["splits"] >= 1 for t in timings)
     # each tile and split count of the dense shape timed both ways the selection can arrive
     ways = collections.Counter((tuple(t["tile"]), t["splits"]) for t in timings)
     assert set(ways.values()) == {2} and {t["indices"] for t in timings} == {"pages", "tokens"}
+    assert not any(t["pdl"] for t in timings)
     r = subprocess.run([*script, "--tiles", "16,16,4"], capture_output=True, text=True, env=env)
     assert r.returncode == 2 and "five integers" in r.stderr
     # split counts asked for besides the usual ones (at most one a tile of tokens)
@@ -421,6 +426,10 @@ def test_the_triton_backend_says_which_tile_and_splits_it_ran(monkeypatch):
     assert b.last_plan == "tile 16x16 w4 s1 p1, 3 splits, combine 128x4 w4"
     b.partial_attention(q, cache, idx, 0.04, 512, tile=(16, 16, 4, 1, 2), splits=1)
     assert b.last_plan == "tile 16x16 w4 s1 p2, 1 split"  # one split: no combine ran
+    # a combine launched dependent on the split kernel needs a GPU: asked for here, the plan
+    # says it was launched after it, as it was
+    b.partial_attention(q, cache, idx, 0.04, 512, tile=(16, 16, 4, 1, 1), splits=3, pdl=True)
+    assert b.last_plan == "tile 16x16 w4 s1 p1, 3 splits, combine 128x4 w4"
 
 
 def test_each_kernel_is_one_spec_whose_parts_agree():
@@ -436,3 +445,22 @@ def test_each_kernel_is_one_spec_whose_parts_agree():
         (row,) = sample_rows(case, [(1, False, 1e-6)], "r", "torch", "cpu", "m")
         assert row["partials"] == (3 if name == "merge" else 1), name
     assert SPECS["gather"].flops(KernelCase("gather", 1, 16, 64, 576, 512, "bf16", False)) == 0
+
+
+def test_a_dependent_launch_is_asked_only_of_a_gpu_that_has_it(monkeypatch):
+    """Programmatic dependent launch: a CUDA GPU of compute capability 9.0 or more, compiled;
+    elsewhere one sentence says why (what triton_tiles.py prints instead of a timing)."""
+    pytest.importorskip("triton")
+    from xbench.kernels import triton_backend
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    why = triton_backend.pdl_unavailable(torch, torch.device("cpu"))
+    assert why.startswith("programmatic dependent launch needs a CUDA GPU")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    capability = {"value": (8, 0)}
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: capability["value"])
+    assert "compute capability 9.0, this GPU has 8.0" in triton_backend.pdl_unavailable(
+        torch, torch.device("cuda", 0)
+    )
+    capability["value"] = (9, 0)
+    assert triton_backend.pdl_unavailable(torch, torch.device("cuda", 0)) == ""

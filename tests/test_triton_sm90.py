@@ -62,16 +62,58 @@ for (m, n, warps, stages, parts), page in itertools.product(triton_mla.GPU_TILES
                       "shared": compiled.metadata.shared,
                       "wgmma": "wgmma" in compiled.asm["ptx"],
                       "tma": "cp.async.bulk.tensor" in compiled.asm["ptx"],
+                      "gdc": "griddepcontrol" in compiled.asm["ptx"],
                       **{k.lower(): int(v) for k, v in found.items()}}))
 """
 
+# Programmatic dependent launch: the preferred tile with PDL set, and the combine's first
+# layout without and with it (launched with the launch option, as the backend launches it)
+COMPILE_PDL = r"""
+import json
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler.compiler import ASTSource
+from xbench.kernels import triton_mla
 
-@pytest.fixture(scope="module")
-def compiled_tiles():
+def compile_(kernel, types, constexprs, options):
+    signature = {a: "constexpr" if a.isupper() else types.get(a, "i32") for a in kernel.arg_names}
+    source = ASTSource(kernel, signature, constexprs, {})
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+
+m, n, warps, stages, parts = triton_mla.GPU_TILES[0]
+split = compile_(
+    triton_mla.split_kernel,
+    {"q_ptr": "*bf16", "kv_ptr": "*bf16", "idx_ptr": "*i32", "part_out_ptr": "*fp32",
+     "part_lse_ptr": "*fp32", "scale": "fp32",
+     "own_desc": f"tensordesc<bf16[{n},{512 // parts}]>", "rp_desc": f"tensordesc<bf16[{n},64]>"},
+    {"UPCAST": False, "PRECISION": "tf32", "DIM": 576, "LAT": 512, "RP": 64, "BLOCK_M": m,
+     "BLOCK_N": n, "VSPLIT": parts, "PAGE": 64, "TMA": True, "PDL": True},
+    {"num_warps": warps, "num_stages": stages},
+)
+print(json.dumps({"kernel": "split", "pdl": True, "ptx": split.asm["ptx"].count("griddepcontrol"),
+                  "launch": "griddepcontrol.launch_dependents" in split.asm["ptx"],
+                  "shared": split.metadata.shared}))
+c, s, warps = triton_mla.COMBINE_TILES[0]
+for pdl in (False, True):
+    combine = compile_(
+        triton_mla.combine_kernel,
+        {"part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "out_ptr": "*bf16", "lse_ptr": "*fp32"},
+        {"LAT": 512, "BLOCK_C": c, "BLOCK_S": s, "UPCAST": False, "PDL": pdl},
+        {"num_warps": warps, "launch_pdl": pdl},
+    )
+    print(json.dumps({"kernel": "combine", "pdl": pdl,
+                      "ptx": combine.asm["ptx"].count("griddepcontrol"),
+                      "wait": "griddepcontrol.wait" in combine.asm["ptx"],
+                      "launch_pdl": bool(combine.metadata.launch_pdl)}))
+"""
+
+
+def compile_in_a_process(script: str) -> list[dict]:
+    """Each JSON line ``script`` prints, run without the interpreter."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton's default, without its warning
     done = subprocess.run(
-        [sys.executable, "-c", COMPILE, str(BIN / "cuobjdump")],
+        [sys.executable, "-c", script, str(BIN / "cuobjdump")],
         capture_output=True,
         text=True,
         env=env,
@@ -79,6 +121,11 @@ def compiled_tiles():
     )
     assert done.returncode == 0, done.stderr[-2000:]
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+@pytest.fixture(scope="module")
+def compiled_tiles():
+    return compile_in_a_process(COMPILE)
 
 
 # What a thread of a candidate may spill (to L1 through local memory): the preferred tile
@@ -107,3 +154,16 @@ def test_every_gpu_tile_fits_an_h100_within_the_registers_and_a_bounded_spill(co
     # the small tile for a decode row's few heads spills nothing on token indices (on a
     # page table, its int64 address arithmetic spills a little, within the bound above)
     assert compiled_tiles[2]["stack"] == 0, compiled_tiles[2]
+
+
+def test_the_combine_launched_dependent_on_the_split_kernel_compiles_for_hopper(compiled_tiles):
+    """Programmatic dependent launch (``triton_mla.COMBINE_PDL``, a candidate a GPU run
+    times): with PDL the split kernel lets the combine launch, and the combine waits for the
+    split kernel's writes before it reads them; without, neither instruction is there."""
+    assert not any(t["gdc"] for t in compiled_tiles)  # PDL off: no grid dependency control
+    split, plain, dependent = compile_in_a_process(COMPILE_PDL)
+    assert split["kernel"] == "split" and split["launch"], split
+    assert 0 < split["shared"] <= H100_SHARED
+    assert plain == {"kernel": "combine", "pdl": False, "ptx": 0, "wait": False,
+                     "launch_pdl": False}  # fmt: skip
+    assert dependent["wait"] and dependent["launch_pdl"], dependent

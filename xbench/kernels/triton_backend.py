@@ -136,9 +136,10 @@ def choose_splits(
     return min(range(1, tiles + 1), key=estimate)
 
 
-def describe_plan(split_config, splits: int, combine_config) -> str:
+def describe_plan(split_config, splits: int, combine_config, pdl: bool = False) -> str:
     """What a call ran: the split kernel's tile (query rows x tokens, warps, stages, output
-    parts), the split count and, with several splits, the combine's layout."""
+    parts), the split count and, with several splits, the combine's layout and whether it
+    was launched dependent on the split kernel (``pdl``)."""
     k = split_config.kwargs
     plan = (
         f"tile {k['BLOCK_M']}x{k['BLOCK_N']} w{split_config.num_warps} "
@@ -147,13 +148,34 @@ def describe_plan(split_config, splits: int, combine_config) -> str:
     if combine_config is not None:
         c = combine_config.kwargs
         plan += f", combine {c['BLOCK_C']}x{c['BLOCK_S']} w{combine_config.num_warps}"
+        plan += " pdl" * pdl
     return plan
 
 
-def _combine(combine_kernel, part_out, part_lse, out_view, lse_view, round_out: bool) -> None:
+def pdl_unavailable(torch, device) -> str:
+    """Why the combine cannot be launched dependent on the split kernel on ``device`` (a
+    sentence), or "" where it can: a CUDA GPU of compute capability 9.0 or more, compiled
+    (not interpreted), with a Triton that has grid dependency control."""
+    from xbench.kernels import triton_mla
+
+    if device.type != "cuda" or interpreting():
+        return "programmatic dependent launch needs a CUDA GPU, compiled (not interpreted)"
+    if not triton_mla.HAS_GDC:
+        return "this Triton has no grid dependency control (Triton >= 3.4 has)"
+    major, minor = torch.cuda.get_device_capability(device)
+    if major < 9:
+        return f"programmatic dependent launch needs compute capability 9.0, this GPU has {major}.{minor}"
+    return ""
+
+
+def _combine(
+    combine_kernel, part_out, part_lse, out_view, lse_view, round_out: bool, pdl: bool
+) -> None:
     """The splits' partial outputs and LSEs combined into the views: one program per query
-    row and column chunk (the tuner's choice of chunk)."""
+    row and column chunk (the tuner's choice of chunk); ``pdl``: launched while the split
+    kernel runs (its programs wait for the partials in the GPU)."""
     splits, total_rows = part_lse.shape
+    launch = {"launch_pdl": True} if pdl else {}  # the interpreter takes no launch options
     combine_kernel[lambda meta: (total_rows, LATENT // meta["BLOCK_C"])](
         part_out,
         part_lse,
@@ -163,6 +185,8 @@ def _combine(combine_kernel, part_out, part_lse, out_view, lse_view, round_out: 
         total_rows,
         LAT=LATENT,
         UPCAST=round_out,
+        PDL=pdl,
+        **launch,
     )
 
 
@@ -186,7 +210,7 @@ class TritonBackend(TorchFallbacks):
     """Split-KV partial attention in Triton; CUDA tensors, or CPU tensors when interpreting."""
 
     name = "triton"
-    _plan = None  # (split config, splits, combine config or None) of the last call
+    _plan = None  # (split config, splits, combine config or None, pdl) of the last call
 
     @property
     def last_plan(self) -> str:
@@ -215,11 +239,24 @@ class TritonBackend(TorchFallbacks):
         return 4  # the interpreter: a few splits, so split and combine are exercised
 
     def partial_attention(
-        self, q, kv_cache, indices, scale, v_dim, *, out=None, lse=None, splits=None, tile=None
+        self,
+        q,
+        kv_cache,
+        indices,
+        scale,
+        v_dim,
+        *,
+        out=None,
+        lse=None,
+        splits=None,
+        tile=None,
+        pdl=None,
     ):
         """``splits`` and ``tile`` (rows, tokens, warps, stages, parts) fix what is otherwise
         chosen: the split count by its estimate, the tile by the tuner among ``GPU_TILES``
-        (``benchmarks/triton_tiles.py`` times them one by one)."""
+        (``benchmarks/triton_tiles.py`` times them one by one). ``pdl``: launch the combine
+        dependent on the split kernel where the device can (default
+        ``triton_mla.COMBINE_PDL``); ``last_plan`` says whether it was."""
         torch = self.torch
         rows, heads, dim = q.shape
         if v_dim != LATENT or dim != LATENT + ROPE:
@@ -251,6 +288,11 @@ class TritonBackend(TorchFallbacks):
             part_out = torch.empty(splits, total_rows, LATENT, device=dev, dtype=torch.float32)
             part_lse = torch.empty(splits, total_rows, device=dev, dtype=torch.float32)
         split_kernel, combine_kernel = _kernels(tiles)
+        if pdl is None:
+            from xbench.kernels import triton_mla
+
+            pdl = triton_mla.COMBINE_PDL
+        pdl = bool(pdl) and splits > 1 and not pdl_unavailable(torch, dev)
 
         def grid(meta):  # the tuner picks the tile, so the grid follows it
             return (groups, math.ceil(rows_per_group / meta["BLOCK_M"]) * meta["VSPLIT"], splits)
@@ -280,14 +322,16 @@ class TritonBackend(TorchFallbacks):
             RP=ROPE,
             PAGE=page,
             TMA=tma,
+            PDL=pdl,
         )
         if splits > 1:
-            _combine(combine_kernel, part_out, part_lse, out_view, lse_view, round_out)
+            _combine(combine_kernel, part_out, part_lse, out_view, lse_view, round_out, pdl)
         # the configurations, kept as they are: the text is made only when a sample asks
         self._plan = (
             split_kernel.best_config,
             splits,
             combine_kernel.best_config if splits > 1 else None,
+            pdl,
         )
         if out_view is not result:
             result.copy_(out_view)

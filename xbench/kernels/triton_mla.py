@@ -30,6 +30,12 @@ INTERPRETER_TILES = ((16, 16, 4, 1, 2),)
 COMBINE_TILES = ((512, 1, 4), (128, 1, 1), (128, 1, 4), (64, 8, 2), (32, 16, 1), (128, 16, 4))
 INTERPRETER_COMBINE_TILES = ((128, 4, 4),)
 COMBINE_TUNED_FOR = ("splits", "total_rows")
+# Programmatic dependent launch (Hopper's grid dependency control, Triton >= 3.4): the
+# combine is launched while the split kernel still runs, and waits in the GPU for its
+# partials, so its launch and start overlap the split kernel's tail. Off until a GPU run
+# times it faster (`benchmarks/triton_tiles.py --pdl off on`, gpu_check's `tiles` step)
+COMBINE_PDL = False
+HAS_GDC = hasattr(tl.extra.cuda, "gdc_wait") and hasattr(tl.extra.cuda, "gdc_launch_dependents")
 # what a tuned tile is chosen for: the shape (dtypes count too)
 TUNED_FOR = ("rows_per_group", "idx_group_stride", "n_selected", "tokens_per_split", "total_rows")
 
@@ -180,7 +186,10 @@ def split_kernel(
     RP: tl.constexpr,
     PAGE: tl.constexpr,
     TMA: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    if PDL:  # the combine may start now: it waits in the GPU until this grid has finished
+        tl.extra.cuda.gdc_launch_dependents()
     # VSPLIT programs share a tile of query rows, each accumulating LAT / VSPLIT of the
     # output's columns: a 64 x 512 fp32 accumulator takes 128 registers a thread at 8 warps
     # and spills beside the query tile; half of it does not. Each computes the whole score
@@ -271,7 +280,10 @@ def combine_kernel(
     BLOCK_C: tl.constexpr,
     BLOCK_S: tl.constexpr,
     UPCAST: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    if PDL:  # launched while the split kernel ran: nothing is read before its writes land
+        tl.extra.cuda.gdc_wait()
     # one program per query row and BLOCK_C output columns. BLOCK_S 1: the splits one after
     # another, each a row of BLOCK_C partial columns; otherwise BLOCK_S splits at a time as a
     # [BLOCK_S, BLOCK_C] tile (more loads in flight, a reduction across the splits)
