@@ -23,7 +23,8 @@ own time limit (never past the budget), each step's output in ``OUT_DIR/STEP.log
    loaded and initialised by NVSHMEM, each kernel launched as the probe does), 8 B-256 MiB.
 6. ``validate``: route, fetch and local on the GPU, two ranks sharing it, messages staged
    through host buffers, compute replayed from CUDA graphs, checked against one-instance
-   attention (predictions: this run's ``device-fit.toml``, else the priors).
+   attention (predictions: this run's ``device-fit.toml``, else the profile shipped for
+   this kind of GPU, else the priors).
 7. ``tiles``: the preferred tile at one and eight rows x 32K-64K tokens, split counts timed
    one by one, the combine launched after the split kernel and dependent on it
    (``triton_tiles.py --pdl off on``).
@@ -62,6 +63,31 @@ PY = sys.executable
 # selection as its page table (token indices built in the call were 18-22 % slower in
 # sessions 33 to 43). `triton_tiles.py --tiles ...` scans other tiles where the kernel changes
 TILES = "64,64,8,2,1"
+
+
+def shipped_profile_for(gpu_name: str) -> Path:
+    """The profile shipped for this kind of GPU (``profiles/h200.toml`` for an H200, where
+    it holds that device's measured terms), else the priors: what validate predicts with
+    when this run fitted no terms of its own (``--steps`` without ``device-fit``)."""
+    for kind in ("H200", "H100"):
+        shipped = ROOT / "profiles" / f"{kind.lower()}.toml"
+        if kind in gpu_name.upper().split() and shipped.exists():
+            return shipped
+    return PRIORS
+
+
+def gpu_name() -> str:
+    """The first GPU's name as nvidia-smi gives it ("" where there is none)."""
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return done.stdout.splitlines()[0] if done.returncode == 0 and done.stdout else ""
 
 
 def steps(out: Path, cpu: bool) -> list[tuple[str, int, str]]:
@@ -115,8 +141,10 @@ def steps(out: Path, cpu: bool) -> list[tuple[str, int, str]]:
             "validate",
             90,
             # against this run's own device terms where device-fit wrote them (the compute
-            # phases checked against what this GPU measured), else the priors
-            f'P={q(str(out / "device-fit.toml"))}; [ -f "$P" ] || P={q(str(PRIORS))}; '
+            # phases checked against what this GPU measured), else those shipped for this
+            # kind of GPU, else the priors
+            f"P={q(str(out / 'device-fit.toml'))}; "
+            f'[ -f "$P" ] || P={q(str(PRIORS if cpu else shipped_profile_for(gpu_name())))}; '
             f'{xb} validate --device {validate_device} --profile "$P" '
             f"--fabric nvlink --rows 1,16 --chunk {validate_chunks} --heads {validate_heads} "
             f"--samples 3 --rounds 1 --out {q(str(out / 'validate'))}",

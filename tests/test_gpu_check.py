@@ -66,3 +66,25 @@ def test_a_used_folder_and_an_unknown_step_are_refused(tmp_path):
     assert (tmp_path / "old.log").read_text() == "kept"
     done = _run(str(tmp_path / "new"), "--steps", "sweep,warp")
     assert done.returncode == 2 and "unknown step warp" in done.stderr
+
+
+def test_validate_predicts_with_the_profile_shipped_for_the_gpu_when_the_run_fits_none():
+    """A run without ``device-fit`` (an H200's, docs/gpu-check.md) checks validate's compute
+    phases against the terms shipped for that kind of GPU, not against the priors."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    profiles = SCRIPT.parents[1] / "profiles"
+    assert gpu_check.shipped_profile_for("NVIDIA H200") == profiles / "h200.toml"
+    assert gpu_check.shipped_profile_for("NVIDIA H200 NVL") == profiles / "h200.toml"
+    # an H100's once an H100 run has shipped profiles/h100.toml (issue 42), the priors until
+    h100 = profiles / "h100.toml"
+    expected = h100 if h100.exists() else gpu_check.PRIORS
+    assert gpu_check.shipped_profile_for("NVIDIA H100 80GB HBM3") == expected
+    # a name that only contains one, another GPU, none: the priors
+    for name in ("NVIDIA GH200 480GB", "NVIDIA A100-SXM4-80GB", ""):
+        assert gpu_check.shipped_profile_for(name) == gpu_check.PRIORS, name
+    command = dict((n, c) for n, _, c in gpu_check.steps(Path("/tmp/gc"), cpu=True))["validate"]
+    assert "h100-priors.toml" in command and "device-fit.toml" in command
