@@ -29,7 +29,8 @@ own time limit (never past the budget), each step's output in ``OUT_DIR/STEP.log
    one by one, the combine launched after the split kernel and dependent on it
    (``triton_tiles.py --pdl off on``).
 8. ``profile``: the triton backend's kernels one by one (torch.profiler), to see what the
-   split kernel, the combine and the index preparation each cost.
+   split kernel, the combine and the index preparation each cost; then, at one row over 64
+   splits, the split kernel's fixed cost a call and its cost a tile.
 9. ``refusals``: what ``xbench probe`` says to GPU transports it cannot run on one GPU.
 10. ``pytest-gpu``: ``pytest -m gpu``.
 11. ``triton-tests``: the triton backend's numerics on this GPU's tensor cores, shape by shape.
@@ -153,7 +154,7 @@ def steps(out: Path, cpu: bool) -> list[tuple[str, int, str]]:
         ("tiles", 120, tiles),
         (
             "profile",
-            45,
+            75,
             f"{q(PY)} {HERE}/gpu_check.py --step profile {q(str(out))}"
             + (" --device cpu" if cpu else ""),
         ),
@@ -292,10 +293,55 @@ def step_device_probe(out: Path) -> int:
     return rc
 
 
-def step_profile(out: Path, device: str) -> int:
-    """The triton backend's kernels at a few shapes, one by one (torch.profiler)."""
+# One decode row over 64 splits (two 64-row tiles each: 128 programs, one wave of an H100's or
+# H200's 132 SMs) with 1 to 16 tiles of 64 tokens a program: the split kernel's time is then
+# a fixed cost a call plus a cost a tile, and the one-row target (docs/gpu-check.md) depends
+# on which of the two is cut. Session 43's sweep put the whole call near 22 us + 3.6 us a tile
+ONE_ROW_TOKENS = (4096, 8192, 16384, 32768, 65536)
+ONE_ROW_SPLITS = 64
+
+
+def kernel_device_us(prof, names=("split_kernel", "combine_kernel")) -> dict[str, float]:
+    """Each named kernel's mean device time a launch in a torch profile, in us (none where
+    nothing ran on a device)."""
+    found = {}
+    for event in prof.key_averages():
+        for name in names:
+            if name in event.key and event.count and event.self_device_time_total > 0:
+                found[name] = event.self_device_time_total / event.count
+    return found
+
+
+def fixed_and_per_tile(tokens: list[int], us: list[float], tile: int = 64) -> tuple[float, float]:
+    """(fixed us a call, us a ``tile`` tokens): the least-squares line through (tokens a
+    program, us)."""
+    import numpy as np
+
+    slope, fixed = np.polyfit(np.asarray(tokens, float), np.asarray(us, float), 1)
+    return float(fixed), float(slope * tile)
+
+
+def _profiled(call, cuda: bool, calls: int = 10, warm: int = 3):
+    """A torch profile of ``calls`` calls, after ``warm`` that tune and warm."""
     import torch
 
+    for _ in range(warm):
+        call()
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if cuda:
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+        torch.cuda.synchronize()
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(calls):
+            call()
+        if cuda:
+            torch.cuda.synchronize()
+    return prof
+
+
+def step_profile(out: Path, device: str) -> int:
+    """The triton backend's kernels at a few shapes, one by one (torch.profiler); then the
+    split kernel at one row split into its fixed cost and its cost a tile."""
     from xbench.core.models import get_model
     from xbench.kernels.backend import get_backend
     from xbench.kernels.bench import make_inputs, plan_cases
@@ -304,10 +350,8 @@ def step_profile(out: Path, device: str) -> int:
     backend = get_backend("triton")
     cpu = device == "cpu"
     shapes = [(1, 64, False)] if cpu else [(1, 32768, False), (64, 8192, False), (8, 2048, True)]
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if not cpu:
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    for rows, tokens, sparse in shapes:
+
+    def attention(rows, tokens, sparse, splits=None, tile=None):
         (case,) = plan_cases(
             model, ["partial_attention"], [rows], [tokens], "bf16", sparse, 16 if cpu else None, 64
         )
@@ -315,21 +359,46 @@ def step_profile(out: Path, device: str) -> int:
 
         def call(x=x, v_dim=case.v_dim):
             return backend.partial_attention(
-                x["q"], x["cache"], x["indices"], model.softmax_scale, v_dim
-            )
+                x["q"], x["cache"], x["indices"], model.softmax_scale, v_dim, splits=splits,
+                tile=tile,
+            )  # fmt: skip
 
-        for _ in range(3):  # tuned and warm before the profile
-            call()
-        if not cpu:
-            torch.cuda.synchronize()
-        with torch.profiler.profile(activities=activities) as prof:
-            for _ in range(10):
-                call()
-            if not cpu:
-                torch.cuda.synchronize()
+        return case, call
+
+    sort = "self_cpu_time_total" if cpu else "self_device_time_total"
+    for rows, tokens, sparse in shapes:
+        case, call = attention(rows, tokens, sparse)
+        prof = _profiled(call, not cpu)
         print(f"\n== {case.label}: 10 calls", flush=True)
-        sort = "self_cpu_time_total" if cpu else "self_device_time_total"
         print(prof.key_averages().table(sort_by=sort, row_limit=12, max_name_column_width=48))
+    # the preferred tile (the tuner may take another at some lengths, and another count of
+    # programs); on a CPU, a few 16-token tiles a program under the interpreter: the plumbing
+    from xbench.kernels.triton_mla import GPU_TILES
+
+    lengths, splits, tile = (
+        ((32, 64), 2, None) if cpu else (ONE_ROW_TOKENS, ONE_ROW_SPLITS, GPU_TILES[0])
+    )
+    calls, warm = (1, 0) if cpu else (10, 3)  # the interpreter takes seconds a call
+    print(f"\n== one row, {splits} splits: the split kernel's fixed cost and cost a tile")
+    print(f"{'tokens':>8} {'a program':>9} {'split us':>9} {'combine us':>10}  plan")
+    per_program, split_us = [], []
+    for tokens in lengths:
+        _, call = attention(1, tokens, False, splits, tile)
+        times = kernel_device_us(_profiled(call, not cpu, calls=calls, warm=warm))
+        split, combine = times.get("split_kernel"), times.get("combine_kernel")
+        print(
+            f"{tokens:>8} {tokens // splits:>9} {split or float('nan'):>9.1f} "
+            f"{combine or float('nan'):>10.1f}  {backend.last_plan}",
+            flush=True,
+        )
+        if split:
+            per_program.append(tokens // splits)
+            split_us.append(split)
+    if len(per_program) >= 2:
+        fixed, per_tile = fixed_and_per_tile(per_program, split_us)
+        print(f"split kernel: {fixed:.1f} us a call + {per_tile:.2f} us a 64-token tile a program")
+    else:
+        print("split kernel: no device times here (a CPU profile has no kernels)")
     return 0
 
 

@@ -49,6 +49,10 @@ def test_tiles_profile_and_device_fit_on_tiny_shapes_write_a_summary(tmp_path):
     )
     timings = json.loads((out / "tiles.json").read_text())["timings"]
     assert {tuple(t["tile"]) for t in timings} == {(16, 16, 4, 1, 1)}
+    # the one-row decomposition ran its calls; a CPU profile has no kernel times to fit
+    profile = (out / "profile.log").read_text()
+    assert "== one row, 2 splits: the split kernel's fixed cost and cost a tile" in profile
+    assert "split kernel: no device times here" in profile
 
 
 def test_a_step_past_the_budget_is_reported_not_run(tmp_path):
@@ -88,3 +92,24 @@ def test_validate_predicts_with_the_profile_shipped_for_the_gpu_when_the_run_fit
         assert gpu_check.shipped_profile_for(name) == gpu_check.PRIORS, name
     command = dict((n, c) for n, _, c in gpu_check.steps(Path("/tmp/gc"), cpu=True))["validate"]
     assert "h100-priors.toml" in command and "device-fit.toml" in command
+
+
+def test_the_split_kernels_fixed_cost_and_cost_a_tile_come_from_a_line_fit():
+    """The profile step's one-row decomposition: kernel times a launch read from a torch
+    profile by name (none from a CPU-only profile), and the least-squares line in us a call
+    and us a 64-token tile; session 43's sweep (2, 8, 16 tiles a program: 29.5, 50.4, 80.3
+    us a whole call) gives about 22 us + 3.6 us a tile."""
+    import importlib.util
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        torch.ones(64) @ torch.ones(64)
+    assert gpu_check.kernel_device_us(prof) == {}
+    fixed, per_tile = gpu_check.fixed_and_per_tile([64, 256, 1024], [12.0, 18.0, 42.0])
+    assert (round(fixed, 6), round(per_tile, 6)) == (10.0, 2.0)
+    fixed, per_tile = gpu_check.fixed_and_per_tile([128, 512, 1024], [29.5, 50.4, 80.3])
+    assert 21 < fixed < 23 and 3.5 < per_tile < 3.7
