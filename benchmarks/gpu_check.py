@@ -151,7 +151,7 @@ def steps(out: Path, cpu: bool) -> list[tuple[str, int, str]]:
             f"--samples 3 --rounds 1 --out {q(str(out / 'validate'))}",
         ),
         # the one-row target's open question (the combine's launch), before what has run
-        ("tiles", 120, tiles),
+        ("tiles", 150, tiles),
         (
             "profile",
             75,
