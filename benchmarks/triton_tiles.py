@@ -103,7 +103,7 @@ def main(argv=None) -> int:
         choices=("off", "on"),
         default=["off"],
         help="the combine launched after the split kernel (off) or dependent on it (on: "
-        "programmatic dependent launch, Hopper on); both: each count of several splits timed",
+        "programmatic dependent launch, Hopper and later); both: each count of several splits timed",
     )
     ap.add_argument(
         "--splits",
@@ -163,7 +163,10 @@ def main(argv=None) -> int:
                         backend, model, case, device, launch, args, tile, splits, form, pdl
                     )
                 except Exception as exc:  # noqa: BLE001 - e.g. a tile over the shared memory
-                    print(f"{case.label:46} {str(tile):18} {type(exc).__name__}: {exc}"[:200])
+                    print(
+                        f"{case.label:46} {str(tile):18} {splits:>6} {form:>7} "
+                        f"{'on' if pdl else 'off':>3} {type(exc).__name__}: {exc}"[:240]
+                    )
                     continue
                 row = {
                     "case": case.label,
