@@ -229,6 +229,17 @@ def _tail(path: Path, start_marker: str | None = None, lines: int = 40) -> str:
     return "\n".join(text[-lines:])
 
 
+def _best_lines(log: str) -> list[str]:
+    """triton_tiles.py's verdicts: each line from "best " on, with the indented lines it
+    wrapped onto."""
+    kept, in_best = [], False
+    for line in log.splitlines():
+        in_best = line.startswith("best ") or (in_best and line.startswith("    "))
+        if in_best:
+            kept.append(line)
+    return kept
+
+
 def summary(out: Path, done: list[dict]) -> str:
     parts = ["# gpu-check summary", "", "| step | status | seconds |", "|---|---|---|"]
     parts += [f"| {d['step']} | {d['status']} | {d['seconds']} |" for d in done]
@@ -249,11 +260,7 @@ def summary(out: Path, done: list[dict]) -> str:
             continue
         body = _tail(out / f"{name}.log", marker, lines)
         if name == "tiles":
-            body = "\n".join(
-                line
-                for line in (out / "tiles.log").read_text(errors="replace").splitlines()
-                if line.startswith("best ")
-            )
+            body = "\n".join(_best_lines((out / "tiles.log").read_text(errors="replace")))
         parts += ["", f"## {name}", "", "```", body, "```"]
     return "\n".join(parts) + "\n"
 
@@ -312,12 +319,14 @@ def kernel_device_us(prof, names=("split_kernel", "combine_kernel")) -> dict[str
     return found
 
 
-def fixed_and_per_tile(tokens: list[int], us: list[float], tile: int = 64) -> tuple[float, float]:
+def fixed_and_per_tile(
+    tokens_a_program: list[int], us: list[float], tile: int = 64
+) -> tuple[float, float]:
     """(fixed us a call, us a ``tile`` tokens): the least-squares line through (tokens a
     program, us)."""
     import numpy as np
 
-    slope, fixed = np.polyfit(np.asarray(tokens, float), np.asarray(us, float), 1)
+    slope, fixed = np.polyfit(np.asarray(tokens_a_program, float), np.asarray(us, float), 1)
     return float(fixed), float(slope * tile)
 
 
@@ -380,7 +389,7 @@ def step_profile(out: Path, device: str) -> int:
     )
     calls, warm = (1, 0) if cpu else (10, 3)  # the interpreter takes seconds a call
     print(f"\n== one row, {splits} splits: the split kernel's fixed cost and cost a tile")
-    print(f"{'tokens':>8} {'a program':>9} {'split us':>9} {'combine us':>10}  plan")
+    print(f"{'tokens':>8} {'a program':>9} {'split us':>9} {'combine us':>10}")
     per_program, split_us = [], []
     for tokens in lengths:
         _, call = attention(1, tokens, False, splits, tile)
@@ -388,15 +397,16 @@ def step_profile(out: Path, device: str) -> int:
         split, combine = times.get("split_kernel"), times.get("combine_kernel")
         print(
             f"{tokens:>8} {tokens // splits:>9} {split or float('nan'):>9.1f} "
-            f"{combine or float('nan'):>10.1f}  {backend.last_plan}",
+            f"{combine or float('nan'):>10.1f}",
             flush=True,
         )
         if split:
             per_program.append(tokens // splits)
             split_us.append(split)
+    print(f"plan: {backend.last_plan}")
     if len(per_program) >= 2:
         fixed, per_tile = fixed_and_per_tile(per_program, split_us)
-        print(f"split kernel: {fixed:.1f} us a call + {per_tile:.2f} us a 64-token tile a program")
+        print(f"split kernel: {fixed:.1f} us a call + {per_tile:.2f} us a 64-token tile")
     else:
         print("split kernel: no device times here (a CPU profile has no kernels)")
     return 0

@@ -21,8 +21,10 @@ import argparse
 import itertools
 import json
 import math
+import shutil
 import statistics
 import sys
+import textwrap
 from pathlib import Path
 
 import torch
@@ -65,6 +67,20 @@ def time_tile(backend, model, case, device, launch, args, tile, splits, form, pd
         min_sample_s=args.min_sample_time, launch=launch, runner=runner,
     )  # fmt: skip
     return statistics.median(s for _, warm, s in timed if not warm) * 1e6
+
+
+def say(text: str) -> None:
+    """A line of prose, wrapped at words to the terminal (80 columns into a log)."""
+    width = shutil.get_terminal_size().columns
+    print(textwrap.fill(text, width=width, subsequent_indent="    "), flush=True)
+
+
+def where(case, tile, splits: int, form: str, pdl: bool) -> str:
+    """A row's first columns: the case (rows x tokens dense, or rows x top-k sparse), the
+    tile, the split count, how the selection arrived and the combine's launch."""
+    shape = f"{case.rows}x{case.chunk} {'sparse' if case.sparse else 'dense'}"
+    tile = ",".join(map(str, tile))
+    return f"{shape:15} {tile:12} {splits:>6} {form:>7} {'on' if pdl else 'off':>3}"
 
 
 def pdl_pair(found: list[dict], best: dict) -> str:
@@ -139,12 +155,12 @@ def main(argv=None) -> int:
     pdls = [p == "on" for p in args.pdl]
     why_not = pdl_unavailable(torch, torch.device(device)) if any(pdls) else ""
     if why_not:
-        print(f"--pdl on: not timed here: {why_not}")
-        pdls = [p for p in pdls if not p] or [False]
+        say(f"--pdl on: not timed here: {why_not}")
+        pdls = [False]
     found = []
     print(
-        f"{'case':46} {'tile':18} {'splits':>6} {'indices':>7} {'pdl':>3} {'us':>10} "
-        f"{'TFLOP/s':>8} {'bound':>6}"
+        f"{'case':15} {'tile':12} {'splits':>6} {'indices':>7} {'pdl':>3} {'us':>10} "
+        f"{'TFLOP/s':>7} {'bound':>5}"
     )
     for case in cases:
         bound_s = max(
@@ -163,10 +179,7 @@ def main(argv=None) -> int:
                         backend, model, case, device, launch, args, tile, splits, form, pdl
                     )
                 except Exception as exc:  # noqa: BLE001 - e.g. a tile over the shared memory
-                    print(
-                        f"{case.label:46} {str(tile):18} {splits:>6} {form:>7} "
-                        f"{'on' if pdl else 'off':>3} {type(exc).__name__}: {exc}"[:240]
-                    )
+                    say(f"{where(case, tile, splits, form, pdl)} {type(exc).__name__}: {exc}")
                     continue
                 row = {
                     "case": case.label,
@@ -184,16 +197,16 @@ def main(argv=None) -> int:
                 found.append(row)
                 best = row if best is None or us < best["us"] else best
                 print(
-                    f"{case.label:46} {str(tile):18} {splits:>6} {form:>7} "
-                    f"{'on' if pdl else 'off':>3} {us:>10,.1f} "
-                    f"{row['tflops']:>8,.1f} {100 * row['bound_share']:>5.0f}%",
+                    f"{where(case, tile, splits, form, pdl)} {us:>10,.1f} "
+                    f"{row['tflops']:>7,.1f} {100 * row['bound_share']:>4.0f}%",
                     flush=True,
                 )
         if best:
-            print(
+            say(
                 f"best {case.label}: tile {tuple(best['tile'])}, {best['splits']} splits, "
-                f"{best['indices']}{pdl_pair(found, best)}\n"
+                f"{best['indices']}{pdl_pair(found, best)}"
             )
+            print()
     if args.out:
         args.out.write_text(json.dumps({"ceilings": ceilings, "timings": found}, indent=1))
     return 0

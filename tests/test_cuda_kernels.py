@@ -216,8 +216,10 @@ def test_triton_combine_launched_dependent_on_the_split_kernel_gives_the_same_bi
     """Programmatic dependent launch (``triton_mla.COMBINE_PDL``): the combine starts while
     the split kernel runs and waits in the GPU for its partials. Eagerly and replayed from a
     CUDA graph, at one row x 32K tokens (64 splits, the shape it is for), the output and LSE
-    are those of the combine launched after the split kernel, bit for bit: a combine that
-    read a partial before it was written would differ."""
+    are those of the combine launched after the split kernel, bit for bit. Two queries
+    alternate, so the partial buffers (reused by the caching allocator, and by a graph's
+    replays) hold the other query's partials when a call starts: a combine that read a
+    partial before the split kernel wrote it would give the other query's answer."""
     from xbench.kernels.triton_backend import pdl_unavailable
 
     try:
@@ -228,16 +230,19 @@ def test_triton_combine_launched_dependent_on_the_split_kernel_gives_the_same_bi
     if why_not:
         pytest.skip(why_not)
     gen = torch.Generator().manual_seed(3)
-    q = torch.randn(1, 128, 576, generator=gen).bfloat16().cuda()
+    queries = [torch.randn(1, 128, 576, generator=gen).bfloat16().cuda() for _ in range(2)]
     cache = torch.randn(512, 64, 576, generator=gen).bfloat16().cuda()
     sel = DensePages(torch.randperm(512, generator=gen).int(), 512 * 64)
     scale = 1 / math.sqrt(576)
-    after = impl.partial_attention(q, cache, sel, scale, 512, pdl=False)
+    after = [impl.partial_attention(q, cache, sel, scale, 512, pdl=False) for q in queries]
     assert "pdl" not in impl.last_plan and "combine" in impl.last_plan
-    dependent = impl.partial_attention(q, cache, sel, scale, 512, pdl=True)
-    assert impl.last_plan.endswith(" pdl"), impl.last_plan
-    assert all(torch.equal(a, d) for a, d in zip(after, dependent, strict=True))
-    out, lse = torch.empty_like(after[0]), torch.empty_like(after[1])
+    assert not torch.equal(after[0][0], after[1][0])
+    for k in (0, 1, 0, 1):  # each call after the other query's
+        dependent = impl.partial_attention(queries[k], cache, sel, scale, 512, pdl=True)
+        assert impl.last_plan.endswith(" pdl"), impl.last_plan
+        assert all(torch.equal(a, d) for a, d in zip(after[k], dependent, strict=True))
+    q = queries[0].clone()  # the graph's input, rewritten before each replay
+    out, lse = torch.empty_like(after[0][0]), torch.empty_like(after[0][1])
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):  # warm outside the capture: the tuner has run already
@@ -246,9 +251,10 @@ def test_triton_combine_launched_dependent_on_the_split_kernel_gives_the_same_bi
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         impl.partial_attention(q, cache, sel, scale, 512, out=out, lse=lse, pdl=True)
-    for _ in range(3):
+    for k in (1, 0, 1, 0):
+        q.copy_(queries[k])
         out.zero_()
         lse.zero_()
         graph.replay()
         torch.cuda.synchronize()
-        assert torch.equal(out, after[0]) and torch.equal(lse, after[1])
+        assert torch.equal(out, after[k][0]) and torch.equal(lse, after[k][1])

@@ -42,6 +42,14 @@ def test_tiles_profile_and_device_fit_on_tiny_shapes_write_a_summary(tmp_path):
     assert {"device", "backend", "torch"} <= fitted.provenance["software"].keys()
     summary = (out / "summary.md").read_text()
     assert "| tiles | ok |" in summary and "best partial_attention" in summary
+    # each verdict whole in the summary, with what it wrapped onto at 80 columns
+    lines = (out / "tiles.log").read_text().splitlines()
+    verdicts = [
+        (line, after)
+        for line, after in zip(lines, lines[1:], strict=False)
+        if line.startswith("best ") and after.startswith("    ")
+    ]
+    assert verdicts and all(f"{line}\n{after}" in summary for line, after in verdicts)
     # the profile's table per shape (on a GPU its rows are the split and combine kernels)
     assert (
         "== partial_attention rows=1 chunk=64 dense bf16: 10 calls"
@@ -109,6 +117,9 @@ def test_the_split_kernels_fixed_cost_and_cost_a_tile_come_from_a_line_fit():
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         torch.ones(64) @ torch.ones(64)
     assert gpu_check.kernel_device_us(prof) == {}
+    # an operator the profile holds, but with no device time: not a kernel's
+    assert any("matmul" in e.key for e in prof.key_averages())
+    assert gpu_check.kernel_device_us(prof, names=("matmul",)) == {}
     fixed, per_tile = gpu_check.fixed_and_per_tile([64, 256, 1024], [12.0, 18.0, 42.0])
     assert (round(fixed, 6), round(per_tile, 6)) == (10.0, 2.0)
     fixed, per_tile = gpu_check.fixed_and_per_tile([128, 512, 1024], [29.5, 50.4, 80.3])
