@@ -13,26 +13,26 @@ own time limit (never past the budget), each step's output in ``OUT_DIR/STEP.log
    merge, gather and splice at rows 1 / 8 / 64 x 1K-64K tokens), then ``xbench fit`` of it
    onto the priors' fabrics: ``OUT_DIR/device-fit.toml`` holds this device's measured terms
    with their intervals and provenance (issue 42: the shipped profile's device terms).
-4. ``device-probe``: ``cuda/probe_device_main.cu`` built with nvcc against NVSHMEM's wheel
+4. ``tiles``: the preferred tile without and with its page lookahead at one, eight and 64
+   rows x 32K tokens, split counts timed one by one, the combine launched after the split
+   kernel and dependent on it (``triton_tiles.py --pdl off on``): the kernel's candidates.
+5. ``profile``: the triton backend's kernels one by one (torch.profiler), to see what the
+   split kernel, the combine and the index preparation each cost; then, at one row over 64
+   splits, the split kernel's fixed cost a call and its cost a tile.
+6. ``pytest-gpu``: ``pytest -m gpu`` (among them, each kernel candidate's bits).
+7. ``device-probe``: ``cuda/probe_device_main.cu`` built with nvcc against NVSHMEM's wheel
    and run: device-initiated put, put-with-signal ping-pong and block-wide put bandwidth on
    one PE (to itself, every byte checked), and the peer loops on GPU 0 (and between GPUs
    0 and 1 where the machine has two).
-5. ``nvshmem``: nvshmem4py on one PE through the calls the nvshmem transport makes
+8. ``nvshmem``: nvshmem4py on one PE through the calls the nvshmem transport makes
    (put-with-signal, non-blocking put, quiet), 8 B and 256 MiB, bytes checked; then
    ``--initiator device``'s transport on that PE (its kernels' cubin built with nvcc,
    loaded and initialised by NVSHMEM, each kernel launched as the probe does), 8 B-256 MiB.
-6. ``validate``: route, fetch and local on the GPU, two ranks sharing it, messages staged
+9. ``validate``: route, fetch and local on the GPU, two ranks sharing it, messages staged
    through host buffers, compute replayed from CUDA graphs, checked against one-instance
    attention (predictions: this run's ``device-fit.toml``, else the profile shipped for
    this kind of GPU, else the priors).
-7. ``tiles``: the preferred tile at one and eight rows x 32K-64K tokens, split counts timed
-   one by one, the combine launched after the split kernel and dependent on it
-   (``triton_tiles.py --pdl off on``).
-8. ``profile``: the triton backend's kernels one by one (torch.profiler), to see what the
-   split kernel, the combine and the index preparation each cost; then, at one row over 64
-   splits, the split kernel's fixed cost a call and its cost a tile.
-9. ``refusals``: what ``xbench probe`` says to GPU transports it cannot run on one GPU.
-10. ``pytest-gpu``: ``pytest -m gpu``.
+10. ``refusals``: what ``xbench probe`` says to GPU transports it cannot run on one GPU.
 11. ``triton-tests``: the triton backend's numerics on this GPU's tensor cores, shape by shape.
 
 Writes ``OUT_DIR/summary.md`` (each step's status and its figures) and prints it. Steps that
@@ -57,13 +57,13 @@ ROOT = HERE.parent
 PRIORS = ROOT / "profiles" / "h100-priors.toml"
 PY = sys.executable
 
-# what `tiles` times: the preferred tile (triton_mla.GPU_TILES[0]; the full scan of tiles chose
-# it in sessions 31, 34 and 43, the kernel unchanged since) at the one-row target's shapes and
-# eight rows, each count of several splits with the combine launched after the split kernel
-# and dependent on it (triton_mla.COMBINE_PDL, a candidate no GPU has timed yet); a dense
-# selection as its page table (token indices built in the call were 18-22 % slower in
-# sessions 33 to 43). `triton_tiles.py --tiles ...` scans other tiles where the kernel changes
-TILES = "64,64,8,2,1"
+# what `tiles` times: the preferred tile (the full scan of tiles chose it in sessions 31, 34
+# and 43) without and with its page lookahead (triton_mla.GPU_TILES[:2]), at one, eight and
+# 64 rows x 32K tokens, each count of several splits with the combine launched after the
+# split kernel and dependent on it (triton_mla.COMBINE_PDL): the two candidates no GPU has
+# timed yet; a dense selection as its page table (token indices built in the call were 18-22 %
+# slower in sessions 33 to 43). `triton_tiles.py --tiles ...` scans other tiles
+TILES = "64,64,8,2,1,0 64,64,8,2,1,1"
 
 
 def shipped_profile_for(gpu_name: str) -> Path:
@@ -122,7 +122,7 @@ def steps(out: Path, cpu: bool) -> list[tuple[str, int, str]]:
             "--backends triton,torch,flashmla,flashinfer,plain-torch-graph"
         )
         tiles = (
-            f"{q(PY)} {HERE}/triton_tiles.py --rows 1,8 --tokens 32768,65536 --samples 3 "
+            f"{q(PY)} {HERE}/triton_tiles.py --rows 1,8,64 --tokens 32768 --samples 3 "
             f"--tiles {TILES} --dense-indices pages --pdl off on "
             f"--out {q(str(out / 'tiles.json'))}"
         )
@@ -136,6 +136,16 @@ def steps(out: Path, cpu: bool) -> list[tuple[str, int, str]]:
         ),
         ("sweep", 170, sweep),
         ("device-fit", 150, device_fit),
+        # the kernel's candidates (the combine's launch, the page lookahead) and where the
+        # one-row call's time goes, then their bits on the tensor cores, before what has run
+        ("tiles", 200, tiles),
+        (
+            "profile",
+            75,
+            f"{q(PY)} {HERE}/gpu_check.py --step profile {q(str(out))}"
+            + (" --device cpu" if cpu else ""),
+        ),
+        ("pytest-gpu", 150, f"{q(PY)} -m pytest -q -m gpu -p no:cacheprovider {ROOT / 'tests'}"),
         ("device-probe", 60, f"{q(PY)} {HERE}/gpu_check.py --step device-probe {q(str(out))}"),
         ("nvshmem", 75, f"{q(PY)} {HERE}/gpu_check.py --step nvshmem {q(str(out))}"),
         (
@@ -150,14 +160,6 @@ def steps(out: Path, cpu: bool) -> list[tuple[str, int, str]]:
             f"--fabric nvlink --rows 1,16 --chunk {validate_chunks} --heads {validate_heads} "
             f"--samples 3 --rounds 1 --out {q(str(out / 'validate'))}",
         ),
-        # the one-row target's open question (the combine's launch), before what has run
-        ("tiles", 150, tiles),
-        (
-            "profile",
-            75,
-            f"{q(PY)} {HERE}/gpu_check.py --step profile {q(str(out))}"
-            + (" --device cpu" if cpu else ""),
-        ),
         (
             "refusals",
             40,
@@ -167,7 +169,6 @@ def steps(out: Path, cpu: bool) -> list[tuple[str, int, str]]:
             f"{xb} probe --np 2 --transport $t --sizes 8B:1KiB --out {q(str(out / 'refused'))}-$i; "
             'echo "exit $?"; done',
         ),
-        ("pytest-gpu", 150, f"{q(PY)} -m pytest -q -m gpu -p no:cacheprovider {ROOT / 'tests'}"),
         # Last: pytest-gpu already checks the triton backend against torch on the tensor
         # cores; this file's many small shapes each compile and tune (5 of its 16 tests in
         # 120 s on an H200, session 43), so it takes what the budget has left.
@@ -247,12 +248,12 @@ def summary(out: Path, done: list[dict]) -> str:
         "sweep": ("bound = max", 60),
         "device-fit": (None, 60),
         "tiles": ("best ", 30),
-        "device-probe": (None, 40),
         "profile": (None, 60),
+        "pytest-gpu": (None, 12),
+        "device-probe": (None, 40),
         "nvshmem": (None, 30),
         "validate": (None, 30),
         "refusals": (None, 20),
-        "pytest-gpu": (None, 12),
         "triton-tests": (None, 12),
     }
     for name, (marker, lines) in sections.items():

@@ -1,16 +1,19 @@
 """Which tile and split count the triton backend should take, each timed on this GPU.
 
-    python benchmarks/triton_tiles.py [--tiles 128,32,8,2,2 16,64,4,2,1 ...] [--out FILE.json]
+    python benchmarks/triton_tiles.py [--tiles 64,64,8,2,1,1 16,64,4,2,1 ...] [--out FILE.json]
 
 For every shape (rows x tokens dense, and rows of a per-row top-k), every tile (query rows,
-tokens, warps, pipeline stages, output parts; default ``triton_mla.GPU_TILES``) and a few
+tokens, warps, pipeline stages, output parts and, optionally, page lookahead 0 or 1;
+default ``triton_mla.GPU_TILES``) and a few
 split counts (one, the backend's own choice for that tile, one and two waves of programs),
 times the attention as ``xbench kernel`` does (inputs rotated past the last cache level,
 warm-ups, graph replay on GPUs) and prints us, TFLOP/s and the share of the bound measured
 in the same run, with the best per shape: what ``GPU_TILES`` and the split estimate are
 chosen from; run it again on another GPU before changing either. ``--pdl off on`` times each
 count of several splits twice, the combine launched after the split kernel and launched
-dependent on it (``triton_mla.COMBINE_PDL``), where the device can. A tile that does not fit
+dependent on it (``triton_mla.COMBINE_PDL``), where the device can. Where the best timing's
+tile was also timed with the other page lookahead, or the other combine launch, the best
+line gives both times. A tile that does not fit
 the device (shared memory) prints why and is skipped. ``--device cpu`` under
 ``TRITON_INTERPRET=1`` with small shapes runs the same code (a smoke test of the script).
 """
@@ -33,7 +36,7 @@ from gpu_kernels import add_shape_options, attention_cases  # this folder's: run
 from xbench.kernels.backend import get_backend
 from xbench.kernels.bench import measure_ceilings, time_case
 from xbench.kernels.selection import DensePages
-from xbench.kernels.triton_backend import choose_splits, pdl_unavailable
+from xbench.kernels.triton_backend import choose_splits, pdl_unavailable, tile_fields
 
 
 def split_counts(case, tile, sm_count: int, extra: tuple = ()) -> list[int]:
@@ -80,22 +83,24 @@ def where(case, tile, splits: int, form: str, pdl: bool) -> str:
     tile, the split count, how the selection arrived and the combine's launch."""
     shape = f"{case.rows}x{case.chunk} {'sparse' if case.sparse else 'dense'}"
     tile = ",".join(map(str, tile))
-    return f"{shape:15} {tile:12} {splits:>6} {form:>7} {'on' if pdl else 'off':>3}"
+    return f"{shape:15} {tile:13} {splits:>6} {form:>7} {'on' if pdl else 'off':>3}"
 
 
-def pdl_pair(found: list[dict], best: dict) -> str:
-    """Where the best timing's tile, split count and selection form were timed both with and
-    without the combine launched dependent on the split kernel: both times."""
+# what makes two timings the same way but for one of the two switches compared
+TIMED_WAY = ("case", "tile", "splits", "indices", "lookahead", "pdl")
+
+
+def both_ways(found: list[dict], best: dict, switch: str) -> str:
+    """Where the best timing was also timed with ``switch`` ("lookahead" or "pdl") the
+    other way, all else the same: both times; else the switch where it is on."""
     same = {
-        r["pdl"]: r["us"]
-        for r in found
-        if (r["case"], r["tile"], r["splits"], r["indices"])
-        == (best["case"], best["tile"], best["splits"], best["indices"])
+        r[switch]: r["us"] for r in found if all(r[k] == best[k] for k in TIMED_WAY if k != switch)
     }
     if len(same) < 2:
-        return ", pdl" * best["pdl"]
+        return f", {switch}" * best[switch]
     return (
-        f", pdl {'on' if best['pdl'] else 'off'} ({same[False]:,.1f} us off, {same[True]:,.1f} on)"
+        f", {switch} {'on' if best[switch] else 'off'} "
+        f"({same[False]:,.1f} us off, {same[True]:,.1f} on)"
     )
 
 
@@ -104,7 +109,9 @@ def main(argv=None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     add_shape_options(ap, "8192,32768")
-    ap.add_argument("--tiles", nargs="*", default=None, help="rows,tokens,warps,stages,parts")
+    ap.add_argument(
+        "--tiles", nargs="*", default=None, help="rows,tokens,warps,stages,parts[,lookahead]"
+    )
     ap.add_argument(
         "--dense-indices",
         nargs="+",
@@ -133,19 +140,14 @@ def main(argv=None) -> int:
     from xbench.kernels import triton_mla
 
     try:
-        tiles = (
-            [tuple(int(v) for v in t.split(",")) for t in args.tiles]
-            if args.tiles
-            else list(triton_mla.GPU_TILES)
-        )
-    except ValueError:
-        ap.error("--tiles takes rows,tokens,warps,stages,parts, e.g. 128,32,8,2,2")
+        given = [t.split(",") for t in args.tiles or ()] or triton_mla.GPU_TILES
+        tiles = [tile_fields(t) for t in given]
+    except ValueError as exc:
+        ap.error(f"--tiles: {exc}, e.g. 64,64,8,2,1,1")
     try:
         extra = tuple(int(v) for v in args.splits.split(",") if v.strip())
     except ValueError:
         ap.error("--splits takes whole numbers, e.g. 16,33,44")
-    if any(len(t) != 5 or t[4] not in (1, 2) for t in tiles):
-        ap.error("--tiles takes five integers each, the last (output parts) 1 or 2")
     device, cuda = args.device, args.device.startswith("cuda")
     model, cases = attention_cases(args)
     ceilings = measure_ceilings(device, "bf16")
@@ -159,7 +161,7 @@ def main(argv=None) -> int:
         pdls = [False]
     found = []
     print(
-        f"{'case':15} {'tile':12} {'splits':>6} {'indices':>7} {'pdl':>3} {'us':>10} "
+        f"{'case':15} {'tile':13} {'splits':>6} {'indices':>7} {'pdl':>3} {'us':>10} "
         f"{'TFLOP/s':>7} {'bound':>5}"
     )
     for case in cases:
@@ -186,7 +188,8 @@ def main(argv=None) -> int:
                     "rows": case.rows,
                     "tokens": case.chunk,
                     "sparse": case.sparse,
-                    "tile": list(tile),
+                    "tile": list(tile[:5]),
+                    "lookahead": bool(tile[5]),
                     "splits": splits,
                     "indices": form,
                     "pdl": pdl,
@@ -204,7 +207,8 @@ def main(argv=None) -> int:
         if best:
             say(
                 f"best {case.label}: tile {tuple(best['tile'])}, {best['splits']} splits, "
-                f"{best['indices']}{pdl_pair(found, best)}"
+                f"{best['indices']}{both_ways(found, best, 'lookahead')}"
+                f"{both_ways(found, best, 'pdl')}"
             )
             print()
     if args.out:

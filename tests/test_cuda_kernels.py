@@ -258,3 +258,29 @@ def test_triton_combine_launched_dependent_on_the_split_kernel_gives_the_same_bi
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, after[k][0]) and torch.equal(lse, after[k][1])
+
+
+@pytest.mark.gpu
+def test_triton_page_lookahead_gives_the_same_bits_on_the_tensor_cores():
+    """The preferred tile with its page lookahead (a candidate ``triton_mla.GPU_TILES``
+    holds) computes what the tile without it computes, bit for bit: one row of 128 heads
+    over 64 and 3 splits, 64 rows in one split, pages out of order and a last page partly
+    used (a partial tile read through pointers after the copied ones)."""
+    from xbench.kernels import triton_mla
+
+    try:
+        impl = get_backend("triton")
+    except BackendUnavailable as exc:
+        pytest.skip(str(exc))
+    plain, ahead = triton_mla.GPU_TILES[0], (*triton_mla.GPU_TILES[0][:5], 1)
+    gen = torch.Generator().manual_seed(4)
+    cache = torch.randn(160, 64, 576, generator=gen).bfloat16().cuda()
+    sel = DensePages(torch.randperm(160, generator=gen).int(), 160 * 64 - 37)
+    scale = 1 / math.sqrt(576)
+    for rows, splits in ((1, 64), (1, 3), (64, 1)):
+        q = torch.randn(rows, 128, 576, generator=gen).bfloat16().cuda()
+        want = impl.partial_attention(q, cache, sel, scale, 512, splits=splits, tile=plain)
+        assert " la," not in impl.last_plan, impl.last_plan
+        got = impl.partial_attention(q, cache, sel, scale, 512, splits=splits, tile=ahead)
+        assert " la," in impl.last_plan, impl.last_plan
+        assert all(torch.equal(w, g) for w, g in zip(want, got, strict=True)), (rows, splits)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 import subprocess
 import sys
 import types
@@ -314,25 +315,31 @@ def test_the_tile_benchmark_times_each_tile_and_split_count(tmp_path):
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     r = subprocess.run(
         [*script, "--rows", "1", "--tokens", "40", "--topk", "0", "--heads", "16",
-         "--tiles", "16,16,4,1,2", "16,32,4,1,1", "--samples", "1",
+         "--tiles", "16,16,4,1,2", "16,16,4,1,2,1", "--samples", "1",
          "--dense-indices", "pages", "tokens", "--min-sample-time", "0.001", "--out", str(out),
          "--pdl", "off", "on"],
         capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-2000:]
     assert "best partial_attention rows=1 chunk=40 dense" in r.stdout
+    # the tile timed without and with its page lookahead, all else the same: both times
+    both = r"lookahead\s+o(n|ff)\s+\([\d.,]+\s+us\s+off,\s+[\d.,]+\s+on\)"  # wrapped at words
+    assert re.search(both, r.stdout), r.stdout
     # the dependent launch of the combine is timed only where a GPU can do it: said, not
     # timed as something it is not
     assert "--pdl on: not timed here: programmatic dependent launch needs a CUDA GPU" in r.stdout
     timings = json.loads(out.read_text())["timings"]
-    assert {tuple(t["tile"]) for t in timings} == {(16, 16, 4, 1, 2), (16, 32, 4, 1, 1)}
+    assert {(tuple(t["tile"]), t["lookahead"]) for t in timings} == {
+        ((16, 16, 4, 1, 2), False),
+        ((16, 16, 4, 1, 2), True),
+    }
     assert all(t["us"] > 0 and t["splits"] >= 1 for t in timings)
     # each tile and split count of the dense shape timed both ways the selection can arrive
-    ways = collections.Counter((tuple(t["tile"]), t["splits"]) for t in timings)
+    ways = collections.Counter((tuple(t["tile"]), t["lookahead"], t["splits"]) for t in timings)
     assert set(ways.values()) == {2} and {t["indices"] for t in timings} == {"pages", "tokens"}
     assert not any(t["pdl"] for t in timings)
     r = subprocess.run([*script, "--tiles", "16,16,4"], capture_output=True, text=True, env=env)
-    assert r.returncode == 2 and "five integers" in r.stderr
+    assert r.returncode == 2 and "--tiles: a tile is rows,tokens,warps,stages,parts" in r.stderr
     # split counts asked for besides the usual ones (at most one a tile of tokens)
     r = subprocess.run(
         [*script, "--rows", "1", "--tokens", "40", "--topk", "0", "--heads", "16",

@@ -148,12 +148,19 @@ def test_more_splits_than_pages_and_heads_that_do_not_fill_a_tile(triton_backend
 def test_a_page_table_gives_what_its_token_indices_give(triton_backend):
     """A dense selection reaches the kernel as its page table (addresses computed there):
     pages out of order, a last page partly used, 1 and 3 splits, tiles within a page (one
-    lookup a tile; whole ones copied by TMA with 64-row tiles, of one or two output parts)
-    and across pages (one a token): the same attention to the bit as the same tokens listed
-    one by one. The last page's unused rows hold NaN, which no path may read."""
+    lookup a tile; whole ones copied by TMA with 64-row tiles, of one or two output parts,
+    the page looked up when the tile is copied or a step ahead) and across pages (one a
+    token): the same attention to the bit as the same tokens listed one by one. The last
+    page's unused rows hold NaN, which no path may read."""
     gen = torch.Generator().manual_seed(9)
     q = torch.randn(2, 16, D, generator=gen).to(torch.bfloat16)
-    tiles = ((16, 16, 4, 2, 1), (16, 2 * BS, 4, 2, 1), (64, 16, 8, 2, 1), (64, 16, 8, 2, 2))
+    tiles = (
+        (16, 16, 4, 2, 1),
+        (16, 2 * BS, 4, 2, 1),
+        (64, 16, 8, 2, 1),
+        (64, 16, 8, 2, 2),
+        (64, 16, 8, 2, 1, 1),
+    )
     # a last page partly used (a partial tile), and whole pages (no code for one compiled)
     for tokens in (2 * BS + 5, 3 * BS):
         sel = DensePages(torch.tensor([3, 0, 6]), tokens)
@@ -243,6 +250,30 @@ def test_triton_is_refused_on_cpu_without_the_interpreter(monkeypatch):
         assert "TRITON_INTERPRET=1" in str(err.value)
     finally:
         backend.get_backend.cache_clear()
+
+
+def test_the_tuner_times_a_page_lookahead_only_where_it_changes_the_kernel():
+    """The lookahead acts in the TMA loop of a page table's whole tiles (64-row tiles): for
+    token indices, or a tile that reads through pointers, the tuner keeps one of the two."""
+    import triton
+
+    from xbench.kernels.triton_backend import _pointless_lookahead, tile_fields
+
+    def config(m, n, ahead):
+        return triton.Config({"BLOCK_M": m, "BLOCK_N": n, "VSPLIT": 1, "LOOKAHEAD": ahead})
+
+    configs = [config(64, 64, False), config(64, 64, True), config(16, 64, False)]
+    kept = _pointless_lookahead(configs, {}, PAGE=64, TMA=True)
+    assert kept == configs
+    for page, tma in ((0, False), (64, False), (32, True)):  # tokens; cache past 2^31 rows; a
+        kept = _pointless_lookahead(configs, {}, PAGE=page, TMA=tma)  # page under a tile
+        assert kept == [configs[0], configs[2]]
+    assert _pointless_lookahead([config(16, 16, True)], {}, PAGE=64, TMA=True) == []
+    assert tile_fields((64, 64, 8, 2, 1)) == (64, 64, 8, 2, 1, 0)
+    assert tile_fields(["64", "64", "8", "2", "1", "1"]) == (64, 64, 8, 2, 1, 1)
+    for bad in ((64, 64, 8, 2, 3), (64, 64, 8, 2, 1, 2), (64, 64, 8), ("64", "x", "8", "2", "1")):
+        with pytest.raises(ValueError, match="a tile is rows,tokens,warps,stages,parts"):
+            tile_fields(bad)
 
 
 def test_the_tuner_picks_a_tile_per_shape_and_the_grid_follows_it(monkeypatch):

@@ -38,9 +38,38 @@ from xbench.kernels import triton_mla
 
 kernel = triton_mla.split_kernel
 constexprs = {"UPCAST": False, "PRECISION": "tf32", "DIM": 576, "LAT": 512, "RP": 64}
+def lookup_feeds_copy(ttgir):
+    # whether, in the loop that issues the TMA copies, a page looked up in a step feeds that
+    # step's copy (through address arithmetic), so the copy's issue waits for the load
+    lines = ttgir.splitlines()
+    for i, line in enumerate(lines):
+        if "scf.for" not in line:
+            continue
+        depth, body = 0, []
+        for text in lines[i:]:
+            depth += text.count("{") - text.count("}")
+            body.append(text)
+            if depth <= 0:
+                break
+        if not any("async_tma_copy_global_to_local" in t for t in body[1:]):
+            continue
+        tainted = set()
+        for text in body[1:]:
+            lhs, eq, rhs = text.partition(" = ")
+            if not eq:
+                continue
+            name = re.match(r"\s*(%\w+)", lhs)
+            uses = set(re.findall(r"%\w+", rhs))
+            if re.search(r"tt\.load .*: !tt\.ptr<i32>", rhs) or uses & tainted:
+                tainted.add(name.group(1))
+        coordinates = [re.search(r"\[([^]]*)\]", t).group(1) for t in body
+                       if "async_tma_copy_global_to_local" in t]
+        return any(set(re.findall(r"%\w+", c)) & tainted for c in coordinates)
+    return None
+
 # token indices (a sparse selection) and a page table of 64-token pages (a dense one, whose
 # whole tiles the tensor memory accelerator copies)
-for (m, n, warps, stages, parts), page in itertools.product(triton_mla.GPU_TILES, (0, 64)):
+for (m, n, warps, stages, parts, ahead), page in itertools.product(triton_mla.GPU_TILES, (0, 64)):
     types = {"q_ptr": "*bf16", "kv_ptr": "*bf16", "idx_ptr": "*i32", "part_out_ptr": "*fp32",
              "part_lse_ptr": "*fp32", "scale": "fp32",
              "own_desc": f"tensordesc<bf16[{n},{512 // parts}]>",
@@ -48,7 +77,8 @@ for (m, n, warps, stages, parts), page in itertools.product(triton_mla.GPU_TILES
     signature = {a: "constexpr" if a.isupper() else types.get(a, "i32") for a in kernel.arg_names}
     aligned = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(kernel.arg_names)
                if signature[a] in ("i32", "*bf16", "*i32", "*fp32") and a != "n_selected"}
-    tile = {"BLOCK_M": m, "BLOCK_N": n, "VSPLIT": parts, "PAGE": page, "TMA": page > 0}
+    tile = {"BLOCK_M": m, "BLOCK_N": n, "VSPLIT": parts, "PAGE": page, "TMA": page > 0,
+            "LOOKAHEAD": bool(ahead)}
     source = ASTSource(kernel, signature, {**constexprs, **tile}, aligned)
     compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
                               options={"num_warps": warps, "num_stages": stages})
@@ -58,7 +88,8 @@ for (m, n, warps, stages, parts), page in itertools.product(triton_mla.GPU_TILES
         usage = subprocess.run([sys.argv[1], "--dump-resource-usage", str(cubin)],
                                capture_output=True, text=True, check=True).stdout
     found = dict(re.findall(r"(REG|STACK|LOCAL):(\d+)", usage))
-    print(json.dumps({"tile": [m, n, warps, stages, parts], "page": page,
+    print(json.dumps({"tile": [m, n, warps, stages, parts, ahead], "page": page,
+                      "lookup_feeds_copy": lookup_feeds_copy(compiled.asm["ttgir"]),
                       "shared": compiled.metadata.shared,
                       "wgmma": "wgmma" in compiled.asm["ptx"],
                       "tma": "cp.async.bulk.tensor" in compiled.asm["ptx"],
@@ -80,7 +111,7 @@ def compile_(kernel, types, constexprs, options):
     source = ASTSource(kernel, signature, constexprs, {})
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
 
-m, n, warps, stages, parts = triton_mla.GPU_TILES[0]
+m, n, warps, stages, parts, _ = triton_mla.GPU_TILES[0]
 split = compile_(
     triton_mla.split_kernel,
     {"q_ptr": "*bf16", "kv_ptr": "*bf16", "idx_ptr": "*i32", "part_out_ptr": "*fp32",
@@ -143,9 +174,9 @@ def test_every_gpu_tile_fits_an_h100_within_the_registers_and_a_bounded_spill(co
         assert 0 < tile["shared"] <= H100_SHARED, tile
         assert tile["reg"] <= 255 and tile["local"] == 0, tile
         assert tile["stack"] <= MOST_SPILLED, tile
-    # the preferred tile: 64 query rows with the whole 512-wide accumulator (the score once),
-    # on Hopper's warpgroup MMA
-    for preferred in compiled_tiles[:2]:
+    # the preferred tile, without and with its page lookahead: 64 query rows with the whole
+    # 512-wide accumulator (the score once), on Hopper's warpgroup MMA
+    for preferred in compiled_tiles[:4]:
         assert preferred["tile"][0] == 64 and preferred["tile"][4] == 1 and preferred["wgmma"]
     # a page table's whole tiles arrive through the tensor memory accelerator; token
     # indices gather row by row
@@ -153,7 +184,21 @@ def test_every_gpu_tile_fits_an_h100_within_the_registers_and_a_bounded_spill(co
     assert all(t["tma"] == (t["page"] > 0 and t["tile"][0] >= 64) for t in compiled_tiles)
     # the small tile for a decode row's few heads spills nothing on token indices (on a
     # page table, its int64 address arithmetic spills a little, within the bound above)
-    assert compiled_tiles[2]["stack"] == 0, compiled_tiles[2]
+    small = [t for t in compiled_tiles if t["tile"][0] == 16]
+    assert small and small[0]["page"] == 0 and small[0]["stack"] == 0, small
+
+
+def test_the_page_lookahead_takes_the_lookup_off_the_copys_issue(compiled_tiles):
+    """In the TMA loop the pipeliner issues the next tile's copy at the end of a step. Without
+    lookahead the page it starts from is loaded right there, so the copy's issue waits an L2
+    round trip; with it (``LOOKAHEAD``, a candidate a GPU run times) the page was loaded a
+    step earlier and no load of the step feeds the copy. Read off the compiled TTGIR."""
+    copied = {tuple(t["tile"]): t for t in compiled_tiles if t["tma"]}
+    plain, ahead = copied[(64, 64, 8, 2, 1, 0)], copied[(64, 64, 8, 2, 1, 1)]
+    assert plain["lookup_feeds_copy"] is True, plain
+    assert ahead["lookup_feeds_copy"] is False, ahead
+    # the same shared memory: the lookahead is a register, not a buffer
+    assert ahead["shared"] == plain["shared"]
 
 
 def test_the_combine_launched_dependent_on_the_split_kernel_compiles_for_hopper(compiled_tiles):

@@ -58,6 +58,23 @@ def _tiles() -> tuple:
     return triton_mla.INTERPRETER_TILES if interpreting() else triton_mla.GPU_TILES
 
 
+def tile_fields(tile) -> tuple:
+    """A tile as (query rows, tokens, warps, stages, output parts, page lookahead 0 or 1);
+    five fields mean no lookahead. A ValueError names what a tile is."""
+    try:
+        fields = tuple(int(v) for v in tile)
+    except ValueError:
+        fields = ()
+    if len(fields) == 5:
+        fields += (0,)
+    if len(fields) != 6 or fields[4] not in (1, 2) or fields[5] not in (0, 1):
+        raise ValueError(
+            "a tile is rows,tokens,warps,stages,parts[,lookahead] with parts 1 or 2 and "
+            f"lookahead 0 or 1, not {','.join(map(str, tile))}"
+        )
+    return fields
+
+
 def _host_time(kernel_call, quantiles=None):
     """The tuner's timer under the interpreter, where there is no GPU driver to time with:
     the host's, one call (interpreted tiles are compared for the tests, not for speed)."""
@@ -74,6 +91,18 @@ def _descriptor_blocks(args: dict) -> None:
     args["rp_desc"].block_shape = [args["BLOCK_N"], ROPE]
 
 
+def _pointless_lookahead(configs, named_args, **kwargs) -> list:
+    """The tuner's candidates less those whose page lookahead changes nothing here: it acts
+    in the loop of whole tiles a 64-row tile copies through TMA from a page table only (the
+    tuner would time the same kernel twice)."""
+
+    def copies(config) -> bool:
+        k = config.kwargs
+        return bool(kwargs["TMA"]) and kwargs["PAGE"] % k["BLOCK_N"] == 0 and k["BLOCK_M"] >= 64
+
+    return [c for c in configs if not c.kwargs["LOOKAHEAD"] or copies(c)]
+
+
 @functools.cache
 def _kernels(tiles: tuple):
     """(split kernel, combine kernel), defined on first use (see ``triton_mla``). The split
@@ -87,14 +116,15 @@ def _kernels(tiles: tuple):
     split = triton.autotune(
         configs=[
             triton.Config(
-                {"BLOCK_M": m, "BLOCK_N": n, "VSPLIT": parts},
+                {"BLOCK_M": m, "BLOCK_N": n, "VSPLIT": parts, "LOOKAHEAD": bool(ahead)},
                 num_warps=warps,
                 num_stages=stages,
                 pre_hook=_descriptor_blocks,
             )
-            for m, n, warps, stages, parts in tiles
+            for m, n, warps, stages, parts, ahead in map(tile_fields, tiles)
         ],
         key=list(triton_mla.TUNED_FOR),
+        prune_configs_by={"early_config_prune": _pointless_lookahead},
         do_bench=_host_time if interpreting() else None,  # None: Triton's, on the GPU
     )(triton_mla.split_kernel)
     combine = triton.autotune(
@@ -138,12 +168,14 @@ def choose_splits(
 
 def describe_plan(split_config, splits: int, combine_config, pdl: bool = False) -> str:
     """What a call ran: the split kernel's tile (query rows x tokens, warps, stages, output
-    parts), the split count and, with several splits, the combine's layout and whether it
-    was launched dependent on the split kernel (``pdl``)."""
+    parts, ``la`` where it looks each tile's page up a step ahead), the split count and,
+    with several splits, the combine's layout and whether it was launched dependent on the
+    split kernel (``pdl``)."""
     k = split_config.kwargs
     plan = (
         f"tile {k['BLOCK_M']}x{k['BLOCK_N']} w{split_config.num_warps} "
-        f"s{split_config.num_stages} p{k['VSPLIT']}, {splits} split{'s' * (splits > 1)}"
+        f"s{split_config.num_stages} p{k['VSPLIT']}{' la' * bool(k.get('LOOKAHEAD'))}, "
+        f"{splits} split{'s' * (splits > 1)}"
     )
     if combine_config is not None:
         c = combine_config.kwargs
@@ -252,9 +284,9 @@ class TritonBackend(TorchFallbacks):
         tile=None,
         pdl=None,
     ):
-        """``splits`` and ``tile`` (rows, tokens, warps, stages, parts) fix what is otherwise
-        chosen: the split count by its estimate, the tile by the tuner among ``GPU_TILES``
-        (``benchmarks/triton_tiles.py`` times them one by one). ``pdl``: launch the combine
+        """``splits`` and ``tile`` (rows, tokens, warps, stages, parts[, lookahead]) fix what
+        is otherwise chosen: the split count by its estimate, the tile by the tuner among
+        ``GPU_TILES`` (``benchmarks/triton_tiles.py`` times them one by one). ``pdl``: launch the combine
         dependent on the split kernel where the device can (default
         ``triton_mla.COMBINE_PDL``); ``last_plan`` says whether it was."""
         torch = self.torch
@@ -273,7 +305,7 @@ class TritonBackend(TorchFallbacks):
             indices, rows, heads, kv_cache.shape[1], dev
         )
         total_rows = rows * heads
-        tiles = _tiles() if tile is None else (tuple(tile),)
+        tiles = _tiles() if tile is None else (tile_fields(tile),)
         splits, per_split = self._split_tokens(
             tiles, splits, n_selected, groups, rows_per_group, total_rows, dev
         )

@@ -9,21 +9,27 @@ import triton
 import triton.language as tl
 
 # The split kernel's tiles a GPU chooses among on its first call per shape (triton.autotune):
-# (query rows, tokens, warps, pipeline stages, output column parts). The first is the
-# preferred tile (the split count is chosen for it): one program per 64 query rows holds the
-# whole 64 x 512 fp32 accumulator (128 registers a thread at 8 warps), so the 576-wide score
-# is computed once (with some ptxas versions it spills a few hundred bytes a thread to L1,
-# which cost less than computing the score twice); 16 x 64 is there for few query rows,
-# where a 64-row tile would mostly compute padding. Their sm_90
-# compile facts (registers, spills, shared memory) are checked by tests/test_triton_sm90.py
-# with Triton's own ptxas, no GPU needed; benchmarks/triton_tiles.py times candidates.
+# (query rows, tokens, warps, pipeline stages, output column parts, page lookahead). The
+# first is the preferred tile (the split count is chosen for it): one program per 64 query
+# rows holds the whole 64 x 512 fp32 accumulator (128 registers a thread at 8 warps), so the
+# 576-wide score is computed once (with some ptxas versions it spills a few hundred bytes a
+# thread to L1, which cost less than computing the score twice); 16 x 64 is there for few
+# query rows, where a 64-row tile would mostly compute padding. Lookahead 1 (the TMA loop
+# of a page table): the next tile's page is looked up while a tile computes, so the copy the
+# pipeliner issues at the end of a step waits for no L2 round trip first (without it, the
+# lookup and the copy of the next tile sit back to back after the second product). A
+# candidate until a GPU run times it faster (`benchmarks/triton_tiles.py`, gpu_check's
+# `tiles` step); the tuner times both on a GPU's first call per shape. Their sm_90 compile
+# facts (registers, spills, shared memory) are checked by tests/test_triton_sm90.py with
+# Triton's own ptxas, no GPU needed.
 GPU_TILES = (
-    (64, 64, 8, 2, 1),
-    (16, 64, 4, 2, 1),
+    (64, 64, 8, 2, 1, 0),
+    (64, 64, 8, 2, 1, 1),
+    (16, 64, 4, 2, 1, 0),
 )
 # under TRITON_INTERPRET (warps and stages mean nothing there): one tile, so nothing is
 # tuned, and small, so the tests stay quick; two output parts, so both halves' code runs
-INTERPRETER_TILES = ((16, 16, 4, 1, 2),)
+INTERPRETER_TILES = ((16, 16, 4, 1, 2, 0),)
 # the combine's candidates on a GPU: (output columns a program, splits a step, warps). The
 # first is the plain kernel (one program per row, the splits one by one); the others split
 # the columns over programs or read several splits at once
@@ -186,6 +192,7 @@ def split_kernel(
     RP: tl.constexpr,
     PAGE: tl.constexpr,
     TMA: tl.constexpr,
+    LOOKAHEAD: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
     if PDL:  # the combine may start now: it waits in the GPU until this grid has finished
@@ -230,8 +237,17 @@ def split_kernel(
         # query rows (warpgroup MMA) only: a 16-row tile's last partial tile, read into
         # registers for mma.sync, spills (tests/test_triton_sm90.py)
         tail = start + (stop - start) // BLOCK_N * BLOCK_N
+        if LOOKAHEAD:  # the first tile's page; each step then looks up the next one's
+            page = tl.load(table + start // PAGE, mask=start < tail, other=0)
         for tile in range(start, tail, BLOCK_N):
-            first = tl.load(table + tile // PAGE) * PAGE + tile % PAGE
+            if LOOKAHEAD:
+                # the copy of this tile starts from a page looked up a step earlier, so its
+                # issue waits for no load (the next page arrives while this tile computes)
+                first = page * PAGE + tile % PAGE
+                ahead = tile + BLOCK_N
+                page = tl.load(table + ahead // PAGE, mask=ahead < tail, other=0)
+            else:
+                first = tl.load(table + tile // PAGE) * PAGE + tile % PAGE
             k_own = own_desc.load([first, v_part * (LAT // VSPLIT)])
             k_rp = rp_desc.load([first, LAT])
             k_other = k_rp
