@@ -3,18 +3,19 @@
     python benchmarks/triton_tiles.py [--tiles 64,64,8,2,1,1 16,64,4,2,1 ...] [--out FILE.json]
 
 For every shape (rows x tokens dense, and rows of a per-row top-k), every tile (query rows,
-tokens, warps, pipeline stages, output parts and, optionally, page lookahead 0 or 1;
-default ``triton_mla.GPU_TILES``) and a few
-split counts (one, the backend's own choice for that tile, one and two waves of programs),
-times the attention as ``xbench kernel`` does (inputs rotated past the last cache level,
-warm-ups, graph replay on GPUs) and prints us, TFLOP/s and the share of the bound measured
-in the same run, with the best per shape: what ``GPU_TILES`` and the split estimate are
-chosen from; run it again on another GPU before changing either. ``--pdl off on`` times each
-count of several splits twice, the combine launched after the split kernel and launched
-dependent on it (``triton_mla.COMBINE_PDL``), where the device can. Where the best timing's
-tile was also timed with the other page lookahead, or the other combine launch, the best
-line gives both times. A tile that does not fit
-the device (shared memory) prints why and is skipped. ``--device cpu`` under
+tokens, warps, pipeline stages, output parts and, optionally, page lookahead 0 or 1; default
+``triton_mla.GPU_TILES``) and a few split counts (one, the backend's own choice for that
+tile, one and two waves of programs), times the attention as ``xbench kernel`` does (inputs
+rotated past the last cache level, warm-ups, graph replay on GPUs) and prints the samples'
+median in us, their range (largest less smallest) as a share of the median, TFLOP/s and the
+share of the bound measured in the same run, with the best per shape: what ``GPU_TILES`` and
+the split estimate are chosen from; run it again on another GPU before changing either.
+``--pdl off on`` times each count of several splits twice, the combine launched after the
+split kernel and launched dependent on it (``triton_mla.COMBINE_PDL``), where the device
+can. Where the best timing's tile was also timed with the other page lookahead, or the other
+combine launch, the best line gives both medians and whether the two timings' samples lie
+apart or overlap (a candidate is kept where they lie apart, docs/gpu-check.md). A tile that
+does not fit the device (shared memory) prints why and is skipped. ``--device cpu`` under
 ``TRITON_INTERPRET=1`` with small shapes runs the same code (a smoke test of the script).
 """
 
@@ -51,10 +52,11 @@ def split_counts(case, tile, sm_count: int, extra: tuple = ()) -> list[int]:
     return sorted({min(tiles, max(1, s)) for s in (1, own, *waves, *extra)})
 
 
-def time_tile(backend, model, case, device, launch, args, tile, splits, form, pdl) -> float:
-    """The median time of one tile at one split count, in us, as ``xbench kernel`` times it;
-    ``form`` "tokens" hands a dense selection over as token indices built in the call;
-    ``pdl``: the combine launched dependent on the split kernel."""
+def time_tile(backend, model, case, device, launch, args, tile, splits, form, pdl) -> list:
+    """The samples' times of one tile at one split count, in us, as ``xbench kernel`` times
+    them (each a mean over a sample's calls); ``form`` "tokens" hands a dense selection over
+    as token indices built in the call; ``pdl``: the combine launched dependent on the split
+    kernel."""
 
     def runner(x, v_dim=case.v_dim):
         indices = x["indices"]
@@ -69,7 +71,7 @@ def time_tile(backend, model, case, device, launch, args, tile, splits, form, pd
         case, "triton", device, model.softmax_scale, samples=args.samples, warmups=1,
         min_sample_s=args.min_sample_time, launch=launch, runner=runner,
     )  # fmt: skip
-    return statistics.median(s for _, warm, s in timed if not warm) * 1e6
+    return [s * 1e6 for _, warm, s in timed if not warm]
 
 
 def say(text: str) -> None:
@@ -92,15 +94,16 @@ TIMED_WAY = ("case", "tile", "splits", "indices", "lookahead", "pdl")
 
 def both_ways(found: list[dict], best: dict, switch: str) -> str:
     """Where the best timing was also timed with ``switch`` ("lookahead" or "pdl") the
-    other way, all else the same: both times; else the switch where it is on."""
-    same = {
-        r[switch]: r["us"] for r in found if all(r[k] == best[k] for k in TIMED_WAY if k != switch)
-    }
+    other way, all else the same: both medians, and whether their samples' ranges lie
+    apart or overlap; else the switch where it is on."""
+    same = {r[switch]: r for r in found if all(r[k] == best[k] for k in TIMED_WAY if k != switch)}
     if len(same) < 2:
         return f", {switch}" * best[switch]
+    off, on = same[False]["samples_us"], same[True]["samples_us"]
+    apart = max(on) < min(off) or max(off) < min(on)
     return (
-        f", {switch} {'on' if best[switch] else 'off'} "
-        f"({same[False]:,.1f} us off, {same[True]:,.1f} on)"
+        f", {switch} {'on' if best[switch] else 'off'} ({same[False]['us']:,.1f} us off, "
+        f"{same[True]['us']:,.1f} on: samples {'apart' if apart else 'overlap'})"
     )
 
 
@@ -161,7 +164,7 @@ def main(argv=None) -> int:
         pdls = [False]
     found = []
     print(
-        f"{'case':15} {'tile':13} {'splits':>6} {'indices':>7} {'pdl':>3} {'us':>10} "
+        f"{'case':15} {'tile':13} {'splits':>6} {'indices':>7} {'pdl':>3} {'us':>10} {'range':>5} "
         f"{'TFLOP/s':>7} {'bound':>5}"
     )
     for case in cases:
@@ -177,7 +180,7 @@ def main(argv=None) -> int:
                 if pdl and splits == 1:  # one split: no combine to launch
                     continue
                 try:
-                    us = time_tile(
+                    samples_us = time_tile(
                         backend, model, case, device, launch, args, tile, splits, form, pdl
                     )
                 except Exception as exc:  # noqa: BLE001 - e.g. a tile over the shared memory
@@ -193,14 +196,16 @@ def main(argv=None) -> int:
                     "splits": splits,
                     "indices": form,
                     "pdl": pdl,
-                    "us": us,
+                    "us": (us := statistics.median(samples_us)),
+                    "samples_us": samples_us,
                     "tflops": case.flops / us / 1e6,
                     "bound_share": bound_s * 1e6 / us,
                 }
                 found.append(row)
                 best = row if best is None or us < best["us"] else best
+                spread = 100 * (max(samples_us) - min(samples_us)) / us
                 print(
-                    f"{where(case, tile, splits, form, pdl)} {us:>10,.1f} "
+                    f"{where(case, tile, splits, form, pdl)} {us:>10,.1f} {spread:>4.1f}% "
                     f"{row['tflops']:>7,.1f} {100 * row['bound_share']:>4.0f}%",
                     flush=True,
                 )

@@ -323,7 +323,10 @@ def test_the_tile_benchmark_times_each_tile_and_split_count(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert "best partial_attention rows=1 chunk=40 dense" in r.stdout
     # the tile timed without and with its page lookahead, all else the same: both times
-    both = r"lookahead\s+o(n|ff)\s+\([\d.,]+\s+us\s+off,\s+[\d.,]+\s+on\)"  # wrapped at words
+    # (wrapped at words), and whether the samples of the two lie apart
+    both = (
+        r"lookahead\s+o(n|ff)\s+\([\d.,]+\s+us\s+off,\s+[\d.,]+\s+on:\s+samples\s+(apart|overlap)\)"
+    )
     assert re.search(both, r.stdout), r.stdout
     # the dependent launch of the combine is timed only where a GPU can do it: said, not
     # timed as something it is not
@@ -334,6 +337,8 @@ def test_the_tile_benchmark_times_each_tile_and_split_count(tmp_path):
         ((16, 16, 4, 1, 2), True),
     }
     assert all(t["us"] > 0 and t["splits"] >= 1 for t in timings)
+    # each timing keeps its samples, the median printed and stored among them
+    assert all(len(t["samples_us"]) == 1 and t["us"] == t["samples_us"][0] for t in timings)
     # each tile and split count of the dense shape timed both ways the selection can arrive
     ways = collections.Counter((tuple(t["tile"]), t["lookahead"], t["splits"]) for t in timings)
     assert set(ways.values()) == {2} and {t["indices"] for t in timings} == {"pages", "tokens"}
@@ -351,6 +356,27 @@ def test_the_tile_benchmark_times_each_tile_and_split_count(tmp_path):
     assert {t["splits"] for t in json.loads(out.read_text())["timings"]} >= {2, 3}
     r = subprocess.run([*script, "--splits", "many"], capture_output=True, text=True, env=env)
     assert r.returncode == 2 and "whole numbers" in r.stderr
+
+
+def test_the_tile_benchmark_says_whether_two_ways_samples_lie_apart(monkeypatch):
+    """A candidate is kept where its samples and the plain kernel's lie apart
+    (docs/gpu-check.md): the best line says which, from each timing's samples."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import triton_tiles
+
+    def timing(pdl, samples):
+        way = {"case": "c", "tile": [64, 64, 8, 2, 1], "splits": 64, "indices": "pages"}
+        return {**way, "lookahead": False, "pdl": pdl, "samples_us": samples, "us": samples[1]}
+
+    off, on = timing(False, [50.0, 50.2, 50.9]), timing(True, [48.1, 48.3, 49.0])
+    assert triton_tiles.both_ways([off, on], on, "pdl") == (
+        ", pdl on (50.2 us off, 48.3 on: samples apart)"
+    )
+    close = timing(True, [49.0, 49.5, 50.1])
+    assert triton_tiles.both_ways([off, close], close, "pdl").endswith("samples overlap)")
+    # timed one way only: the switch named where it is on, no comparison
+    assert triton_tiles.both_ways([on], on, "pdl") == ", pdl"
+    assert triton_tiles.both_ways([off], off, "lookahead") == ""
 
 
 class _FakeGpuClock:
