@@ -44,6 +44,7 @@ from xbench.results.schema import KERNEL_SAMPLES
 from xbench.results.store import RunStore, read_table
 
 PLAIN = ("plain-torch-eager", "plain-torch-graph")
+BLOCK_SIZE = 64  # tokens a page of the cases' caches (FlashMLA's page)
 
 
 def plain_torch(scale: float, v_dim: int):
@@ -104,10 +105,12 @@ def attention_cases(args):
     model = get_model(args.model)
     rows = [int(r) for r in args.rows.split(",")]
     tokens = [int(t) for t in args.tokens.split(",")]
-    cases = plan_cases(model, ["partial_attention"], rows, tokens, "bf16", False, args.heads, 64)
+    cases = plan_cases(
+        model, ["partial_attention"], rows, tokens, "bf16", False, args.heads, BLOCK_SIZE
+    )
     if args.topk:
         cases += plan_cases(
-            model, ["partial_attention"], rows, [args.topk], "bf16", True, args.heads, 64
+            model, ["partial_attention"], rows, [args.topk], "bf16", True, args.heads, BLOCK_SIZE
         )
     return model, cases
 

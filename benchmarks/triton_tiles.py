@@ -32,12 +32,21 @@ import textwrap
 from pathlib import Path
 
 import torch
-from gpu_kernels import add_shape_options, attention_cases  # this folder's: run as a script
+from gpu_kernels import (  # this folder's: run as a script
+    BLOCK_SIZE,
+    add_shape_options,
+    attention_cases,
+)
 
 from xbench.kernels.backend import get_backend
 from xbench.kernels.bench import measure_ceilings, time_case
 from xbench.kernels.selection import DensePages
-from xbench.kernels.triton_backend import choose_splits, pdl_unavailable, tile_fields
+from xbench.kernels.triton_backend import (
+    choose_splits,
+    lookahead_acts,
+    pdl_unavailable,
+    tile_fields,
+)
 
 
 def split_counts(case, tile, sm_count: int, extra: tuple = ()) -> list[int]:
@@ -178,6 +187,11 @@ def main(argv=None) -> int:
             counts = split_counts(case, tile, sm_count, extra)
             for splits, form, pdl in itertools.product(counts, forms, pdls):
                 if pdl and splits == 1:  # one split: no combine to launch
+                    continue
+                # a page lookahead changes only the TMA loop of a page table's whole tiles:
+                # elsewhere the same kernel as without, not timed twice
+                page = BLOCK_SIZE if form == "pages" and not case.sparse else 0
+                if tile[5] and not lookahead_acts(tile[0], tile[1], page, True):
                     continue
                 try:
                     samples_us = time_tile(

@@ -257,7 +257,7 @@ def test_the_tuner_times_a_page_lookahead_only_where_it_changes_the_kernel():
     token indices, or a tile that reads through pointers, the tuner keeps one of the two."""
     import triton
 
-    from xbench.kernels.triton_backend import _pointless_lookahead, tile_fields
+    from xbench.kernels.triton_backend import _pointless_lookahead, lookahead_acts, tile_fields
 
     def config(m, n, ahead):
         return triton.Config({"BLOCK_M": m, "BLOCK_N": n, "VSPLIT": 1, "LOOKAHEAD": ahead})
@@ -269,6 +269,7 @@ def test_the_tuner_times_a_page_lookahead_only_where_it_changes_the_kernel():
         kept = _pointless_lookahead(configs, {}, PAGE=page, TMA=tma)  # page under a tile
         assert kept == [configs[0], configs[2]]
     assert _pointless_lookahead([config(16, 16, True)], {}, PAGE=64, TMA=True) == []
+    assert lookahead_acts(64, 64, 64, True) and not lookahead_acts(64, 64, 0, True)
     assert tile_fields((64, 64, 8, 2, 1)) == (64, 64, 8, 2, 1, 0)
     assert tile_fields(["64", "64", "8", "2", "1", "1"]) == (64, 64, 8, 2, 1, 1)
     for bad in ((64, 64, 8, 2, 3), (64, 64, 8, 2, 1, 2), (64, 64, 8), ("64", "x", "8", "2", "1")):

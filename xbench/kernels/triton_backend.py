@@ -91,16 +91,22 @@ def _descriptor_blocks(args: dict) -> None:
     args["rp_desc"].block_shape = [args["BLOCK_N"], ROPE]
 
 
+def lookahead_acts(block_m: int, block_n: int, page: int, tma: bool) -> bool:
+    """Whether a tile's page lookahead changes the split kernel: it acts in the loop of whole
+    tiles that a tile of 64 rows or more copies through TMA from a page table (``page``
+    tokens a page, a multiple of the tile's ``block_n``) and nowhere else."""
+    return bool(tma) and page > 0 and page % block_n == 0 and block_m >= 64
+
+
 def _pointless_lookahead(configs, named_args, **kwargs) -> list:
-    """The tuner's candidates less those whose page lookahead changes nothing here: it acts
-    in the loop of whole tiles a 64-row tile copies through TMA from a page table only (the
+    """The tuner's candidates less those whose page lookahead changes nothing here (the
     tuner would time the same kernel twice)."""
-
-    def copies(config) -> bool:
-        k = config.kwargs
-        return bool(kwargs["TMA"]) and kwargs["PAGE"] % k["BLOCK_N"] == 0 and k["BLOCK_M"] >= 64
-
-    return [c for c in configs if not c.kwargs["LOOKAHEAD"] or copies(c)]
+    return [
+        c
+        for c in configs
+        if not c.kwargs["LOOKAHEAD"]
+        or lookahead_acts(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], kwargs["PAGE"], kwargs["TMA"])
+    ]
 
 
 @functools.cache
