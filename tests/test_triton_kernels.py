@@ -265,8 +265,9 @@ def test_the_tuner_times_a_page_lookahead_only_where_it_changes_the_kernel():
     configs = [config(64, 64, False), config(64, 64, True), config(16, 64, False)]
     kept = _pointless_lookahead(configs, {}, PAGE=64, TMA=True)
     assert kept == configs
-    for page, tma in ((0, False), (64, False), (32, True)):  # tokens; cache past 2^31 rows; a
-        kept = _pointless_lookahead(configs, {}, PAGE=page, TMA=tma)  # page under a tile
+    # token indices; a cache past 2^31 rows (no TMA); pages smaller than the tile
+    for page, tma in ((0, False), (64, False), (32, True)):
+        kept = _pointless_lookahead(configs, {}, PAGE=page, TMA=tma)
         assert kept == [configs[0], configs[2]]
     assert _pointless_lookahead([config(16, 16, True)], {}, PAGE=64, TMA=True) == []
     assert lookahead_acts(64, 64, 64, True) and not lookahead_acts(64, 64, 0, True)
@@ -278,7 +279,7 @@ def test_the_tuner_times_a_page_lookahead_only_where_it_changes_the_kernel():
 
 
 def test_the_tuner_picks_a_tile_per_shape_and_the_grid_follows_it(monkeypatch):
-    """Two candidate tiles of different rows and tokens (as a GPU has five): the tuner runs
+    """Two candidate tiles of different rows and tokens (as a GPU has several): the tuner runs
     both on the first call of a shape, keeps one for that shape, and the result is right
     whichever it kept; the shape it tunes for names the kernel's own arguments."""
     from xbench.kernels import triton_backend, triton_mla
