@@ -615,9 +615,19 @@ def test_sigterm_marks_the_run_partial_and_takes_the_ranks_down(tmp_path):
     assert "terminated; the cases finished so far are in" in err
     meta = read_run_meta(out)
     assert meta["status"] == "partial" and meta["stopped_because"] == "terminated"
-    # each rank, stopped, wrote where it stood to the launcher's log first
+    # each rank, stopped, wrote where it stood; the launcher's log has both, each whole (two
+    # ranks writing to the log at once cut each other's lines)
     log = (out / "launcher.log").read_text()
-    assert log.count(" in run_probe\n") == 2 and "(most recent call first)" in log, log
+    stacks = log.split(" was stopped here:\n")
+    assert len(stacks) == 3 and "\nrank 0" in stacks[0] and stacks[1].endswith("\nrank 1"), log
+    for stack in stacks[1:]:
+        assert stack.count(" in run_probe\n") == 1 and "(most recent call first)" in stack, log
+        assert all(
+            line.startswith(("Thread ", "Current thread ", "  "))
+            for line in stack.splitlines()[:-1]
+            if line
+        ), log
+    assert not list(out.glob("launcher.log.stacks-*"))
     time.sleep(0.5)
     ranks = subprocess.run(
         ["pgrep", "-f", str(out / "probe-config.json")], capture_output=True, text=True

@@ -63,3 +63,72 @@ def test_a_report_that_cannot_be_written_goes_to_stderr(tmp_path, capfd):
     err = capfd.readouterr().err
     assert err.startswith("xbench: case 'y' did not finish\n") and "Current thread" in err
     assert not missing.parent.exists()
+
+
+def test_stopped_ranks_stacks_reach_the_log_whole_and_in_rank_order(tmp_path):
+    """Ranks stopped together once wrote their stacks to one log, faulthandler's few bytes
+    at a time, and cut each other's lines; each now writes a file of its own, which the
+    launcher adds to the log rank after rank (10 after 2) and removes."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from xbench.ranks import STACKS_ON_STOP, append_stopped_stacks, stacks_file_prefix
+
+    log_path = tmp_path / "launcher.log"
+    where = f"{socket.gethostname()}:{stacks_file_prefix(log_path)}"
+    waits = (
+        "import time; from xbench.ranks import dump_stacks_when_stopped\n"
+        "def waits_for_its_peer():\n    time.sleep(60)\n"
+        "dump_stacks_when_stopped(); print('ready', flush=True); waits_for_its_peer()\n"
+    )
+    ranks = {}
+    for rank in ("10", "2", "0"):
+        env = {**os.environ, STACKS_ON_STOP: where, "PMI_RANK": rank}
+        ranks[rank] = subprocess.Popen(
+            [sys.executable, "-c", waits], env=env, stdout=subprocess.PIPE, text=True
+        )
+    for proc in ranks.values():
+        assert proc.stdout.readline() == "ready\n"
+    for rank in ("10", "0"):  # rank 2 ends without being stopped: nothing of it is added
+        ranks[rank].send_signal(signal.SIGTERM)
+        assert ranks[rank].wait(timeout=30) == -signal.SIGTERM
+    ranks["2"].kill()
+    ranks["2"].wait()
+    with open(log_path, "a") as log:
+        log.write("$ mpiexec ...\n")
+        append_stopped_stacks(log, log_path)
+    text = log_path.read_text()
+    assert text.index("rank 0 was stopped here:") < text.index("rank 10 was stopped here:")
+    assert "rank 2 " not in text
+    for block in text.split(" was stopped here:\n")[1:]:
+        stack = block.split("\nrank ")[0]
+        assert stack.count("in waits_for_its_peer") == 1, text
+        assert "most recent call first" in stack
+    assert not list(tmp_path.glob("launcher.log.stacks-*"))
+
+
+def test_a_rank_on_another_host_writes_its_stacks_to_stderr(tmp_path):
+    """The run's folder may not exist on another node: a rank there keeps the job's
+    stderr, as before."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from xbench.ranks import STACKS_ON_STOP, stacks_file_prefix
+
+    where = f"not-{socket.gethostname()}:{stacks_file_prefix(tmp_path / 'launcher.log')}"
+    waits = (
+        "import time; from xbench.ranks import dump_stacks_when_stopped\n"
+        "dump_stacks_when_stopped(); print('ready', flush=True); time.sleep(60)\n"
+    )
+    env = {**os.environ, STACKS_ON_STOP: where, "PMI_RANK": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", waits], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert proc.stdout.readline() == b"ready\n"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert b"most recent call first" in err and not list(tmp_path.iterdir())

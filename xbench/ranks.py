@@ -9,8 +9,14 @@ import os
 # MPICH takes a lock in every call, which adds to each small-message round trip and which
 # a C benchmark (MPI_Init) does not pay. MPI4PY_RC_THREAD_LEVEL still overrides it.
 THREAD_LEVEL = "funneled"
-# set by xbench's launcher for the ranks it starts, whose stderr is its launcher.log
+# Set by xbench's launcher for the ranks it starts: HOST:PREFIX, where PREFIX + the rank is
+# the file a rank on HOST writes its threads' stacks to when stopped. faulthandler writes a
+# stack a few bytes at a time, so two ranks writing to one log (their shared stderr) cut
+# each other's lines; the launcher appends the files to launcher.log a rank at a time.
 STACKS_ON_STOP = "XBENCH_STACKS_ON_STOP"
+# what the process managers xbench launches under call a rank, before MPI answers
+RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
+_stacks_file = None  # open while the rank runs: faulthandler keeps writing to its descriptor
 
 
 def ask_thread_level() -> None:
@@ -24,14 +30,52 @@ def ask_thread_level() -> None:
 
 def dump_stacks_when_stopped() -> None:
     """A rank xbench's launcher started, stopped by it (Ctrl-C, SIGTERM, a stall), first
-    writes every thread's stack to launcher.log, then ends as it would have: where a hung
-    rank waited, also where no watchdog fired. Ranks started by srun or mpirun themselves
-    write nothing extra to the job's output."""
-    if os.environ.get(STACKS_ON_STOP):
-        import faulthandler
-        import signal
+    writes every thread's stack (to a file of its own that the launcher adds to
+    launcher.log; on another node, to the job's stderr), then ends as it would have: where
+    a hung rank waited, also where no watchdog fired. Ranks started by srun or mpirun
+    themselves write nothing extra to the job's output."""
+    where = os.environ.get(STACKS_ON_STOP)
+    if not where:
+        return
+    import faulthandler
+    import signal
+    import socket
+    import sys
 
-        faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
+    global _stacks_file
+    host, _, prefix = where.partition(":")
+    rank = next((os.environ[v] for v in RANK_VARIABLES if v in os.environ), None)
+    _stacks_file = sys.stderr  # a rank on another node, or unnamed: the job's stderr
+    if host == socket.gethostname() and prefix and rank is not None:
+        try:
+            _stacks_file = open(f"{prefix}{rank}", "w")  # noqa: SIM115 (kept open on purpose)
+        except OSError:
+            pass
+    faulthandler.register(signal.SIGTERM, file=_stacks_file, all_threads=True, chain=True)
+
+
+def stacks_file_prefix(log_path) -> str:
+    """Where the ranks of the launch logging to ``log_path`` write their stacks when
+    stopped: this prefix followed by the rank."""
+    return f"{log_path}.stacks-rank-"
+
+
+def append_stopped_stacks(log, log_path) -> None:
+    """Append to ``log`` (open on ``log_path``) each rank's stacks, written when it was
+    stopped, rank after rank under a line naming it; the ranks' files are removed."""
+    from pathlib import Path
+
+    prefix = Path(stacks_file_prefix(log_path))
+    found = {}
+    for path in prefix.parent.glob(prefix.name + "*"):
+        rank = path.name[len(prefix.name) :]
+        found[int(rank) if rank.isdigit() else rank] = path
+    for rank in sorted(found, key=lambda r: (isinstance(r, str), r)):
+        text = found[rank].read_text(errors="replace")
+        if text.strip():
+            log.write(f"rank {rank} was stopped here:\n{text.rstrip()}\n")
+        found[rank].unlink(missing_ok=True)
+    log.flush()
 
 
 def mpi_library(MPI) -> str:

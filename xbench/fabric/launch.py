@@ -14,6 +14,7 @@ import os
 import selectors
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -24,7 +25,7 @@ from pathlib import Path
 from xbench.errors import RankFailure, XbenchError
 from xbench.events import EVENT_PREFIX
 from xbench.host import usable_cores
-from xbench.ranks import STACKS_ON_STOP
+from xbench.ranks import STACKS_ON_STOP, append_stopped_stacks, stacks_file_prefix
 
 # Variables that a process manager sets in each rank it starts.
 RANK_ENV = (
@@ -197,9 +198,12 @@ def launch_worker(
         log.write(f"$ {' '.join(cmd)}\n")
         log.flush()
         log_start = log.tell()
+        # the local ranks write their stacks when stopped to files of their own, added to
+        # this log rank by rank once the job has ended
+        stacks = f"{socket.gethostname()}:{stacks_file_prefix(log_path)}"
         proc = subprocess.Popen(
             cmd,
-            env={**os.environ, STACKS_ON_STOP: "1"},  # their stacks into this log when stopped
+            env={**os.environ, STACKS_ON_STOP: stacks},
             stdout=subprocess.PIPE,
             stderr=log,
             stdin=subprocess.DEVNULL,
@@ -207,8 +211,11 @@ def launch_worker(
             text=True,
             bufsize=1,
         )
-        _watch(proc, log, result, on_event, stall_timeout_s)
-        result.returncode = proc.wait()
+        try:
+            _watch(proc, log, result, on_event, stall_timeout_s)
+            result.returncode = proc.wait()
+        finally:
+            append_stopped_stacks(log, log_path)
     if result.returncode != 0 and result.error is None:
         result.error = rank_error(log_path, log_start)
     return result
