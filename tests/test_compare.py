@@ -235,7 +235,7 @@ def _scaled_copy(src, dst, factor: float, **meta_changes):
     return dst
 
 
-@pytest.mark.mpi  # starts MPI: runs under every MPI
+@pytest.mark.mpi_inputs  # MPI ranks make the run it reads (probe_run); compare starts none
 def test_compare_cli_verdicts_formats_and_exit_codes(xbench, probe_run, tmp_path):
     same = xbench("compare", probe_run, probe_run, "--format", "json")
     assert same.returncode == 0, same.stderr

@@ -41,13 +41,13 @@ def test_the_interval_label_states_the_coverage_the_samples_give(n, label):
     assert interval_label([coverage]) == expected
 
 
-@pytest.mark.mpi  # starts MPI: runs under every MPI
 @pytest.mark.parametrize(
     "args",
     [
-        ["env"],
-        ["models"],
-        ["decide", "--payload", "1KB", "--rows", "1", "--chunk", "1024"],
+        # env reads the MPI library (runs under every MPI); the others start no MPI
+        pytest.param(["env"], marks=pytest.mark.mpi, id="env"),
+        pytest.param(["models"], id="models"),
+        pytest.param(["decide", "--payload", "1KB", "--rows", "1", "--chunk", "1024"], id="decide"),
     ],
 )
 @pytest.mark.parametrize("fmt", ["json", "csv"])
