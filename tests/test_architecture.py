@@ -182,3 +182,16 @@ def test_fitting_and_reporting_leave_torch_unloaded():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_a_refused_decide_answers_before_loading_pandas():
+    """``decide`` parses its options before it loads the grid's pandas: a mistyped option
+    is answered in about 0.4 s, not 0.85 (docs/measurements.md, session 46)."""
+    code = (
+        "import sys; from xbench.cli.app import app\n"
+        "try:\n    app(['decide', '--payload', '1KB', '--rows', '1,,4'])\n"
+        "except SystemExit as stop:\n    print(stop.code, 'pandas' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "2 False", out.stdout + out.stderr
+    assert "empty item" in out.stderr

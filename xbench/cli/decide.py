@@ -141,12 +141,10 @@ def decide(
     fmt: FormatOption = OutputFormat.table,
 ) -> None:
     """Evaluate the predicate over rows x chunk x reuse (x fabric); write the decision table."""
-    from xbench.core.grid import decide_grid, expand
     from xbench.core.models import get_model, mla_model
     from xbench.core.profile import load_profile
     from xbench.core.units import parse_int_list
     from xbench.resources import DEFAULT_PROFILE, profile_path
-    from xbench.results.store import refuse_overwrite
 
     prof = load_profile(profile_path(profile or DEFAULT_PROFILE))
     if sources and fmt is OutputFormat.table:  # the terms the decisions rest on, sourced
@@ -159,10 +157,9 @@ def decide(
     # A GPU profile read on a host without GPUs is planning, not use: nothing to compare.
     fitted = prof.provenance.get("conditions") or {}
     warn_conditions(prof, host_conditions(gpu="gpu" in fitted))
-    if out is not None:
-        refuse_overwrite(out, force)
     if scenario is not None:
         _refuse_overridden(ctx)
+        _refuse_overwrite(out, force)
         return _decide_scenario(scenario, prof, out, fmt)
     preset = mla_model(model, "--model") if model else None
     h, pays, ret, kvb = _request_shape(preset, heads, payload, return_, kv_bytes)
@@ -180,6 +177,10 @@ def decide(
         raise XbenchError(
             "--segments must be at least 1", "1 = packed fetch, k = one message per block"
         )
+    _refuse_overwrite(out, force)
+    # the grid's pandas only now: a refused option answers without it (half a second)
+    from xbench.core.grid import decide_grid, expand
+
     axes = {
         "rows": row_list, "chunk_tokens": chunks, "reuse": reuses, "fabric": fabrics,
         "payload_bytes": pays, "fetch_cost": moves,
@@ -208,6 +209,13 @@ def decide(
     path = _write(table, prof, settings, out)
     thresholds = _thresholds(prof, min(row_list), chunks, settings, fabrics)
     emit_frame(table, fmt, lambda f: _render(f, thresholds, prof, settings, path))
+
+
+def _refuse_overwrite(out: Path | None, force: bool) -> None:
+    if out is not None:
+        from xbench.results.store import refuse_overwrite
+
+        refuse_overwrite(out, force)
 
 
 def _request_shape(preset, heads, payload, return_, kv_bytes) -> tuple:
