@@ -80,8 +80,10 @@ def test_stopped_ranks_stacks_reach_the_log_whole_and_in_rank_order(tmp_path):
     where = f"{socket.gethostname()}:{stacks_file_prefix(log_path)}"
     waits = (
         "import time; from xbench.ranks import dump_stacks_when_stopped\n"
-        "def waits_for_its_peer():\n    time.sleep(60)\n"
-        "dump_stacks_when_stopped(); print('ready', flush=True); waits_for_its_peer()\n"
+        # ready once inside the function the stack must show (a signal between the print
+        # and the call found the rank outside it)
+        "def waits_for_its_peer():\n    print('ready', flush=True)\n    time.sleep(60)\n"
+        "dump_stacks_when_stopped(); waits_for_its_peer()\n"
     )
     ranks = {}
     for rank in ("10", "2", "0"):

@@ -66,11 +66,9 @@ def append_stopped_stacks(log, log_path) -> None:
     from pathlib import Path
 
     prefix = Path(stacks_file_prefix(log_path))
-    found = {}
-    for path in prefix.parent.glob(prefix.name + "*"):
-        rank = path.name[len(prefix.name) :]
-        found[int(rank) if rank.isdigit() else rank] = path
-    for rank in sorted(found, key=lambda r: (isinstance(r, str), r)):
+    ranks = {p.name[len(prefix.name) :]: p for p in prefix.parent.glob(prefix.name + "*")}
+    found = {int(rank): path for rank, path in ranks.items() if rank.isdigit()}
+    for rank in sorted(found):
         text = found[rank].read_text(errors="replace")
         if text.strip():
             log.write(f"rank {rank} was stopped here:\n{text.rstrip()}\n")

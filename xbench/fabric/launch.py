@@ -25,14 +25,17 @@ from pathlib import Path
 from xbench.errors import RankFailure, XbenchError
 from xbench.events import EVENT_PREFIX
 from xbench.host import usable_cores
-from xbench.ranks import STACKS_ON_STOP, append_stopped_stacks, stacks_file_prefix
+from xbench.ranks import (
+    RANK_VARIABLES,
+    STACKS_ON_STOP,
+    append_stopped_stacks,
+    stacks_file_prefix,
+)
 
 # Variables that a process manager sets in each rank it starts.
 RANK_ENV = (
-    "PMI_RANK",
+    *RANK_VARIABLES,
     "PMI_SIZE",
-    "PMIX_RANK",
-    "OMPI_COMM_WORLD_RANK",
     "MV2_COMM_WORLD_RANK",
     "PMI_FD",
     "MPI_LOCALRANKID",
