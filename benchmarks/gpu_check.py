@@ -16,24 +16,27 @@ own time limit (never past the budget), each step's output in ``OUT_DIR/STEP.log
 4. ``tiles``: the preferred tile without and with its page lookahead at one, eight and 64
    rows x 32K tokens, split counts timed one by one, the combine launched after the split
    kernel and dependent on it (``triton_tiles.py --pdl off on``): the kernel's candidates.
-5. ``profile``: the triton backend's kernels one by one (torch.profiler), to see what the
+5. ``gluon``: the gluon backend (a warp-specialized split kernel, a candidate): its bits
+   on the GPU (``tests/test_gluon_kernels.py``), then its times beside the triton
+   backend's at rows 1 / 8 / 64 x 8K-64K dense (``gpu_kernels.py --backends gluon,triton``).
+6. ``profile``: the triton backend's kernels one by one (torch.profiler), to see what the
    split kernel, the combine and the index preparation each cost; then, at one row over 64
    splits, the split kernel's fixed cost a call and its cost a tile.
-6. ``pytest-gpu``: ``pytest -m gpu`` (among them, each kernel candidate's bits).
-7. ``device-probe``: ``cuda/probe_device_main.cu`` built with nvcc against NVSHMEM's wheel
+7. ``pytest-gpu``: ``pytest -m gpu`` (among them, each kernel candidate's bits).
+8. ``device-probe``: ``cuda/probe_device_main.cu`` built with nvcc against NVSHMEM's wheel
    and run: device-initiated put, put-with-signal ping-pong and block-wide put bandwidth on
    one PE (to itself, every byte checked), and the peer loops on GPU 0 (and between GPUs
    0 and 1 where the machine has two).
-8. ``nvshmem``: nvshmem4py on one PE through the calls the nvshmem transport makes
+9. ``nvshmem``: nvshmem4py on one PE through the calls the nvshmem transport makes
    (put-with-signal, non-blocking put, quiet), 8 B and 256 MiB, bytes checked; then
    ``--initiator device``'s transport on that PE (its kernels' cubin built with nvcc,
    loaded and initialised by NVSHMEM, each kernel launched as the probe does), 8 B-256 MiB.
-9. ``validate``: route, fetch and local on the GPU, two ranks sharing it, messages staged
+10. ``validate``: route, fetch and local on the GPU, two ranks sharing it, messages staged
    through host buffers, compute replayed from CUDA graphs, checked against one-instance
    attention (predictions: this run's ``device-fit.toml``, else the profile shipped for
    this kind of GPU, else the priors).
-10. ``refusals``: what ``xbench probe`` says to GPU transports it cannot run on one GPU.
-11. ``triton-tests``: the triton backend's numerics on this GPU's tensor cores, shape by shape.
+11. ``refusals``: what ``xbench probe`` says to GPU transports it cannot run on one GPU.
+12. ``triton-tests``: the triton backend's numerics on this GPU's tensor cores, shape by shape.
 
 Writes ``OUT_DIR/summary.md`` (each step's status and its figures) and prints it. Steps that
 cannot run here (no nvcc, no NVSHMEM wheel, one GPU) say why in their log and the summary.
@@ -116,6 +119,9 @@ def steps(out: Path, cpu: bool) -> list[tuple[str, int, str]]:
         shapes = "--device cpu --rows 1 --tokens 64 --topk 32 --heads 16"
         sweep = f"{q(PY)} {HERE}/gpu_kernels.py {shapes} --backends triton,torch --samples 1 --min-sample-time 0 --out {q(str(out / 'gpu-kernels'))}"
         tiles = f"{q(PY)} {HERE}/triton_tiles.py {shapes} --tiles 16,16,4,1,1 --pdl off on --samples 1 --min-sample-time 0 --out {q(str(out / 'tiles.json'))}"
+        gluon_shapes = (
+            "--device cpu --rows 1 --tokens 64 --topk 0 --heads 16 --samples 1 --min-sample-time 0"
+        )
     else:
         sweep = (
             f"{q(PY)} {HERE}/gpu_kernels.py --samples 3 --out {q(str(out / 'gpu-kernels'))} "
@@ -126,6 +132,15 @@ def steps(out: Path, cpu: bool) -> list[tuple[str, int, str]]:
             f"--tiles {TILES} --dense-indices pages --pdl off on "
             f"--out {q(str(out / 'tiles.json'))}"
         )
+        gluon_shapes = "--rows 1,8,64 --tokens 8192,32768,65536 --topk 0 --samples 3"
+    # the warp-specialized kernel (a candidate): its bits first, then its times beside the
+    # triton kernel's, dense (sparse calls run triton's kernel in both); in a step of its
+    # own, so a kernel whose barriers deadlock stops only this step
+    gluon = (
+        f"{q(PY)} -m pytest -q -p no:cacheprovider {ROOT / 'tests' / 'test_gluon_kernels.py'}; "
+        f"{q(PY)} {HERE}/gpu_kernels.py {gluon_shapes} --backends gluon,triton "
+        f"--out {q(str(out / 'gluon-kernels'))}"
+    )
     return [
         (
             "env",
@@ -139,13 +154,19 @@ def steps(out: Path, cpu: bool) -> list[tuple[str, int, str]]:
         # the kernel's candidates (the combine's launch, the page lookahead) and where the
         # one-row call's time goes, then their bits on the tensor cores, before what has run
         ("tiles", 200, tiles),
+        ("gluon", 120, gluon),
         (
             "profile",
             75,
             f"{q(PY)} {HERE}/gpu_check.py --step profile {q(str(out))}"
             + (" --device cpu" if cpu else ""),
         ),
-        ("pytest-gpu", 150, f"{q(PY)} -m pytest -q -m gpu -p no:cacheprovider {ROOT / 'tests'}"),
+        (
+            "pytest-gpu",
+            150,
+            f"{q(PY)} -m pytest -q -m gpu -p no:cacheprovider {ROOT / 'tests'} "
+            f"--ignore {ROOT / 'tests' / 'test_gluon_kernels.py'}",  # the gluon step's
+        ),
         ("device-probe", 60, f"{q(PY)} {HERE}/gpu_check.py --step device-probe {q(str(out))}"),
         ("nvshmem", 75, f"{q(PY)} {HERE}/gpu_check.py --step nvshmem {q(str(out))}"),
         (
@@ -241,6 +262,19 @@ def _best_lines(log: str) -> list[str]:
     return kept
 
 
+def _pytest_verdicts(log: Path) -> list[str]:
+    """pytest's failures and its closing count ("3 passed, 7 skipped in 2.8s")."""
+    if not log.exists():
+        return []
+    lines = log.read_text(errors="replace").splitlines()
+    return [
+        line
+        for line in lines
+        if line.startswith("FAILED ") or line.startswith("ERROR ")
+        or (" in " in line and any(w in line for w in (" passed", " failed", " error")))
+    ]  # fmt: skip
+
+
 def summary(out: Path, done: list[dict]) -> str:
     parts = ["# gpu-check summary", "", "| step | status | seconds |", "|---|---|---|"]
     parts += [f"| {d['step']} | {d['status']} | {d['seconds']} |" for d in done]
@@ -248,6 +282,7 @@ def summary(out: Path, done: list[dict]) -> str:
         "sweep": ("bound = max", 60),
         "device-fit": (None, 60),
         "tiles": ("best ", 30),
+        "gluon": (None, 30),
         "profile": (None, 60),
         "pytest-gpu": (None, 12),
         "device-probe": (None, 40),
@@ -262,6 +297,10 @@ def summary(out: Path, done: list[dict]) -> str:
         body = _tail(out / f"{name}.log", marker, lines)
         if name == "tiles":
             body = "\n".join(_best_lines((out / "tiles.log").read_text(errors="replace")))
+        if name == "gluon":  # its tests' verdict, then its times beside triton's
+            body = "\n".join(
+                [*_pytest_verdicts(out / "gluon.log"), _tail(out / "gluon.log", "bound = max", 30)]
+            )
         parts += ["", f"## {name}", "", "```", body, "```"]
     return "\n".join(parts) + "\n"
 

@@ -5,6 +5,7 @@ summary with each step's status and figures. (Its figures come from a GPU: docs/
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -61,6 +62,25 @@ def test_tiles_profile_and_device_fit_on_tiny_shapes_write_a_summary(tmp_path):
     profile = (out / "profile.log").read_text()
     assert "== one row, 2 splits: the split kernel's fixed cost and cost a tile" in profile
     assert "split kernel: no device times here" in profile
+
+
+def test_the_gluon_step_checks_its_bits_then_times_it_beside_triton(tmp_path):
+    """On a CPU the gluon backend runs triton's kernels (Gluon has no interpreter): the step's
+    plumbing, its tests' verdict and the two backends' table in the summary, and each
+    sample's plan saying which kernel ran."""
+    out = tmp_path / "gc"
+    done = _run(str(out), "--device", "cpu", "--steps", "gluon")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    summary = (out / "summary.md").read_text()
+    section = summary.split("## gluon", 1)[1]
+    assert re.search(r"^\d+ passed, \d+ skipped in ", section, re.M), section
+    assert re.search(r"^gluon +dense +1 +64 ", section, re.M), section
+    assert re.search(r"^triton +dense +1 +64 ", section, re.M), section
+    from xbench.results.store import read_table
+
+    plans = read_table(out / "gluon-kernels", "kernel_samples").groupby("backend")["plan"].first()
+    assert plans["gluon"].startswith("triton (Gluon has no interpreter): tile "), plans
+    assert plans["gluon"].endswith(plans["triton"])
 
 
 def test_a_step_past_the_budget_is_reported_not_run(tmp_path):

@@ -16,6 +16,8 @@ from xbench.errors import XbenchError
 REGISTRY = {
     "torch": "xbench.kernels.torch_backend:TorchBackend",
     "triton": "xbench.kernels.triton_backend:TritonBackend",
+    # triton's, with a warp-specialized Gluon split kernel where it applies (Hopper, dense bf16)
+    "gluon": "xbench.kernels.gluon_backend:GluonBackend",
     # a correctness reference (one block per head and row, no tensor cores): fits skip it
     "cuda-ref": "xbench.kernels.cuda_backend:CudaBackend",
     "flashmla": "xbench.kernels.flashmla_backend:FlashMlaBackend",
