@@ -16,9 +16,9 @@ own time limit (never past the budget), each step's output in ``OUT_DIR/STEP.log
 4. ``tiles``: the preferred tile without and with its page lookahead at one, eight and 64
    rows x 32K tokens, split counts timed one by one, the combine launched after the split
    kernel and dependent on it (``triton_tiles.py --pdl off on``): the kernel's candidates.
-5. ``gluon``: the gluon backend (a warp-specialized split kernel, a candidate): its bits
-   on the GPU (``tests/test_gluon_kernels.py``), then its times beside the triton
-   backend's at rows 1 / 8 / 64 x 8K-64K dense (``gpu_kernels.py --backends gluon,triton``).
+5. ``gluon``: the gluon backend (warp-specialized split kernels, candidates): their bits
+   on the GPU (``tests/test_gluon_kernels.py``), then each kernel's times, the first beside
+   the triton backend's, at rows 1 / 64 x 8K-64K dense (``gpu_kernels.py``).
 6. ``profile``: the triton backend's kernels one by one (torch.profiler), to see what the
    split kernel, the combine and the index preparation each cost; then, at one row over 64
    splits, the split kernel's fixed cost a call and its cost a tile.
@@ -132,15 +132,20 @@ def steps(out: Path, cpu: bool) -> list[tuple[str, int, str]]:
             f"--tiles {TILES} --dense-indices pages --pdl off on "
             f"--out {q(str(out / 'tiles.json'))}"
         )
-        gluon_shapes = "--rows 1,8,64 --tokens 8192,32768,65536 --topk 0 --samples 3"
-    # the warp-specialized kernel (a candidate): its bits first, then its times beside the
-    # triton kernel's, dense (sparse calls run triton's kernel in both); in a step of its
-    # own, so a kernel whose barriers deadlock stops only this step
-    gluon = (
-        f"{q(PY)} -m pytest -q -p no:cacheprovider {ROOT / 'tests' / 'test_gluon_kernels.py'}; "
-        f"{q(PY)} {HERE}/gpu_kernels.py {gluon_shapes} --backends gluon,triton "
-        f"--out {q(str(out / 'gluon-kernels'))}"
-    )
+        gluon_shapes = "--rows 1,64 --tokens 8192,32768,65536 --topk 0 --samples 3"
+    # the warp-specialized kernels (candidates): their bits first, then each one's times, the
+    # first beside the triton kernel's, dense at the shapes of issue 44's targets (sparse
+    # calls run triton's kernel in both); a step of its own, so a kernel whose barriers
+    # deadlock stops only this step
+    from xbench.kernels.gluon_backend import KERNELS as GLUON_KERNELS
+
+    gluon = f"{q(PY)} -m pytest -q -p no:cacheprovider {ROOT / 'tests' / 'test_gluon_kernels.py'}"
+    for i, kernel in enumerate(GLUON_KERNELS):
+        gluon += (
+            f"; XBENCH_GLUON_KERNEL={kernel} {q(PY)} {HERE}/gpu_kernels.py {gluon_shapes} "
+            f"--backends {'gluon,triton' if i == 0 else 'gluon'} "
+            f"--out {q(str(out / f'gluon-kernels-{kernel}'))}"
+        )
     return [
         (
             "env",
@@ -154,7 +159,7 @@ def steps(out: Path, cpu: bool) -> list[tuple[str, int, str]]:
         # the kernel's candidates (the combine's launch, the page lookahead) and where the
         # one-row call's time goes, then their bits on the tensor cores, before what has run
         ("tiles", 200, tiles),
-        ("gluon", 120, gluon),
+        ("gluon", 180, gluon),
         (
             "profile",
             75,
@@ -275,6 +280,17 @@ def _pytest_verdicts(log: Path) -> list[str]:
     ]  # fmt: skip
 
 
+def _tables(log: Path) -> list[str]:
+    """gpu_kernels.py's tables in a log: each from its "bound = max" line to its samples'."""
+    kept, in_table = [], False
+    for line in log.read_text(errors="replace").splitlines() if log.exists() else ():
+        in_table = in_table or "bound = max" in line
+        if in_table:
+            kept.append(line)
+        in_table = in_table and not line.startswith("samples: ")
+    return kept
+
+
 def summary(out: Path, done: list[dict]) -> str:
     parts = ["# gpu-check summary", "", "| step | status | seconds |", "|---|---|---|"]
     parts += [f"| {d['step']} | {d['status']} | {d['seconds']} |" for d in done]
@@ -297,10 +313,9 @@ def summary(out: Path, done: list[dict]) -> str:
         body = _tail(out / f"{name}.log", marker, lines)
         if name == "tiles":
             body = "\n".join(_best_lines((out / "tiles.log").read_text(errors="replace")))
-        if name == "gluon":  # its tests' verdict, then its times beside triton's
-            body = "\n".join(
-                [*_pytest_verdicts(out / "gluon.log"), _tail(out / "gluon.log", "bound = max", 30)]
-            )
+        if name == "gluon":  # its tests' verdict, then each kernel's times (triton's too)
+            log = out / "gluon.log"
+            body = "\n".join([*_pytest_verdicts(log), *_tables(log)])
         parts += ["", f"## {name}", "", "```", body, "```"]
     return "\n".join(parts) + "\n"
 

@@ -60,6 +60,22 @@ def test_it_says_which_calls_its_kernel_does_not_take(monkeypatch):
     assert not_covered(**HOPPER_BF16) == "Gluon has no interpreter"
 
 
+def test_a_kernel_it_does_not_have_is_refused_in_one_line(monkeypatch):
+    from xbench.kernels.gluon_backend import KERNELS, kernel_name
+
+    monkeypatch.delenv("XBENCH_GLUON_KERNEL", raising=False)
+    assert kernel_name() == KERNELS[0]
+    for name in KERNELS:
+        monkeypatch.setenv("XBENCH_GLUON_KERNEL", name)
+        assert kernel_name() == name
+    monkeypatch.setenv("XBENCH_GLUON_KERNEL", "fast")
+    with pytest.raises(backend.BackendUnavailable) as err:
+        kernel_name()
+    assert str(err.value).count("\n") == 0
+    assert "XBENCH_GLUON_KERNEL=fast names no kernel" in err.value.problem
+    assert "scorer, overlap" in err.value.fix
+
+
 def test_its_grid_is_64_row_tiles_by_splits():
     from xbench.kernels.gluon_backend import launch_shape
 
@@ -85,6 +101,13 @@ def test_without_its_kernel_it_is_the_triton_backend_and_says_so():
 # ---- on a GPU ---------------------------------------------------------------------------
 
 
+@pytest.fixture(params=["scorer", "overlap"])
+def kernel(request, monkeypatch):
+    """Each of the backend's split kernels (``XBENCH_GLUON_KERNEL``)."""
+    monkeypatch.setenv("XBENCH_GLUON_KERNEL", request.param)
+    return request.param
+
+
 def _gluon_or_skip():
     try:
         impl = backend.get_backend("gluon")
@@ -107,17 +130,17 @@ def _gluon_or_skip():
         (3, 16, [0], 1),  # one token
     ],
 )
-def test_its_kernel_matches_the_float64_reference_on_hopper(rows, heads, pages, tokens):
+def test_its_kernels_match_the_float64_reference_on_hopper(kernel, rows, heads, pages, tokens):
     impl = _gluon_or_skip()
     q, cache, sel, ref_out, ref_lse = _dense(pages, tokens, rows, heads, torch.bfloat16, "cuda")
     out, lse = impl.partial_attention(q, cache, sel, SCALE, 512)
-    assert impl.last_plan.startswith("gluon ws 64x64"), impl.last_plan
+    assert impl.last_plan.startswith(f"gluon {kernel} 64x64"), impl.last_plan
     assert_matches(out.cpu(), lse.cpu(), ref_out, ref_lse, torch.bfloat16)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("splits", [1, 3])
-def test_its_kernel_writes_the_callers_bf16_output_as_the_triton_backend(splits):
+def test_its_kernels_write_the_callers_bf16_output_as_the_triton_backend(kernel, splits):
     """Into the caller's bf16 buffers (one split: the kernel's own rounding; several: the
     combine's), and replayed from a CUDA graph as the benchmarks time it."""
     impl = _gluon_or_skip()
@@ -128,7 +151,7 @@ def test_its_kernel_writes_the_callers_bf16_output_as_the_triton_backend(splits)
     out = torch.empty(2, 128, 512, device="cuda", dtype=torch.bfloat16)
     lse = torch.empty(2, 128, device="cuda")
     impl.partial_attention(q, cache, sel, SCALE, 512, out=out, lse=lse, splits=splits)
-    assert impl.last_plan.startswith("gluon ws"), impl.last_plan
+    assert impl.last_plan.startswith(f"gluon {kernel} "), impl.last_plan
     assert f"{splits} split" in impl.last_plan
     want_out, want_lse = triton.partial_attention(q, cache, sel, SCALE, 512, splits=splits)
     # the same attention within a bf16 rounding of the output (the products' orders differ)

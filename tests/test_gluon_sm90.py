@@ -16,7 +16,7 @@ from test_triton_sm90 import H100_SHARED, compile_in_a_process
 pytestmark = pytest.mark.nompi  # starts no MPI (conftest: the Open MPI run skips it)
 
 COMPILE = r"""
-import json, re, subprocess, sys, tempfile
+import itertools, json, re, subprocess, sys, tempfile
 from pathlib import Path
 import triton
 from triton.backends.compiler import GPUTarget
@@ -28,21 +28,23 @@ def descriptor(cols):
     layout = gl.NVMMASharedLayout.get_default_for([64, cols], gl.bfloat16)
     return f"tensordesc<bf16[64,{cols}],{layout!r}>"
 
-kernel = g.split_kernel
-# the partials of several splits (fp32), and one split's output straight to the caller (bf16)
-for out in ("*fp32", "*bf16"):
+layouts = {"overlap": (g.split_kernel, g.NUM_WARPS, {}),
+           "scorer": (g.split_kernel_scorer, g.SCORER_WARPS, {"SECOND_REGS": g.SECOND_REGS})}
+# each kernel writing the partials of several splits (fp32), and one split's output straight
+# to the caller (bf16)
+for (name, (kernel, warps, layout)), out in itertools.product(layouts.items(), ("*fp32", "*bf16")):
     types = {"q_own_desc": descriptor(512), "q_rp_desc": descriptor(64),
              "own_desc": descriptor(512), "rp_desc": descriptor(64), "table_ptr": "*i32",
              "part_out_ptr": out, "part_lse_ptr": "*fp32", "scale": "fp32"}
     constexprs = {"PAGE": 64, "STAGES": g.STAGES, "LOADER_REGS": g.LOADER_REGS,
-                  "num_warps": g.NUM_WARPS}
+                  "num_warps": warps, **layout}
     signature = {a: "constexpr" if a in constexprs else types.get(a, "i32")
                  for a in kernel.arg_names}
     aligned = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(kernel.arg_names)
                if signature[a] in ("i32", "*i32", "*fp32", "*bf16") and a != "n_selected"}
     compiled = triton.compile(GluonASTSource(kernel, signature, constexprs, aligned),
                               target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": g.NUM_WARPS, "maxnreg": g.MAXNREG})
+                              options={"num_warps": warps, "maxnreg": g.MAXNREG})
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp, "split.cubin")
         cubin.write_bytes(compiled.asm["cubin"])
@@ -51,7 +53,7 @@ for out in ("*fp32", "*bf16"):
     ptx = compiled.asm["ptx"]
     found = dict(re.findall(r"(REG|STACK|LOCAL):(\d+)", usage))
     print(json.dumps({
-        "out": out, "triton": triton.__version__, "shared": compiled.metadata.shared,
+        "kernel": name, "out": out, "triton": triton.__version__, "shared": compiled.metadata.shared,
         "setmaxnreg": sorted(set(re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx))),
         "wgmma": sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx))),
         "waits": re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx),
@@ -59,35 +61,49 @@ for out in ("*fp32", "*bf16"):
         **{k.lower(): int(v) for k, v in found.items()}}))
 """
 
-# What a thread may spill: none with the Triton 3.6 of the GPU machines, 40 bytes with Triton
-# 3.9 (its ptxas keeps a few loop scalars in L1 at the computing warps' 240 registers)
+# What a thread may spill: none with the Triton 3.6 of the GPU machines; with Triton 3.9
+# 40 bytes (overlap) and 80 (scorer): its ptxas keeps a few loop scalars in L1
 MOST_SPILLED = 256
 
 
 @pytest.fixture(scope="module")
 def compiled():
     pytest.importorskip("triton.experimental.gluon", reason="this triton has no Gluon")
-    return compile_in_a_process(COMPILE)
+    return {(c["kernel"], c["out"]): c for c in compile_in_a_process(COMPILE)}
 
 
-def test_the_warp_specialized_kernel_fits_an_h100(compiled):
-    assert [c["out"] for c in compiled] == ["*fp32", "*bf16"]
-    for kernel in compiled:
+def test_the_warp_specialized_kernels_fit_an_h100(compiled):
+    assert sorted(compiled) == [(k, o) for k in ("overlap", "scorer") for o in ("*bf16", "*fp32")]
+    for kernel in compiled.values():
         # the query tile, two 64-token tiles and P: 224 KB of the 227
         assert 224 * 1024 < kernel["shared"] <= H100_SHARED, kernel
         assert kernel["reg"] <= 255 and kernel["local"] == 0, kernel
         assert kernel["stack"] <= MOST_SPILLED, kernel
-        # the loader's warpgroup gives its registers to the two computing warpgroups
-        assert kernel["setmaxnreg"] == [["dec", "24"], ["inc", "24"], ["inc", "240"]], kernel
+    for out in ("*bf16", "*fp32"):
+        # the loader's warpgroup gives its registers to the computing ones: to the two
+        # warpgroups of the default partition, 240 each (overlap); to the second warpgroup,
+        # 224, the first (the default partition) keeping the most a thread may hold, 256
+        assert compiled["overlap", out]["setmaxnreg"] == [
+            ["dec", "24"], ["inc", "24"], ["inc", "240"]
+        ], compiled["overlap", out]  # fmt: skip
+        found = compiled["scorer", out]["setmaxnreg"]
+        assert ["dec", "24"] in found and ["inc", "224"] in found, found
+        assert ["inc", "256"] in found and not any(int(n) > 256 for _, n in found), found
 
 
-def test_its_products_run_on_warpgroup_mma_and_the_softmax_overlaps_the_next_score(compiled):
-    for kernel in compiled:
-        # the score, each warpgroup 32 of a tile's 64 columns; P V, each 256 of the 512
-        assert kernel["wgmma"] == ["m64n256k16", "m64n32k16"], kernel
-        # one wait for the first score, one a step (the next score and P V together,
-        # after the softmax the next score overlapped), one for the last P V: a wait between
-        # a score and its softmax inside the loop would show as a fourth
-        assert kernel["waits"] == ["0", "0", "0"], kernel
-        # the query tile and each cache tile: 8 copies of 64 latent columns and the RoPE's
-        assert kernel["tma"] == 18, kernel
+def test_their_products_run_on_warpgroup_mma_and_the_softmax_overlaps_the_next_score(compiled):
+    for out in ("*bf16", "*fp32"):
+        overlap, scorer = compiled["overlap", out], compiled["scorer", out]
+        # overlap: the score, each warpgroup 32 of a tile's 64 columns; P V, each 256 of
+        # the 512. Its waits: one for the first score, one a step (the next score and P V
+        # together, after the softmax the next score overlapped), one for the last P V: a
+        # wait between a score and its softmax inside the loop would show as a fourth
+        assert overlap["wgmma"] == ["m64n256k16", "m64n32k16"], overlap
+        assert overlap["waits"] == ["0", "0", "0"], overlap
+        # scorer: warpgroup 0 scores whole tiles (m64n64) and waits as overlap does;
+        # warpgroup 1 waits once a step for its P V
+        assert scorer["wgmma"] == ["m64n256k16", "m64n64k16"], scorer
+        assert scorer["waits"] == ["0", "0", "0", "0"], scorer
+        for kernel in (overlap, scorer):
+            # the query tile and each cache tile: 8 copies of 64 latent columns and the RoPE's
+            assert kernel["tma"] == 18, kernel

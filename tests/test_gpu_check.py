@@ -74,13 +74,18 @@ def test_the_gluon_step_checks_its_bits_then_times_it_beside_triton(tmp_path):
     summary = (out / "summary.md").read_text()
     section = summary.split("## gluon", 1)[1]
     assert re.search(r"^\d+ passed, \d+ skipped in ", section, re.M), section
-    assert re.search(r"^gluon +dense +1 +64 ", section, re.M), section
-    assert re.search(r"^triton +dense +1 +64 ", section, re.M), section
+    # each kernel's table (the first with triton's), whole
+    assert len(re.findall(r"^gluon +dense +1 +64 ", section, re.M)) == 2, section
+    assert len(re.findall(r"^triton +dense +1 +64 ", section, re.M)) == 1, section
+    assert section.count("bound = max") == 2 and section.count("samples: ") == 2, section
     from xbench.results.store import read_table
 
-    plans = read_table(out / "gluon-kernels", "kernel_samples").groupby("backend")["plan"].first()
+    scorer = read_table(out / "gluon-kernels-scorer", "kernel_samples")
+    plans = scorer.groupby("backend")["plan"].first()
     assert plans["gluon"].startswith("triton (Gluon has no interpreter): tile "), plans
     assert plans["gluon"].endswith(plans["triton"])
+    overlap = read_table(out / "gluon-kernels-overlap", "kernel_samples")
+    assert set(overlap["backend"]) == {"torch", "gluon"}  # the ceilings (torch's), and its own
 
 
 def test_a_step_past_the_budget_is_reported_not_run(tmp_path):

@@ -11,11 +11,13 @@ other dtypes or pages, other GPUs, the interpreter), the triton split kernel its
 
 A candidate: ``benchmarks/gpu_kernels.py --backends gluon,triton`` (gpu_check's ``gluon``
 step) times the two side by side; ``tests/test_gluon_kernels.py`` checks its bits on a GPU.
+Two layouts of the kernel are candidates (``KERNELS``); ``XBENCH_GLUON_KERNEL`` picks one.
 """
 
 from __future__ import annotations
 
 import math
+import os
 
 from xbench.kernels.backend import BackendUnavailable
 from xbench.kernels.selection import DensePages
@@ -34,6 +36,22 @@ from xbench.kernels.triton_backend import (
 # its split count is chosen as for triton's preferred tile, which it shares
 TILE = (64, 64, 8, 2, 1)
 TMA_ROWS = 2**31  # TMA coordinates are int32: a larger cache is read by triton's kernel
+# the warp-specialized layouts (``gluon_mla``), candidates a GPU run times one against the
+# other: ``overlap`` (both warpgroups score, each half the columns, the next tile's score
+# under the softmax) and ``scorer`` (FlashMLA's: warpgroup 0 scores, both multiply)
+KERNELS = ("scorer", "overlap")
+KERNEL_VARIABLE = "XBENCH_GLUON_KERNEL"
+
+
+def kernel_name() -> str:
+    """The split kernel the backend runs: ``XBENCH_GLUON_KERNEL``, else the first of KERNELS."""
+    name = os.environ.get(KERNEL_VARIABLE, "") or KERNELS[0]
+    if name not in KERNELS:
+        raise BackendUnavailable(
+            f"gluon: {KERNEL_VARIABLE}={name} names no kernel",
+            f"set it to one of {', '.join(KERNELS)}, or unset it",
+        )
+    return name
 
 
 def not_covered(
@@ -73,6 +91,23 @@ def launch_shape(total_rows: int, splits: int) -> tuple[int, int]:
     return math.ceil(total_rows / TILE[0]), splits
 
 
+def _split_kernel(name: str):
+    """(kernel, its default partition's warps, its other constexprs, the warps of each
+    partition as the plan says them) of the kernel ``name``."""
+    from xbench.kernels import gluon_mla
+
+    loader = gluon_mla.LOADER_WARPS.value
+    if name == "scorer":
+        warps = gluon_mla.SCORER_WARPS
+        return (
+            gluon_mla.split_kernel_scorer,
+            warps,
+            {"SECOND_REGS": gluon_mla.SECOND_REGS},
+            f"{warps}+4+{loader}",
+        )
+    return gluon_mla.split_kernel, gluon_mla.NUM_WARPS, {}, f"{gluon_mla.NUM_WARPS}+{loader}"
+
+
 class GluonBackend(TritonBackend):
     """The triton backend, its split kernel Gluon's where ``not_covered`` says nothing."""
 
@@ -80,6 +115,7 @@ class GluonBackend(TritonBackend):
 
     def __init__(self):
         super().__init__()
+        kernel_name()  # a bad choice is said before any call
         try:
             from triton.experimental.gluon import language  # noqa: F401  (Triton >= 3.4)
         except ImportError as exc:
@@ -154,8 +190,10 @@ class GluonBackend(TritonBackend):
         else:
             part_out = torch.empty(splits, total_rows, LATENT, device=dev, dtype=torch.float32)
             part_lse = torch.empty(splits, total_rows, device=dev, dtype=torch.float32)
+        name = kernel_name()
+        kernel, warps, layout, partitions = _split_kernel(name)
         try:
-            gluon_mla.split_kernel[launch_shape(total_rows, splits)](
+            kernel[launch_shape(total_rows, splits)](
                 descriptor(q_flat, LATENT),
                 descriptor(q_flat, ROPE),
                 descriptor(kv_flat, LATENT),
@@ -170,8 +208,9 @@ class GluonBackend(TritonBackend):
                 PAGE=page,
                 STAGES=gluon_mla.STAGES,
                 LOADER_REGS=gluon_mla.LOADER_REGS,
-                num_warps=gluon_mla.NUM_WARPS,
+                num_warps=warps,
                 maxnreg=gluon_mla.MAXNREG,
+                **layout,
             )
         except Exception as exc:  # a Gluon that has moved on (an experimental language)
             from triton.compiler.errors import CompilationError
@@ -191,7 +230,7 @@ class GluonBackend(TritonBackend):
             _combine(combine_kernel, part_out, part_lse, out_view, lse_view, False, False)
             combine = combine_kernel.best_config.kwargs
         self._gluon_plan = (
-            f"gluon ws {TILE[0]}x{TILE[1]} w{gluon_mla.NUM_WARPS}+{gluon_mla.LOADER_WARPS.value} "
+            f"gluon {name} {TILE[0]}x{TILE[1]} w{partitions} "
             f"s{gluon_mla.STAGES}, {splits} split{'s' * (splits > 1)}"
             + (f", combine {combine['BLOCK_C']}x{combine['BLOCK_S']}" if combine else "")
         )
