@@ -18,7 +18,8 @@ own time limit (never past the budget), each step's output in ``OUT_DIR/STEP.log
    kernel and dependent on it (``triton_tiles.py --pdl off on``): the kernel's candidates.
 5. ``gluon``: the gluon backend (warp-specialized split kernels, candidates): their bits
    on the GPU (``tests/test_gluon_kernels.py``), then each kernel's times, the first beside
-   the triton backend's, at rows 1 / 64 x 8K-64K dense (``gpu_kernels.py``).
+   the triton backend's, at rows 1 / 64 x 8K-64K dense (``gpu_kernels.py``), and each
+   kernel's one-row time split into a fixed cost and a cost a tile, as ``profile`` does.
 6. ``profile``: the triton backend's kernels one by one (torch.profiler), to see what the
    split kernel, the combine and the index preparation each cost; then, at one row over 64
    splits, the split kernel's fixed cost a call and its cost a tile.
@@ -146,6 +147,10 @@ def steps(out: Path, cpu: bool) -> list[tuple[str, int, str]]:
             f"--backends {'gluon,triton' if i == 0 else 'gluon'} "
             f"--out {q(str(out / f'gluon-kernels-{kernel}'))}"
         )
+    # then each kernel's one-row time split as `profile` splits triton's
+    gluon += f"; {q(PY)} {HERE}/gpu_check.py --step gluon-costs {q(str(out))}" + (
+        " --device cpu" if cpu else ""
+    )
     return [
         (
             "env",
@@ -159,7 +164,7 @@ def steps(out: Path, cpu: bool) -> list[tuple[str, int, str]]:
         # the kernel's candidates (the combine's launch, the page lookahead) and where the
         # one-row call's time goes, then their bits on the tensor cores, before what has run
         ("tiles", 200, tiles),
-        ("gluon", 180, gluon),
+        ("gluon", 210, gluon),
         (
             "profile",
             75,
@@ -291,6 +296,14 @@ def _tables(log: Path) -> list[str]:
     return kept
 
 
+def _gluon_costs(log: Path) -> list[str]:
+    """``gluon-costs``' lines: each kernel's name, its plan and its fixed cost and cost a tile."""
+    if not log.exists():
+        return []
+    keep = ("== the gluon backend's", "plan: ", "split kernel: ")
+    return [line for line in log.read_text(errors="replace").splitlines() if line.startswith(keep)]
+
+
 def summary(out: Path, done: list[dict]) -> str:
     parts = ["# gpu-check summary", "", "| step | status | seconds |", "|---|---|---|"]
     parts += [f"| {d['step']} | {d['status']} | {d['seconds']} |" for d in done]
@@ -313,9 +326,9 @@ def summary(out: Path, done: list[dict]) -> str:
         body = _tail(out / f"{name}.log", marker, lines)
         if name == "tiles":
             body = "\n".join(_best_lines((out / "tiles.log").read_text(errors="replace")))
-        if name == "gluon":  # its tests' verdict, then each kernel's times (triton's too)
+        if name == "gluon":  # its tests' verdict, each kernel's times (triton's too), costs
             log = out / "gluon.log"
-            body = "\n".join([*_pytest_verdicts(log), *_tables(log)])
+            body = "\n".join([*_pytest_verdicts(log), *_tables(log), *_gluon_costs(log)])
         parts += ["", f"## {name}", "", "```", body, "```"]
     return "\n".join(parts) + "\n"
 
@@ -403,51 +416,40 @@ def _profiled(call, cuda: bool, calls: int = 10, warm: int = 3):
     return prof
 
 
-def step_profile(out: Path, device: str) -> int:
-    """The triton backend's kernels at a few shapes, one by one (torch.profiler); then the
-    split kernel at one row split into its fixed cost and its cost a tile."""
+def _attention_call(backend, device: str, rows: int, tokens: int, sparse: bool, **kwargs):
+    """(case, a call of ``backend``'s attention on that case's inputs); ``kwargs`` go to
+    the call (``splits``, and the triton backend's ``tile``)."""
     from xbench.core.models import get_model
-    from xbench.kernels.backend import get_backend
     from xbench.kernels.bench import make_inputs, plan_cases
 
     model = get_model("deepseek-v3.2")
-    backend = get_backend("triton")
     cpu = device == "cpu"
-    shapes = [(1, 64, False)] if cpu else [(1, 32768, False), (64, 8192, False), (8, 2048, True)]
-
-    def attention(rows, tokens, sparse, splits=None, tile=None):
-        (case,) = plan_cases(
-            model, ["partial_attention"], [rows], [tokens], "bf16", sparse, 16 if cpu else None, 64
-        )
-        x = make_inputs(case, device, seed=0)
-
-        def call(x=x, v_dim=case.v_dim):
-            return backend.partial_attention(
-                x["q"], x["cache"], x["indices"], model.softmax_scale, v_dim, splits=splits,
-                tile=tile,
-            )  # fmt: skip
-
-        return case, call
-
-    sort = "self_cpu_time_total" if cpu else "self_device_time_total"
-    for rows, tokens, sparse in shapes:
-        case, call = attention(rows, tokens, sparse)
-        prof = _profiled(call, not cpu)
-        print(f"\n== {case.label}: 10 calls", flush=True)
-        print(prof.key_averages().table(sort_by=sort, row_limit=12, max_name_column_width=48))
-    # the preferred tile (the tuner may take another at some lengths, and another count of
-    # programs); on a CPU, a few 16-token tiles a program under the interpreter: the plumbing
-    from xbench.kernels.triton_mla import GPU_TILES
-
-    lengths, splits, tile = (
-        ((32, 64), 2, None) if cpu else (ONE_ROW_TOKENS, ONE_ROW_SPLITS, GPU_TILES[0])
+    (case,) = plan_cases(
+        model, ["partial_attention"], [rows], [tokens], "bf16", sparse, 16 if cpu else None, 64
     )
+    x = make_inputs(case, device, seed=0)
+
+    def call(x=x, v_dim=case.v_dim):
+        return backend.partial_attention(
+            x["q"], x["cache"], x["indices"], model.softmax_scale, v_dim, **kwargs
+        )
+
+    return case, call
+
+
+def _one_row_costs(backend, device: str, **kwargs) -> None:
+    """One row over a fixed count of splits at growing lengths: the split kernel's device
+    time a call, and the line through it: its fixed cost a call and its cost a tile of 64
+    tokens a program. On a CPU, a few 16-token tiles a program under the interpreter: the
+    plumbing."""
+    cpu = device == "cpu"
+    lengths, splits = ((32, 64), 2) if cpu else (ONE_ROW_TOKENS, ONE_ROW_SPLITS)
     calls, warm = (1, 0) if cpu else (10, 3)  # the interpreter takes seconds a call
     print(f"\n== one row, {splits} splits: the split kernel's fixed cost and cost a tile")
     print(f"{'tokens':>8} {'a program':>9} {'split us':>9} {'combine us':>10}")
     per_program, split_us = [], []
     for tokens in lengths:
-        _, call = attention(1, tokens, False, splits, tile)
+        _, call = _attention_call(backend, device, 1, tokens, False, splits=splits, **kwargs)
         times = kernel_device_us(_profiled(call, not cpu, calls=calls, warm=warm))
         split, combine = times.get("split_kernel"), times.get("combine_kernel")
         print(
@@ -464,6 +466,41 @@ def step_profile(out: Path, device: str) -> int:
         print(f"split kernel: {fixed:.1f} us a call + {per_tile:.2f} us a 64-token tile")
     else:
         print("split kernel: no device times here (a CPU profile has no kernels)")
+
+
+def step_profile(out: Path, device: str) -> int:
+    """The triton backend's kernels at a few shapes, one by one (torch.profiler); then the
+    split kernel at one row split into its fixed cost and its cost a tile."""
+    from xbench.kernels.backend import get_backend
+    from xbench.kernels.triton_mla import GPU_TILES
+
+    backend = get_backend("triton")
+    cpu = device == "cpu"
+    shapes = [(1, 64, False)] if cpu else [(1, 32768, False), (64, 8192, False), (8, 2048, True)]
+    sort = "self_cpu_time_total" if cpu else "self_device_time_total"
+    for rows, tokens, sparse in shapes:
+        case, call = _attention_call(backend, device, rows, tokens, sparse)
+        prof = _profiled(call, not cpu)
+        print(f"\n== {case.label}: 10 calls", flush=True)
+        print(prof.key_averages().table(sort_by=sort, row_limit=12, max_name_column_width=48))
+    # the preferred tile (the tuner may take another at some lengths, and another count of
+    # programs)
+    _one_row_costs(backend, device, tile=None if cpu else GPU_TILES[0])
+    return 0
+
+
+def step_gluon_costs(out: Path, device: str) -> int:
+    """Each of the gluon backend's split kernels at one row, as ``profile`` splits the
+    triton kernel's time: its fixed cost a call and its cost a tile (the one-row target
+    needs the tile near 1.7 us; triton's took 3.6 on an H200)."""
+    from xbench.kernels.backend import get_backend
+    from xbench.kernels.gluon_backend import KERNEL_VARIABLE, KERNELS
+
+    backend = get_backend("gluon")
+    for kernel in KERNELS:
+        os.environ[KERNEL_VARIABLE] = kernel
+        print(f"\n== the gluon backend's {kernel} kernel", flush=True)
+        _one_row_costs(backend, device)
     return 0
 
 
@@ -611,6 +648,8 @@ def main(argv=None) -> int:
         return step_device_probe(args.out)
     if args.step == "profile":
         return step_profile(args.out, args.device)
+    if args.step == "gluon-costs":
+        return step_gluon_costs(args.out, args.device)
     if args.step == "nvshmem":
         return step_nvshmem(args.out)
     wanted = set(args.steps.split(",")) if args.steps else None

@@ -84,6 +84,10 @@ def test_the_gluon_step_checks_its_bits_then_times_it_beside_triton(tmp_path):
     plans = scorer.groupby("backend")["plan"].first()
     assert plans["gluon"].startswith("triton (Gluon has no interpreter): tile "), plans
     assert plans["gluon"].endswith(plans["triton"])
+    # each kernel's one-row costs (on a CPU the interpreter's triton kernels, no device times)
+    for kernel in ("scorer", "overlap"):
+        assert f"== the gluon backend's {kernel} kernel" in section, section
+    assert section.count("split kernel: no device times here") == 2, section
     overlap = read_table(out / "gluon-kernels-overlap", "kernel_samples")
     assert set(overlap["backend"]) == {"torch", "gluon"}  # the ceilings (torch's), and its own
 
