@@ -13,13 +13,13 @@ own time limit (never past the budget), each step's output in ``OUT_DIR/STEP.log
    merge, gather and splice at rows 1 / 8 / 64 x 1K-64K tokens), then ``xbench fit`` of it
    onto the priors' fabrics: ``OUT_DIR/device-fit.toml`` holds this device's measured terms
    with their intervals and provenance (issue 42: the shipped profile's device terms).
-4. ``tiles``: the preferred tile without and with its page lookahead at one, eight and 64
-   rows x 32K tokens, split counts timed one by one, the combine launched after the split
-   kernel and dependent on it (``triton_tiles.py --pdl off on``): the kernel's candidates.
-5. ``gluon``: the gluon backend (warp-specialized split kernels, candidates): their bits
+4. ``gluon``: the gluon backend (warp-specialized split kernels, candidates): their bits
    on the GPU (``tests/test_gluon_kernels.py``), then each kernel's times, the first beside
    the triton backend's, at rows 1 / 64 x 8K-64K dense (``gpu_kernels.py``), and each
    kernel's one-row time split into a fixed cost and a cost a tile, as ``profile`` does.
+5. ``tiles``: the preferred tile without and with its page lookahead at one, eight and 64
+   rows x 32K tokens, split counts timed one by one, the combine launched after the split
+   kernel and dependent on it (``triton_tiles.py --pdl off on``): the kernel's candidates.
 6. ``profile``: the triton backend's kernels one by one (torch.profiler), to see what the
    split kernel, the combine and the index preparation each cost; then, at one row over 64
    splits, the split kernel's fixed cost a call and its cost a tile.
@@ -161,10 +161,12 @@ def steps(out: Path, cpu: bool) -> list[tuple[str, int, str]]:
         ),
         ("sweep", 170, sweep),
         ("device-fit", 150, device_fit),
-        # the kernel's candidates (the combine's launch, the page lookahead) and where the
-        # one-row call's time goes, then their bits on the tensor cores, before what has run
-        ("tiles", 200, tiles),
+        # the kernels that might meet the one-row target (the gluon backend's), the triton
+        # kernel's smaller candidates (the combine's launch, the page lookahead) and where
+        # the one-row call's time goes, then their bits on the tensor cores, before what
+        # has run
         ("gluon", 210, gluon),
+        ("tiles", 200, tiles),
         (
             "profile",
             75,
@@ -310,8 +312,8 @@ def summary(out: Path, done: list[dict]) -> str:
     sections = {
         "sweep": ("bound = max", 60),
         "device-fit": (None, 60),
-        "tiles": ("best ", 30),
         "gluon": (None, 30),
+        "tiles": ("best ", 30),
         "profile": (None, 60),
         "pytest-gpu": (None, 12),
         "device-probe": (None, 40),
