@@ -76,6 +76,19 @@ def test_a_kernel_it_does_not_have_is_refused_in_one_line(monkeypatch):
     assert "scorer, overlap" in err.value.fix
 
 
+def test_where_it_cannot_run_it_says_so_in_its_own_name(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    backend.get_backend.cache_clear()
+    try:
+        with pytest.raises(backend.BackendUnavailable) as err:
+            backend.get_backend("gluon")
+    finally:
+        backend.get_backend.cache_clear()
+    assert err.value.problem == "gluon: no CUDA device here", err.value.problem
+    assert "TRITON_INTERPRET=1" in err.value.fix
+
+
 def test_its_grid_is_64_row_tiles_by_splits():
     from xbench.kernels.gluon_backend import launch_shape
 

@@ -114,7 +114,12 @@ class GluonBackend(TritonBackend):
     name = "gluon"
 
     def __init__(self):
-        super().__init__()
+        try:
+            super().__init__()
+        except BackendUnavailable as exc:  # triton's reason, said of this backend
+            raise BackendUnavailable(
+                "gluon" + exc.problem.removeprefix("triton"), exc.fix
+            ) from None
         kernel_name()  # a bad choice is said before any call
         try:
             from triton.experimental.gluon import language  # noqa: F401  (Triton >= 3.4)
