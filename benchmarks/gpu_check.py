@@ -138,12 +138,12 @@ def steps(out: Path, cpu: bool) -> list[tuple[str, int, str]]:
     # first beside the triton kernel's, dense at the shapes of issue 44's targets (sparse
     # calls run triton's kernel in both); a step of its own, so a kernel whose barriers
     # deadlock stops only this step
-    from xbench.kernels.gluon_backend import KERNELS as GLUON_KERNELS
+    from xbench.kernels.gluon_backend import KERNEL_VARIABLE, KERNELS
 
     gluon = f"{q(PY)} -m pytest -q -p no:cacheprovider {ROOT / 'tests' / 'test_gluon_kernels.py'}"
-    for i, kernel in enumerate(GLUON_KERNELS):
+    for i, kernel in enumerate(KERNELS):
         gluon += (
-            f"; XBENCH_GLUON_KERNEL={kernel} {q(PY)} {HERE}/gpu_kernels.py {gluon_shapes} "
+            f"; {KERNEL_VARIABLE}={kernel} {q(PY)} {HERE}/gpu_kernels.py {gluon_shapes} "
             f"--backends {'gluon,triton' if i == 0 else 'gluon'} "
             f"--out {q(str(out / f'gluon-kernels-{kernel}'))}"
         )
@@ -274,23 +274,20 @@ def _best_lines(log: str) -> list[str]:
     return kept
 
 
-def _pytest_verdicts(log: Path) -> list[str]:
+def _pytest_verdicts(log: str) -> list[str]:
     """pytest's failures and its closing count ("3 passed, 7 skipped in 2.8s")."""
-    if not log.exists():
-        return []
-    lines = log.read_text(errors="replace").splitlines()
     return [
         line
-        for line in lines
+        for line in log.splitlines()
         if line.startswith("FAILED ") or line.startswith("ERROR ")
         or (" in " in line and any(w in line for w in (" passed", " failed", " error")))
     ]  # fmt: skip
 
 
-def _tables(log: Path) -> list[str]:
+def _tables(log: str) -> list[str]:
     """gpu_kernels.py's tables in a log: each from its "bound = max" line to its samples'."""
     kept, in_table = [], False
-    for line in log.read_text(errors="replace").splitlines() if log.exists() else ():
+    for line in log.splitlines():
         in_table = in_table or "bound = max" in line
         if in_table:
             kept.append(line)
@@ -298,12 +295,10 @@ def _tables(log: Path) -> list[str]:
     return kept
 
 
-def _gluon_costs(log: Path) -> list[str]:
+def _gluon_costs(log: str) -> list[str]:
     """``gluon-costs``' lines: each kernel's name, its plan and its fixed cost and cost a tile."""
-    if not log.exists():
-        return []
     keep = ("== the gluon backend's", "plan: ", "split kernel: ")
-    return [line for line in log.read_text(errors="replace").splitlines() if line.startswith(keep)]
+    return [line for line in log.splitlines() if line.startswith(keep)]
 
 
 def summary(out: Path, done: list[dict]) -> str:
@@ -325,12 +320,13 @@ def summary(out: Path, done: list[dict]) -> str:
     for name, (marker, lines) in sections.items():
         if not any(d["step"] == name and d["seconds"] for d in done):
             continue
-        body = _tail(out / f"{name}.log", marker, lines)
         if name == "tiles":
             body = "\n".join(_best_lines((out / "tiles.log").read_text(errors="replace")))
-        if name == "gluon":  # its tests' verdict, each kernel's times (triton's too), costs
-            log = out / "gluon.log"
+        elif name == "gluon":  # its tests' verdict, each kernel's times (triton's too), costs
+            log = (out / "gluon.log").read_text(errors="replace")
             body = "\n".join([*_pytest_verdicts(log), *_tables(log), *_gluon_costs(log)])
+        else:
+            body = _tail(out / f"{name}.log", marker, lines)
         parts += ["", f"## {name}", "", "```", body, "```"]
     return "\n".join(parts) + "\n"
 

@@ -23,21 +23,22 @@ from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from triton.experimental.gluon import language as gl
 from xbench.kernels import gluon_mla as g
+from xbench.kernels.gluon_backend import KERNELS
 
 def descriptor(cols):
     layout = gl.NVMMASharedLayout.get_default_for([64, cols], gl.bfloat16)
     return f"tensordesc<bf16[64,{cols}],{layout!r}>"
 
-layouts = {"overlap": (g.split_kernel, g.NUM_WARPS, {}),
-           "scorer": (g.split_kernel_scorer, g.SCORER_WARPS, {"SECOND_REGS": g.SECOND_REGS})}
-# each kernel writing the partials of several splits (fp32), and one split's output straight
-# to the caller (bf16)
-for (name, (kernel, warps, layout)), out in itertools.product(layouts.items(), ("*fp32", "*bf16")):
+kernel = g.split_kernel
+# each layout writing the partials of several splits (fp32), and one split's output
+# straight to the caller (bf16)
+for (name, partitions), out in itertools.product(KERNELS.items(), ("*fp32", "*bf16")):
+    warps = partitions[0]  # the default partition's
     types = {"q_own_desc": descriptor(512), "q_rp_desc": descriptor(64),
              "own_desc": descriptor(512), "rp_desc": descriptor(64), "table_ptr": "*i32",
              "part_out_ptr": out, "part_lse_ptr": "*fp32", "scale": "fp32"}
     constexprs = {"PAGE": 64, "STAGES": g.STAGES, "LOADER_REGS": g.LOADER_REGS,
-                  "num_warps": warps, **layout}
+                  "LAYOUT": name, "SECOND_REGS": g.SECOND_REGS, "num_warps": warps}
     signature = {a: "constexpr" if a in constexprs else types.get(a, "i32")
                  for a in kernel.arg_names}
     aligned = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(kernel.arg_names)

@@ -3,15 +3,15 @@
 Where the call is what ``gluon_mla.split_kernel`` covers (a CUDA GPU of compute capability
 9.x, bf16 query and cache, a dense page table of pages holding whole 64-token tiles), the
 split kernel is the Gluon one: a loader warp copies tiles through the tensor memory
-accelerator while two warpgroups overlap the next tile's score with the current softmax
-(``gluon_mla`` says how). Everything else is the triton backend's: the split count, the
+accelerator while two warpgroups keep the tensor cores busy through the softmax, in one of
+two layouts (``KERNELS``; ``gluon_mla`` says how). Everything else is the triton backend's: the split count, the
 combine of several splits, and, for calls the kernel does not cover (sparse selections,
 other dtypes or pages, other GPUs, the interpreter), the triton split kernel itself.
 ``last_plan`` says which kernel ran and, where triton's did, why.
 
 A candidate: ``benchmarks/gpu_kernels.py --backends gluon,triton`` (gpu_check's ``gluon``
 step) times the two side by side; ``tests/test_gluon_kernels.py`` checks its bits on a GPU.
-Two layouts of the kernel are candidates (``KERNELS``); ``XBENCH_GLUON_KERNEL`` picks one.
+The layouts are candidates; ``XBENCH_GLUON_KERNEL`` picks one.
 """
 
 from __future__ import annotations
@@ -29,23 +29,29 @@ from xbench.kernels.triton_backend import (
     _kernels,
     _outputs,
     _tiles,
+    deliver,
+    flat_cache,
     interpreting,
+    partials,
+    tile_fields,
 )
 
 # the kernel's layout in the triton backend's terms (rows, tokens, warps, stages, parts):
 # its split count is chosen as for triton's preferred tile, which it shares
 TILE = (64, 64, 8, 2, 1)
 TMA_ROWS = 2**31  # TMA coordinates are int32: a larger cache is read by triton's kernel
-# the warp-specialized layouts (``gluon_mla``), candidates a GPU run times one against the
-# other: ``overlap`` (both warpgroups score, each half the columns, the next tile's score
-# under the softmax) and ``scorer`` (FlashMLA's: warpgroup 0 scores, both multiply)
-KERNELS = ("scorer", "overlap")
+# the warp-specialized layouts of ``gluon_mla.split_kernel`` (its LAYOUT), candidates a GPU
+# run times one against the other, the default first, each with its computing partitions'
+# warps (the default partition's first; the loader's warp comes on top): ``scorer``
+# (FlashMLA's: warpgroup 0 scores, both multiply) and ``overlap`` (one partition of both
+# warpgroups, which score half the columns each, the next tile's score under the softmax)
+KERNELS = {"scorer": (4, 4), "overlap": (8,)}
 KERNEL_VARIABLE = "XBENCH_GLUON_KERNEL"
 
 
 def kernel_name() -> str:
     """The split kernel the backend runs: ``XBENCH_GLUON_KERNEL``, else the first of KERNELS."""
-    name = os.environ.get(KERNEL_VARIABLE, "") or KERNELS[0]
+    name = os.environ.get(KERNEL_VARIABLE, "") or next(iter(KERNELS))
     if name not in KERNELS:
         raise BackendUnavailable(
             f"gluon: {KERNEL_VARIABLE}={name} names no kernel",
@@ -91,23 +97,6 @@ def launch_shape(total_rows: int, splits: int) -> tuple[int, int]:
     return math.ceil(total_rows / TILE[0]), splits
 
 
-def _split_kernel(name: str):
-    """(kernel, its default partition's warps, its other constexprs, the warps of each
-    partition as the plan says them) of the kernel ``name``."""
-    from xbench.kernels import gluon_mla
-
-    loader = gluon_mla.LOADER_WARPS.value
-    if name == "scorer":
-        warps = gluon_mla.SCORER_WARPS
-        return (
-            gluon_mla.split_kernel_scorer,
-            warps,
-            {"SECOND_REGS": gluon_mla.SECOND_REGS},
-            f"{warps}+4+{loader}",
-        )
-    return gluon_mla.split_kernel, gluon_mla.NUM_WARPS, {}, f"{gluon_mla.NUM_WARPS}+{loader}"
-
-
 class GluonBackend(TritonBackend):
     """The triton backend, its split kernel Gluon's where ``not_covered`` says nothing."""
 
@@ -133,9 +122,19 @@ class GluonBackend(TritonBackend):
 
     @property
     def last_plan(self) -> str:
-        if self._gluon_plan is not None:
-            return self._gluon_plan
-        return f"triton ({self._why_not}): {super().last_plan}"
+        if self._gluon_plan is None:
+            return f"triton ({self._why_not}): {super().last_plan}"
+        from xbench.kernels import gluon_mla
+
+        name, splits, combine = self._gluon_plan
+        warps = "+".join(map(str, (*KERNELS[name], gluon_mla.LOADER_WARPS.value)))
+        plan = (
+            f"gluon {name} {TILE[0]}x{TILE[1]} w{warps} s{gluon_mla.STAGES}, "
+            f"{splits} split{'s' * (splits > 1)}"
+        )
+        if combine is not None:
+            plan += f", combine {combine.kwargs['BLOCK_C']}x{combine.kwargs['BLOCK_S']}"
+        return plan
 
     def partial_attention(
         self, q, kv_cache, indices, scale, v_dim, *, out=None, lse=None, splits=None
@@ -144,7 +143,8 @@ class GluonBackend(TritonBackend):
         launch are triton's where triton's kernel runs."""
         torch = self.torch
         dev = q.device
-        rows, heads, dim = q.shape
+        if v_dim != LATENT or q.shape[-1] != LATENT + ROPE:  # triton's refusal says which
+            return super().partial_attention(q, kv_cache, indices, scale, v_dim)
         page = kv_cache.shape[1] if isinstance(indices, DensePages) else 0
         n_selected = indices.num_tokens if isinstance(indices, DensePages) else 0
         capability = torch.cuda.get_device_capability(dev) if dev.type == "cuda" else None
@@ -157,8 +157,6 @@ class GluonBackend(TritonBackend):
             n_selected=n_selected,
             cache_rows=kv_cache.shape[0] * kv_cache.shape[1],
         )
-        if v_dim != LATENT or dim != LATENT + ROPE:
-            self._why_not = "MLA shapes only"
         if self._why_not:
             self._gluon_plan = None
             return super().partial_attention(
@@ -167,6 +165,8 @@ class GluonBackend(TritonBackend):
         return self._attend(q, kv_cache, indices, scale, out, lse, splits)
 
     def _attend(self, q, kv_cache, indices, scale, out, lse, splits):
+        import triton
+        from triton.compiler.errors import CompilationError
         from triton.experimental.gluon import language as gl
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -180,25 +180,20 @@ class GluonBackend(TritonBackend):
             indices, rows, heads, kv_cache.shape[1], dev
         )
         splits, per_split = self._split_tokens(
-            (TILE + (0,),), splits, n_selected, 1, total_rows, total_rows, dev
+            (tile_fields(TILE),), splits, n_selected, 1, total_rows, total_rows, dev
         )
         q_flat = q.reshape(total_rows, dim).contiguous()
-        kv_flat, _, _, _ = self._cache_operands(kv_cache, dim, page)
+        kv_flat = flat_cache(kv_cache, dim)
 
         def descriptor(tensor, cols):
             layout = gl.NVMMASharedLayout.get_default_for([TILE[0], cols], gl.bfloat16)
             return TensorDescriptor.from_tensor(tensor, [TILE[0], cols], layout)
 
         result, result_lse, out_view, lse_view = _outputs(torch, out, lse, rows, heads, dev)
-        if splits == 1:  # the split kernel writes the caller's output and LSE: no combine
-            part_out, part_lse = out_view, lse_view
-        else:
-            part_out = torch.empty(splits, total_rows, LATENT, device=dev, dtype=torch.float32)
-            part_lse = torch.empty(splits, total_rows, device=dev, dtype=torch.float32)
+        part_out, part_lse = partials(torch, splits, total_rows, out_view, lse_view)
         name = kernel_name()
-        kernel, warps, layout, partitions = _split_kernel(name)
         try:
-            kernel[launch_shape(total_rows, splits)](
+            gluon_mla.split_kernel[launch_shape(total_rows, splits)](
                 descriptor(q_flat, LATENT),
                 descriptor(q_flat, ROPE),
                 descriptor(kv_flat, LATENT),
@@ -213,17 +208,12 @@ class GluonBackend(TritonBackend):
                 PAGE=page,
                 STAGES=gluon_mla.STAGES,
                 LOADER_REGS=gluon_mla.LOADER_REGS,
-                num_warps=warps,
+                LAYOUT=name,
+                SECOND_REGS=gluon_mla.SECOND_REGS,
+                num_warps=KERNELS[name][0],
                 maxnreg=gluon_mla.MAXNREG,
-                **layout,
             )
-        except Exception as exc:  # a Gluon that has moved on (an experimental language)
-            from triton.compiler.errors import CompilationError
-
-            if not isinstance(exc, CompilationError):
-                raise
-            import triton
-
+        except CompilationError as exc:  # a Gluon that has moved on (an experimental language)
             raise BackendUnavailable(
                 f"gluon: its kernel does not build with Triton {triton.__version__}: "
                 + str(exc).strip().splitlines()[-1],
@@ -233,14 +223,7 @@ class GluonBackend(TritonBackend):
         if splits > 1:
             _, combine_kernel = _kernels(_tiles())
             _combine(combine_kernel, part_out, part_lse, out_view, lse_view, False, False)
-            combine = combine_kernel.best_config.kwargs
-        self._gluon_plan = (
-            f"gluon {name} {TILE[0]}x{TILE[1]} w{partitions} "
-            f"s{gluon_mla.STAGES}, {splits} split{'s' * (splits > 1)}"
-            + (f", combine {combine['BLOCK_C']}x{combine['BLOCK_S']}" if combine else "")
-        )
-        if out_view is not result:
-            result.copy_(out_view)
-        if lse_view is not result_lse:
-            result_lse.copy_(lse_view)
-        return result, result_lse
+            combine = combine_kernel.best_config
+        # what ran, kept as it is: the text is made only when a sample asks
+        self._gluon_plan = (name, splits, combine)
+        return deliver(result, result_lse, out_view, lse_view)

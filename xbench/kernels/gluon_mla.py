@@ -1,30 +1,28 @@
-"""The ``gluon`` backend's split kernels: warp-specialized MLA decode for Hopper (sm_90).
+"""The ``gluon`` backend's split kernel: warp-specialized MLA decode for Hopper (sm_90).
 
 The ``triton`` backend's split kernel keeps the tensor cores about 42 % busy (64 rows x
 8K-64K on an H200, docs/measurements.md, session 43): each step computes the 576-wide score,
 waits for it, runs the softmax, waits, then multiplies by V, and the next tile's copy is
 issued from the same warps. Here the work is laid out by hand in Gluon (Triton's tile-level
 language, where layouts, shared memory, barriers and warp partitions are explicit), as
-FlashAttention-3 and FlashMLA do on Hopper:
+FlashAttention-3 and FlashMLA do on Hopper. One warp (the loader partition) copies the query
+tile once and each tile of 64 cache rows through the tensor memory accelerator into a ring
+of ``STAGES`` buffers, looking each tile's page up itself, as far ahead as the ring lets it.
+Two warpgroups compute, in one of two layouts (``split_kernel``'s ``LAYOUT``, candidates a
+GPU run times: ``XBENCH_GLUON_KERNEL``, ``gluon_backend``):
 
-- one warp (the loader partition) copies the query tile once and each tile of 64 cache rows
-  through the tensor memory accelerator into a ring of ``STAGES`` buffers, looking each
-  tile's page up itself, as far ahead as the ring lets it;
-- two warpgroups (the default partition) compute: the next tile's score (576 columns, both
-  products issued asynchronously) runs on the tensor cores while they do the current tile's
-  online softmax, so the softmax no longer leaves the tensor cores idle; each warpgroup then
-  accumulates its 256 of the output's 512 columns (P in shared memory, V the latent part of
-  the key tile already there).
-
-``split_kernel_scorer`` lays the same work out as FlashMLA does: warpgroup 0 computes
-each whole score and its softmax and hands P to warpgroup 1 through shared memory, whose
-P V overlaps warpgroup 0's next score (its comment says what that saves). Both are
-candidates a GPU run times (``XBENCH_GLUON_KERNEL``, ``gluon_backend``).
+- ``overlap``: both warpgroups (one partition) compute each score, 32 of its 64 columns
+  each; the next tile's score (576 columns, both products issued asynchronously) runs on the
+  tensor cores while they do the current tile's online softmax; each then accumulates its
+  256 of the output's 512 columns (P in shared memory, V the latent part of the key tile).
+- ``scorer`` (FlashMLA's): warpgroup 0 computes each whole score and its softmax and hands
+  P to warpgroup 1 through shared memory, whose P V overlaps warpgroup 0's next score (the
+  comment above ``_one_warpgroup`` says what that saves).
 
 Same contract as ``triton_mla.split_kernel`` (the partials it writes are combined by its
-combine kernel; with one split it writes the caller's output and LSE), for what this layout
+combine kernel; with one split it writes the caller's output and LSE), for what it
 covers: a dense page table of pages holding whole 64-token tiles, bf16, 64 query rows a
-program. Gluon has no interpreter: this kernel runs on a Hopper GPU only, and its sm_90
+program. Gluon has no interpreter: it runs on a Hopper GPU only, and its sm_90
 compile facts are checked without one (tests/test_gluon_sm90.py); its numerics are checked on
 a GPU (tests/test_gluon_kernels.py, gpu_check's ``gluon`` step).
 
@@ -49,7 +47,6 @@ _sync = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
 _copy_in = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
 # The tile is the descriptors' blocks: 64 query rows (one warpgroup MMA's M) x 64 cache rows
-NUM_WARPS = 8  # ``split_kernel``'s computing partition: two warpgroups
 LOADER_WARPS: gl.constexpr = gl.constexpr(1)
 LOADER_REGS = 24  # the loader only issues copies: the fewest registers a warp may hold
 # registers a thread at launch (12 warps, one SM's 64K registers); the partitions then
@@ -58,11 +55,10 @@ LOADER_REGS = 24  # the loader only issues copies: the fewest registers a warp m
 # output (128 registers) and two 64 x 32 scores need
 MAXNREG = 168
 STAGES = 2  # 72 KB a tile: the query tile, two tiles and P fill 224 of the 227 KB
-# ``split_kernel_scorer``: warpgroup 0 is the default partition (4 warps), warpgroup 1 a
+# the scorer layout: warpgroup 0 is the default partition (4 warps), warpgroup 1 a
 # worker with SECOND_REGS registers a thread, which leaves warpgroup 0 the most a thread
 # may hold, (168 * 12 - 224 * 4 - 24 * 4) / 4 = 256: its 64 x 256 output columns, two
-# whole 64 x 64 scores and P
-SCORER_WARPS = 4
+# whole 64 x 64 scores and P (the layouts' warps: gluon_backend.KERNELS)
 SECOND_REGS = 224
 
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)  # the softmax runs in base 2
@@ -173,13 +169,12 @@ def _softmax_and_pv(
 
 
 @gluon.jit
-def _compute(
-    buffers, barriers, part_out_ptr, part_lse_ptr, row0, split, start, stop, n_tiles,
-    total_rows, qk_scale, num_warps: gl.constexpr,
-):  # fmt: skip
+def _compute(buffers, barriers, outputs, span, qk_scale, num_warps: gl.constexpr):
     """The two warpgroups: tile i's softmax and P V while tile i + 1's score computes."""
     q_own_s, q_rp_s, k_own_s, k_rp_s, p_s = buffers
     q_bar, ready, empty = barriers
+    part_out_ptr, part_lse_ptr, row0, split, total_rows = outputs
+    start, stop, n_tiles = span
     S_LAYOUT: gl.constexpr = _score_layout(num_warps)
     O_LAYOUT: gl.constexpr = _out_layout(num_warps)
     ROWS: gl.constexpr = q_own_s.type.shape[0]
@@ -265,58 +260,6 @@ def _buffers_and_barriers(descs, STAGES: gl.constexpr, RELEASES: gl.constexpr):
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=RELEASES)
     return buffers, (q_bar, ready, empty)
-
-
-@gluon.jit
-def split_kernel(
-    q_own_desc,
-    q_rp_desc,
-    own_desc,
-    rp_desc,
-    table_ptr,
-    part_out_ptr,
-    part_lse_ptr,
-    n_selected,
-    tokens_per_split,
-    total_rows,
-    scale,
-    PAGE: gl.constexpr,
-    STAGES: gl.constexpr,
-    LOADER_REGS: gl.constexpr,
-    num_warps: gl.constexpr,
-):
-    """Grid (query-row tiles, splits): split ``program_id(1)``'s share of the tokens (at
-    least one) for 64 query rows, written as ``triton_mla.split_kernel`` writes it."""
-    descs = (q_own_desc, q_rp_desc, own_desc, rp_desc)
-    row0 = gl.program_id(0) * q_own_desc.block_type.shape[0]
-    split, start, stop, n_tiles = _tokens(
-        tokens_per_split, n_selected, own_desc.block_type.shape[0]
-    )
-    buffers, barriers = _buffers_and_barriers(descs, STAGES, 1)
-    gl.warp_specialize(
-        [
-            (
-                _compute,
-                (
-                    buffers,
-                    barriers,
-                    part_out_ptr,
-                    part_lse_ptr,
-                    row0,
-                    split,
-                    start,
-                    stop,
-                    n_tiles,
-                    total_rows,
-                    scale * LOG2E,
-                    num_warps,
-                ),
-            ),
-            (_loader, (descs, buffers, barriers, table_ptr, row0, start, n_tiles, PAGE)),
-        ],
-        [LOADER_WARPS],
-        [LOADER_REGS],
-    )
 
 
 # ---- the second layout: one warpgroup scores, both multiply (FlashMLA's on Hopper) -------
@@ -405,14 +348,13 @@ def _softmax_and_hand_over(
 
 
 @gluon.jit
-def _scorer(
-    buffers, barriers, hand_over, part_out_ptr, part_lse_ptr, row0, split, start, stop,
-    n_tiles, total_rows, qk_scale,
-):  # fmt: skip
+def _scorer(buffers, barriers, hand_over, outputs, span, qk_scale):
     """Warpgroup 0: tile i's softmax while tile i + 1's score computes; its 256 columns."""
     q_own_s, q_rp_s, k_own_s, k_rp_s, p_s = buffers
     q_bar, ready, empty = barriers
     row_s, p_ready, p_free, l_ready = hand_over
+    part_out_ptr, part_lse_ptr, row0, split, total_rows = outputs
+    start, stop, n_tiles = span
     ROWS: gl.constexpr = q_own_s.type.shape[0]
     TILE: gl.constexpr = k_own_s.type.shape[1]
     LAT: gl.constexpr = k_own_s.type.shape[2]
@@ -458,11 +400,12 @@ def _scorer(
 
 
 @gluon.jit
-def _second_half(buffers, barriers, hand_over, part_out_ptr, row0, split, n_tiles, total_rows):
+def _second_half(buffers, barriers, hand_over, outputs, n_tiles):
     """Warpgroup 1: its 256 columns, each tile's P and rescale from warpgroup 0."""
     _, _, k_own_s, _, p_s = buffers
     _, _, empty = barriers
     row_s, p_ready, p_free, l_ready = hand_over
+    part_out_ptr, _, row0, split, total_rows = outputs
     ROWS: gl.constexpr = p_s.type.shape[0]
     LAT: gl.constexpr = k_own_s.type.shape[2]
     HALF: gl.constexpr = LAT // 2
@@ -484,8 +427,11 @@ def _second_half(buffers, barriers, hand_over, part_out_ptr, row0, split, n_tile
     _store_columns(acc, l_i, part_out_ptr, row0, split, total_rows, HALF, LAT)
 
 
+# ---- the kernel: either layout ------------------------------------------------------------
+
+
 @gluon.jit
-def split_kernel_scorer(
+def split_kernel(
     q_own_desc,
     q_rp_desc,
     own_desc,
@@ -500,53 +446,53 @@ def split_kernel_scorer(
     PAGE: gl.constexpr,
     STAGES: gl.constexpr,
     LOADER_REGS: gl.constexpr,
+    LAYOUT: gl.constexpr,
     SECOND_REGS: gl.constexpr,
     num_warps: gl.constexpr,
 ):
-    """As ``split_kernel``, laid out as FlashMLA: warpgroup 0 (the default partition, 4
-    warps) scores and runs the softmax, warpgroup 1 and the loader are workers."""
+    """Grid (query-row tiles, splits): split ``program_id(1)``'s share of the tokens (at
+    least one) for 64 query rows, written as ``triton_mla.split_kernel`` writes it.
+    ``LAYOUT``: ``"overlap"`` (the default partition is both warpgroups: ``num_warps`` 8)
+    or ``"scorer"`` (FlashMLA's: warpgroup 0 the default partition, ``num_warps`` 4, and
+    warpgroup 1 a worker with SECOND_REGS registers a thread)."""
     descs = (q_own_desc, q_rp_desc, own_desc, rp_desc)
     ROWS: gl.constexpr = q_own_desc.block_type.shape[0]
     row0 = gl.program_id(0) * ROWS
     split, start, stop, n_tiles = _tokens(
         tokens_per_split, n_selected, own_desc.block_type.shape[0]
     )
-    buffers, barriers = _buffers_and_barriers(descs, STAGES, 2)  # both warpgroups give back
-    # a row's rescale each step, then its softmax sum; P, the rescale and the sum ready for
-    # warpgroup 1, and P and the rescale used by it
-    row_s = gl.allocate_shared_memory(gl.float32, [ROWS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-    p_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    p_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    l_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    mbarrier.init(p_ready, count=1)
-    mbarrier.init(p_free, count=1)
-    mbarrier.init(l_ready, count=1)
-    hand_over = (row_s, p_ready, p_free, l_ready)
-    gl.warp_specialize(
-        [
-            (
-                _scorer,
-                (
-                    buffers,
-                    barriers,
-                    hand_over,
-                    part_out_ptr,
-                    part_lse_ptr,
-                    row0,
-                    split,
-                    start,
-                    stop,
-                    n_tiles,
-                    total_rows,
-                    scale * LOG2E,
-                ),
-            ),
-            (
-                _second_half,
-                (buffers, barriers, hand_over, part_out_ptr, row0, split, n_tiles, total_rows),
-            ),
-            (_loader, (descs, buffers, barriers, table_ptr, row0, start, n_tiles, PAGE)),
-        ],
-        [4, LOADER_WARPS],
-        [SECOND_REGS, LOADER_REGS],
-    )
+    qk_scale = scale * LOG2E
+    # where the results go, and this split's tokens (start, end, tiles)
+    outputs = (part_out_ptr, part_lse_ptr, row0, split, total_rows)
+    span = (start, stop, n_tiles)
+    if LAYOUT == "scorer":
+        buffers, barriers = _buffers_and_barriers(descs, STAGES, 2)  # both warpgroups give back
+        # a row's rescale each step, then its softmax sum; P, the rescale and the sum ready
+        # for warpgroup 1, and P and the rescale used by it
+        row_s = gl.allocate_shared_memory(gl.float32, [ROWS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        p_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        p_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        l_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(p_ready, count=1)
+        mbarrier.init(p_free, count=1)
+        mbarrier.init(l_ready, count=1)
+        hand_over = (row_s, p_ready, p_free, l_ready)
+        gl.warp_specialize(
+            [
+                (_scorer, (buffers, barriers, hand_over, outputs, span, qk_scale)),
+                (_second_half, (buffers, barriers, hand_over, outputs, n_tiles)),
+                (_loader, (descs, buffers, barriers, table_ptr, row0, start, n_tiles, PAGE)),
+            ],
+            [4, LOADER_WARPS],
+            [SECOND_REGS, LOADER_REGS],
+        )
+    else:
+        buffers, barriers = _buffers_and_barriers(descs, STAGES, 1)
+        gl.warp_specialize(
+            [
+                (_compute, (buffers, barriers, outputs, span, qk_scale, num_warps)),
+                (_loader, (descs, buffers, barriers, table_ptr, row0, start, n_tiles, PAGE)),
+            ],
+            [LOADER_WARPS],
+            [LOADER_REGS],
+        )

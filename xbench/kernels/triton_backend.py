@@ -228,6 +228,37 @@ def _combine(
     )
 
 
+def flat_cache(kv_cache, dim: int):
+    """The cache as 2-D rows, contiguous and 16-B aligned (what TMA copies need)."""
+    kv_flat = kv_cache.reshape(-1, dim)
+    if not kv_flat.is_contiguous():
+        kv_flat = kv_flat.contiguous()
+    if kv_flat.data_ptr() % 16:  # a view at an odd offset
+        kv_flat = kv_flat.clone()
+    return kv_flat
+
+
+def partials(torch, splits: int, total_rows: int, out_view, lse_view):
+    """Where the split kernel writes: the output views themselves at one split (nothing
+    combines), else fp32 partials and LSEs a split for the combine."""
+    if splits == 1:
+        return out_view, lse_view
+    dev = out_view.device
+    return (
+        torch.empty(splits, total_rows, LATENT, device=dev, dtype=torch.float32),
+        torch.empty(splits, total_rows, device=dev, dtype=torch.float32),
+    )
+
+
+def deliver(result, result_lse, out_view, lse_view):
+    """The views the kernels wrote copied into the caller's buffers where they differ."""
+    if out_view is not result:
+        result.copy_(out_view)
+    if lse_view is not result_lse:
+        result_lse.copy_(lse_view)
+    return result, result_lse
+
+
 def _outputs(torch, out, lse, rows: int, heads: int, dev):
     """(output, LSE) as returned (the caller's where given), and the contiguous views the
     kernels write (copied into the caller's after, where theirs are not contiguous)."""
@@ -320,11 +351,7 @@ class TritonBackend(TorchFallbacks):
         result, result_lse, out_view, lse_view = _outputs(torch, out, lse, rows, heads, dev)
         # bf16 under the interpreter: converted by hand to nearest even (a GPU's is native)
         round_out = interpreting() and out_view.dtype != torch.float32
-        if splits == 1:  # the split kernel writes the caller's output and LSE: no combine
-            part_out, part_lse = out_view, lse_view
-        else:
-            part_out = torch.empty(splits, total_rows, LATENT, device=dev, dtype=torch.float32)
-            part_lse = torch.empty(splits, total_rows, device=dev, dtype=torch.float32)
+        part_out, part_lse = partials(torch, splits, total_rows, out_view, lse_view)
         split_kernel, combine_kernel = _kernels(tiles)
         if pdl is None:
             from xbench.kernels import triton_mla
@@ -371,11 +398,7 @@ class TritonBackend(TorchFallbacks):
             combine_kernel.best_config if splits > 1 else None,
             pdl,
         )
-        if out_view is not result:
-            result.copy_(out_view)
-        if lse_view is not result_lse:
-            result_lse.copy_(lse_view)
-        return result, result_lse
+        return deliver(result, result_lse, out_view, lse_view)
 
     def _split_tokens(self, tiles, splits, n_selected, groups, rows_per_group, total_rows, dev):
         """(splits, tokens a split): the count given, or estimated for the first (preferred)
@@ -416,11 +439,7 @@ class TritonBackend(TorchFallbacks):
         two TMA descriptors over it (block shapes set by the tuned tile,
         ``_descriptor_blocks``), and whether the tensor memory accelerator copies whole
         tiles of a page table's pages (its coordinates are int32)."""
-        kv_flat = kv_cache.reshape(-1, dim)
-        if not kv_flat.is_contiguous():
-            kv_flat = kv_flat.contiguous()
-        if kv_flat.data_ptr() % 16:  # a view at an odd offset: TMA copies need 16-B alignment
-            kv_flat = kv_flat.clone()
+        kv_flat = flat_cache(kv_cache, dim)
         tma = page > 0 and kv_flat.shape[0] < 2**31
         own_desc, rp_desc = (
             self._descriptor(kv_flat, list(kv_flat.shape), list(kv_flat.stride()), [1, 1])
