@@ -1,11 +1,11 @@
 """The gluon backend's warp-specialized split kernel compiles for Hopper (sm_90), no GPU needed.
 
 Gluon has no interpreter, so what can be checked without a GPU is what the compiler made
-of the kernel (Triton's own ptxas, read back from the PTX and the cubin): it fits an SM's
-shared memory, its partitions rebalance the registers, it issues both products on
-warpgroup MMA, and its loop waits for the tensor cores once a step, after the softmax (the
-softmax overlaps the next tile's score). Its numerics are checked on a GPU
-(tests/test_gluon_kernels.py, gpu_check's ``gluon`` step).
+of the kernel, compiled from the backend's own call as on a GPU (Triton's own ptxas, read
+back from the PTX and the cubin): it fits an SM's shared memory, its partitions rebalance
+the registers, it issues both products on warpgroup MMA, and its loop waits for the tensor
+cores once a step, after the softmax (the softmax overlaps the next tile's score). Its
+numerics are checked on a GPU (tests/test_gluon_kernels.py, gpu_check's ``gluon`` step).
 """
 
 from __future__ import annotations
@@ -16,50 +16,75 @@ from test_triton_sm90 import H100_SHARED, compile_in_a_process
 pytestmark = pytest.mark.nompi  # starts no MPI (conftest: the Open MPI run skips it)
 
 COMPILE = r"""
-import itertools, json, re, subprocess, sys, tempfile
+import json, os, re, subprocess, sys, tempfile
 from pathlib import Path
-import triton
+import torch, triton
 from triton.backends.compiler import GPUTarget
-from triton.experimental.gluon._runtime import GluonASTSource
-from triton.experimental.gluon import language as gl
-from xbench.kernels import gluon_mla as g
-from xbench.kernels.gluon_backend import KERNELS
+from triton.runtime import driver
 
-def descriptor(cols):
-    layout = gl.NVMMASharedLayout.get_default_for([64, cols], gl.bfloat16)
-    return f"tensordesc<bf16[64,{cols}],{layout!r}>"
+# The kernel is compiled as the backend launches it on a GPU (its own descriptors, page
+# table, partials and launch options, bound and specialized by Triton's JIT), stopping
+# short of the launch: a driver that reports a Hopper GPU (the one part that cannot run
+# here) and records what it is asked; anything else it is asked fails the script.
+class Hopper:
+    asked = set()
+    def get_current_device(self):
+        self.asked.add("device"); return 0
+    def get_current_stream(self, device=None):
+        self.asked.add("stream"); return 0
+    def get_current_target(self):
+        self.asked.add("target"); return GPUTarget("cuda", 90, 32)
+    def __getattr__(self, name):
+        raise AttributeError(f"the fake driver was asked for {name}")
 
-kernel = g.split_kernel
+driver.set_active(Hopper())
+torch.cuda.is_available = lambda: True  # the backend's own check, as on the GPU
+from xbench.kernels import gluon_mla, gluon_backend
+from xbench.kernels.selection import DensePages
+
+class Compiled(Exception):
+    pass
+
+class CompileOnly:  # split_kernel[grid](...): compiled (JIT warmup), then the call stops
+    def __init__(self, kernel):
+        self.kernel = kernel
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            raise Compiled(grid, self.kernel.warmup(*args, grid=grid, **kwargs))
+        return launch
+
+gluon_mla.split_kernel = CompileOnly(gluon_mla.split_kernel)
+backend = gluon_backend.GluonBackend()
 # each layout writing the partials of several splits (fp32), and one split's output
-# straight to the caller (bf16)
-for (name, partitions), out in itertools.product(KERNELS.items(), ("*fp32", "*bf16")):
-    warps = partitions[0]  # the default partition's
-    types = {"q_own_desc": descriptor(512), "q_rp_desc": descriptor(64),
-             "own_desc": descriptor(512), "rp_desc": descriptor(64), "table_ptr": "*i32",
-             "part_out_ptr": out, "part_lse_ptr": "*fp32", "scale": "fp32"}
-    constexprs = {"PAGE": 64, "STAGES": g.STAGES, "LOADER_REGS": g.LOADER_REGS,
-                  "LAYOUT": name, "SECOND_REGS": g.SECOND_REGS, "num_warps": warps}
-    signature = {a: "constexpr" if a in constexprs else types.get(a, "i32")
-                 for a in kernel.arg_names}
-    aligned = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(kernel.arg_names)
-               if signature[a] in ("i32", "*i32", "*fp32", "*bf16") and a != "n_selected"}
-    compiled = triton.compile(GluonASTSource(kernel, signature, constexprs, aligned),
-                              target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": warps, "maxnreg": g.MAXNREG})
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin = Path(tmp, "split.cubin")
-        cubin.write_bytes(compiled.asm["cubin"])
-        usage = subprocess.run([sys.argv[1], "--dump-resource-usage", str(cubin)],
-                               capture_output=True, text=True, check=True).stdout
-    ptx = compiled.asm["ptx"]
-    found = dict(re.findall(r"(REG|STACK|LOCAL):(\d+)", usage))
-    print(json.dumps({
-        "kernel": name, "out": out, "triton": triton.__version__, "shared": compiled.metadata.shared,
-        "setmaxnreg": sorted(set(re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx))),
-        "wgmma": sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx))),
-        "waits": re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx),
-        "tma": ptx.count("cp.async.bulk.tensor"),
-        **{k.lower(): int(v) for k, v in found.items()}}))
+# straight to the caller's bf16 buffer; one decode row (128 heads) over 32K tokens less 3
+rows, heads, pages, tokens = 1, 128, 512, 512 * 64 - 3
+q = torch.randn(rows, heads, 576).bfloat16()
+cache = torch.randn(pages, 64, 576).bfloat16()
+selection = DensePages(torch.randperm(pages), tokens)
+for name in gluon_backend.KERNELS:
+    os.environ[gluon_backend.KERNEL_VARIABLE] = name
+    for out, splits in (("*fp32", 8), ("*bf16", 1)):
+        buffer = torch.empty(rows, heads, 512, dtype=torch.bfloat16)
+        try:
+            backend._attend(q, cache, selection, 0.04, buffer, None, splits)
+            raise SystemExit("the backend returned without launching its kernel")
+        except Compiled as launched:
+            grid, compiled = launched.args
+        with tempfile.TemporaryDirectory() as tmp:
+            cubin = Path(tmp, "split.cubin")
+            cubin.write_bytes(compiled.asm["cubin"])
+            usage = subprocess.run([sys.argv[1], "--dump-resource-usage", str(cubin)],
+                                   capture_output=True, text=True, check=True).stdout
+        ptx = compiled.asm["ptx"]
+        found = dict(re.findall(r"(REG|STACK|LOCAL):(\d+)", usage))
+        print(json.dumps({
+            "kernel": name, "out": out, "triton": triton.__version__, "grid": list(grid),
+            "asked": sorted(Hopper.asked), "shared": compiled.metadata.shared,
+            "setmaxnreg": sorted(set(re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx))),
+            "wgmma": sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx))),
+            "waits": re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx),
+            "tma": ptx.count("cp.async.bulk.tensor"),
+            **{k.lower(): int(v) for k, v in found.items()}}))
 """
 
 # What a thread may spill: none with the Triton 3.6 of the GPU machines; with Triton 3.9
@@ -73,8 +98,16 @@ def compiled():
     return {(c["kernel"], c["out"]): c for c in compile_in_a_process(COMPILE)}
 
 
-def test_the_warp_specialized_kernels_fit_an_h100(compiled):
+def test_the_backend_launches_them_as_compiled_for_sm_90(compiled):
+    """The backend's own call binds and compiles them for Hopper: its descriptors, page
+    table and launch options as a GPU run passes them, on the grid ``launch_shape`` says."""
     assert sorted(compiled) == [(k, o) for k in ("overlap", "scorer") for o in ("*bf16", "*fp32")]
+    for (_, out), kernel in compiled.items():
+        assert kernel["grid"] == [2, 8 if out == "*fp32" else 1], kernel  # 128 rows
+        assert kernel["asked"] == ["device", "stream", "target"], kernel
+
+
+def test_the_warp_specialized_kernels_fit_an_h100(compiled):
     for kernel in compiled.values():
         # the query tile, two 64-token tiles and P: 224 KB of the 227
         assert 224 * 1024 < kernel["shared"] <= H100_SHARED, kernel
