@@ -90,6 +90,102 @@ def test_the_gluon_step_checks_its_bits_then_times_it_beside_triton(tmp_path):
     assert section.count("split kernel: no device times here") == 2, section
     overlap = read_table(out / "gluon-kernels-overlap", "kernel_samples")
     assert set(overlap["backend"]) == {"torch", "gluon"}  # the ceilings (torch's), and its own
+    # the keep rule's verdicts: where triton's kernel ran for the gluon backend, none
+    for kernel in ("scorer", "overlap"):
+        verdict = f"verdict {kernel}: its kernel did not run (triton (Gluon has no interpreter)"
+        assert verdict in section, section
+
+
+def _gpu_check():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    return gpu_check
+
+
+def test_a_gluon_kernel_is_kept_only_faster_with_samples_apart_at_each_target_shape():
+    """The gluon step's verdicts (docs/gpu-check.md's keep rule): a kernel whose tests
+    passed, faster than triton's kernel with samples apart at 1 row x 32K-64K and 64 rows x
+    8K-32K; a kernel whose tests failed or did not finish, or that ties or loses a shape,
+    stays a candidate; samples the backend took with triton's kernel are not judged."""
+    import pandas as pd
+
+    gpu_check = _gpu_check()
+    shapes = list(gpu_check.KEEP_SHAPES)
+    assert shapes == [(1, 32768), (1, 65536), (64, 8192), (64, 32768)]
+
+    def timed(backend, plan, us_by_shape):
+        return pd.DataFrame(
+            [
+                {"backend": backend, "plan": plan, "rows": r, "chunk_tokens": t, "value": us}
+                for (r, t), samples in us_by_shape.items()
+                for us in samples
+            ]
+        )
+
+    triton = timed("triton", "tile 64,64,8,2,1", {s: [100.0, 101.0, 99.0] for s in shapes})
+    scorer = timed("gluon", "gluon scorer 64x64 w4+4+1 s2, 66 splits", {
+        s: [60.0, 61.0, 62.0] for s in shapes
+    })  # fmt: skip
+    overlap = timed("gluon", "gluon overlap 64x64 w8+1 s2, 66 splits", {
+        **{s: [70.0, 71.0, 72.0] for s in shapes}, (64, 8192): [95.0, 99.5, 103.0]
+    })  # fmt: skip
+    passed = "12 passed in 30.1s"
+    dense = {"scorer": pd.concat([scorer, triton]), "overlap": overlap}
+    shares = {"scorer": {s: 0.36 for s in shapes}}
+    lines = gpu_check.gluon_verdicts(dense, shares, passed)
+    assert lines[0].startswith("verdict scorer: keep (docs/gpu-check.md"), lines
+    assert "  1x32768: 61.0 us, triton 100.0: faster, samples apart; 36% of the bound" in lines[1]
+    assert "(target 35%)" in lines[1] and "(target 40%)" in lines[3]
+    assert "verdict overlap: stays a candidate: not faster with samples apart at 64x8192" in lines
+    assert (
+        "  64x8192: 99.5 us, triton 100.0: faster, samples overlap; no bound measured (target 40%)"
+        in " ".join(lines)
+    )
+    assert not any(line.startswith("first: ") for line in lines)  # one kept
+    # both kept: the one with the less time over the four shapes first
+    overlap.loc[overlap.rows == 64, "value"] = 50.0
+    lines = gpu_check.gluon_verdicts(dense, shares, passed)
+    assert [line for line in lines if line.startswith(("verdict", "first"))] == [
+        "verdict scorer: keep (docs/gpu-check.md: first in gluon_backend.KERNELS, auto on 9.x)",
+        "verdict overlap: keep (docs/gpu-check.md: first in gluon_backend.KERNELS, auto on 9.x)",
+        "first: overlap (the less time over the shapes above)",
+    ]
+    # a failed test counts against the kernel it names, one naming none against both
+    log = (
+        "FAILED tests/test_gluon_kernels.py::test_its_kernels_match[scorer-4-16-pages0-503] - x\n"
+        "2 failed, 10 passed in 30.1s"
+    )
+    assert (gpu_check.failed_tests(log, "scorer"), gpu_check.failed_tests(log, "overlap")) == (1, 0)
+    log = "FAILED tests/test_gluon_kernels.py::test_its_grid - x\n" + log
+    assert (gpu_check.failed_tests(log, "scorer"), gpu_check.failed_tests(log, "overlap")) == (2, 1)
+    lines = gpu_check.gluon_verdicts(dense, shares, log)
+    assert "verdict scorer: stays a candidate: 2 of its tests failed" in lines
+    assert "verdict overlap: stays a candidate: 1 of its tests failed" in lines
+    # pytest cut off (a kernel that deadlocked): no closing count
+    lines = gpu_check.gluon_verdicts(dense, shares, "..")
+    assert "verdict scorer: stays a candidate: its tests did not finish" in lines
+    # the backend took triton's kernel, or triton was not timed, or nothing was: no verdict
+    fallback = timed("gluon", "triton (a cpu tensor): tile 64,64,8,2,1", {shapes[0]: [1.0]})
+    lines = gpu_check.gluon_verdicts({"scorer": pd.concat([fallback, triton])}, {}, passed)
+    assert lines == [
+        "verdict scorer: its kernel did not run (triton (a cpu tensor): tile 64,64,8,2,1): "
+        "nothing to judge",
+        "verdict overlap: not timed, stays a candidate",
+    ]
+    lines = gpu_check.gluon_verdicts({"scorer": scorer}, {}, passed)
+    assert lines[0] == "verdict scorer: triton's kernel was not timed: nothing to judge"
+    # a shape not timed is not won
+    lines = gpu_check.gluon_verdicts(
+        {"scorer": pd.concat([scorer, triton[triton.rows == 1]])}, {}, passed
+    )
+    assert (
+        lines[0]
+        == "verdict scorer: stays a candidate: not faster with samples apart at 64x8192, 64x32768"
+    )
+    assert "  64x8192: not timed by triton" in lines
 
 
 def test_a_step_past_the_budget_is_reported_not_run(tmp_path):
