@@ -13,11 +13,13 @@ own time limit (never past the budget), each step's output in ``OUT_DIR/STEP.log
    merge, gather and splice at rows 1 / 8 / 64 x 1K-64K tokens), then ``xbench fit`` of it
    onto the priors' fabrics: ``OUT_DIR/device-fit.toml`` holds this device's measured terms
    with their intervals and provenance (issue 42: the shipped profile's device terms).
-4. ``gluon``: the gluon backend (warp-specialized split kernels, candidates): their bits
-   on the GPU (``tests/test_gluon_kernels.py``), then each kernel's times, the first beside
-   the triton backend's, at rows 1 / 64 x 8K-64K dense (``gpu_kernels.py``), and each
-   kernel's one-row time split into a fixed cost and a cost a tile, as ``profile`` does;
-   the summary then says of each kernel whether docs/gpu-check.md's rule keeps it.
+4. ``gluon``: the gluon backend (warp-specialized split kernels, candidates), one kernel
+   after the other: its bits on the GPU (``tests/test_gluon_kernels.py -k KERNEL``), then,
+   where they hold, its times beside the triton backend's at rows 1 / 64 x 8K-64K dense
+   (``gpu_kernels.py``), and its one-row time split into a fixed cost and a cost a tile,
+   as ``profile`` does; each part under its own limit (``GLUON_LIMITS``), so a kernel that
+   deadlocks costs that limit and the other is still run. The summary then says of each
+   kernel whether docs/gpu-check.md's rule keeps it.
 5. ``tiles``: the preferred tile without and with its page lookahead at one, eight and 64
    rows x 32K tokens, split counts timed one by one, the combine launched after the split
    kernel and dependent on it (``triton_tiles.py --pdl off on``): the kernel's candidates.
@@ -70,6 +72,10 @@ PY = sys.executable
 # timed yet; a dense selection as its page table (token indices built in the call were 18-22 %
 # slower in sessions 33 to 43). `triton_tiles.py --tiles ...` scans other tiles
 TILES = "64,64,8,2,1,0 64,64,8,2,1,1"
+# the gluon step, a kernel at a time: the line its tests start under in gluon.log, and the
+# seconds its tests, its timing beside triton's and its one-row costs may each take
+GLUON_TESTS = "== gluon {}: tests"
+GLUON_LIMITS = (75, 90, 45)
 
 
 def shipped_profile_for(gpu_name: str) -> Path:
@@ -136,22 +142,24 @@ def steps(out: Path, cpu: bool) -> list[tuple[str, int, str]]:
             f"--out {q(str(out / 'tiles.json'))}"
         )
         gluon_shapes = "--rows 1,64 --tokens 8192,32768,65536 --topk 0 --samples 3"
-    # the warp-specialized kernels (candidates): their bits first, then each one's times, the
-    # first beside the triton kernel's, dense at the shapes of issue 44's targets (sparse
-    # calls run triton's kernel in both); a step of its own, so a kernel whose barriers
-    # deadlock stops only this step
+    # the warp-specialized kernels (candidates), one after the other: each one's bits, then,
+    # where they hold, its times beside the triton kernel's (the same sitting), dense at the
+    # shapes of issue 44's targets (sparse calls run triton's kernel in both), then its
+    # one-row time split as `profile` splits triton's. Each part under a limit of its own, so
+    # a kernel whose barriers deadlock costs that limit, not the step, and the other kernel
+    # is still checked and timed; a step of its own, so no other step waits on them
     from xbench.kernels.gluon_backend import KERNEL_VARIABLE, KERNELS
 
-    gluon = f"{q(PY)} -m pytest -q -p no:cacheprovider {ROOT / 'tests' / 'test_gluon_kernels.py'}"
-    for i, kernel in enumerate(KERNELS):
-        gluon += (
-            f"; {KERNEL_VARIABLE}={kernel} {q(PY)} {HERE}/gpu_kernels.py {gluon_shapes} "
-            f"--backends {'gluon,triton' if i == 0 else 'gluon'} "
-            f"--out {q(str(out / f'gluon-kernels-{kernel}'))}"
-        )
-    # then each kernel's one-row time split as `profile` splits triton's
-    gluon += f"; {q(PY)} {HERE}/gpu_check.py --step gluon-costs {q(str(out))}" + (
-        " --device cpu" if cpu else ""
+    tests = f"{q(PY)} -m pytest -q -p no:cacheprovider {ROOT / 'tests' / 'test_gluon_kernels.py'}"
+    gluon = "; ".join(
+        f"echo '{GLUON_TESTS.format(kernel)}'; "
+        f"timeout -k 5 {GLUON_LIMITS[0]} {tests} -k {kernel} && "
+        f"{KERNEL_VARIABLE}={kernel} timeout -k 5 {GLUON_LIMITS[1]} {q(PY)} "
+        f"{HERE}/gpu_kernels.py {gluon_shapes} --backends gluon,triton "
+        f"--out {q(str(out / f'gluon-kernels-{kernel}'))} && "
+        f"{KERNEL_VARIABLE}={kernel} timeout -k 5 {GLUON_LIMITS[2]} {q(PY)} "
+        f"{HERE}/gpu_check.py --step gluon-costs {q(str(out))}" + (" --device cpu" if cpu else "")
+        for kernel in KERNELS
     )
     return [
         (
@@ -276,14 +284,25 @@ def _best_lines(log: str) -> list[str]:
     return kept
 
 
+# pytest's closing count: "3 passed, 7 skipped in 2.8s", "4 skipped, 9 deselected in 1.2s"
+PYTEST_CLOSING = re.compile(r"^(\d+ [a-z]+(, )?)+ in \d|^no tests ran in ")
+
+
 def _pytest_verdicts(log: str) -> list[str]:
-    """pytest's failures and its closing count ("3 passed, 7 skipped in 2.8s")."""
+    """pytest's failures and its closing count."""
     return [
         line
         for line in log.splitlines()
-        if line.startswith("FAILED ") or line.startswith("ERROR ")
-        or (" in " in line and any(w in line for w in (" passed", " failed", " error")))
-    ]  # fmt: skip
+        if line.startswith(("FAILED ", "ERROR ")) or PYTEST_CLOSING.match(line)
+    ]
+
+
+def _gluon_tests(log: str) -> list[str]:
+    """The gluon step's tests: each kernel's line they start under, then pytest's verdicts."""
+    from xbench.kernels.gluon_backend import KERNELS
+
+    headers = {GLUON_TESTS.format(k) for k in KERNELS}
+    return [line for line in log.splitlines() if line in headers or _pytest_verdicts(line)]
 
 
 def _tables(log: str) -> list[str]:
@@ -311,21 +330,24 @@ KEEP_SHAPES = {(1, 32768): 0.35, (1, 65536): 0.35, (64, 8192): 0.40, (64, 32768)
 
 
 def failed_tests(log: str, kernel: str) -> int | None:
-    """How many of the gluon step's tests failed that could be ``kernel``'s (those naming it
-    and those naming no kernel); None where pytest did not finish (no closing count)."""
+    """How many of ``kernel``'s tests failed, from its part of the gluon step's log (from
+    the line they start under to the next kernel's); None where they did not finish (no
+    closing count there: stopped at their limit, or never started)."""
     from xbench.kernels.gluon_backend import KERNELS
 
-    verdicts = _pytest_verdicts(log)
-    if not any(" in " in line for line in verdicts):
+    lines, header = log.splitlines(), GLUON_TESTS.format(kernel)
+    if header not in lines:
         return None
-    failed = [line for line in verdicts if line.startswith(("FAILED ", "ERROR "))]
-    named = [k for k in KERNELS if k != kernel]
-    return sum(
-        1
-        for line in failed
-        if re.search(rf"[\[-]{kernel}[\]-]", line)
-        or not any(re.search(rf"[\[-]{k}[\]-]", line) for k in named)
-    )
+    headers = {GLUON_TESTS.format(k) for k in KERNELS}
+    part = []
+    for line in lines[lines.index(header) + 1 :]:
+        if line in headers:
+            break
+        part.append(line)
+    verdicts = _pytest_verdicts("\n".join(part))
+    if not any(PYTEST_CLOSING.match(line) for line in verdicts):
+        return None
+    return sum(line.startswith(("FAILED ", "ERROR ")) for line in verdicts)
 
 
 def keep_verdict(kernel: str, samples, baseline, shares: dict, failed: int | None) -> list[str]:
@@ -373,7 +395,7 @@ def keep_verdict(kernel: str, samples, baseline, shares: dict, failed: int | Non
 
 def gluon_samples(out: Path) -> tuple[dict, dict]:
     """The gluon step's dense attention samples (warm-ups left out), by kernel (its folder
-    ``OUT/gluon-kernels-KERNEL``: the gluon backend's and, in the first, triton's), and
+    ``OUT/gluon-kernels-KERNEL``: the gluon backend's and triton's, timed in one run), and
     each kernel's share of the bound (rows, tokens) -> share, against its run's ceilings."""
     from xbench.kernels.gluon_backend import KERNELS
     from xbench.kernels.summary import summarize_kernels
@@ -395,16 +417,19 @@ def gluon_samples(out: Path) -> tuple[dict, dict]:
 
 
 def gluon_verdicts(dense: dict, shares: dict, log: str) -> list[str]:
-    """Each gluon kernel against the keep rule (``gluon_samples``' samples and shares; the
-    step's log for its tests' verdicts), and which goes first where both are kept."""
+    """Each gluon kernel against the keep rule (``gluon_samples``' samples and shares: its
+    run's, triton's from the same run; the step's log for its tests' verdicts), and which
+    goes first where both are kept."""
     from xbench.kernels.gluon_backend import KERNELS
 
-    timed = [f[f.backend == "triton"] for f in dense.values() if (f.backend == "triton").any()]
-    baseline = timed[0] if timed else None
     lines, kept = [], {}
     for kernel in KERNELS:
         samples = dense.get(kernel)
-        mine = None if samples is None else samples[samples.backend == "gluon"]
+        mine, baseline = (
+            (None, None)
+            if samples is None
+            else (samples[samples.backend == "gluon"], samples[samples.backend == "triton"])
+        )
         verdict = keep_verdict(
             kernel, mine, baseline, shares.get(kernel, {}), failed_tests(log, kernel)
         )
@@ -438,13 +463,13 @@ def summary(out: Path, done: list[dict]) -> str:
             continue
         if name == "tiles":
             body = "\n".join(_best_lines((out / "tiles.log").read_text(errors="replace")))
-        elif name == "gluon":  # its tests' verdict, each kernel's times (triton's too), costs
+        elif name == "gluon":  # each kernel's tests, times (triton's too), costs; verdicts
             log = (out / "gluon.log").read_text(errors="replace")
             try:  # a GPU run's summary is not lost to a verdict that could not be made
                 verdicts = gluon_verdicts(*gluon_samples(out), log)
             except Exception as exc:  # noqa: BLE001
                 verdicts = [f"verdicts: not made ({type(exc).__name__}: {exc})"]
-            body = "\n".join([*_pytest_verdicts(log), *_tables(log), *_gluon_costs(log), *verdicts])
+            body = "\n".join([*_gluon_tests(log), *_tables(log), *_gluon_costs(log), *verdicts])
         else:
             body = _tail(out / f"{name}.log", marker, lines)
         parts += ["", f"## {name}", "", "```", body, "```"]
@@ -615,7 +640,8 @@ def step_gluon_costs(out: Path, device: str) -> int:
     from xbench.kernels.gluon_backend import KERNEL_VARIABLE, KERNELS
 
     backend = get_backend("gluon")
-    for kernel in KERNELS:
+    # the kernel XBENCH_GLUON_KERNEL names (the gluon step's way, one kernel a process), else each
+    for kernel in [os.environ[KERNEL_VARIABLE]] if os.environ.get(KERNEL_VARIABLE) else KERNELS:
         os.environ[KERNEL_VARIABLE] = kernel
         print(f"\n== the gluon backend's {kernel} kernel", flush=True)
         _one_row_costs(backend, device)
