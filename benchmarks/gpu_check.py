@@ -52,11 +52,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import shlex
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -288,13 +290,13 @@ def _best_lines(log: str) -> list[str]:
 PYTEST_CLOSING = re.compile(r"^(\d+ [a-z]+(, )?)+ in \d|^no tests ran in ")
 
 
+def _is_pytest_verdict(line: str) -> bool:
+    """A failure pytest names, or its closing count."""
+    return line.startswith(("FAILED ", "ERROR ")) or bool(PYTEST_CLOSING.match(line))
+
+
 def _pytest_verdicts(log: str) -> list[str]:
-    """pytest's failures and its closing count."""
-    return [
-        line
-        for line in log.splitlines()
-        if line.startswith(("FAILED ", "ERROR ")) or PYTEST_CLOSING.match(line)
-    ]
+    return [line for line in log.splitlines() if _is_pytest_verdict(line)]
 
 
 def _gluon_tests(log: str) -> list[str]:
@@ -302,7 +304,7 @@ def _gluon_tests(log: str) -> list[str]:
     from xbench.kernels.gluon_backend import KERNELS
 
     headers = {GLUON_TESTS.format(k) for k in KERNELS}
-    return [line for line in log.splitlines() if line in headers or _pytest_verdicts(line)]
+    return [line for line in log.splitlines() if line in headers or _is_pytest_verdict(line)]
 
 
 def _tables(log: str) -> list[str]:
@@ -350,20 +352,23 @@ def failed_tests(log: str, kernel: str) -> int | None:
     return sum(line.startswith(("FAILED ", "ERROR ")) for line in verdicts)
 
 
-def keep_verdict(kernel: str, samples, baseline, shares: dict, failed: int | None) -> list[str]:
-    """Whether ``kernel`` meets the keep rule: a line for each of KEEP_SHAPES (its median and
-    triton's, faster or slower, samples apart or overlapping, its share of the bound), then
-    the verdict. ``samples``: its dense attention samples (warm-ups left out), None where
-    none were written; ``baseline``: triton's (None: not timed); ``shares``: (rows,
-    tokens) -> its share of the bound."""
+def keep_verdict(
+    kernel: str, samples, baseline, shares: dict, failed: int | None
+) -> tuple[list[str], float | None]:
+    """Whether ``kernel`` meets the keep rule: (the verdict, then a line for each of
+    KEEP_SHAPES: its median and triton's, faster or slower, samples apart or overlapping,
+    its share of the bound; its medians' sum over KEEP_SHAPES where it is kept, else None).
+    ``samples``: its dense attention samples (warm-ups left out), None where none were
+    written; ``baseline``: triton's (None: not timed); ``shares``: (rows, tokens) -> its
+    share of the bound."""
     if samples is None or samples.empty:
-        return [f"verdict {kernel}: not timed, stays a candidate"]
+        return [f"verdict {kernel}: not timed, stays a candidate"], None
     other = sorted({p for p in samples.plan if not p.startswith(f"gluon {kernel} ")})
     if other:  # the backend ran triton's kernel: comparing would time triton against itself
-        return [f"verdict {kernel}: its kernel did not run ({other[0]}): nothing to judge"]
+        return [f"verdict {kernel}: its kernel did not run ({other[0]}): nothing to judge"], None
     if baseline is None or baseline.empty:
-        return [f"verdict {kernel}: triton's kernel was not timed: nothing to judge"]
-    lines, short = [], []
+        return [f"verdict {kernel}: triton's kernel was not timed: nothing to judge"], None
+    lines, short, total_us = [], [], 0.0
     for (rows, tokens), target in KEEP_SHAPES.items():
         own = samples[(samples.rows == rows) & (samples.chunk_tokens == tokens)]["value"]
         theirs = baseline[(baseline.rows == rows) & (baseline.chunk_tokens == tokens)]["value"]
@@ -373,8 +378,9 @@ def keep_verdict(kernel: str, samples, baseline, shares: dict, failed: int | Non
             continue
         apart = own.max() < theirs.min() or theirs.max() < own.min()
         faster = own.median() < theirs.median()
-        share = shares.get((rows, tokens), float("nan"))
-        bound = "no bound measured" if share != share else f"{share:.0%} of the bound"
+        total_us += own.median()
+        share = shares.get((rows, tokens), math.nan)
+        bound = "no bound measured" if math.isnan(share) else f"{share:.0%} of the bound"
         lines.append(
             f"  {rows}x{tokens}: {own.median():,.1f} us, triton {theirs.median():,.1f}: "
             f"{'faster' if faster else 'slower'}, samples {'apart' if apart else 'overlap'}; "
@@ -390,7 +396,8 @@ def keep_verdict(kernel: str, samples, baseline, shares: dict, failed: int | Non
         verdict = f"stays a candidate: not faster with samples apart at {', '.join(short)}"
     else:
         verdict = "keep (docs/gpu-check.md: first in gluon_backend.KERNELS, auto on 9.x)"
-    return [f"verdict {kernel}: {verdict}", *lines]
+    kept = failed == 0 and not short
+    return [f"verdict {kernel}: {verdict}", *lines], total_us if kept else None
 
 
 def gluon_samples(out: Path) -> tuple[dict, dict]:
@@ -430,16 +437,23 @@ def gluon_verdicts(dense: dict, shares: dict, log: str) -> list[str]:
             if samples is None
             else (samples[samples.backend == "gluon"], samples[samples.backend == "triton"])
         )
-        verdict = keep_verdict(
+        verdict, kept_us = keep_verdict(
             kernel, mine, baseline, shares.get(kernel, {}), failed_tests(log, kernel)
         )
-        if verdict[0].startswith(f"verdict {kernel}: keep"):
-            medians = mine.groupby(["rows", "chunk_tokens"]).value.median()
-            kept[kernel] = sum(medians[shape] for shape in KEEP_SHAPES)
+        if kept_us is not None:
+            kept[kernel] = kept_us
         lines += verdict
     if len(kept) > 1:  # the rule puts one first: the faster over its shapes
         lines.append(f"first: {min(kept, key=kept.get)} (the less time over the shapes above)")
     return lines
+
+
+def _fill(line: str, width: int = 80) -> str:
+    """A line of prose wrapped at words to ``width``, its continuations indented under it."""
+    indent = " " * (len(line) - len(line.lstrip()) + 4)
+    return textwrap.fill(
+        line, width, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False
+    )
 
 
 def summary(out: Path, done: list[dict]) -> str:
@@ -469,7 +483,8 @@ def summary(out: Path, done: list[dict]) -> str:
                 verdicts = gluon_verdicts(*gluon_samples(out), log)
             except Exception as exc:  # noqa: BLE001
                 verdicts = [f"verdicts: not made ({type(exc).__name__}: {exc})"]
-            body = "\n".join([*_gluon_tests(log), *_tables(log), *_gluon_costs(log), *verdicts])
+            prose = [_fill(line) for line in [*_gluon_costs(log), *verdicts]]
+            body = "\n".join([*_gluon_tests(log), *_tables(log), *prose])
         else:
             body = _tail(out / f"{name}.log", marker, lines)
         parts += ["", f"## {name}", "", "```", body, "```"]
