@@ -2,7 +2,8 @@
 
 tbf shapes the link at a rate the test chooses; TCP's goodput is that rate less TCP/IP and
 Ethernet framing: 1448 payload bytes per 1514 bytes on the wire at MTU 1500 (4.4 %). The
-fitted bandwidth must land within 3 % of it. Needs root and ip netns; skipped otherwise.
+fitted bandwidth must land within 3 % of it (a second sitting where the first missed:
+tests/shaped_fit.py). Needs root and ip netns; skipped otherwise.
 """
 
 import os
@@ -11,8 +12,7 @@ import subprocess
 import uuid
 
 import pytest
-
-from xbench.core.profile import load_profile
+from shaped_fit import assert_fit_finds, stolen_while
 
 pytestmark = pytest.mark.netns
 RATE_BITS = 200e6
@@ -97,36 +97,14 @@ def test_tcp_fit_matches_shaped_goodput(shaped_link, tmp_path, xbench):
         "tcp",
     ]
     launcher = [str(BIN / "mpiexec"), "-n", "1", "ip", "netns", "exec", ns_a]
-    cmd = [
-        *launcher,
-        xb,
-        "probe",
-        *common,
-        "--tcp-interface",
-        dev_a,
-        "--out",
-        str(tmp_path / "p"),
-        ":",
-        "-n",
-        "1",
-        "ip",
-        "netns",
-        "exec",
-        ns_b,
-        xb,
-        "probe",
-        *common,
-        "--tcp-interface",
-        dev_b,
-    ]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
-    assert r.returncode == 0, r.stderr[-2000:]
-    r = xbench(
-        "fit", tmp_path / "p", "--base", "profiles/h100-priors.toml", "--out", tmp_path / "tcp.toml"
-    )
-    assert r.returncode == 0, r.stderr
-    fabric = load_profile(tmp_path / "tcp.toml").fabric("tcp")
-    beta = fabric.segments[-1].beta.value
-    assert beta == pytest.approx(GOODPUT, rel=0.03), (
-        f"fitted {beta / 1e6:.2f} MB/s, goodput {GOODPUT / 1e6:.2f} MB/s"
-    )
+
+    def sit(n: int):
+        out = tmp_path / f"p{n}"
+        side_a = [*launcher, xb, "probe", *common, "--tcp-interface", dev_a, "--out", str(out)]
+        side_b = ["-n", "1", "ip", "netns", "exec", ns_b, xb, "probe", *common]
+        cmd = [*side_a, ":", *side_b, "--tcp-interface", dev_b]
+        r, stolen = stolen_while(subprocess.run, cmd, capture_output=True, text=True, timeout=240)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return out, stolen
+
+    assert_fit_finds(GOODPUT, sit, xbench, tmp_path)

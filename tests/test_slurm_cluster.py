@@ -14,9 +14,9 @@ import xml.etree.ElementTree as ET
 
 import pytest
 from conftest import BIN, ROOT, run_xbench
+from shaped_fit import assert_fit_finds, stolen_while
 from slurm_cluster import LINK, SlurmCluster, why_not
 
-from xbench.core.profile import load_profile
 from xbench.results.schema import PROBE_SAMPLES
 from xbench.results.store import read_run_meta, read_table
 
@@ -88,25 +88,35 @@ def hang_reports(folder) -> str:
     return "".join(f"\n{p}:\n{p.read_text()[:3000]}" for p in folder.rglob("hang-rank*.txt"))
 
 
-@pytest.fixture(scope="module")
-def shaped_probe(cluster, tmp_path_factory):
+def probe_between_nodes(cluster, folder):
     """A TCP probe between the two nodes under sbatch, in the GPU shape xbench slurm writes
-    by default (8 GPUs a node, one a task, bound closest): the fake GPUs schedule it."""
-    if cluster.form != "hosts":
-        pytest.skip(cluster.reason)
-    tmp = tmp_path_factory.mktemp("shaped")
+    by default (8 GPUs a node, one a task, bound closest): the fake GPUs schedule it.
+    Returns the probe's folder and the hypervisor's share of the CPUs during it."""
     sweep = ["--transport", "tcp", "--tcp-interface", LINK, "--fabric", "tcp"]
     # nine samples: a median the VM's short stalls (two samples of four, seen) do not move
     sweep += ["--sizes", "128KiB:2MiB", "--pattern", "latency", "--samples", "9", "--warmups", "1"]
-    r, answer, said = xbench_slurm(
-        cluster, tmp, "probe", "--nodes", "2", "--results", tmp / "job", "--", *sweep
-    )
+    job = ["probe", "--nodes", "2", "--results", folder / "job", "--", *sweep]
+    (r, answer, said), stolen = stolen_while(xbench_slurm, cluster, folder, *job)
     assert r.returncode == 0 and answer["state"] == "COMPLETED", said
-    return tmp / "job" / "probe"
+    return folder / "job" / "probe", stolen
+
+
+SHAPED_PROBE_STOLEN = {}  # the hypervisor's share of the CPUs during the module's probe
+
+
+@pytest.fixture(scope="module")
+def shaped_probe(cluster, tmp_path_factory):
+    if cluster.form != "hosts":
+        pytest.skip(cluster.reason)
+    probe, stolen = probe_between_nodes(cluster, tmp_path_factory.mktemp("shaped"))
+    SHAPED_PROBE_STOLEN[probe] = stolen
+    return probe
 
 
 @pytest.mark.mpi  # starts MPI: runs under every MPI
-def test_two_nodes_are_two_hosts_and_the_fit_finds_the_shaped_link(shaped_probe, xbench, tmp_path):
+def test_two_nodes_are_two_hosts_and_the_fit_finds_the_shaped_link(
+    cluster, shaped_probe, xbench, tmp_path
+):
     from mpi4py import MPI
 
     from xbench.cluster.slurm import srun_mpi_for
@@ -117,16 +127,15 @@ def test_two_nodes_are_two_hosts_and_the_fit_finds_the_shaped_link(shaped_probe,
     # the plugin srun gave the ranks, chosen from the MPI loaded here, is in the run
     assert meta["launcher"] == f"srun --mpi={srun_mpi_for(MPI.Get_library_version())}"
     assert meta["mpi_thread_level"] == "funneled"
-    r = xbench(
-        "fit", shaped_probe, "--base", "profiles/h100-priors.toml", "--out", tmp_path / "p.toml"
-    )
-    assert r.returncode == 0, r.stderr
-    beta = load_profile(tmp_path / "p.toml").fabric("tcp").segments[-1].beta.value
+
+    def sit(n: int):  # the module's probe, then (where its fit missed) one of this test's
+        if n == 0:
+            return shaped_probe, SHAPED_PROBE_STOLEN.get(shaped_probe)
+        return probe_between_nodes(cluster, tmp_path / f"again-{n}")
+
+    beta = assert_fit_finds(GOODPUT, sit, xbench, tmp_path)
     print(
         f"shaped {RATE_BITS / 1e6:.0f} Mbit/s: goodput {GOODPUT / 1e6:.2f} MB/s, fitted {beta / 1e6:.2f} MB/s"
-    )
-    assert beta == pytest.approx(GOODPUT, rel=0.03), (
-        f"fitted {beta / 1e6:.2f} MB/s, goodput {GOODPUT / 1e6:.2f} MB/s"
     )
 
 
