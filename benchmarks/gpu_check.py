@@ -295,15 +295,16 @@ def _is_pytest_verdict(line: str) -> bool:
     return line.startswith(("FAILED ", "ERROR ")) or bool(PYTEST_CLOSING.match(line))
 
 
-def _pytest_verdicts(log: str) -> list[str]:
-    return [line for line in log.splitlines() if _is_pytest_verdict(line)]
+def _gluon_headers() -> set[str]:
+    """The lines each kernel's tests start under in the gluon step's log."""
+    from xbench.kernels.gluon_backend import KERNELS
+
+    return {GLUON_TESTS.format(k) for k in KERNELS}
 
 
 def _gluon_tests(log: str) -> list[str]:
     """The gluon step's tests: each kernel's line they start under, then pytest's verdicts."""
-    from xbench.kernels.gluon_backend import KERNELS
-
-    headers = {GLUON_TESTS.format(k) for k in KERNELS}
+    headers = _gluon_headers()
     return [line for line in log.splitlines() if line in headers or _is_pytest_verdict(line)]
 
 
@@ -335,18 +336,15 @@ def failed_tests(log: str, kernel: str) -> int | None:
     """How many of ``kernel``'s tests failed, from its part of the gluon step's log (from
     the line they start under to the next kernel's); None where they did not finish (no
     closing count there: stopped at their limit, or never started)."""
-    from xbench.kernels.gluon_backend import KERNELS
-
     lines, header = log.splitlines(), GLUON_TESTS.format(kernel)
     if header not in lines:
         return None
-    headers = {GLUON_TESTS.format(k) for k in KERNELS}
-    part = []
+    headers, verdicts = _gluon_headers(), []
     for line in lines[lines.index(header) + 1 :]:
         if line in headers:
             break
-        part.append(line)
-    verdicts = _pytest_verdicts("\n".join(part))
+        if _is_pytest_verdict(line):
+            verdicts.append(line)
     if not any(PYTEST_CLOSING.match(line) for line in verdicts):
         return None
     return sum(line.startswith(("FAILED ", "ERROR ")) for line in verdicts)
@@ -432,11 +430,8 @@ def gluon_verdicts(dense: dict, shares: dict, log: str) -> list[str]:
     lines, kept = [], {}
     for kernel in KERNELS:
         samples = dense.get(kernel)
-        mine, baseline = (
-            (None, None)
-            if samples is None
-            else (samples[samples.backend == "gluon"], samples[samples.backend == "triton"])
-        )
+        mine = None if samples is None else samples[samples.backend == "gluon"]
+        baseline = None if samples is None else samples[samples.backend == "triton"]
         verdict, kept_us = keep_verdict(
             kernel, mine, baseline, shares.get(kernel, {}), failed_tests(log, kernel)
         )
