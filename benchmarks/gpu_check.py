@@ -551,6 +551,17 @@ def fixed_and_per_tile(
     return float(fixed), float(slope * tile)
 
 
+def tile_rate(per_tile_us: float, rows: int, tokens: int = 64) -> float:
+    """TFLOP/s of one program that spends ``per_tile_us`` on a tile of ``rows`` query rows
+    x ``tokens`` tokens of DeepSeek-V3.2's absorbed MLA (its score and its P V): times the
+    SM count, what the device would compute were every SM that fast (FlashMLA publishes
+    about 660 TFLOP/s compute-bound on an H800's 132 SMs)."""
+    from xbench.core.models import get_model
+
+    flops = rows * tokens * get_model("deepseek-v3.2").flops_per_row_token()
+    return flops / per_tile_us / 1e6
+
+
 def _profiled(call, cuda: bool, calls: int = 10, warm: int = 3):
     """A torch profile of ``calls`` calls, after ``warm`` that tune and warm."""
     import torch
@@ -590,11 +601,11 @@ def _attention_call(backend, device: str, rows: int, tokens: int, sparse: bool, 
     return case, call
 
 
-def _one_row_costs(backend, device: str, **kwargs) -> None:
+def _one_row_costs(backend, device: str, rows: int, **kwargs) -> None:
     """One row over a fixed count of splits at growing lengths: the split kernel's device
     time a call, and the line through it: its fixed cost a call and its cost a tile of 64
-    tokens a program. On a CPU, a few 16-token tiles a program under the interpreter: the
-    plumbing."""
+    tokens a program of ``rows`` query rows, with that tile's compute rate. On a CPU, a few
+    16-token tiles a program under the interpreter: the plumbing."""
     cpu = device == "cpu"
     lengths, splits = ((32, 64), 2) if cpu else (ONE_ROW_TOKENS, ONE_ROW_SPLITS)
     calls, warm = (1, 0) if cpu else (10, 3)  # the interpreter takes seconds a call
@@ -617,6 +628,16 @@ def _one_row_costs(backend, device: str, **kwargs) -> None:
     if len(per_program) >= 2:
         fixed, per_tile = fixed_and_per_tile(per_program, split_us)
         print(f"split kernel: {fixed:.1f} us a call + {per_tile:.2f} us a 64-token tile")
+        # whether the tile or the fixed cost is what the one-row target must cut: the tile
+        # near 1.7 us is about FlashMLA's published rate (device times come from a GPU only)
+        import torch
+
+        rate = tile_rate(per_tile, rows)
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        print(
+            f"a tile of {rows} rows x 64 tokens: {rate:.2f} TFLOP/s a program, "
+            f"{rate * sms:.0f} over the {sms} SMs (FlashMLA publishes ~660 on an H800)"
+        )
     else:
         print("split kernel: no device times here (a CPU profile has no kernels)")
 
@@ -625,7 +646,7 @@ def step_profile(out: Path, device: str) -> int:
     """The triton backend's kernels at a few shapes, one by one (torch.profiler); then the
     split kernel at one row split into its fixed cost and its cost a tile."""
     from xbench.kernels.backend import get_backend
-    from xbench.kernels.triton_mla import GPU_TILES
+    from xbench.kernels.triton_mla import GPU_TILES, INTERPRETER_TILES
 
     backend = get_backend("triton")
     cpu = device == "cpu"
@@ -638,7 +659,10 @@ def step_profile(out: Path, device: str) -> int:
         print(prof.key_averages().table(sort_by=sort, row_limit=12, max_name_column_width=48))
     # the preferred tile (the tuner may take another at some lengths, and another count of
     # programs)
-    _one_row_costs(backend, device, tile=None if cpu else GPU_TILES[0])
+    if cpu:  # the interpreter's one tile
+        _one_row_costs(backend, device, INTERPRETER_TILES[0][0])
+    else:
+        _one_row_costs(backend, device, GPU_TILES[0][0], tile=GPU_TILES[0])
     return 0
 
 
@@ -647,14 +671,14 @@ def step_gluon_costs(out: Path, device: str) -> int:
     triton kernel's time: its fixed cost a call and its cost a tile (the one-row target
     needs the tile near 1.7 us; triton's took 3.6 on an H200)."""
     from xbench.kernels.backend import get_backend
-    from xbench.kernels.gluon_backend import KERNEL_VARIABLE, KERNELS
+    from xbench.kernels.gluon_backend import KERNEL_VARIABLE, KERNELS, TILE
 
     backend = get_backend("gluon")
     # the kernel XBENCH_GLUON_KERNEL names (the gluon step's way, one kernel a process), else each
     for kernel in [os.environ[KERNEL_VARIABLE]] if os.environ.get(KERNEL_VARIABLE) else KERNELS:
         os.environ[KERNEL_VARIABLE] = kernel
         print(f"\n== the gluon backend's {kernel} kernel", flush=True)
-        _one_row_costs(backend, device)
+        _one_row_costs(backend, device, TILE[0])
     return 0
 
 

@@ -268,3 +268,7 @@ def test_the_split_kernels_fixed_cost_and_cost_a_tile_come_from_a_line_fit():
     assert (round(fixed, 6), round(per_tile, 6)) == (10.0, 2.0)
     fixed, per_tile = gpu_check.fixed_and_per_tile([128, 512, 1024], [29.5, 50.4, 80.3])
     assert 21 < fixed < 23 and 3.5 < per_tile < 3.7
+    # a 64 x 64 tile: 64 x 64 x 2 x (576 + 512) = 8,912,896 FLOP; session 43's 3.62 us a
+    # tile over an H200's 132 SMs is 325 TFLOP/s, 41 % of that run's 794 matmul rate
+    assert gpu_check.tile_rate(1.0, 64) == pytest.approx(8.912896)
+    assert 132 * gpu_check.tile_rate(3.62, 64) == pytest.approx(325.0, abs=0.5)
