@@ -320,8 +320,9 @@ def _tables(log: str) -> list[str]:
 
 
 def _gluon_costs(log: str) -> list[str]:
-    """``gluon-costs``' lines: each kernel's name, its plan and its fixed cost and cost a tile."""
-    keep = ("== the gluon backend's", "plan: ", "split kernel: ")
+    """``gluon-costs``' lines: each kernel's name, its plan, its fixed cost and cost a tile
+    and that tile's rate."""
+    keep = ("== the gluon backend's", "plan: ", "split kernel: ", "the tile: ")
     return [line for line in log.splitlines() if line.startswith(keep)]
 
 
@@ -386,6 +387,7 @@ def keep_verdict(
         )
         if not (faster and apart):
             short.append(f"{rows}x{tokens}")
+    kept_us = None
     if failed is None:
         verdict = "stays a candidate: its tests did not finish"
     elif failed:
@@ -394,8 +396,8 @@ def keep_verdict(
         verdict = f"stays a candidate: not faster with samples apart at {', '.join(short)}"
     else:
         verdict = "keep (docs/gpu-check.md: first in gluon_backend.KERNELS, auto on 9.x)"
-    kept = failed == 0 and not short
-    return [f"verdict {kernel}: {verdict}", *lines], total_us if kept else None
+        kept_us = total_us
+    return [f"verdict {kernel}: {verdict}", *lines], kept_us
 
 
 def gluon_samples(out: Path) -> tuple[dict, dict]:
@@ -562,6 +564,17 @@ def tile_rate(per_tile_us: float, rows: int, tokens: int = 64) -> float:
     return flops / per_tile_us / 1e6
 
 
+def tile_rate_line(per_tile_us: float, rows: int, sms: int) -> str:
+    """The tile's rate a program and over ``sms`` SMs, beside FlashMLA's published figure:
+    whether the tile or the fixed cost is what the one-row target must cut (the tile near
+    1.7 us is about FlashMLA's rate)."""
+    rate = tile_rate(per_tile_us, rows)
+    return (
+        f"the tile: {rate:.2f} TFLOP/s a program, {rate * sms:.0f} over {sms} SMs "
+        "(FlashMLA: 660 on an H800)"
+    )
+
+
 def _profiled(call, cuda: bool, calls: int = 10, warm: int = 3):
     """A torch profile of ``calls`` calls, after ``warm`` that tune and warm."""
     import torch
@@ -604,8 +617,8 @@ def _attention_call(backend, device: str, rows: int, tokens: int, sparse: bool, 
 def _one_row_costs(backend, device: str, rows: int, **kwargs) -> None:
     """One row over a fixed count of splits at growing lengths: the split kernel's device
     time a call, and the line through it: its fixed cost a call and its cost a tile of 64
-    tokens a program of ``rows`` query rows, with that tile's compute rate. On a CPU, a few
-    16-token tiles a program under the interpreter: the plumbing."""
+    tokens a program of ``rows`` query rows (on a GPU), with that tile's compute rate. On a
+    CPU, a few 16-token tiles a program under the interpreter: the plumbing."""
     cpu = device == "cpu"
     lengths, splits = ((32, 64), 2) if cpu else (ONE_ROW_TOKENS, ONE_ROW_SPLITS)
     calls, warm = (1, 0) if cpu else (10, 3)  # the interpreter takes seconds a call
@@ -628,16 +641,10 @@ def _one_row_costs(backend, device: str, rows: int, **kwargs) -> None:
     if len(per_program) >= 2:
         fixed, per_tile = fixed_and_per_tile(per_program, split_us)
         print(f"split kernel: {fixed:.1f} us a call + {per_tile:.2f} us a 64-token tile")
-        # whether the tile or the fixed cost is what the one-row target must cut: the tile
-        # near 1.7 us is about FlashMLA's published rate (device times come from a GPU only)
-        import torch
+        import torch  # device times come from a GPU only
 
-        rate = tile_rate(per_tile, rows)
         sms = torch.cuda.get_device_properties(0).multi_processor_count
-        print(
-            f"a tile of {rows} rows x 64 tokens: {rate:.2f} TFLOP/s a program, "
-            f"{rate * sms:.0f} over the {sms} SMs (FlashMLA publishes ~660 on an H800)"
-        )
+        print(tile_rate_line(per_tile, rows, sms))
     else:
         print("split kernel: no device times here (a CPU profile has no kernels)")
 
@@ -646,7 +653,7 @@ def step_profile(out: Path, device: str) -> int:
     """The triton backend's kernels at a few shapes, one by one (torch.profiler); then the
     split kernel at one row split into its fixed cost and its cost a tile."""
     from xbench.kernels.backend import get_backend
-    from xbench.kernels.triton_mla import GPU_TILES, INTERPRETER_TILES
+    from xbench.kernels.triton_mla import GPU_TILES
 
     backend = get_backend("triton")
     cpu = device == "cpu"
@@ -659,10 +666,7 @@ def step_profile(out: Path, device: str) -> int:
         print(prof.key_averages().table(sort_by=sort, row_limit=12, max_name_column_width=48))
     # the preferred tile (the tuner may take another at some lengths, and another count of
     # programs)
-    if cpu:  # the interpreter's one tile
-        _one_row_costs(backend, device, INTERPRETER_TILES[0][0])
-    else:
-        _one_row_costs(backend, device, GPU_TILES[0][0], tile=GPU_TILES[0])
+    _one_row_costs(backend, device, GPU_TILES[0][0], tile=None if cpu else GPU_TILES[0])
     return 0
 
 

@@ -271,4 +271,9 @@ def test_the_split_kernels_fixed_cost_and_cost_a_tile_come_from_a_line_fit():
     # a 64 x 64 tile: 64 x 64 x 2 x (576 + 512) = 8,912,896 FLOP; session 43's 3.62 us a
     # tile over an H200's 132 SMs is 325 TFLOP/s, 41 % of that run's 794 matmul rate
     assert gpu_check.tile_rate(1.0, 64) == pytest.approx(8.912896)
-    assert 132 * gpu_check.tile_rate(3.62, 64) == pytest.approx(325.0, abs=0.5)
+    line = gpu_check.tile_rate_line(3.62, 64, 132)
+    assert line == "the tile: 2.46 TFLOP/s a program, 325 over 132 SMs (FlashMLA: 660 on an H800)"
+    # whole at 80 columns, and in the gluon step's summary beside the line it follows
+    assert len(line) <= 80
+    costs = "split kernel: 19.6 us a call + 3.62 us a 64-token tile\n" + line
+    assert gpu_check._gluon_costs(f"noise\n{costs}\nmore noise") == costs.splitlines()

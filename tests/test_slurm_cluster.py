@@ -92,6 +92,7 @@ def probe_between_nodes(cluster, folder):
     """A TCP probe between the two nodes under sbatch, in the GPU shape xbench slurm writes
     by default (8 GPUs a node, one a task, bound closest): the fake GPUs schedule it.
     Returns the probe's folder and the hypervisor's share of the CPUs during it."""
+    folder.mkdir(parents=True, exist_ok=True)  # the job's script and output land there
     sweep = ["--transport", "tcp", "--tcp-interface", LINK, "--fabric", "tcp"]
     # nine samples: a median the VM's short stalls (two samples of four, seen) do not move
     sweep += ["--sizes", "128KiB:2MiB", "--pattern", "latency", "--samples", "9", "--warmups", "1"]
@@ -101,27 +102,28 @@ def probe_between_nodes(cluster, folder):
     return folder / "job" / "probe", stolen
 
 
-SHAPED_PROBE_STOLEN = {}  # the hypervisor's share of the CPUs during the module's probe
+@pytest.fixture(scope="module")
+def shaped_sitting(cluster, tmp_path_factory):
+    """The module's probe between the nodes, and the hypervisor's share during it."""
+    if cluster.form != "hosts":
+        pytest.skip(cluster.reason)
+    return probe_between_nodes(cluster, tmp_path_factory.mktemp("shaped"))
 
 
 @pytest.fixture(scope="module")
-def shaped_probe(cluster, tmp_path_factory):
-    if cluster.form != "hosts":
-        pytest.skip(cluster.reason)
-    probe, stolen = probe_between_nodes(cluster, tmp_path_factory.mktemp("shaped"))
-    SHAPED_PROBE_STOLEN[probe] = stolen
-    return probe
+def shaped_probe(shaped_sitting):
+    return shaped_sitting[0]
 
 
 @pytest.mark.mpi  # starts MPI: runs under every MPI
 def test_two_nodes_are_two_hosts_and_the_fit_finds_the_shaped_link(
-    cluster, shaped_probe, xbench, tmp_path
+    cluster, shaped_sitting, xbench, tmp_path
 ):
     from mpi4py import MPI
 
     from xbench.cluster.slurm import srun_mpi_for
 
-    meta = read_run_meta(shaped_probe)
+    meta = read_run_meta(shaped_sitting[0])
     assert sorted(meta["hosts"]) == ["xbn0", "xbn1"]
     assert set(meta["pair_labels"].values()) == {"inter-node"}
     # the plugin srun gave the ranks, chosen from the MPI loaded here, is in the run
@@ -130,7 +132,7 @@ def test_two_nodes_are_two_hosts_and_the_fit_finds_the_shaped_link(
 
     def sit(n: int):  # the module's probe, then (where its fit missed) one of this test's
         if n == 0:
-            return shaped_probe, SHAPED_PROBE_STOLEN.get(shaped_probe)
+            return shaped_sitting
         return probe_between_nodes(cluster, tmp_path / f"again-{n}")
 
     assert_fit_finds(GOODPUT, sit, xbench, tmp_path)
