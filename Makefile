@@ -53,12 +53,23 @@ demo: $(STAMP)
 	$(BIN)/xbench report $(DEMO)/probe $(DEMO)/kernel \
 	    $(DEMO)/profile.toml --out $(DEMO)/report
 
+# In two parts, each run whatever the other's verdict (the exit status is 1 if either
+# failed): the tests that start no MPI, no Slurm cluster and no shaped link share the
+# machine, TEST_JOBS workers (pytest-xdist), a module to a worker so module fixtures run
+# once; then those that do, one at a time, as their figures need the machine to themselves.
+# A plain `pytest` runs all of it one at a time.
+TEST_JOBS ?= 2
+ALONE := mpi or slurm or netns or not nompi
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile -m "not ($(ALONE))"; \
+	shared=$$?; \
+	$(BIN)/python -m pytest -q -m "$(ALONE)"; \
+	alone=$$?; \
+	[ $$shared -eq 0 ] && [ $$alone -eq 0 ]
 
 # Slow tests too (longer sweeps, more ranks).
 test-all: $(STAMP)
-	XBENCH_SLOW=1 $(BIN)/python -m pytest -q
+	XBENCH_SLOW=1 $(MAKE) test
 
 # Benchmarks print figures; they are not tests. compare_osu.py also needs OSU binaries:
 #   $(BIN)/python benchmarks/compare_osu.py --osu-dir PATH

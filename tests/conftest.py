@@ -29,6 +29,32 @@ if not _gpu_present():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+_SHORT_BASE = pytest.StashKey[Path]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    """A short folder for the run's tmp_path folders, given none (--basetemp). The tests
+    read paths whole in the CLI's messages, which cut a word past 80 characters in its
+    middle (cli.common._shorten); pytest-xdist puts each worker's folders a level deeper
+    (popen-gw0/), and a test's own name follows, so pytest's default base
+    (TMP/pytest-of-USER/pytest-N) took paths past 80. Left for a look when a test failed,
+    removed when all passed; a worker takes its folder from the controller."""
+    import tempfile
+
+    if config.option.basetemp is None and not hasattr(config, "workerinput"):
+        config.option.basetemp = tempfile.mkdtemp(prefix="xb-")
+        config.stash[_SHORT_BASE] = Path(config.option.basetemp)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    base = session.config.stash.get(_SHORT_BASE, None)
+    if base is not None and exitstatus == 0:
+        import shutil
+
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def run_xbench(*args, env=None, timeout=180, launcher=None, cwd=ROOT):
     """Run ``xbench ARGS`` (optionally under ``launcher``, e.g. ['mpiexec','-n','2']) in
     ``cwd`` (the repository, where relative paths like profiles/ resolve)."""
