@@ -4,12 +4,15 @@ goodput.
 
 Three of about twenty suite runs on the 2-vCPU VMs (sessions 44-48) fitted 20.9-22.4 MB/s
 against the link's 23.91, each time while the same files alone passed; in one of them two of
-four samples at each of two sizes were 29-84 % slow. The likely cause, not yet caught in the
-act: the link runs on the kernel's clock, so while the hypervisor holds the VM's CPUs it
-carries nothing. A fit that misses therefore gets one more sitting; a fit that is wrong
-misses in both, and the failure shows both sittings, each with the share of CPU time the
-hypervisor took during its probe (to tell that cause from others) and each size's median and
-range.
+four samples at each of two sizes were 29-84 % slow. The cause, caught since: the link runs
+on the kernel's clock, so while the hypervisor holds the VM's CPUs it carries nothing, and
+a sitting fits slow by about the share of the CPUs' time the hypervisor took during its
+probe (/proc/stat's steal): 22.58 MB/s with 7.7 % taken (session 50), 21.98 and 20.78 with
+12.9 and 13.8 % (session 51; clean sittings take 0.2-2.7 % and fit within 1 %). So a
+sitting may fit slow by the tolerance plus that share, and no faster than the tolerance; a
+fit that misses that gets one more sitting; a fit that is wrong misses in both, and the
+failure shows both sittings, each with the share the hypervisor took and each size's median
+and range.
 """
 
 from __future__ import annotations
@@ -68,10 +71,16 @@ def fitted_rate(xbench, probe: Path, out: Path) -> float:
     return load_profile(out).fabric("tcp").segments[-1].beta.value
 
 
+def within(goodput: float, beta: float, rel: float, stolen: float | None) -> bool:
+    """``beta`` no more than ``rel`` above ``goodput`` and no more than ``rel`` plus the
+    hypervisor's share ``stolen`` below it (the link carries nothing while the VM waits)."""
+    return goodput * (1 - rel - (stolen or 0.0)) <= beta <= goodput * (1 + rel)
+
+
 def assert_fit_finds(goodput: float, sit, xbench, tmp_path: Path, rel: float = 0.03) -> float:
     """Fit the probe of sitting n, ``sit(n)`` -> (probe folder, the hypervisor's share
-    during it or None), for n = 0, then 1 only where 0 missed; assert one is within ``rel``
-    of ``goodput`` and return its rate."""
+    during it or None), for n = 0, then 1 only where 0 missed; assert one is ``within``
+    ``goodput`` and return its rate."""
     told = []
     for n in range(SITTINGS):
         probe, stolen = sit(n)
@@ -83,6 +92,9 @@ def assert_fit_finds(goodput: float, sit, xbench, tmp_path: Path, rel: float = 0
             f"{took}\n{size_medians(probe)}"
         )
         print(told[-1])
-        if beta == pytest.approx(goodput, rel=rel):
+        if within(goodput, beta, rel, stolen):
             return beta
-    pytest.fail(f"no sitting found the goodput ({rel:.0%} allowed):\n" + "\n".join(told))
+    pytest.fail(
+        f"no sitting found the goodput ({rel:.0%} allowed, and below it the hypervisor's "
+        "share):\n" + "\n".join(told)
+    )

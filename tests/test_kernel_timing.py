@@ -322,16 +322,21 @@ def test_the_tile_benchmark_times_each_tile_and_split_count(tmp_path):
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-2000:]
     assert "best partial_attention rows=1 chunk=40 dense" in r.stdout
-    # the tile timed without and with its page lookahead, all else the same: both times
-    # (wrapped at words), and whether the samples of the two lie apart
-    both = (
-        r"lookahead\s+o(n|ff)\s+\([\d.,]+\s+us\s+off,\s+[\d.,]+\s+on:\s+samples\s+(apart|overlap)\)"
-    )
-    assert re.search(both, r.stdout), r.stdout
+    # where the best timing's tile was also timed with the other page lookahead, all else the
+    # same: both times (wrapped at words), and whether the samples of the two lie apart. Only
+    # a page table's timings have a lookahead to compare; under the interpreter which of the
+    # two index forms wins is the machine's load, so the line expected follows the best
+    timings = json.loads(out.read_text())["timings"]
+    best = min(timings, key=lambda t: t["us"])
+    best_line = " ".join(r.stdout.split("best partial_attention", 1)[1].split("\n\n")[0].split())
+    both = r"lookahead o(n|ff) \([\d.,]+ us off, [\d.,]+ on: samples (apart|overlap)\)"
+    if best["indices"] == "pages":
+        assert re.search(both, best_line), r.stdout
+    else:
+        assert "lookahead" not in best_line and best_line.endswith("splits, tokens"), r.stdout
     # the dependent launch of the combine is timed only where a GPU can do it: said, not
     # timed as something it is not
     assert "--pdl on: not timed here: programmatic dependent launch needs a CUDA GPU" in r.stdout
-    timings = json.loads(out.read_text())["timings"]
     # a lookahead is timed only where it changes the kernel (a 64-row tile's TMA loop over a
     # page table): not for the 16-row tile, nor for token indices
     assert {(tuple(t["tile"]), t["lookahead"]) for t in timings} == {
