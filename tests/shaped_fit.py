@@ -5,14 +5,14 @@ goodput.
 Three of about twenty suite runs on the 2-vCPU VMs (sessions 44-48) fitted 20.9-22.4 MB/s
 against the link's 23.91, each time while the same files alone passed; in one of them two of
 four samples at each of two sizes were 29-84 % slow. The cause, caught since: the link runs
-on the kernel's clock, so while the hypervisor holds the VM's CPUs it carries nothing, and
-a sitting fits slow by about the share of the CPUs' time the hypervisor took during its
-probe (/proc/stat's steal): 22.58 MB/s with 7.7 % taken (session 50), 21.98 and 20.78 with
-12.9 and 13.8 % (session 51; clean sittings take 0.2-2.7 % and fit within 1 %). So a
-sitting may fit slow by the tolerance plus that share, and no faster than the tolerance; a
-fit that misses that gets one more sitting; a fit that is wrong misses in both, and the
-failure shows both sittings, each with the share the hypervisor took and each size's median
-and range.
+on the kernel's clock, so while the hypervisor holds the VM's CPUs it carries nothing.
+Sittings during which the hypervisor took 7.7-17.7 % of the CPUs' time (/proc/stat's steal)
+fitted 5.6-29 % slow (sessions 50-51), by no fixed ratio to the share taken; clean sittings
+take 0.2-2.7 % and fit within 1 %. So a fit that misses gets one more sitting; where every
+sitting missed slow while the hypervisor took more than ``NOISY`` of the CPUs, the machine
+could not judge the link and the test is skipped with the figures; otherwise it fails. Either
+way the message shows each sitting with the share the hypervisor took and each size's median
+and range. A fit faster than the link fails whatever was taken.
 """
 
 from __future__ import annotations
@@ -71,17 +71,26 @@ def fitted_rate(xbench, probe: Path, out: Path) -> float:
     return load_profile(out).fabric("tcp").segments[-1].beta.value
 
 
-def within(goodput: float, beta: float, rel: float, stolen: float | None) -> bool:
-    """``beta`` no more than ``rel`` above ``goodput`` and no more than ``rel`` plus the
-    hypervisor's share ``stolen`` below it (the link carries nothing while the VM waits)."""
-    return goodput * (1 - rel - (stolen or 0.0)) <= beta <= goodput * (1 + rel)
+# the hypervisor's share of the CPUs past which a sitting cannot judge the link (clean
+# sittings: 0.2-2.7 %; the five misses caught with it read: 7.7-17.7 %)
+NOISY = 0.05
+
+
+def judge(goodput: float, sittings: list[tuple[float, float | None]], rel: float) -> str:
+    """ "found" where a sitting's fit (B/s) is within ``rel`` of ``goodput``; "noisy" where
+    each missed slow with the hypervisor's share above NOISY; else "missed"."""
+    if any(beta == pytest.approx(goodput, rel=rel) for beta, _ in sittings):
+        return "found"
+    noisy = all(beta < goodput and (stolen or 0.0) > NOISY for beta, stolen in sittings)
+    return "noisy" if noisy else "missed"
 
 
 def assert_fit_finds(goodput: float, sit, xbench, tmp_path: Path, rel: float = 0.03) -> float:
     """Fit the probe of sitting n, ``sit(n)`` -> (probe folder, the hypervisor's share
-    during it or None), for n = 0, then 1 only where 0 missed; assert one is ``within``
-    ``goodput`` and return its rate."""
-    told = []
+    during it or None), for n = 0, then 1 only where 0 missed; return the rate of the one
+    within ``rel`` of ``goodput``, skip where the machine was too noisy to judge (``judge``),
+    else fail."""
+    told, sittings = [], []
     for n in range(SITTINGS):
         probe, stolen = sit(n)
         beta = fitted_rate(xbench, probe, tmp_path / f"fit-{n}.toml")
@@ -92,9 +101,12 @@ def assert_fit_finds(goodput: float, sit, xbench, tmp_path: Path, rel: float = 0
             f"{took}\n{size_medians(probe)}"
         )
         print(told[-1])
-        if within(goodput, beta, rel, stolen):
+        sittings.append((beta, stolen))
+        if judge(goodput, sittings, rel) == "found":
             return beta
-    pytest.fail(
-        f"no sitting found the goodput ({rel:.0%} allowed, and below it the hypervisor's "
-        "share):\n" + "\n".join(told)
-    )
+    if judge(goodput, sittings, rel) == "noisy":
+        pytest.skip(
+            f"the hypervisor took more than {NOISY:.0%} of the CPUs in every sitting, which "
+            "fitted slow; the link cannot be judged on this machine now:\n" + "\n".join(told)
+        )
+    pytest.fail(f"no sitting found the goodput ({rel:.0%} allowed):\n" + "\n".join(told))
