@@ -15,7 +15,7 @@ GOODPUT = 23.91e6  # the shaped link's, B/s
 @pytest.mark.parametrize(
     ("sittings", "verdict"),
     [
-        ([(23.81e6, 0.010)], "found"),  # a clean sitting (sessions 49-50)
+        ([(23.81e6, 0.010)], "found"),  # a clean sitting
         ([(22.58e6, 0.077), (23.91e6, 0.020)], "found"),  # a noisy miss, then a clean find
         ([(20.29e6, 0.091), (17.00e6, 0.177)], "noisy"),  # session 51, the Slurm test
         ([(21.98e6, 0.129), (20.78e6, 0.138)], "noisy"),  # session 51, the netns test
