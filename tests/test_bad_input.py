@@ -417,7 +417,8 @@ def test_two_probes_into_one_directory_the_second_is_refused(xbench, tmp_path):
     # long enough (18 cases of 22 samples) that the second starts while the first still runs
     first = _start_probe(out, "-p", "latency", "--sizes", "8B:1MiB", "--samples", "20")
     deadline = time.monotonic() + 60
-    while not (out / "run.json").exists() and time.monotonic() < deadline:
+    while not (out / "run.json").exists():
+        assert first.poll() is None and time.monotonic() < deadline, first.communicate()
         time.sleep(0.05)
     second = xbench("probe", "-p", "latency", "--sizes", "8B:64KiB", "--out", out)
     assert "is in use by another xbench" in one_line(second)

@@ -605,10 +605,13 @@ def test_sigterm_marks_the_run_partial_and_takes_the_ranks_down(tmp_path):
         text=True,
         env={**os.environ, "COLUMNS": "160"},
     )
+    # a probe that stopped early (a refused MPI, a bad option) fails here at once, with its
+    # own words, not after the whole wait
     deadline = time.monotonic() + 60
-    while not list((out / PROBE_SAMPLES).glob("part-*.parquet")) and time.monotonic() < deadline:
+    while not list((out / PROBE_SAMPLES).glob("part-*.parquet")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.1)
-    assert proc.poll() is None, proc.communicate()
+    assert proc.poll() is None, proc.communicate()  # still running when it is stopped
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 143, err
