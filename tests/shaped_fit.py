@@ -102,9 +102,10 @@ def assert_fit_finds(goodput: float, sit, xbench, tmp_path: Path, rel: float = 0
         )
         print(told[-1])
         sittings.append((beta, stolen))
-        if judge(goodput, sittings, rel) == "found":
+        verdict = judge(goodput, sittings, rel)
+        if verdict == "found":
             return beta
-    if judge(goodput, sittings, rel) == "noisy":
+    if verdict == "noisy":
         pytest.skip(
             f"the hypervisor took more than {NOISY:.0%} of the CPUs in every sitting, which "
             "fitted slow; the link cannot be judged on this machine now:\n" + "\n".join(told)
