@@ -83,12 +83,19 @@ def probe_run(out_dir, *, bandwidth=True, finish=True, fabric="ib"):
     ],
     ids=["truncated", "garbage", "empty"],
 )
-def test_fit_on_a_damaged_parquet_file(xbench, tmp_path, damage, words):
+@pytest.mark.parametrize("command", ["fit", "compare"])
+def test_a_damaged_parquet_file(xbench, tmp_path, damage, words, command):
     run = probe_run(tmp_path / "run")
     part = run / PROBE_SAMPLES / "part-00000.parquet"
     part.write_bytes(damage(part.read_bytes()))
-    out = tmp_path / "p.toml"
-    line = one_line(xbench("fit", run, "--out", out))
+    if command == "fit":
+        out = tmp_path / "p.toml"
+        line = one_line(xbench("fit", run, "--out", out))
+    else:  # the damaged run as either side (compare read the baseline's schema unguarded)
+        out = tmp_path / "verdicts.parquet"
+        good = probe_run(tmp_path / "good")
+        line = one_line(xbench("compare", run, good, "--out", out))
+        assert one_line(xbench("compare", good, run, "--out", out)) == line
     assert words in line and "part-00000.parquet" in line and "re-run" in line
     assert not out.exists()
 

@@ -18,7 +18,13 @@ from xbench.results.schema import (
     VALIDATE_CASE_KEYS,
     VALIDATE_SAMPLES,
 )
-from xbench.results.store import incompleteness, read_run_meta, read_table, table_files
+from xbench.results.store import (
+    incompleteness,
+    read_run_meta,
+    read_table,
+    schema_metadata,
+    table_files,
+)
 
 # Exit code of compare and check when nothing can be compared (documented in the README).
 EXIT_NOT_COMPARABLE = 4
@@ -78,9 +84,7 @@ def load_run(path) -> StoredRun:
     files = table_files([path], table)
     if not files:
         raise XbenchError(f"{path} has no {table} yet", "let the run finish, or pass another run")
-    import pyarrow.parquet as pq
-
-    version = int(pq.read_schema(files[0]).metadata.get(b"xbench.schema_version", b"0"))
+    version = int(schema_metadata(files[0]).get(b"xbench.schema_version", b"0"))
     samples = read_table([path], table)
     samples = samples[~samples.warmup].copy()
     if command == "probe":  # the timed loop's own overhead is a correction, not a figure

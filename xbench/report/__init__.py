@@ -55,12 +55,9 @@ def _kind(path: Path) -> str:
     elif path.suffix == ".toml":
         return "profile"
     elif path.suffix == ".parquet":
-        import pyarrow.parquet as pq
+        from xbench.results.store import schema_metadata
 
-        try:
-            table = (pq.read_schema(path).metadata or {}).get(b"xbench.table", b"").decode()
-        except Exception:  # noqa: BLE001 - any unreadable file is reported below
-            table = ""
+        table = schema_metadata(path).get(b"xbench.table", b"").decode()
         if table in ("comparison", "simulation", "prefill_simulation", "simulation_validation"):
             return table
         if table in SIMULATION_REPORTS.values():

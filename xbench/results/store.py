@@ -209,15 +209,28 @@ class RunStore:
         return write_table(folder / f"part-{index:05d}.parquet", table_name, rows, self.run_meta)
 
 
+def _unreadable(path: Path, exc: Exception) -> XbenchError:
+    reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return XbenchError(
+        f"{path} is not a readable Parquet file ({reason})",
+        "it was cut short or is not xbench output: re-run that measurement, or move the file away",
+    )
+
+
+def schema_metadata(path: Path) -> dict:
+    """The key-value metadata of a Parquet file's schema ({} without); a damaged file is
+    refused in one line, as reading it would be."""
+    try:
+        return pq.read_schema(path).metadata or {}
+    except (pa.ArrowException, OSError) as exc:
+        raise _unreadable(path, exc) from None
+
+
 def _read_file(path: Path, table_name: str) -> pa.Table:
     try:
         table = pq.read_table(path)
     except (pa.ArrowException, OSError) as exc:
-        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise XbenchError(
-            f"{path} is not a readable Parquet file ({reason})",
-            "it was cut short or is not xbench output: re-run that measurement, or move the file away",
-        ) from None
+        raise _unreadable(path, exc) from None
     meta = table.schema.metadata or {}
     found = meta.get(b"xbench.table", b"").decode()
     if found != table_name:
@@ -279,8 +292,7 @@ def stored_config(run_dir, command: str, what: str, hint: str) -> dict:
 
 def table_run_meta(path: Path) -> dict:
     """The run metadata a one-file table carries (``xbench.run``; {} without)."""
-    meta = pq.read_schema(path).metadata or {}
-    return json.loads(meta.get(b"xbench.run", b"{}"))
+    return json.loads(schema_metadata(path).get(b"xbench.run", b"{}"))
 
 
 def read_run_meta(path: Path) -> dict:
