@@ -3,6 +3,8 @@ every format on every command that prints results, tables that fit 80 columns.""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
 import re
@@ -60,9 +62,34 @@ def test_machine_formats(xbench, tmp_path, args, fmt):
         assert isinstance(rows, list) and rows
         if args[0] == "decide":
             assert {"b_star", "u_star", "n_half_bytes"} <= rows[0].keys()
-    else:
-        header = r.stdout.splitlines()[0]
-        assert "," in header and "│" not in r.stdout
+    else:  # the same rows as JSON gives, each cell parsed back: nested ones are JSON text
+        assert "│" not in r.stdout
+        again = ["--out", tmp_path / "j.parquet"] if args[0] == "decide" else []
+        as_json = json.loads(xbench(*args, *again, "--format", "json").stdout)
+        rows = list(csv.DictReader(io.StringIO(r.stdout)))
+        assert len(rows) == len(as_json) and list(rows[0]) == list(as_json[0])
+        for row, expected in zip(rows, as_json, strict=True):
+            for key, want in expected.items():
+                cell = row[key]
+                if isinstance(want, (dict, list)):
+                    assert json.loads(cell) == want, (key, cell)
+                elif want is None:
+                    assert cell == "", (key, cell)
+                elif isinstance(want, (int, float)) and not isinstance(want, bool):
+                    assert float(cell) == pytest.approx(want) and ("." in cell) == (
+                        isinstance(want, float) and "." in json.dumps(want)
+                    ), (key, cell, want)
+                else:
+                    assert cell == str(want), (key, cell)
+
+
+def test_slurm_csv_keeps_a_path_with_a_comma_one_field(xbench, tmp_path):
+    script = tmp_path / "probe,ib.sbatch"
+    r = xbench("slurm", "probe", "--out", script, "--format", "csv")
+    assert r.returncode == 0, r.stderr
+    (row,) = csv.DictReader(io.StringIO(r.stdout))
+    assert row == {"script": str(script), "submitted": "", "state": "", "exit_status": ""}
+    assert script.exists()
 
 
 def test_decide_fits_80_columns_without_cutting_digits(xbench, tmp_path):

@@ -210,9 +210,26 @@ def emit_frame(frame, fmt: OutputFormat, render_table) -> None:
     if fmt == OutputFormat.json:
         sys.stdout.write(strict_json(frame.to_dict(orient="records")) + "\n")
     elif fmt == OutputFormat.csv:
-        sys.stdout.write(frame.to_csv(index=False))
+        sys.stdout.write(csv_text(frame))
     else:
         render_table(frame)
+
+
+def csv_text(frame) -> str:
+    """The frame as CSV, each dict or list cell as its JSON text: CSV readers parse that,
+    not Python's repr of it."""
+    frame = frame.copy()
+    for column in frame.select_dtypes(include="object").columns:
+        cells = frame[column].tolist()
+        if any(isinstance(v, (dict, list)) for v in cells):
+            # assigned as a list: Series.map would turn a column of counts and Nones to floats
+            frame[column] = [
+                json.dumps(_plain(v), allow_nan=False, default=str)
+                if isinstance(v, (dict, list))
+                else v
+                for v in cells
+            ]
+    return frame.to_csv(index=False)
 
 
 def strict_json(value) -> str:

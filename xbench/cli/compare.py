@@ -20,6 +20,7 @@ from xbench.cli.common import (
     RunDirOption,
     coloured,
     console,
+    csv_text,
     err_console,
     handles_errors,
     note_run_dir,
@@ -153,7 +154,7 @@ def emit(comparison, gates, fmt: CompareFormat, title: str) -> None:
     if fmt == CompareFormat.json:
         sys.stdout.write(strict_json(shown.to_dict(orient="records")) + "\n")
     elif fmt == CompareFormat.csv:
-        sys.stdout.write(shown.to_csv(index=False))
+        sys.stdout.write(csv_text(shown))
     elif fmt in (CompareFormat.markdown, CompareFormat.junit):
         sys.stdout.write(_report(comparison, gates, title, fmt))
     else:

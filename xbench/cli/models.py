@@ -15,6 +15,8 @@ def models(
     from xbench.core.models import PRESETS
 
     frame = pd.DataFrame([p.as_row() for p in PRESETS.values()])
+    # a count or none (dense): not floats, which CSV would print as 2048.0
+    frame["index_topk"] = pd.Series([p.index_topk for p in PRESETS.values()], dtype=object)
 
     def render(f):
         from xbench.cli.render import add_columns, notes, result_table

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -128,9 +129,12 @@ def slurm(
             )
         )
     elif fmt == OutputFormat.csv:
-        print("script,submitted,state,exit_status")
-        print(
-            f"{out},{job_id or ''},{ended.state if ended else ''},{ended.exit_status if ended else ''}"
+        import csv
+
+        rows = csv.writer(sys.stdout, lineterminator="\n")  # a path with a comma stays one field
+        rows.writerow(["script", "submitted", "state", "exit_status"])
+        rows.writerow(
+            [out, job_id or "", ended.state if ended else "", ended.exit_status if ended else ""]
         )
     if ended is not None and ended.exit_status:
         raise typer.Exit(ended.exit_status)
