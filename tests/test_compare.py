@@ -550,6 +550,20 @@ def test_nothing_comparable_still_writes_reports_that_say_why(xbench, probe_run,
     assert ET.fromstring(junit).get("errors") == "1"
 
 
+def test_check_refuses_a_damaged_baseline_before_its_sweep(xbench, probe_run, tmp_path):
+    """It ran the whole sweep first (two minutes for the demo's probe), then refused."""
+    base = _scaled_copy(probe_run, tmp_path / "base", 1.0)
+    part = base / PROBE_SAMPLES / "part-00000.parquet"
+    part.write_bytes(part.read_bytes()[:100])
+    r = xbench("check", "--baseline", base, "--out", tmp_path / "n", "--report-dir", tmp_path / "r")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "part-00000.parquet" in r.stderr and "is not a readable Parquet file" in r.stderr
+    assert not (tmp_path / "n" / PROBE_SAMPLES).exists()  # no rank was launched
+    assert "not a readable Parquet file" in (tmp_path / "r" / "compare.md").read_text()
+    junit = ET.fromstring((tmp_path / "r" / "compare.junit.xml").read_text())
+    assert junit.get("errors") == "1"
+
+
 def test_runs_of_different_kinds_are_named_and_the_allow_advice_runs(xbench, probe_run, tmp_path):
     kernel = tmp_path / "kernel"
     r = xbench(

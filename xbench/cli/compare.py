@@ -354,7 +354,7 @@ def check(
 ) -> None:
     """Re-run the sweep BASELINE was made with, compare, write Markdown and JUnit XML."""
     from xbench.cli.progress import bars
-    from xbench.compare import EXIT_INCOMPLETE, compare_runs
+    from xbench.compare import EXIT_INCOMPLETE, compare_runs, load_run
     from xbench.launches import rerun
     from xbench.results.store import read_run_meta, refuse_overwrite
 
@@ -385,6 +385,7 @@ def check(
     run_id, new_dir = _new_run(meta["command"], out)
     note_run_dir(new_dir)  # an interrupt or SIGTERM marks the re-run partial
     try:
+        load_run(baseline)  # a damaged baseline refused before the sweep, not after it
         rerun(
             Path(baseline),
             meta["command"],
