@@ -66,6 +66,30 @@ def test_span_query_reuse_flips_route_to_fetch(xbench, tmp_path):
             "asks for fabric warp",
         ),
         ("[scenario\n", "not valid TOML"),
+        # these were a traceback, or taken as something else (probe = "no" as true, 2.7 as 2)
+        ('[scenario]\nname = "x"\nmodel = 7\n', "[scenario] model = 7 has the wrong type"),
+        ('[scenario]\nname = 5\nmodel = "deepseek-v3"\n', "name = 5 has the wrong type"),
+        ('[scenario]\nname = "x"\nmodel = "deepseek-v3"\ncolour = 1\n', "unknown [scenario]"),
+        ("scenario = 5\n", "scenario = 5 is not a table"),
+        ('grid = [1]\n[scenario]\nname = "x"\n', "grid = [1] is not a table"),
+        (
+            '[scenario]\nname = "x"\nmodel = "deepseek-v3"\n[request]\nheads = 2.7\n',
+            "heads = 2.7 has the wrong type; give heads as a whole number",
+        ),
+        (
+            '[scenario]\nname = "x"\nmodel = "deepseek-v3"\n[request]\nprobe = "no"\n',
+            "give probe as true or false",
+        ),
+        (
+            '[scenario]\nname = "x"\nmodel = "deepseek-v3"\n[request]\nsegments = 0\n',
+            "segments = 0 is out of range",
+        ),
+        # an empty fabric list decided nothing, wrote an empty table and exited 0
+        ('[scenario]\nname = "x"\nmodel = "deepseek-v3"\n[grid]\nfabric = []\n', "names no fabric"),
+        (
+            '[scenario]\nname = "x"\nmodel = "deepseek-v3"\n[grid]\nfabric = [3]\n',
+            "fabric = [3] is not a list of fabric names",
+        ),
     ],
 )
 def test_malformed_scenarios_are_one_line_errors(xbench, tmp_path, text, words):

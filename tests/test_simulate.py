@@ -730,7 +730,9 @@ def test_every_shipped_scenario_with_a_workload_loads():
         ('kind = "prefill"\nreports = ["batching"]', "unknown [workload] field 'reports'"),
         ("layers = 0", "layers = 0 is out of range"),
         ("pipeline_layers = 1", "give pipeline_layers as true or false"),
-        ("layers = true", "give layers as a number"),
+        ("layers = true", "give layers as a whole number"),
+        ("fabric = []", "[workload] fabric = [] names no fabric"),  # simulated nothing, exit 0
+        ('fabric = ""', "is not a list of fabric names"),
     ],
 )
 def test_workload_errors_name_the_file_and_field(tmp_path, table, words):

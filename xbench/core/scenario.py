@@ -37,6 +37,10 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 REQUEST_KEYS = {"heads", "payload", "return", "kv_bytes", "fetch_cost", "segments", "probe"}
+# each key: its type and its least value (``_check_table``); the sizes and the duration of
+# [request] are checked by their parsers
+SCENARIO_KEYS = {key: (str, None) for key in ("name", "description", "source", "model")}
+REQUEST_TYPES = {"heads": (int, 1), "segments": (int, 1), "probe": (bool, None)}
 GRID_KEYS = {"rows", "chunk_tokens", "reuse", "fabric"}
 
 
@@ -113,12 +117,25 @@ def _grid_axes(grid: dict, path: Path) -> dict:
             )
         axes[key] = values
     fabric = grid.get("fabric", "all")
-    axes["fabric"] = [None] if fabric == "all" else (fabric if isinstance(fabric, list) else None)
-    if axes["fabric"] is None:
+    if fabric != "all" and not isinstance(fabric, list):
         raise ScenarioError(
             f'scenario {path}: [grid] fabric must be "all" or a list', 'e.g. fabric = ["ib", "tcp"]'
         )
+    axes["fabric"] = [None] if fabric == "all" else _fabrics(path, fabric, "[grid]")
     return axes
+
+
+def _fabrics(path: Path, names: list, table: str) -> list:
+    """A table's fabric list: names, at least one (an empty list decided and simulated
+    nothing, and said so with exit 0)."""
+    if not names or not all(isinstance(n, str) and n for n in names):
+        raise ScenarioError(
+            f"scenario {path}: {table} fabric = {names!r} names no fabric"
+            if not names
+            else f"scenario {path}: {table} fabric = {names!r} is not a list of fabric names",
+            'e.g. fabric = ["nvlink", "ib"] (xbench decide lists the profile\'s fabrics)',
+        )
+    return names
 
 
 def load_scenario(path) -> dict:
@@ -126,7 +143,13 @@ def load_scenario(path) -> dict:
     axes, workload} (``workload``: whether it has a [workload] for ``xbench simulate``)."""
     path = Path(path)
     data = _read_toml(path)
+    for name, table in data.items():
+        if name in ("scenario", "request", "grid", "workload") and not isinstance(table, dict):
+            raise ScenarioError(
+                f"scenario {path}: {name} = {table!r} is not a table", f"write it as [{name}]"
+            )
     head = data.get("scenario", {})
+    _check_table(path, head, SCENARIO_KEYS, "[scenario]")
     if not head.get("name"):
         raise ScenarioError(
             f"scenario {path} has no [scenario] name", 'add [scenario] name = "..."'
@@ -142,6 +165,10 @@ def load_scenario(path) -> dict:
             f"scenario {path} has unknown keys {sorted(unknown)}",
             f"[request] takes {sorted(REQUEST_KEYS)}, [grid] takes {sorted(GRID_KEYS)}",
         )
+    # before they are used: int() cut heads = 2.7 to 2, bool() made probe = "no" true
+    _check_table(
+        path, {k: v for k, v in req.items() if k in REQUEST_TYPES}, REQUEST_TYPES, "[request]"
+    )
     preset = mla_model(head["model"], f"scenario {path}: model") if head.get("model") else None
     return {
         "name": head["name"],
@@ -301,7 +328,14 @@ def _check_table(path, table: dict, keys: dict, name: str = "[workload]") -> Non
         if kind is float:
             ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         if not ok:
-            wanted = {int: "a number", float: "a number", bool: "true or false"}
+            wanted = {
+                int: "a whole number",
+                float: "a number",
+                bool: "true or false",
+                str: "text",
+                list: "a list",
+                dict: "a table",
+            }
             raise ScenarioError(
                 f"scenario {path}: {name} {key} = {value!r} has the wrong type",
                 f"give {key} as {wanted.get(kind, 'text or a list')}",
@@ -540,7 +574,7 @@ def load_workload(path) -> dict:
         "description": scenario["description"],
         "kind": kind,
         "fields": fields,
-        "fabrics": fabric if isinstance(fabric, list) else [fabric],
+        "fabrics": _fabrics(path, fabric if isinstance(fabric, list) else [fabric], "[workload]"),
         "requests": table.get("requests", 20000),
         "reports": tuple(table.get("reports", ())),
         "span_cache": (
