@@ -3,9 +3,10 @@
 A scenario fixes the request shape (``[request]``) and the axes to sweep (``[grid]``), and
 says where the question comes from (``[scenario]``). Example: ``scenarios/*.toml``.
 
-    [scenario]
+    [scenario]                        # these four keys, each text
     name = "span-fanout"
     description = "..."
+    source = "arXiv ..."              # where the workload comes from
     model = "deepseek-v3.2"          # optional: heads, payload, return and KV bytes
     [request]                         # optional overrides; sizes with units, times with units
     heads = 16
