@@ -506,6 +506,31 @@ def test_profiles_with_unknown_keys_or_two_segments_from_one_size(xbench, tmp_pa
     assert "fabric nvlink has two segments from one min_bytes" in line
 
 
+def test_profiles_with_a_table_where_an_array_of_tables_belongs(xbench, tmp_path):
+    """Each was a traceback: the loader iterated a single table, or a number, as a list."""
+    bad = tmp_path / "bad.toml"
+    h200 = (ROOT / "profiles" / "h200.toml").read_text()
+    device = PRIORS.read_text()[PRIORS.read_text().index("[device]") :]
+    for text, words in [
+        (
+            PRIORS.read_text().replace("[[fabric.segment]]", "[fabric.segment]", 1),
+            "fabric nvlink segment is not a list of [[fabric.segment]] tables",
+        ),
+        ("fabric = 3\n" + device, "fabric is not a list of [[fabric]] tables"),
+        (
+            h200.replace("[[device.compute_segment]]", "[device.compute_segment]", 1),
+            "device compute_segment is not a list of [[device.compute_segment]] tables",
+        ),
+        (
+            PRIORS.read_text().replace("schema_version = 1", 'schema_version = "1"'),
+            "has schema_version '1', this xbench reads 1",  # said as 1 against 1
+        ),
+    ]:
+        bad.write_text(text)
+        line = one_line(xbench("decide", "--payload", "1KB", "--profile", bad))
+        assert words in line, line
+
+
 @pytest.mark.mpi  # starts MPI: runs under every MPI
 def test_slurm_parses_what_it_forwards_before_writing(xbench, tmp_path):
     script = tmp_path / "job.sbatch"

@@ -65,6 +65,17 @@ def _known(table, allowed, where: str, path: str) -> None:
         )
 
 
+def _tables(value, where: str, array: str, path: str) -> list:
+    """An array of tables ([[array]]), or a one-line refusal: a single [array] table, or a
+    plain value, was iterated as if it were one (a traceback)."""
+    if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
+        raise ProfileError(
+            f"profile {path}: {where} is not a list of [[{array}]] tables",
+            f"write each as its own [[{array}]] table",
+        )
+    return value
+
+
 COEF_KEYS = ("value", "low", "high", "unit", "prior", "source")
 FLOP_RATE_UNITS = {"FLOP/s": 1.0, "GFLOP/s": 1e9, "TFLOP/s": 1e12, "PFLOP/s": 1e15}
 FABRIC_KEYS = (
@@ -212,7 +223,9 @@ def _min_tokens(seg, where: str, path: str) -> float:
 
 def _pieces(dev: dict, kind: str, names: tuple, path: str) -> tuple:
     """Further pieces of a device term: [[device.<kind>_segment]] tables, from min_tokens on."""
-    for i, seg in enumerate(dev.get(f"{kind}_segment", [])):
+    array = f"device.{kind}_segment"
+    segments = _tables(dev.get(f"{kind}_segment", []), f"device {kind}_segment", array, path)
+    for i, seg in enumerate(segments):
         _known(seg, ("min_tokens", *names), f"device {kind}_segment {i + 1}", path)
     return tuple(
         (
@@ -228,7 +241,7 @@ def _pieces(dev: dict, kind: str, names: tuple, path: str) -> tuple:
                 for t in names
             ),
         )
-        for i, seg in enumerate(dev.get(f"{kind}_segment", []))
+        for i, seg in enumerate(segments)
     )
 
 
@@ -236,7 +249,10 @@ def _spliced_saving(dev: dict, path: str) -> tuple:
     """[[device.spliced_saving]] points: what a fetch's first attention saves by attending
     the chunk it has just spliced, at ``tokens`` (interpolated between, flat beyond)."""
     points = []
-    for i, point in enumerate(dev.get("spliced_saving", [])):
+    raw = _tables(
+        dev.get("spliced_saving", []), "device spliced_saving", "device.spliced_saving", path
+    )
+    for i, point in enumerate(raw):
         where = f"device spliced_saving {i + 1}"
         _known(point, ("tokens", "saving"), where, path)
         tokens = point.get("tokens") if isinstance(point, dict) else None
@@ -260,7 +276,7 @@ def _spliced_saving(dev: dict, path: str) -> tuple:
 
 def _segments(raw: dict, name: str, path: str) -> tuple[Segment, ...]:
     """A fabric's [[fabric.segment]]s: one from min_bytes 0, each from its own size."""
-    segs = raw.get("segment", [])
+    segs = _tables(raw.get("segment", []), f"fabric {name} segment", "fabric.segment", path)
     if not segs:
         raise ProfileError(
             f"profile {path}: fabric {name} has no [[fabric.segment]]",
@@ -389,10 +405,10 @@ def parse_profile(data: dict, path: str = "<profile>") -> Profile:
     version = head.get("schema_version", PROFILE_SCHEMA_VERSION)
     if version != PROFILE_SCHEMA_VERSION:
         raise ProfileError(
-            f"profile {path} has schema_version {version}, this xbench reads {PROFILE_SCHEMA_VERSION}",
+            f"profile {path} has schema_version {version!r}, this xbench reads {PROFILE_SCHEMA_VERSION}",
             "refit it with this xbench",
         )
-    raw_fabrics = data.get("fabric", [])
+    raw_fabrics = _tables(data.get("fabric", []), "fabric", "fabric", path)
     if not raw_fabrics:
         raise ProfileError(
             f"profile {path} has no [[fabric]] tables",
