@@ -385,7 +385,7 @@ def check(
     run_id, new_dir = _new_run(meta["command"], out)
     note_run_dir(new_dir)  # an interrupt or SIGTERM marks the re-run partial
     try:
-        load_run(baseline)  # a damaged baseline refused before the sweep, not after it
+        stored = load_run(baseline)  # a damaged baseline refused before the sweep, not after it
         rerun(
             Path(baseline),
             meta["command"],
@@ -395,7 +395,7 @@ def check(
             progress=bars,
             warn=warn,
         )
-        comparison = compare_runs(baseline, new_dir, gates, allowed, allow_missing)
+        comparison = compare_runs(stored, new_dir, gates, allowed, allow_missing)
     except (XbenchError, KeyboardInterrupt) as exc:
         # the nightly job publishes these reports: they say why the run or the comparison
         # failed, whatever stopped it

@@ -88,9 +88,10 @@ class Comparison:
 def compare_runs(
     baseline, candidate, gates: Gates = Gates(), allow=(), allow_missing: bool = False
 ) -> Comparison:
-    """Compare two run directories; raises (exit code 4) when they are runs of different
-    commands, or their metadata differs on a field not in ``allow``, naming each field."""
-    base, cand = load_run(baseline), load_run(candidate)
+    """Compare two run directories (or runs already loaded); raises (exit code 4) when
+    they are runs of different commands, or their metadata differs on a field not in
+    ``allow``, naming each field."""
+    base, cand = (r if isinstance(r, StoredRun) else load_run(r) for r in (baseline, candidate))
     diffs = differences(base, cand)
     blocking = [d for d in diffs if d[0] not in set(allow)]
     if blocking:

@@ -212,7 +212,7 @@ def _ceilings(raw, path: str) -> Ceilings | None:
 
 
 def _min_tokens(seg, where: str, path: str) -> float:
-    value = seg.get("min_tokens") if isinstance(seg, dict) else None
+    value = seg.get("min_tokens")  # seg: one of _tables' tables
     if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise ProfileError(
             f"profile {path}: {where} needs min_tokens > 0",
@@ -255,7 +255,7 @@ def _spliced_saving(dev: dict, path: str) -> tuple:
     for i, point in enumerate(raw):
         where = f"device spliced_saving {i + 1}"
         _known(point, ("tokens", "saving"), where, path)
-        tokens = point.get("tokens") if isinstance(point, dict) else None
+        tokens = point.get("tokens")
         if not isinstance(tokens, (int, float)) or not math.isfinite(tokens) or tokens <= 0:
             raise ProfileError(
                 f"profile {path}: {where} needs tokens > 0", "the chunk size it was measured at"
