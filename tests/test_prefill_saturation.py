@@ -61,6 +61,31 @@ def test_an_overloaded_deployment_does_not_keep_up():
         assert keeps_up(simulate_prefill(PRIORS, wr, trace, "local"), trace) is expected
 
 
+def test_a_deployment_on_a_sliver_of_the_fleet_still_finds_its_rate():
+    """The bisection's bracket starts at the whole fleet / 1024; a deployment far below
+    that (a cluster at a millionth of the device's speed, alone) was called 0/s, and the
+    others' "vs homogeneous" a division by zero."""
+    w = _one_length(local_speed=1e-6)
+    c = PrefillCosts(PRIORS, w)
+    here = w.local_instances / c.local(L)
+    fleet = (w.local_instances * w.local_speed + w.remote_instances) / c.prefill(L)
+    assert here < fleet / 1024  # below the old bracket
+    found = sustainable_rate(PRIORS, w, "local", 500, 0)
+    assert 0.96 * here <= found <= 1.03 * here
+
+
+def test_a_deployment_that_keeps_up_with_nothing_compares_as_missing():
+    from xbench.simulate.prefill import saturation
+
+    w = _one_length()
+    spec = {"fabrics": ["tcp"], "fields": {**w.__dict__, "link_trace": ((0.0, 1e-300),)}}
+    spec["fields"].pop("fabric")
+    frame = saturation(PRIORS, spec, 200, 0).set_index("deployment")
+    assert frame.loc["naive heterogeneous", "max_rate_per_s"] == 0.0  # nothing crosses the link
+    assert frame["vs_naive"].isna().all()  # against none: missing, not a division by zero
+    assert frame.loc["homogeneous", "max_rate_per_s"] > 0
+
+
 def test_simulate_compares_the_deployments_at_saturation(xbench):
     r = xbench("simulate", "prefill-as-a-service", "--requests", "1000", env={"COLUMNS": "200"})
     assert r.returncode == 0, r.stderr

@@ -733,6 +733,16 @@ def test_every_shipped_scenario_with_a_workload_loads():
         ("layers = true", "give layers as a whole number"),
         ("fabric = []", "[workload] fabric = [] names no fabric"),  # simulated nothing, exit 0
         ('fabric = ""', "is not a list of fabric names"),
+        # TOML spells nan and inf: they passed every range check and ended in a traceback
+        # (a division by zero at saturation, numpy's NaN probabilities) or ran as given
+        ("zipf = nan", "zipf = nan is not finite"),
+        ('kind = "prefill"\nlocal_speed = inf', "local_speed = inf is not finite"),
+        ('kind = "prefill"\nburst_factor = nan', "burst_factor = nan is not finite"),
+        ('kind = "prefill"\nlength_sigma = -inf', "length_sigma = -inf is not finite"),
+        ('kind = "prefill"\nprefixes = 3\nprefix_zipf = nan', "prefix_zipf = nan is not finite"),
+        ('rate = "nan/s"', "rate = 'nan/s' is not a rate"),
+        ('kind = "prefill"\nrate = "inf/s"', "rate = 'inf/s' is not a rate"),
+        ("sharing = { keep = nan }", "sharing keep = nan is not finite"),
     ],
 )
 def test_workload_errors_name_the_file_and_field(tmp_path, table, words):

@@ -9,6 +9,7 @@ from xbench.core.units import (
     parse_duration,
     parse_duration_list,
     parse_int_list,
+    parse_rate,
     parse_size,
     parse_size_list,
 )
@@ -87,6 +88,15 @@ def test_durations_and_int_lists():
     with pytest.raises(XbenchError, match="1 or more"):  # zero rows or tokens: nothing to time
         parse_int_list("0,8", "--rows")
     assert parse_int_list("0,1,10", "--reuse", least=0) == [0, 1, 10]
+
+
+def test_rates_are_finite_and_above_zero():
+    """One parser for simulate --rate and a scenario's rate: the scenario's took nan/s
+    and inf/s, which ran as given."""
+    assert parse_rate("50/s") == 50.0 and parse_rate(" 2.5/s ") == 2.5 and parse_rate("7") == 7
+    for bad in ("nan/s", "inf/s", "-inf/s", "0/s", "-3/s", "fast", "", "1e999/s"):
+        with pytest.raises(XbenchError, match="bad rate"):
+            parse_rate(bad)
 
 
 def test_duration_lists_are_sorted_distinct_and_bounded():

@@ -16,7 +16,7 @@ from xbench.cli.common import (
     warn,
 )
 from xbench.cli.render import num, result_table
-from xbench.core.units import format_duration, parse_name_list
+from xbench.core.units import format_duration, parse_name_list, parse_rate
 from xbench.errors import XbenchError
 
 
@@ -136,12 +136,9 @@ def simulate(
         spec["fabrics"] = parse_name_list(fabric, "--fabric")
     if rate is not None:
         try:
-            per_s = float(rate.strip().removesuffix("/s"))
-        except ValueError:
-            per_s = -1.0
-        if not per_s > 0 or per_s == float("inf"):
-            raise XbenchError(f"--rate {rate!r} is not a rate", "write e.g. --rate 50/s")
-        spec["fields"]["rate_per_s"] = per_s
+            spec["fields"]["rate_per_s"] = parse_rate(rate)
+        except XbenchError:
+            raise XbenchError(f"--rate {rate!r} is not a rate", "write e.g. --rate 50/s") from None
     _set_step(spec, layers, pipeline_layers, holders, validate)
     known = PREFILL_POLICIES if spec["kind"] == "prefill" else POLICIES
     policies = (
@@ -609,8 +606,10 @@ def _saturation_table(saturated, n: int) -> None:
             r.deployment,
             _tokens(r.threshold_tokens) if r.threshold_tokens == r.threshold_tokens else "-",
             f"{r.max_rate_per_s:.2f}",
-            f"{100 * r.vs_homogeneous:+.0f}%",
-            f"{100 * r.vs_naive:+.0f}%",
+            *(
+                f"{100 * vs:+.0f}%" if vs == vs else "-"  # nan: the base kept up with none
+                for vs in (r.vs_homogeneous, r.vs_naive)
+            ),
         )
     console.print(table)
     console.print(

@@ -29,7 +29,7 @@ from xbench.core.models import get_model, mla_model
 from xbench.core.spans import names as span_names
 from xbench.core.spans import parse as parse_span_tree
 from xbench.core.spans import positional_and_shared
-from xbench.core.units import parse_duration, parse_size
+from xbench.core.units import parse_duration, parse_rate, parse_size
 from xbench.errors import XbenchError
 
 if sys.version_info >= (3, 11):
@@ -341,6 +341,11 @@ def _check_table(path, table: dict, keys: dict, name: str = "[workload]") -> Non
                 f"scenario {path}: {name} {key} = {value!r} has the wrong type",
                 f"give {key} as {wanted.get(kind, 'text or a list')}",
             )
+        if kind is float and not math.isfinite(value):  # TOML spells nan and inf
+            raise ScenarioError(
+                f"scenario {path}: {name} {key} = {value} is not finite",
+                f"give {key} as a finite number",
+            )
         if least is not None and value < least:
             raise ScenarioError(
                 f"scenario {path}: {name} {key} = {value} is out of range",
@@ -351,15 +356,12 @@ def _check_table(path, table: dict, keys: dict, name: str = "[workload]") -> Non
 def _rate(path, table: dict, default: str) -> float:
     rate_text = str(table.get("rate", default)).strip()
     try:
-        rate = float(rate_text.removesuffix("/s"))
-        if rate <= 0:
-            raise ValueError(rate_text)
-    except ValueError:
+        return parse_rate(rate_text)
+    except XbenchError:
         raise ScenarioError(
             f"scenario {path}: [workload] rate = {rate_text!r} is not a rate",
             'write e.g. rate = "2000/s"',
         ) from None
-    return rate
 
 
 def _prefill_fields(path: Path, table: dict, scenario: dict) -> dict:

@@ -11,6 +11,7 @@ inclusive, ``1KiB:1MiB:x4`` multiplies by 4 instead.
 
 from __future__ import annotations
 
+import math
 import re
 from fractions import Fraction
 
@@ -188,6 +189,17 @@ def parse_duration(text: str) -> float:
     if not match or match.group(2) not in DURATION_UNITS:
         raise XbenchError(f"bad duration {text!r}", "write durations like 800ns, 25us, 3ms or 1.5s")
     return float(match.group(1)) * DURATION_UNITS[match.group(2)]
+
+
+def parse_rate(text: str) -> float:
+    """Parse ``50/s`` (or a bare ``50``) to a finite rate per second above 0."""
+    try:
+        per_s = float(str(text).strip().removesuffix("/s"))
+    except ValueError:
+        per_s = -1.0
+    if not 0 < per_s < math.inf:  # refuses nan too
+        raise XbenchError(f"bad rate {text!r}", "write rates like 50/s")
+    return per_s
 
 
 def format_size(n: int) -> str:

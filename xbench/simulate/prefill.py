@@ -506,8 +506,12 @@ def sustainable_rate(
         w.length_median
     )
     lo, hi = fleet / 1024, fleet * 4
-    if not ok(lo):
-        return 0.0
+    # a policy on a small share of the fleet (a slow cluster alone, a thin link) may not
+    # keep up even there: step the bracket down until it does, or call it none
+    while not ok(lo):
+        if lo < fleet * 1e-12:
+            return 0.0
+        lo, hi = lo / 1024, lo
     while hi / lo > 1.01:
         mid = math.sqrt(lo * hi)
         lo, hi = (mid, hi) if ok(mid) else (lo, mid)
@@ -554,7 +558,11 @@ def saturation(profile, spec: dict, requests: int, seed: int, on_step=None):
             )
             if on_step:
                 on_step(f"{fabric} {name} at saturation")
-        for row in rows[-len(DEPLOYMENTS) :]:
-            row["vs_homogeneous"] = row["max_rate_per_s"] / by["homogeneous"] - 1
-            row["vs_naive"] = row["max_rate_per_s"] / by["naive heterogeneous"] - 1
+        for row in rows[-len(DEPLOYMENTS) :]:  # nan against a deployment that kept up with none
+            for key, base in (
+                ("vs_homogeneous", "homogeneous"),
+                ("vs_naive", "naive heterogeneous"),
+            ):
+                rate = by[base]
+                row[key] = row["max_rate_per_s"] / rate - 1 if rate > 0 else math.nan
     return pd.DataFrame(rows)
