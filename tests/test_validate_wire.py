@@ -171,6 +171,22 @@ def test_validate_over_each_wire_between_two_ranks(xbench, tmp_path, wire, trans
     assert meta["wire"] == wire and meta["device"] == "cpu"
 
 
+@pytest.mark.mpi  # starts MPI: runs under every MPI
+def test_validate_at_a_models_heads_calls_every_path_correct(xbench, tmp_path):
+    """64 decode tokens x DeepSeek's 128 heads over 64 tokens: 4 M output elements, of
+    which some always lay past 8e-4 + 1.6e-2 |out| by bf16's rounding alone, so validate
+    called local wrong and exited 1 (kernels.accuracy says what bound replaced it)."""
+    r = xbench(
+        "validate", "--profile", "profiles/h100-priors.toml", "--fabric", "ib",
+        "--rows", "64", "--chunk", "64", "--heads", "128", "--samples", "1", "--rounds", "1",
+        "--out", tmp_path / "v", "--format", "json",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert {row["option"] for row in rows} == {"route", "fetch", "local"}
+    assert all(row["correct"] for row in rows)
+
+
 def test_validate_refuses_a_gpu_it_cannot_use_in_one_line(xbench, tmp_path):
     base = ["validate", "--profile", "profiles/h100-priors.toml", "--fabric", "ib"]
     for args, words in (
