@@ -84,6 +84,10 @@ def test_span_query_reuse_flips_route_to_fetch(xbench, tmp_path):
             '[scenario]\nname = "x"\nmodel = "deepseek-v3"\n[request]\nsegments = 0\n',
             "segments = 0 is out of range",
         ),
+        (
+            '[scenario]\nname = "x"\nmodel = "deepseek-v3"\n[request]\nheads = 2199023255552\n',
+            "heads = 2199023255552 is beyond any request; keep heads at or below 1099511627776",
+        ),
         # an empty fabric list decided nothing, wrote an empty table and exited 0
         ('[scenario]\nname = "x"\nmodel = "deepseek-v3"\n[grid]\nfabric = []\n', "names no fabric"),
         (

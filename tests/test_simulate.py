@@ -743,6 +743,10 @@ def test_every_shipped_scenario_with_a_workload_loads():
         ('rate = "nan/s"', "rate = 'nan/s' is not a rate"),
         ('kind = "prefill"\nrate = "inf/s"', "rate = 'inf/s' is not a rate"),
         ("sharing = { keep = nan }", "sharing keep = nan is not finite"),
+        # decide refused these shapes, and simulate ran them: decide's limits, for both
+        ("chunk_tokens = 4611686018427387904", "chunk_tokens = 4611686018427387904 is beyond"),
+        ("layers = 100000000", "keep layers at or below 10000"),
+        ('kind = "prefill"\nmax_length = 2147483648', "keep max_length at or below 1073741824"),
     ],
 )
 def test_workload_errors_name_the_file_and_field(tmp_path, table, words):
@@ -918,6 +922,8 @@ def test_simulate_cli_bad_input(xbench, tmp_path):
         ((agentic, "--validate", "--replays", "0"), "'--replays'"),
         ((agentic, "--validate", "--layers", "2"), "--validate replays one layer"),
         ((agentic, "--layers", "0"), "'--layers'"),
+        ((agentic, "--layers", "100000"), "less than or equal to 10000"),  # decide's limit
+        ((agentic, "--rate", "nan/s"), "--rate 'nan/s' is not a rate"),
         (("prefill-as-a-service", "--layers", "4"), "takes its layers from its model"),
         (("prefill-as-a-service", "--no-pipeline-layers"), "takes its layers from its model"),
         (("prefill-as-a-service", "--holders", "2"), "ships whole prompts' KV"),
@@ -1082,7 +1088,14 @@ def test_span_expressions_parse_and_bad_ones_are_named(tmp_path):
         ('spans = [{ expr = "{a}" }]\nspan_tokens = { b = 4 }', "names 'b', which no span does"),
         ('spans = [{ expr = "{a}" }]\nspan_tokens = { a = 0 }', "span_tokens.a = 0 is not"),
         ("chunks = 4\nblock_tokens = 16", "gives block_tokens without spans"),
-        ('spans = [{ expr = "{a}", weight = 0 }]', "spans[0] weight = 0 is not a positive"),
+        ('spans = [{ expr = "{a}", weight = 0 }]', "spans[0] weight = 0 is not a finite number"),
+        # these three ended in numpy's "Probabilities contain NaN" or a division by zero
+        ('spans = [{ expr = "{a}", weight = nan }]', "weight = nan is not a finite number > 0"),
+        ('spans = [{ expr = "{a}", weight = inf }]', "weight = inf is not a finite number > 0"),
+        (
+            'spans = [{ expr = "{a}", weight = 1e308 }, { expr = "{b}" }]',
+            "spans' weights are too large to weigh together",
+        ),
         ('spans = [{ expr = "{a}" }]\nzipf = 1.0', "gives spans and zipf"),
         ("spans = []", "spans must be a non-empty list"),
     ]:

@@ -18,6 +18,7 @@ from xbench.cli.common import (
     warn_conditions,
 )
 from xbench.cli.render import notes, result_table
+from xbench.core.costmodel import MOST_LAYERS, MOST_SHAPE, MOST_TOKENS
 from xbench.errors import XbenchError
 
 # The model whose layers a decode step crosses when no --model is named (mission.md's)
@@ -376,27 +377,19 @@ def _decide_scenario(path: Path, prof, out, fmt) -> None:
     emit_frame(table, fmt, lambda f: _render(f, thresholds, prof, settings, written))
 
 
-# Above this no request shape means anything (a tebibyte a query row); past 2^53 the table's
-# integer columns cannot hold a value computed in floats (99999 TiB did not)
-_MOST = 2**40
-# No context comes near 2^30 tokens (a billion; the longest windows are ~10^7)
-_MOST_TOKENS = 2**30
-# No model has 10,000 layers (the deepest published have ~100-200)
-_MOST_LAYERS = 10_000
-
 # Each request field, the option that sets it, and the least and most values that mean
 # something.
 _SHAPES = (
-    ("rows", "--rows", 1, _MOST),
-    ("heads", "--heads", 1, _MOST),
-    ("chunk_tokens", "--chunk", 1, _MOST_TOKENS),
-    ("payload_bytes", "--payload", 1, _MOST),
-    ("return_bytes", "--return", 1, _MOST),
-    ("kv_bytes_per_token", "--kv-bytes", 1, _MOST),
-    ("segments", "--segments", 1, _MOST),
-    ("reuse", "--reuse", 0, _MOST),
-    ("layers", "--layers", 1, _MOST_LAYERS),
-    ("holders", "--holders", 1, _MOST),
+    ("rows", "--rows", 1, MOST_SHAPE),
+    ("heads", "--heads", 1, MOST_SHAPE),
+    ("chunk_tokens", "--chunk", 1, MOST_TOKENS),
+    ("payload_bytes", "--payload", 1, MOST_SHAPE),
+    ("return_bytes", "--return", 1, MOST_SHAPE),
+    ("kv_bytes_per_token", "--kv-bytes", 1, MOST_SHAPE),
+    ("segments", "--segments", 1, MOST_SHAPE),
+    ("reuse", "--reuse", 0, MOST_SHAPE),
+    ("layers", "--layers", 1, MOST_LAYERS),
+    ("holders", "--holders", 1, MOST_SHAPE),
 )
 
 

@@ -16,6 +16,7 @@ from xbench.cli.common import (
     warn,
 )
 from xbench.cli.render import num, result_table
+from xbench.core.costmodel import MOST_LAYERS
 from xbench.core.units import format_duration, parse_name_list, parse_rate
 from xbench.errors import XbenchError
 
@@ -54,6 +55,7 @@ def simulate(
         int | None,
         typer.Option(
             min=1,
+            max=MOST_LAYERS,
             help="Layers a use's decode step crosses, instead of the scenario's (default 1: "
             "one layer's times): attention, merge and move every layer, route's round trip "
             "every layer, fetch every layer's KV in one transfer, as decide --layers.",

@@ -536,6 +536,16 @@ class Request(NamedTuple):
     pipeline_layers: bool = False  # route's round trip once a step, not once a layer
 
 
+# The most a request field can mean (decide refuses more, and a scenario's workload): above
+# 2^40 no request shape means anything (a tebibyte a query row), and past 2^53 a table's
+# integer columns cannot hold a value computed in floats (99999 TiB did not); no context
+# comes near 2^30 tokens (a billion; the longest windows are ~10^7); no model has 10,000
+# layers (the deepest published have ~100-200)
+MOST_SHAPE = 2**40
+MOST_TOKENS = 2**30
+MOST_LAYERS = 10_000
+
+
 class Decision(NamedTuple):
     """The answer for one request (an immutable record)."""
 

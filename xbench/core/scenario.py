@@ -25,6 +25,7 @@ import math
 import sys
 from pathlib import Path
 
+from xbench.core.costmodel import MOST_LAYERS, MOST_SHAPE, MOST_TOKENS
 from xbench.core.models import get_model, mla_model
 from xbench.core.spans import names as span_names
 from xbench.core.spans import parse as parse_span_tree
@@ -41,7 +42,11 @@ REQUEST_KEYS = {"heads", "payload", "return", "kv_bytes", "fetch_cost", "segment
 # each key: its type and its least value (``_check_table``); the sizes and the duration of
 # [request] are checked by their parsers
 SCENARIO_KEYS = {key: (str, None) for key in ("name", "description", "source", "model")}
-REQUEST_TYPES = {"heads": (int, 1), "segments": (int, 1), "probe": (bool, None)}
+REQUEST_TYPES = {
+    "heads": (int, 1, MOST_SHAPE),
+    "segments": (int, 1, MOST_SHAPE),
+    "probe": (bool, None),
+}
 GRID_KEYS = {"rows", "chunk_tokens", "reuse", "fabric"}
 
 
@@ -190,8 +195,8 @@ WORKLOAD_KEYS = {
     "kind": (str, None),
     "instances": (int, 1),
     "chunks": (int, 1),
-    "chunk_tokens": (int, 1),
-    "rows": (int, 1),
+    "chunk_tokens": (int, 1, MOST_TOKENS),
+    "rows": (int, 1, MOST_SHAPE),
     "rate": (str, None),
     "zipf": (float, 0),
     "cache_chunks": (int, 0),
@@ -201,14 +206,14 @@ WORKLOAD_KEYS = {
     "spans": (list, None),
     # the span report's KV cache: its block (tokens) and each name's tokens (others:
     # chunk_tokens)
-    "block_tokens": (int, 1),
+    "block_tokens": (int, 1, MOST_TOKENS),
     "span_tokens": (dict, None),
     # the shared-KV batching report (MoSKA): model, KV format, contexts, batch, top-k keep
     "sharing": (dict, None),
     "reports": (list, None),
     # a use as one decode step of this many layers (default 1: one layer's times), route's
     # round trip once a step where pipelined (the cost model's step, as decide --layers)
-    "layers": (int, 1),
+    "layers": (int, 1, MOST_LAYERS),
     "pipeline_layers": (bool, None),
     # the routed answers queued at a requester merged in one call (MoSKA's batched merge)
     "batch_merges": (bool, None),
@@ -217,7 +222,7 @@ WORKLOAD_KEYS = {
     # MoSKA's decode step: the shared chunks a router chooses for each request's query, and
     # the request's own unique KV (tokens), attended at its requester
     "topk": (int, 1),
-    "unique_tokens": (int, 0),
+    "unique_tokens": (int, 0, MOST_TOKENS),
 }
 # What a decode workload may ask ``xbench simulate`` to report beside its policies:
 # "batching", always-route with the holder batching the queries that converge on a chunk
@@ -230,10 +235,10 @@ PREFILL_KEYS = {
     "remote_instances": (int, 1),
     "local_speed": (float, 1e-9),
     "gpus_per_instance": (int, 1),
-    "length_median": (int, 1),
+    "length_median": (int, 1, MOST_TOKENS),
     "length_sigma": (float, 0),
-    "min_length": (int, 1),
-    "max_length": (int, 1),
+    "min_length": (int, 1, MOST_TOKENS),
+    "max_length": (int, 1, MOST_TOKENS),
     "rate": (str, None),
     "fabric": ((str, list), None),
     "requests": (int, 1),
@@ -248,11 +253,11 @@ PREFILL_KEYS = {
     # popularity) and each cluster's prefix cache, in tokens
     "prefixes": (int, 0),
     "prefix_share": (float, 0),
-    "prefix_median": (int, 1),
+    "prefix_median": (int, 1, MOST_TOKENS),
     "prefix_sigma": (float, 0),
     "prefix_zipf": (float, 0),
-    "local_cache_tokens": (int, 0),
-    "remote_cache_tokens": (int, 0),
+    "local_cache_tokens": (int, 0, MOST_SHAPE),
+    "remote_cache_tokens": (int, 0, MOST_SHAPE),
 }
 # the prefix keys, which say nothing without prefixes
 PREFIX_KEYS = (
@@ -293,9 +298,13 @@ def _spans(path, raw) -> tuple:
                 f"scenario {path}: [workload] spans[{i}] is not {{ expr, weight }}", fix
             )
         weight = item.get("weight", 1)
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight <= 0:
+        if (
+            isinstance(weight, bool)
+            or not isinstance(weight, (int, float))
+            or not 0 < weight < math.inf
+        ):
             raise ScenarioError(
-                f"scenario {path}: [workload] spans[{i}] weight = {weight!r} is not a positive number",
+                f"scenario {path}: [workload] spans[{i}] weight = {weight!r} is not a finite number > 0",
                 "give weight as a number > 0 (how often this expression is asked, relatively)",
             )
         try:
@@ -307,6 +316,12 @@ def _spans(path, raw) -> tuple:
                 "sequence joined by +, commuting ones in braces, each shared chunk named once",
             ) from None
         out.append((prefix, chunks, float(weight)))
+    # the simulator weighs each expression's uses (its chunks and prefix) by its weight
+    if not math.isfinite(math.fsum(w * (len(c) + 1) for _, c, w in out)):
+        raise ScenarioError(
+            f"scenario {path}: [workload] spans' weights are too large to weigh together",
+            "weights are relative: scale them down (e.g. 40, 20, 10)",
+        )
     return tuple(out)
 
 
@@ -317,14 +332,15 @@ def span_chunks(spans) -> list[str]:
 
 
 def _check_table(path, table: dict, keys: dict, name: str = "[workload]") -> None:
-    """Each key of ``table`` (the TOML table ``name``) known, of its type, at least its least."""
+    """Each key of ``table`` (the TOML table ``name``) known, of its type, at least its
+    least and, where its spec gives a third value, at most that."""
     for key, value in table.items():
         if key not in keys:
             raise ScenarioError(
                 f"scenario {path}: unknown {name} field {key!r}",
                 f"use {', '.join(sorted(keys))}",
             )
-        kind, least = keys[key]
+        kind, least, *most = keys[key]
         ok = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
         if kind is float:
             ok = isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -350,6 +366,11 @@ def _check_table(path, table: dict, keys: dict, name: str = "[workload]") -> Non
             raise ScenarioError(
                 f"scenario {path}: {name} {key} = {value} is out of range",
                 f"give {key} {'> 0' if least == 1e-9 else f'>= {least}'}",
+            )
+        if most and value > most[0]:
+            raise ScenarioError(
+                f"scenario {path}: {name} {key} = {value} is beyond any request",
+                f"keep {key} at or below {most[0]}",
             )
 
 
@@ -598,8 +619,8 @@ SHARING_KEYS = {
     "kv_format": (str, None),
     "heads": (int, 1),  # query rows a decode token (default: the model's heads)
     "shared_tokens": (list, None),
-    "unique_tokens": (int, 1),
-    "chunk_tokens": (int, 1),  # the router's unit over the shared context
+    "unique_tokens": (int, 1, MOST_TOKENS),
+    "chunk_tokens": (int, 1, MOST_TOKENS),  # the router's unit over the shared context
     "keep": (float, 1e-9),  # the fraction of shared chunks a query's router keeps
     "batch": (int, 1),  # concurrent requests a step
     "batches": (list, None),
