@@ -170,6 +170,31 @@ def test_report_bad_input(xbench, tmp_path):
     assert not (tmp_path / "r").exists()  # refused before the folder was made
 
 
+def test_a_report_that_draws_nothing_says_why_and_leaves_what_was_there(xbench, tmp_path):
+    """A kernel run without ceilings has samples but no roofline. The report said "pass
+    runs that hold samples", left an empty --out behind, and with --force had already
+    deleted the report there's figures."""
+    kernel = tmp_path / "kernel"
+    r = xbench(
+        "kernel", "--no-ceilings", "--kernels", "merge", "--rows", "4", "--chunk", "64",
+        "--heads", "4", "--samples", "1", "--min-sample-time", "1ms", "--idle", "none",
+        "--merge-wait", "none", "--out", kernel,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    r = xbench("report", kernel, "--out", tmp_path / "new")
+    assert r.returncode == 2 and "nothing to draw" in r.stderr
+    assert "without --no-ceilings" in r.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "new").exists()
+    report = tmp_path / "report"
+    r = xbench("report", "profiles/h100-priors.toml", "--out", report)
+    assert r.returncode == 0, r.stderr
+    before = {p.name: p.read_bytes() for p in report.iterdir()}
+    assert {"decisions-1.png", "breakeven-1.png", "index.html"} <= set(before)
+    r = xbench("report", kernel, "--out", report, "--force")
+    assert r.returncode == 2 and "nothing to draw" in r.stderr
+    assert {p.name: p.read_bytes() for p in report.iterdir()} == before  # nothing lost
+
+
 def test_round_trip_figure_draws_the_warm_refit_beside_the_profiles_segments():
     """Where a fabric's segments came from cold caches, the round trips are drawn against
     both models: the profile's and the refit from warm latency."""

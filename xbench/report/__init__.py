@@ -70,32 +70,61 @@ def _kind(path: Path) -> str:
     )
 
 
+# Why a run that holds samples can still give no figure, by its kind
+_NOTHING_FROM = {
+    "kernel": "a kernel run is drawn as a roofline: its partial_attention samples against the "
+    "ceilings it measured (run xbench kernel with partial_attention, without --no-ceilings)",
+    "validate": "a validate run is drawn from its validate_summary.parquet, which a run "
+    "stopped early lacks",
+}
+
+
 def build(paths, out_dir: Path, heads: int = 16) -> list[Figure]:
     """Render every figure the inputs allow into ``out_dir`` (PNG) and return them."""
+    import shutil
+    import tempfile
+
     from xbench.core.profile import load_profile
     from xbench.results.store import ensure_writable_dir
 
     inputs = [(Path(p), _kind(Path(p))) for p in paths]
     profiles = [load_profile(p) for p, kind in inputs if kind == "profile"]
     # only once the inputs are known good: a refused report leaves no empty folder behind
+    made_dir = not Path(out_dir).exists()
     out_dir = ensure_writable_dir(Path(out_dir))
-    for old in out_dir.glob("*.png"):  # an earlier report's figures, not left beside these
-        if old.name.split("-")[0] in FIGURE_KINDS:
-            old.unlink()
-    # drawn one at a time, each saved and closed before the next is drawn
-    drawn = itertools.chain(
-        (
-            drawing
-            for i, (path, kind) in enumerate(inputs)
-            for drawing in _run_figures(path, kind, f"{i + 1}-{path.stem}", profiles)
-        ),
-        _profile_figures(profiles, heads),
-    )
-    made = [_save(fig, out_dir, name, title) for fig, name, title in drawn if fig is not None]
-    if not made:
-        raise XbenchError("nothing to draw in the given results", "pass runs that hold samples")
-    write_html(made, out_dir / "index.html")
-    return made
+    # drawn into a folder of their own first: a report that draws nothing, or fails half
+    # way, leaves the one already in out_dir as it was (and no empty out_dir)
+    staging = Path(tempfile.mkdtemp(prefix=".drawing-", dir=out_dir))
+    try:
+        # drawn one at a time, each saved and closed before the next is drawn
+        drawn = itertools.chain(
+            (
+                drawing
+                for i, (path, kind) in enumerate(inputs)
+                for drawing in _run_figures(path, kind, f"{i + 1}-{path.stem}", profiles)
+            ),
+            _profile_figures(profiles, heads),
+        )
+        made = [_save(fig, staging, name, title) for fig, name, title in drawn if fig is not None]
+        if not made:
+            kinds = dict.fromkeys(kind for _, kind in inputs)  # in order, once each
+            why = [_NOTHING_FROM[kind] for kind in kinds if kind in _NOTHING_FROM]
+            raise XbenchError(
+                "nothing to draw in the given results",
+                "; ".join(why) if why else "pass runs that hold samples",
+            )
+        for old in out_dir.glob("*.png"):  # an earlier report's figures, not left beside these
+            if old.name.split("-")[0] in FIGURE_KINDS:
+                old.unlink()
+        placed = [Figure(f.name, f.title, f.path.replace(out_dir / f.path.name)) for f in made]
+        write_html(placed, out_dir / "index.html")
+        return placed
+    except BaseException:
+        if made_dir:
+            shutil.rmtree(out_dir, ignore_errors=True)
+        raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _profile_figures(profiles: list, heads: int):
