@@ -39,8 +39,8 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 REQUEST_KEYS = {"heads", "payload", "return", "kv_bytes", "fetch_cost", "segments", "probe"}
-# each key: its type and its least value (``_check_table``); the sizes and the duration of
-# [request] are checked by their parsers
+# each key: its type, its least value and, where given, its most (``_check_table``); the
+# sizes and the duration of [request] are checked by their parsers
 SCENARIO_KEYS = {key: (str, None) for key in ("name", "description", "source", "model")}
 REQUEST_TYPES = {
     "heads": (int, 1, MOST_SHAPE),
@@ -190,7 +190,7 @@ def load_scenario(path) -> dict:
 # [workload]: what ``xbench simulate`` replays (``decide`` ignores it). ``kind`` picks the
 # workload: "decode" (the default: decode queries over chunks held across instances) or
 # "prefill" (uncached prefills here or in a remote cluster, the KV shipped over the link).
-# Each key: its type and its least value.
+# Each key: its type, its least value and, where given, its most (decide's shape limits).
 WORKLOAD_KEYS = {
     "kind": (str, None),
     "instances": (int, 1),
@@ -340,7 +340,8 @@ def _check_table(path, table: dict, keys: dict, name: str = "[workload]") -> Non
                 f"scenario {path}: unknown {name} field {key!r}",
                 f"use {', '.join(sorted(keys))}",
             )
-        kind, least, *most = keys[key]
+        kind, least, *rest = keys[key]
+        most = rest[0] if rest else None
         ok = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
         if kind is float:
             ok = isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -367,10 +368,10 @@ def _check_table(path, table: dict, keys: dict, name: str = "[workload]") -> Non
                 f"scenario {path}: {name} {key} = {value} is out of range",
                 f"give {key} {'> 0' if least == 1e-9 else f'>= {least}'}",
             )
-        if most and value > most[0]:
+        if most is not None and value > most:
             raise ScenarioError(
                 f"scenario {path}: {name} {key} = {value} is beyond any request",
-                f"keep {key} at or below {most[0]}",
+                f"keep {key} at or below {most}",
             )
 
 

@@ -15,8 +15,9 @@ rounding of it: each at most ``u`` of its share of ``P @ |V|``.
 
 The bound replaced ``8e-4 + 1.6e-2 |o|``, which counted only the element's own size: an
 element near zero over few tokens (its terms cancelling) lies past 8e-4 by chance, and
-among the 4 M elements of 64 rows x 128 heads one always did (``xbench validate --rows 64
---heads 128 --chunk 64`` called the C kernel's exact-to-its-rounding result wrong).
+among the 4 M elements of 64 rows x 128 heads one did in every run tried (``xbench validate
+--rows 64 --heads 128 --chunk 64`` called a result right to its rounding wrong, on the C
+kernel and on the torch path).
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ def bf16_tolerance(out, magnitude, spread, *, remote: bool = False):
     part of it was attended elsewhere, merged, and crossed the wire in bf16 (a route)."""
     import torch
 
+    # merged parts: each part's roundings within lam u of its own share's spread, so the
+    # two together within sqrt(2) of the whole's
     rounding = torch.minimum(magnitude, LAMBDA * spread * (2**0.5 if remote else 1.0))
     # the divisions by the sums: u |out| for one; for merged parts u of each part's
     # magnitude, and as much again for the bf16 answer, both within u P @ |V|
