@@ -221,6 +221,25 @@ def test_probe_and_kernel_tables_fit_80_columns(runs):
     assert "not of the hardware's peak; above 100, the kernel passed it." in rendered[1]
 
 
+def test_a_slow_machines_kernel_table_keeps_its_digits_at_80_columns(runs):
+    """The times of a machine ten times slower than the fixture's (a loaded 2-vCPU VM gave
+    107,301 us in 96,768-117,835): the table still fits 80 columns without cutting a digit,
+    a case's label taking two lines instead (GB/s was cut to 0.7...)."""
+    from xbench.cli import kernel
+    from xbench.kernels.summary import summarize_kernels
+    from xbench.results.schema import KERNEL_SAMPLES
+    from xbench.results.store import read_table
+
+    summary = summarize_kernels(read_table(runs["kernel"], KERNEL_SAMPLES))
+    scale = 10 * 100_000 / summary.median_us.max()  # the slowest case at about a second
+    for column, widen in (("median_us", 1.0), ("ci_low_us", 0.85), ("ci_high_us", 1.15)):
+        summary[column] = summary[column] * scale * widen
+    rendered = [render_at(width, lambda: kernel._table(summary, "K")) for width in (80, 250)]
+    assert_fits_80(*rendered)
+    assert "1,000,000" in rendered[0]  # the slowest median, whole
+    assert max(map(len, rendered[1].splitlines())) > 80  # the widths needed the wrap
+
+
 def test_fit_values_are_shown_to_their_interval_and_bounds_are_said():
     """Zeros as 0 (3.655e-25 us was printed), an unbounded end as unbounded (1e+06 GB/s
     was), brackets around intervals; a term at its bound and a large held-out error warn."""

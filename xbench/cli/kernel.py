@@ -320,6 +320,9 @@ def _table(summary, out_dir) -> None:
         table,
         ("kernel", "rows", "chunk", "us", label, "GB/s", "GFLOP/s", "%bound"),
         left=("kernel",),
+        # a slow machine's 6-digit times and intervals need the room; a case's label may
+        # take two lines ("4096 idle" over "16ms"), a number may not lose its digits
+        wraps=("chunk",),
     )
     for r in summary.itertuples():
         table.add_row(
