@@ -143,6 +143,9 @@ def main(argv=None) -> int:
     for name, why in status.items():
         print(f"{name:18} {why}")
     backends = [b for b, why in status.items() if why == "runs"]
+    if not backends:  # before a folder is made: nothing would be in it
+        print("gpu_kernels: none of --backends runs here (why: above)", file=sys.stderr)
+        return 1
     run_id = new_run_id("gpu-kernels")
     out_dir = args.out or Path("results") / run_id
     meta = run_metadata(
@@ -189,6 +192,9 @@ def main(argv=None) -> int:
             store.append(KERNEL_SAMPLES, rows)
     store.finish()
     summary = summarize_kernels(read_table(out_dir, KERNEL_SAMPLES))
+    if summary.empty:  # every case refused (why: above), the ceilings stored alone
+        print(f"gpu_kernels: no case ran (why: above); the ceilings in {out_dir}", file=sys.stderr)
+        return 1
     # the table's first line starts with "bound = max" (gpu_check finds the tables by it)
     header = (
         "bound = max(bytes / copy, FLOPs / matmul), both measured above; "

@@ -146,6 +146,48 @@ def test_flashinfer_plans_once_per_shape(monkeypatch):
     assert len(runs) == 3 and runs[0] == ((4, 16, 512), (4, 16, 64))
 
 
+def test_gpu_benchmark_script_says_when_nothing_ran_and_writes_no_empty_run(
+    tmp_path, monkeypatch, capsys
+):
+    """No backend that runs here: one line, exit 1, no folder (it printed its table's header,
+    then a pandas KeyError). Backends that run but refuse every case (a dense-only adapter
+    at sparse cases, CPU tensors on a GPU machine): one line, exit 1, no empty table."""
+    import importlib.util
+
+    shapes = ["--device", "cpu", "--rows", "1", "--tokens", "64", "--topk", "0"]
+    shapes += ["--heads", "16", "--samples", "1", "--min-sample-time", "0"]
+    script = ROOT / "benchmarks" / "gpu_kernels.py"
+    r = subprocess.run(
+        [sys.executable, str(script), *shapes, "--backends", "cuda-ref"]
+        + ["--out", str(tmp_path / "none")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr == "gpu_kernels: none of --backends runs here (why: above)\n"
+    assert r.stdout.startswith("cuda-ref ") and not (tmp_path / "none").exists()
+
+    spec = importlib.util.spec_from_file_location("gpu_kernels_refusing", script)
+    gpu_kernels = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_kernels)
+    asked = []
+
+    def refuse(case, name, *args, **kwargs):
+        asked.append((name, case.chunk))
+        raise backend.BackendUnavailable(f"{name}: dense calls only")
+
+    monkeypatch.setattr(gpu_kernels, "time_case", refuse)
+    out = tmp_path / "refused"
+    assert gpu_kernels.main([*shapes, "--backends", "torch", "--out", str(out)]) == 1
+    printed = capsys.readouterr()
+    assert asked == [("torch", 64)]
+    assert "torch: dense calls only" in printed.out and "bound = max" not in printed.out
+    assert printed.err == f"gpu_kernels: no case ran (why: above); the ceilings in {out}\n"
+    assert set(read_table(out, KERNEL_SAMPLES).kernel) == {"ceiling_copy", "ceiling_matmul"}
+
+
 def test_gpu_benchmark_script_runs_on_a_cpu(tmp_path):
     """The script a GPU machine runs, exercised end to end on tiny shapes here."""
     out = tmp_path / "gk"
