@@ -59,9 +59,15 @@ demo: $(STAMP)
 # once; then those that do, one at a time, as their figures need the machine to themselves.
 # A plain `pytest` runs all of it one at a time.
 TEST_JOBS ?= 2
+# A worker's processes get a worker's share of the cores (nproc / TEST_JOBS, at least 1):
+# with torch's and OpenBLAS's default, a thread a core in every process, the workers'
+# threads outnumbered the cores and spun waiting on each other (on 2 cores the shared part
+# took 10:10 at 2 threads a process, 6:30 at 1; docs/measurements.md, session 55)
+TEST_THREADS ?= $(shell expr $$(nproc) / $(TEST_JOBS) \| 1)
 ALONE := mpi or slurm or netns or not nompi
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile -m "not ($(ALONE))"; \
+	OMP_NUM_THREADS=$(TEST_THREADS) \
+	    $(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile -m "not ($(ALONE))"; \
 	shared=$$?; \
 	$(BIN)/python -m pytest -q -m "$(ALONE)"; \
 	alone=$$?; \
