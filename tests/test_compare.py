@@ -461,6 +461,9 @@ def test_threshold_is_a_percent_or_a_fraction_below_one(xbench, probe_run):
         ("5", "a fraction must lie below 1 (5 would be 500%)"),
         ("1", "would be 100%"),
         ("150%", "below 100%"),
+        ("150", "must lie above 0% and below 100%"),  # not "write a percent (150%)"
+        ("inf", "must lie above 0% and below 100%"),  # not "(inf%)"
+        ("nan", "must lie above 0% and below 100%"),
         ("0%", "above 0%"),
         ("-0.1", "above 0%"),
     ]:

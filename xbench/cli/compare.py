@@ -88,7 +88,8 @@ def _gates(
         value = float(text[:-1]) / 100 if percent else float(text)
     except ValueError:
         raise XbenchError(f"{names[0]} {threshold!r} is not a ratio", "e.g. 5% or 0.05") from None
-    if not percent and value >= 1:  # "5" is 500 % read literally, and 5 % meant: ask
+    # "5" is 500 % read literally, and 5 % meant: ask (150 or inf has no such reading)
+    if not percent and 1 <= value < 100:
         raise XbenchError(
             f"{names[0]} {threshold}: a fraction must lie below 1 ({threshold} would be "
             f"{100 * value:g}%)",
