@@ -559,6 +559,23 @@ def test_slurm_parses_what_it_forwards_before_writing(xbench, tmp_path):
     r = xbench("slurm", "validate", "--out", script, "--", *gpu)
     assert r.returncode == 0 and "--wire nvshmem" in script.read_text(), r.stderr
     script.unlink()
+    # what the script or srun decides, refused after -- (a forwarded --out lost to the
+    # script's own, unsaid; --runs refused on the nodes after the queue; --np ignored)
+    for kind, forwarded, words in [
+        ("probe", ["--out", "x"], "--out after --: the script writes the run into --results"),
+        ("kernel", ["-o", "x"], "--out after --: the script writes the run into --results"),
+        ("probe", ["--np", "4"], "--np after --: srun starts the ranks"),
+        ("probe", ["--runs", "2"], "--runs after --: each srun step is one launch"),
+        ("validate", ["--profile", "h100-priors", "--fabric", "ib", "--runs", "2"], "--runs"),
+        ("probe", ["--hostfile", "h"], "--hostfile after --: srun places the ranks"),
+    ]:
+        line = one_line(xbench("slurm", kind, "--out", script, "--", *forwarded))
+        assert words in line and "drop it" in line, line
+        assert not script.exists()
+    line = one_line(xbench("slurm", "check", "--baseline", "b", "--sweep", "probe", "--out",
+                           script, "--", "--process-run", "1"))  # fmt: skip
+    assert "--process-run after --: the check numbers its launches itself" in line, line
+    assert not script.exists()
     line = one_line(xbench("slurm", "probe", "--srun-mpi", "openmpi", "--out", script))
     assert "--srun-mpi 'openmpi' is not an srun MPI plugin" in line and "pmi2" in line
     r = xbench("slurm", "probe", "--srun-mpi", "pmi2", "--out", script, "--", "--sizes", "1KB")

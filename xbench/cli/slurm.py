@@ -100,7 +100,7 @@ def slurm(
     from xbench.results.store import refuse_overwrite
 
     job.validate()
-    _check_forwarded(job.sweep if kind == "check" else kind, job.xbench_args)
+    _check_forwarded(job.sweep if kind == "check" else kind, job.xbench_args, kind)
     refuse_overwrite(out, force)
     out.write_text(render(job))
     out.chmod(0o755)
@@ -155,9 +155,30 @@ def _wait(job_id: str, fmt: OutputFormat):
     return ended
 
 
-def _check_forwarded(command: str | None, args: list[str]) -> None:
+# Options the script or srun decides, refused after -- (given there, the script's own --out
+# would win unsaid; a probe or validate under srun refuses --runs on the nodes, and takes
+# its ranks from srun): (option, the sweeps or kind it is decided for, what decides it,
+# what to pass instead)
+_DECIDED_HERE = (
+    ("out", ("probe", "kernel", "validate"), "the script writes the run into --results",
+     "pass --results to xbench slurm"),
+    ("np", ("probe", "validate"), "srun starts the ranks",
+     "pass --nodes and --ntasks-per-node to xbench slurm"),
+    ("hostfile", ("probe", "validate"), "srun places the ranks",
+     "pass --nodes and --partition to xbench slurm"),
+    ("oversubscribe", ("probe", "validate"), "srun places the ranks",
+     "pass --ntasks-per-node to xbench slurm"),
+    ("runs", ("probe", "validate"), "each srun step is one launch",
+     "submit the job again for another launch"),
+    ("config_from", ("check",), "the check reruns --baseline's sweep", "pass --baseline"),
+    ("process_run", ("check",), "the check numbers its launches itself", ""),
+)  # fmt: skip
+
+
+def _check_forwarded(command: str | None, args: list[str], kind: str) -> None:
     """Parse the options forwarded to the sweep as the nodes' xbench will, before the script
-    is written: a typo fails here in a second, not on the cluster after the queue."""
+    is written: a typo fails here in a second, not on the cluster after the queue. Options
+    the script or srun decides (``_DECIDED_HERE``) are refused."""
     import typer.main
 
     from xbench.cli.kernel import kernel
@@ -179,6 +200,14 @@ def _check_forwarded(command: str | None, args: list[str]) -> None:
             f"the options for {command} after -- are refused: {exc.format_message()}",
             f"fix them (xbench {command} --help lists them)",
         ) from None
+    given = {p.name: p.opts[0] for p in ctx.command.params}
+    for name, kinds, decider, instead in _DECIDED_HERE:
+        source = ctx.get_parameter_source(name) if name in given else None
+        if (command in kinds or kind in kinds) and source and source.name == "COMMANDLINE":
+            raise XbenchError(
+                f"{given[name]} after --: {decider} (xbench slurm {kind})",
+                f"drop it; {instead}" if instead else "drop it",
+            )
     _check_values(ctx.params)
 
 
