@@ -200,12 +200,12 @@ def _check_forwarded(command: str | None, args: list[str], kind: str) -> None:
             f"the options for {command} after -- are refused: {exc.format_message()}",
             f"fix them (xbench {command} --help lists them)",
         ) from None
-    spelled = {p.name: p.opts[0] for p in ctx.command.params}  # name -> its long option
     for name, kinds, decider, instead in _DECIDED_HERE:
-        source = ctx.get_parameter_source(name) if name in spelled else None
+        source = ctx.get_parameter_source(name)  # None: not an option of this sweep
         if (command in kinds or kind in kinds) and source and source.name == "COMMANDLINE":
+            option = next(p.opts[0] for p in ctx.command.params if p.name == name)
             raise XbenchError(
-                f"{spelled[name]} after --: {decider} (xbench slurm {kind})",
+                f"{option} after --: {decider} (xbench slurm {kind})",
                 f"drop it; {instead}" if instead else "drop it",
             )
     _check_values(ctx.params)
