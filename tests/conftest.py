@@ -86,6 +86,23 @@ def drop_key(src: Path, dst: Path, table: str, key: str, fabric: str | None = No
     return dst
 
 
+def another_run(src: Path, dst: Path, **meta_changes) -> Path:
+    """A copy of the run directory ``src`` that stands for another run: its own run_id (a
+    copy that kept it would be the same run, which compare, fit and report refuse), and
+    ``meta_changes`` in its run.json."""
+    import json
+    import shutil
+
+    from xbench.results.metadata import new_run_id
+    from xbench.results.store import read_run_meta
+
+    shutil.copytree(src, dst)
+    meta = read_run_meta(dst)
+    meta.update({"run_id": new_run_id(meta.get("command", "run")), **meta_changes})
+    (dst / "run.json").write_text(json.dumps(meta))
+    return dst
+
+
 _RULES = set("─━│┃┏┓┗┛┡┩┣┫╇╋┳┻└┘┌┐├┤┼┬┴ ")
 
 

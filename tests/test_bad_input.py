@@ -477,7 +477,7 @@ def test_report_replaces_a_report_only_with_force_and_leaves_no_stale_figures(xb
     assert not stale.exists() and mine.exists() and "2 figures," in r.stdout  # map, break-evens
 
 
-def test_fit_refuses_a_run_given_twice(xbench, tmp_path):
+def test_fit_and_report_refuse_a_run_given_twice(xbench, tmp_path):
     run = probe_run(tmp_path / "run")
     copy = tmp_path / "copy"
     import shutil
@@ -485,8 +485,14 @@ def test_fit_refuses_a_run_given_twice(xbench, tmp_path):
     shutil.copytree(run, copy)
     for second in (run, copy):
         line = one_line(xbench("fit", run, second, "--out", tmp_path / "p.toml"))
-        assert "hold the same run" in line and "would count twice" in line
-    assert not (tmp_path / "p.toml").exists()
+        assert "are the same run" in line and "would count twice" in line
+        line = one_line(xbench("report", run, second, "--out", tmp_path / "rep"))
+        assert "are the same run" in line and "drawn twice" in line and "pass each once" in line
+    # a result that is no run directory is one by its path, however spelled
+    line = one_line(xbench("report", PRIORS, PRIORS.parent / ".." / "profiles" / PRIORS.name,
+                           "--out", tmp_path / "rep"))  # fmt: skip
+    assert f"are the same file {PRIORS}" in line
+    assert not (tmp_path / "p.toml").exists() and not (tmp_path / "rep").exists()
 
 
 def test_profiles_with_unknown_keys_or_two_segments_from_one_size(xbench, tmp_path):

@@ -12,6 +12,7 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import another_run
 
 from xbench.compare import (
     EXIT_INCOMPLETE,
@@ -221,28 +222,37 @@ def probe_run(tmp_path_factory):
 
 
 def _scaled_copy(src, dst, factor: float, **meta_changes):
-    """A copy of a probe run with every value scaled (a synthetic candidate) and run.json
-    fields changed."""
-    shutil.copytree(src, dst)
+    """A copy of a probe run with every value scaled (a synthetic candidate: another run)
+    and run.json fields changed."""
+    another_run(src, dst, **meta_changes)
     meta = read_run_meta(dst)
     for part in sorted((dst / PROBE_SAMPLES).glob("part-*.parquet")):
         frame = read_table([part], PROBE_SAMPLES)
         frame["value"] = frame["value"] * factor
         write_table(part, PROBE_SAMPLES, frame, meta)
-    if meta_changes:
-        meta.update(meta_changes)
-        (dst / "run.json").write_text(json.dumps(meta))
     return dst
 
 
 @pytest.mark.mpi_inputs  # MPI ranks make the run it reads (probe_run); compare starts none
 def test_compare_cli_verdicts_formats_and_exit_codes(xbench, probe_run, tmp_path):
-    same = xbench("compare", probe_run, probe_run, "--format", "json")
+    twin = _scaled_copy(probe_run, tmp_path / "twin", 1.0)
+    same = xbench("compare", probe_run, twin, "--format", "json")
     assert same.returncode == 0, same.stderr
     rows = json.loads(same.stdout)
-    # a run against itself: never slower or faster; unchanged where its samples are tight
-    # enough to say so, inconclusive where they are not
+    # another run with the same samples: never slower or faster; unchanged where its
+    # samples are tight enough to say so, inconclusive where they are not
     assert rows and {r["verdict"] for r in rows} <= {"unchanged", "inconclusive"}
+    # the run itself (again, by another spelling of its path, or a copy that kept its
+    # run_id) would pass whatever changed: refused, and the JUnit a CI job publishes says so
+    kept = tmp_path / "kept"
+    shutil.copytree(probe_run, kept)
+    for itself in (probe_run, f"{probe_run}/.", kept):
+        r = xbench("compare", probe_run, itself, "--format", "junit")
+        assert r.returncode == EXIT_NOT_COMPARABLE, r.stderr
+        line = r.stderr.strip().splitlines()[-1]
+        assert "are the same run" in line and "a run made after it" in line, line
+        error = ET.fromstring(r.stdout).find("testcase/error").get("message")
+        assert "are the same run" in error
     # The verdicts rest on the real launches' spread: 3x stays significant for launch sds
     # of log medians up to ~0.5 (measured on these VMs: 0.085-0.245; at 1.5x a spread of
     # 0.18 already left a case inconclusive)
@@ -473,14 +483,11 @@ def test_threshold_is_a_percent_or_a_fraction_below_one(xbench, probe_run):
 
 
 def _lose(run, dst, *, part: int | None = None, **meta_changes):
-    """A copy of ``run`` that lost a part file, or whose run.json says something else."""
-    shutil.copytree(run, dst)
+    """A copy of ``run`` (another run) that lost a part file, or whose run.json says
+    something else."""
+    another_run(run, dst, **meta_changes)
     if part is not None:
         (dst / PROBE_SAMPLES / f"part-{part:05d}.parquet").unlink()
-    if meta_changes:
-        meta = read_run_meta(dst)
-        meta.update(meta_changes)
-        (dst / "run.json").write_text(json.dumps(meta))
     return dst
 
 

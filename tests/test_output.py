@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import assert_fits_80, render_at
+from conftest import another_run, assert_fits_80, render_at
 
 from xbench.cli.common import interval_label, strict_json
 from xbench.core.stats import median_ci
@@ -126,8 +126,9 @@ def test_shell_completion_is_offered(xbench):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """A small probe run, a kernel run with every kind of case, a fit, and a run that lost
-    a part file: what the main job's output is made of."""
+    """A small probe run, a kernel run with every kind of case and its twin (its samples as
+    another run), a fit, and a run that lost a part file: what the main job's output is made
+    of."""
     import tempfile
 
     from conftest import run_xbench
@@ -146,10 +147,10 @@ def runs(tmp_path_factory):
         "--merge-wait", "500us,128ms", "--out", kernel,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
-    lost = root / "lost"
-    shutil.copytree(probe, lost)
+    lost = another_run(probe, root / "lost")
     (lost / "probe_samples" / "part-00002.parquet").unlink()
-    yield {"probe": probe, "kernel": kernel, "lost": lost, "root": root}
+    twin = another_run(kernel, root / "twin")  # the kernel run's samples as another run
+    yield {"probe": probe, "kernel": kernel, "twin": twin, "lost": lost, "root": root}
     shutil.rmtree(root, ignore_errors=True)
 
 
@@ -175,7 +176,7 @@ _MADE = pytest.mark.mpi_inputs
         pytest.param(["decide", "--payload", "1152B", "--rows", "1,64", "--chunk", "256,16384",
                       "--reuse", "0,100", "--out", "{tmp}/d.parquet"], id="decide"),
         pytest.param(["compare", "{probe}", "{lost}"], marks=_MADE, id="compare-probe"),
-        pytest.param(["compare", "{kernel}", "{kernel}"], marks=_MADE, id="compare-kernel"),
+        pytest.param(["compare", "{kernel}", "{twin}"], marks=_MADE, id="compare-kernel"),
         pytest.param(["report", "{probe}", "{kernel}", "--out", "{tmp}/report"], marks=_MADE,
                      id="report"),
         pytest.param(["decide", "--scenario", "agentic-codebase", "--out", "{tmp}/s.parquet"],

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import matplotlib.image
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import another_run
 
 from xbench.report import figures
 from xbench.results.schema import PROBE_SAMPLES
@@ -68,8 +68,7 @@ def test_report_draws_every_kind_of_result(xbench, tmp_path):
         *("--samples", "1", "--rounds", "1", "--out", validate),
     )
     assert r.returncode == 0, r.stderr
-    slow = tmp_path / "slow"
-    shutil.copytree(probe, slow)
+    slow = another_run(probe, tmp_path / "slow")
     meta = read_run_meta(slow)
     for part in sorted((slow / PROBE_SAMPLES).glob("part-*.parquet")):
         frame = read_table([part], PROBE_SAMPLES)

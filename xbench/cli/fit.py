@@ -58,6 +58,7 @@ def fit(
         read_run_meta,
         read_table,
         refuse_overwrite,
+        refuse_repeats,
         run_dir_of,
         table_files,
     )
@@ -68,7 +69,7 @@ def fit(
                 f"results path {path} does not exist",
                 "pass directories written by xbench probe / xbench kernel",
             )
-    _refuse_repeats(results)
+    refuse_repeats(results, "its samples would count twice")
     base_path = profile_path(base) if base else None
     if base_path is not None and base_path.resolve() == out.resolve():
         raise XbenchError(
@@ -111,23 +112,6 @@ def fit(
         fmt,
         lambda f: _table(f, profile.name, out, sources),
     )
-
-
-def _refuse_repeats(results: list[Path]) -> None:
-    """A run given twice (by two paths, or two copies of one run) would count its samples
-    twice and narrow every interval: refused, naming both."""
-    from xbench.results.store import read_run_meta
-
-    seen: dict[str, Path] = {}
-    for path in results:
-        meta = read_run_meta(path) if path.is_dir() else {}
-        key = meta.get("run_id") or str(path.resolve())
-        if key in seen:
-            raise XbenchError(
-                f"{seen[key]} and {path} hold the same run ({key}): its samples would count twice",
-                "pass each run once",
-            )
-        seen[key] = path
 
 
 # A held-out error above this says the segments do not describe the samples

@@ -35,8 +35,9 @@ def report(
     for path in results:
         if not path.exists():
             raise XbenchError(f"{path} does not exist", "pass results written by xbench")
-    from xbench.results.store import incompleteness
+    from xbench.results.store import incompleteness, refuse_repeats
 
+    refuse_repeats(results, "drawn twice, it would pass for two results that agree")
     for path in results:
         why = incompleteness(path) if path.is_dir() else None
         if why:

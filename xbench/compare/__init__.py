@@ -19,6 +19,7 @@ from xbench.compare.runs import (
 )
 from xbench.compare.verdicts import VERDICTS, Gates, compare_frames
 from xbench.errors import XbenchError
+from xbench.results.store import run_identity
 
 # Exit codes of compare and check (documented in the README): 0 nothing regressed, 1 a case
 # is slower, 4 nothing could be compared, 5 the candidate lacks cases of the baseline (or is
@@ -89,9 +90,19 @@ def compare_runs(
     baseline, candidate, gates: Gates = Gates(), allow=(), allow_missing: bool = False
 ) -> Comparison:
     """Compare two run directories (or runs already loaded); raises (exit code 4) when
-    they are runs of different commands, or their metadata differs on a field not in
-    ``allow``, naming each field."""
+    they hold one run, are runs of different commands, or their metadata differs on a field
+    not in ``allow``, naming each field."""
     base, cand = (r if isinstance(r, StoredRun) else load_run(r) for r in (baseline, candidate))
+    same = run_identity(base.path)
+    if same == run_identity(cand.path):
+        # whatever changed since, a run against itself passes the gate: a nightly job whose
+        # new run failed to appear must not be told "unchanged"
+        raise XbenchError(
+            f"{base.path} and {cand.path} are the same {same}: against itself every case is "
+            "unchanged or inconclusive",
+            "pass the baseline and a run made after it",
+            exit_code=EXIT_NOT_COMPARABLE,
+        )
     diffs = differences(base, cand)
     blocking = [d for d in diffs if d[0] not in set(allow)]
     if blocking:

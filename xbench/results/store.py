@@ -313,6 +313,28 @@ def read_run_meta(path: Path) -> dict:
     return meta
 
 
+def run_identity(path: Path) -> str:
+    """What tells one stored result from another, in words: ``run RUN_ID`` for a run
+    directory (the same at another path, and in a copy of the run), else ``file PATH``
+    (resolved)."""
+    path = Path(path)
+    run_id = (read_run_meta(path) if path.is_dir() else {}).get("run_id")
+    return f"run {run_id}" if run_id else f"file {path.resolve()}"
+
+
+def refuse_repeats(results: list[Path], why: str) -> None:
+    """One result given twice (by two paths, or as a copy of a run) is refused, naming both
+    and ``why`` a second reading would mislead."""
+    seen: dict[str, Path] = {}
+    for path in results:
+        same = run_identity(path)
+        if same in seen:
+            raise XbenchError(
+                f"{seen[same]} and {path} are the same {same}: {why}", "pass each once"
+            )
+        seen[same] = path
+
+
 def run_status(meta: dict) -> str:
     return meta.get("status", COMPLETE)
 
