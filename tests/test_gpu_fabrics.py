@@ -13,7 +13,7 @@ from xbench.errors import XbenchError
 from xbench.fabric.gpu import ranks_sharing_a_gpu
 from xbench.fabric.presets import check_nccl_log, preset_env
 from xbench.fabric.topology import label_pair
-from xbench.results.schema import PROBE_SAMPLES
+from xbench.results.schema import KERNEL_SAMPLES, PROBE_SAMPLES
 from xbench.results.store import read_run_meta, read_table
 
 # no MPI but in the tests marked mpi (conftest: the Open MPI run skips the others)
@@ -194,7 +194,9 @@ def test_sbatch_script_is_valid_bash_with_the_srun_line(tmp_path):
     # the plugin chosen, overridable at submission without an edit
     assert 'SRUN_MPI="${XBENCH_SRUN_MPI:-pmix}"' in script
     kernel = render(SlurmJob("kernel", nodes=1, gpus_per_node=1))
-    assert "srun --nodes=1 --ntasks=1 --gpus-per-task=1 --gpu-bind=closest xbench kernel" in kernel
+    # the one task gets the node's CPUs: a step's task has one by default
+    one = 'srun --nodes=1 --ntasks=1 --cpus-per-task="$SLURM_CPUS_ON_NODE"'
+    assert f"{one} --gpus-per-task=1 --gpu-bind=closest xbench kernel" in kernel
     with pytest.raises(XbenchError, match="exactly 2 ranks"):
         render(SlurmJob("validate", nodes=2, ntasks_per_node=4))
 
@@ -356,6 +358,36 @@ def test_slurm_writes_the_plugin_it_chose_and_a_folder_of_the_jobs_own(xbench, t
     assert "srun --mpi=pmix_v4 (--srun-mpi)" in r.stdout
     q = (tmp_path / "q.sbatch").read_text()
     assert 'SRUN_MPI="${XBENCH_SRUN_MPI:-pmix_v4}"' in q and "MPICH_CH4_NETMOD" not in q
+
+
+@pytest.mark.mpi  # starts MPI: runs under every MPI
+def test_ranks_started_from_an_srun_task_start_here_as_outside_slurm(xbench, tmp_path):
+    """xbench slurm's kernel step (srun -n1 xbench kernel --np 2, or --runs 2) hung to the time
+    limit under MPICH (Hydra asked srun for a step inside the busy one) and failed under
+    Open MPI (the step's one slot). The mpiexec xbench starts from an srun task gets the
+    environment without Slurm's variables and srun's PMI; a user's PMIx setting stays."""
+    from xbench.fabric.launch import outside_slurm
+
+    task = {
+        **{"SLURM_JOB_ID": "7", "SLURM_JOBID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0"},
+        **{"SLURM_LOCALID": "0", "SLURM_NODELIST": "xbn0", "SLURM_TASKS_PER_NODE": "1"},
+        **{"SLURM_NTASKS": "1", "SLURM_STEP_NUM_TASKS": "1", "SLURM_CPUS_ON_NODE": "2"},
+        **{"PMI_FD": "5", "PMI_RANK": "0", "PMI_SIZE": "1", "PMIX_RANK": "0"},
+        **{"PMIX_NAMESPACE": "slurm.pmix.7.0", "PMIX_MCA_psec": "native", "PATH": "/bin"},
+    }
+    assert outside_slurm(task) == {"PMIX_MCA_psec": "native", "PATH": "/bin"}
+    batch = {"SLURM_JOB_ID": "7", "SLURM_NODELIST": "xbn0"}  # a batch script: srun works
+    assert outside_slurm(batch) == batch
+    import os
+
+    out = tmp_path / "kernel"
+    args = ("--threads", "1", "--heads", "4", "--rows", "1", "--chunk", "64", "--samples", "2")
+    r = xbench(
+        "kernel", *args, "--np", "2", "--out", out, env={**task, "PATH": os.environ["PATH"]},
+        timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert read_run_meta(out)["config"]["ranks"] == 2 and len(read_table(out, KERNEL_SAMPLES))
 
 
 def test_a_task_of_an_srun_step_without_pmi_is_refused_before_it_launches(xbench, tmp_path):

@@ -192,7 +192,11 @@ def render(job: SlurmJob) -> str:
     # one rank failing (in MPI_Init, say) ends the step instead of leaving the others waiting
     # for it until the time limit
     ranks = f'srun --mpi="$SRUN_MPI" --kill-on-bad-exit=1 --nodes={job.nodes} --ntasks={tasks} --ntasks-per-node={job.ntasks_per_node}{gpu_bind}'
-    one = f"srun --nodes=1 --ntasks=1{gpu_bind}"
+    # one task with the node's CPUs (a step's task gets one by default): a CPU sweep's
+    # --threads, and the ranks it starts itself (--np 2, --runs N: xbench's own mpiexec,
+    # which leaves Slurm to this step)
+    one = f'srun --nodes=1 --ntasks=1 --cpus-per-task="$SLURM_CPUS_ON_NODE"{gpu_bind}'
+
     if job.kind == "check":
         return "\n".join(lines + _check_lines(job, ranks, one, extra))
     if job.kind == "kernel":

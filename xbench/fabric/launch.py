@@ -80,6 +80,26 @@ def refuse_srun_without_pmi(environ=None) -> None:
         )
 
 
+def outside_slurm(environ=None) -> dict:
+    """The environment for an mpiexec this process starts from inside an srun task: without
+    Slurm's variables and the PMI srun gave this task. With them, Hydra and Open MPI's
+    launcher take the job for theirs and ask srun for a step inside this one, which waits
+    for this step's own CPUs until the time limit (``srun -n1 xbench kernel --np 2``);
+    without them they start the ranks here, as outside Slurm, and each rank reads its own
+    local rank, not this task's SLURM_LOCALID. A PMIx setting of the user's (PMIX_MCA_*)
+    stays. Elsewhere the environment as it is."""
+    env = dict(os.environ if environ is None else environ)
+    if not _srun_task(env):
+        return env
+    return {
+        name: value
+        for name, value in env.items()
+        if not name.startswith(("SLURM_", "PMI_"))
+        and not (name.startswith("PMIX_") and not name.startswith("PMIX_MCA_"))
+        and name not in RANK_ENV
+    }
+
+
 def launcher_name(environ=None) -> str:
     env = os.environ if environ is None else environ
     if _srun_task(env):
@@ -206,7 +226,7 @@ def launch_worker(
         stacks = f"{socket.gethostname()}:{stacks_file_prefix(log_path)}"
         proc = subprocess.Popen(
             cmd,
-            env={**os.environ, STACKS_ON_STOP: stacks},
+            env={**outside_slurm(), STACKS_ON_STOP: stacks},
             stdout=subprocess.PIPE,
             stderr=log,
             stdin=subprocess.DEVNULL,
