@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pandas as pd
 import pyarrow.parquet as pq
@@ -78,6 +79,9 @@ def test_unwritable_directory_is_a_one_line_error(tmp_path):
     blocker.write_text("x")
     with pytest.raises(XbenchError, match="cannot write results"):
         RunStore(blocker / "sub", {"run_id": "r"})
+    for path in (blocker, Path("/dev/null")):  # mkdir says "File exists"
+        with pytest.raises(XbenchError, match=r"\(a file, not a directory\)"):
+            RunStore(path, {"run_id": "r"})
 
 
 def test_newer_schema_and_wrong_table_are_refused(tmp_path):

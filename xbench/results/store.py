@@ -32,8 +32,10 @@ def ensure_writable_dir(path: Path) -> Path:
     try:
         return prove_writable(path)
     except OSError as exc:
+        # mkdir's own word for a file in the way is "File exists", which reads as no problem
+        why = "a file, not a directory" if path.is_file() or path.is_char_device() else None
         raise XbenchError(
-            f"cannot write results to {path} ({exc.strerror or exc})",
+            f"cannot write results to {path} ({why or exc.strerror or exc})",
             "pass --out with a directory you can write",
         ) from None
 
