@@ -3,8 +3,9 @@ baseline's sweep, compare, write Markdown and JUnit, fail on a regression or on 
 
 Exit codes: 0 nothing regressed; 1 a case is slower; 2 bad input; 3 the ranks failed;
 4 nothing can be compared (one run as both sides, runs of different kinds, metadata that
-differs on a field not ``--allow``-ed, or no case in common); 5 the candidate lacks cases of the baseline or is not
-a whole run (partial, interrupted, a part file lost), unless ``--allow-missing``.
+differs on a field not ``--allow``-ed, or no case in common); 5 the candidate lacks cases
+of the baseline or is not a whole run (partial, interrupted, a part file lost), unless
+``--allow-missing``.
 """
 
 from __future__ import annotations

@@ -196,7 +196,6 @@ def render(job: SlurmJob) -> str:
     # --threads, and the ranks it starts itself (--np 2, --runs N: xbench's own mpiexec,
     # which leaves Slurm to this step)
     one = f'srun --nodes=1 --ntasks=1 --cpus-per-task="$SLURM_CPUS_ON_NODE"{gpu_bind}'
-
     if job.kind == "check":
         return "\n".join(lines + _check_lines(job, ranks, one, extra))
     if job.kind == "kernel":

@@ -93,8 +93,8 @@ def compare_runs(
     they hold one run, are runs of different commands, or their metadata differs on a field
     not in ``allow``, naming each field."""
     base, cand = (r if isinstance(r, StoredRun) else load_run(r) for r in (baseline, candidate))
-    same = run_identity(base.path)
-    if same == run_identity(cand.path):
+    same = run_identity(base.path, base.meta)
+    if same == run_identity(cand.path, cand.meta):
         # whatever changed since, a run against itself passes the gate: a nightly job whose
         # new run failed to appear must not be told "unchanged"
         raise XbenchError(

@@ -33,7 +33,7 @@ def ensure_writable_dir(path: Path) -> Path:
         return prove_writable(path)
     except OSError as exc:
         # mkdir's own word for a file in the way is "File exists", which reads as no problem
-        why = "a file, not a directory" if path.is_file() or path.is_char_device() else None
+        why = "a file, not a directory" if path.exists() and not path.is_dir() else None
         raise XbenchError(
             f"cannot write results to {path} ({why or exc.strerror or exc})",
             "pass --out with a directory you can write",
@@ -315,12 +315,14 @@ def read_run_meta(path: Path) -> dict:
     return meta
 
 
-def run_identity(path: Path) -> str:
+def run_identity(path: Path, meta: dict | None = None) -> str:
     """What tells one stored result from another, in words: ``run RUN_ID`` for a run
     directory (the same at another path, and in a copy of the run), else ``file PATH``
-    (resolved)."""
+    (resolved). ``meta``: the run.json already read, if it was."""
     path = Path(path)
-    run_id = (read_run_meta(path) if path.is_dir() else {}).get("run_id")
+    if meta is None:
+        meta = read_run_meta(path) if path.is_dir() else {}
+    run_id = meta.get("run_id")
     return f"run {run_id}" if run_id else f"file {path.resolve()}"
 
 
