@@ -401,6 +401,13 @@ def test_a_task_of_an_srun_step_without_pmi_is_refused_before_it_launches(xbench
     assert srun_tasks_without_pmi({**step, "SLURM_STEP_NUM_TASKS": "1"}) == 0
     assert srun_tasks_without_pmi({**step, "PMI_RANK": "1"}) == 0  # srun --mpi=pmi2
     assert srun_tasks_without_pmi({}) == 0
+    # the one task of a step is where ranks start from, with or without a PMI (a cluster's
+    # MpiDefault gives every step one); a task of several, given one, is a rank
+    from xbench.fabric.launch import inside_launcher
+
+    one = {**step, "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "1", "PMI_RANK": "0"}
+    assert not inside_launcher(one) and not inside_launcher({**one, "PMIX_RANK": "0"})
+    assert inside_launcher({**step, "PMI_RANK": "1"}) and inside_launcher({"PMI_RANK": "0"})
     for args in (
         ("probe", "--np", "2", "--sizes", "8B"),
         ("validate", "--profile", "profiles/h100-priors.toml", "--fabric", "ib"),

@@ -205,6 +205,32 @@ def test_check_of_a_baseline_made_with_mpiexec_on_the_node(cluster, tmp_path):
 
 
 @pytest.mark.mpi  # starts MPI: runs under every MPI
+def test_the_one_task_of_a_step_with_a_pmi_launches_the_ranks(cluster, tmp_path):
+    """srun -n1 with the MPI's plugin (as a cluster whose MpiDefault gives every step a PMI
+    runs any srun) around xbench probe --np 2 was refused, as a world of one rank; the one
+    task of a step now starts its ranks, as it did under --mpi=none."""
+    from xbench.capabilities import loaded_mpi_library
+    from xbench.cluster.slurm import srun_mpi_for
+
+    plugin = srun_mpi_for(loaded_mpi_library(whole=True))
+    out = tmp_path / "probe"
+    sweep = ["--sizes", "8B", "--pattern", "latency", "--samples", "2", "--warmups", "1"]
+    r = subprocess.run(
+        ["srun", "--nodes=1", "--ntasks=1", f"--mpi={plugin}", str(BIN / "xbench"), "probe"]
+        + ["--np", "2", *sweep, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={**os.environ, **slurm_env(cluster)},
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    meta = read_run_meta(out)
+    assert meta["ranks"] == 2 and len(set(meta["hosts"])) == 1, meta
+    assert len(read_table(out, PROBE_SAMPLES).query("pattern == 'latency'"))
+
+
+@pytest.mark.mpi  # starts MPI: runs under every MPI
 def test_the_nightly_example_runs_as_shipped(cluster, shaped_probe, tmp_path, monkeypatch):
     """docs/ci-examples/nightly-check.sbatch, unedited: its partition, folders and srun
     plugin from the environment (8 GPUs a node, one a task: the fake GPUs)."""

@@ -76,7 +76,9 @@ def probe(
     np: Annotated[
         int,
         typer.Option(
-            "--np", "-n", help="Ranks to launch on this host (ignored under srun/mpirun)."
+            "--np",
+            "-n",
+            help="Ranks to launch on this host (ignored by ranks srun or mpirun started; the one task of an srun step launches them).",
         ),
     ] = 2,
     pattern: Annotated[

@@ -43,14 +43,28 @@ RANK_ENV = (
 
 
 def inside_launcher(environ=None) -> bool:
-    """True when a process manager (mpiexec, mpirun, srun with PMI/PMIx) started us."""
+    """True when a process manager (mpiexec, mpirun, srun with PMI/PMIx) started us as one
+    of the ranks. The only task of an srun step is not: it is where a user (``srun -n1
+    xbench probe --np 2``, on a cluster whose srun gives every step a PMI) or xbench slurm's
+    kernel step starts ranks from, as ``srun --mpi=none`` already did; taken for a rank, it
+    was refused as a world of one."""
     env = os.environ if environ is None else environ
+    if _srun_task(env) and _step_tasks(env) == 1:
+        return False
     return any(name in env for name in RANK_ENV)
 
 
 def _srun_task(env) -> bool:
     """A task of an srun step (srun sets both in every task's environment)."""
     return "SLURM_STEP_ID" in env and "SLURM_PROCID" in env
+
+
+def _step_tasks(env) -> int | None:
+    """The tasks of this srun step, where srun said (None where it did not)."""
+    try:
+        return int(env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS") or "")
+    except ValueError:
+        return None
 
 
 def srun_tasks_without_pmi(environ=None) -> int:
@@ -60,10 +74,7 @@ def srun_tasks_without_pmi(environ=None) -> int:
     env = os.environ if environ is None else environ
     if not _srun_task(env) or inside_launcher(env):
         return 0
-    try:
-        tasks = int(env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS") or 1)
-    except ValueError:
-        return 0
+    tasks = _step_tasks(env) or 1
     return tasks if tasks > 1 else 0
 
 
