@@ -453,8 +453,14 @@ def test_more_ranks_or_threads_than_cores_are_refused(xbench, tmp_path):
     cores = len(os.sched_getaffinity(0))
     out = tmp_path / "run"
     line = one_line(xbench("probe", "--np", "1000", "--out", out))
-    assert f"--np 1000 starts 1000 ranks on this machine's {cores} cores" in line
+    assert f"--np 1000 starts 1000 ranks on this machine's {cores} core" in line
     assert "--oversubscribe" in line and not out.exists()
+    # one core (a one-task srun step's default, where srun binds): no --np to advise, as the
+    # probe needs two; in a step, the step's share and how to give it more
+    step = {"SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "1"}
+    for env, words in (({}, "on this machine's 1 core;"), (step, "srun --cpus-per-task=2")):
+        line = one_line(xbench("probe", "--out", out, env=env, launcher=["taskset", "-c", "0"]))
+        assert words in line and "--np 1" not in line and not out.exists(), line
     line = one_line(xbench("kernel", "--threads", "999", "--out", out))
     assert f"--threads 999 is more than this machine's {cores} cores" in line
     assert not out.exists()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 import sys
 from enum import Enum
 from pathlib import Path
@@ -61,14 +62,21 @@ OversubscribeOption = Annotated[
 def check_rank_count(np: int, spread: bool, oversubscribe: bool) -> None:
     """Refuse more local ranks than cores unless asked: every rank busy-polls a core, and a
     thousand of them on two cores take the machine down before the first sample."""
+    from xbench.fabric.launch import srun_task
     from xbench.host import usable_cores
 
     cores = usable_cores()
     if np > cores and not spread and not oversubscribe:
-        raise XbenchError(
-            f"--np {np} starts {np} ranks on this machine's {cores} cores",
-            f"pass --np {cores} or fewer, --hostfile to spread them, or --oversubscribe",
-        )
+        # an srun task has the cores its step gave it (one by default), not the node's
+        in_step = srun_task(os.environ)
+        have = f"{cores} core{'s' if cores != 1 else ''}"
+        where = f"the {have} this srun step gave it" if in_step else f"this machine's {have}"
+        passes = [f"--np {cores} or fewer"] if cores >= 2 else []  # the probe's least
+        passes += ["--hostfile to spread them", "--oversubscribe"]
+        fix = "pass " + ", ".join(passes[:-1]) + ", or " + passes[-1]
+        if in_step:
+            fix = f"give the step {np} cores (srun --cpus-per-task={np}), or {fix}"
+        raise XbenchError(f"--np {np} starts {np} ranks on {where}", fix)
 
 
 def choose_cpu_attention(path: str) -> None:

@@ -49,12 +49,12 @@ def inside_launcher(environ=None) -> bool:
     kernel step starts ranks from, as ``srun --mpi=none`` already did; taken for a rank, it
     was refused as a world of one."""
     env = os.environ if environ is None else environ
-    if _srun_task(env) and _step_tasks(env) == 1:
+    if srun_task(env) and _step_tasks(env) == 1:
         return False
     return any(name in env for name in RANK_ENV)
 
 
-def _srun_task(env) -> bool:
+def srun_task(env) -> bool:
     """A task of an srun step (srun sets both in every task's environment)."""
     return "SLURM_STEP_ID" in env and "SLURM_PROCID" in env
 
@@ -72,7 +72,7 @@ def srun_tasks_without_pmi(environ=None) -> int:
     (``srun --mpi=none``): each would start its own mpiexec, whose ranks then wait for the
     step's busy nodes forever. 0 when that is not the case (one task, or a PMI, or no srun)."""
     env = os.environ if environ is None else environ
-    if not _srun_task(env) or inside_launcher(env):
+    if not srun_task(env) or inside_launcher(env):
         return 0
     tasks = _step_tasks(env) or 1
     return tasks if tasks > 1 else 0
@@ -100,7 +100,7 @@ def outside_slurm(environ=None) -> dict:
     local rank, not this task's SLURM_LOCALID. A PMIx setting of the user's (PMIX_MCA_*)
     stays. Elsewhere the environment as it is."""
     env = dict(os.environ if environ is None else environ)
-    if not _srun_task(env):
+    if not srun_task(env):
         return env
     return {
         name: value
@@ -113,7 +113,7 @@ def outside_slurm(environ=None) -> dict:
 
 def launcher_name(environ=None) -> str:
     env = os.environ if environ is None else environ
-    if _srun_task(env):
+    if srun_task(env):
         # the PMI plugin srun gave the step (srun sets it in every task's environment)
         plugin = env.get("SLURM_MPI_TYPE")
         return f"srun --mpi={plugin}" if plugin else "srun"
