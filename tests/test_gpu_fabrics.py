@@ -418,6 +418,47 @@ def test_a_task_of_an_srun_step_without_pmi_is_refused_before_it_launches(xbench
         assert len(r.stderr.strip().splitlines()) == 1 and not out.exists()
 
 
+@pytest.mark.mpi  # starts MPI: runs under every MPI
+def test_a_command_that_starts_ranks_refuses_to_be_one_before_it_writes(xbench, tmp_path):
+    """mpiexec -n 2 xbench kernel ran two sweeps into one --out: one rank's, and the other
+    refused there ("in use by another xbench") once the first had begun; check and
+    simulate --validate, which also start their own ranks, did the same. Each rank now
+    refuses in one line, before anything is written; one rank (PMI_SIZE 1) runs as it did."""
+    from conftest import BIN
+
+    from xbench.fabric.launch import launched_ranks
+
+    assert launched_ranks({"PMI_SIZE": "2"}) == 2 and launched_ranks({}) == 1
+    assert launched_ranks({"PMI_SIZE": "1", "PMI_RANK": "0"}) == 1  # mpiexec -n 1: runs
+    assert launched_ranks({"OMPI_COMM_WORLD_SIZE": "4", "PMI_RANK": "0"}) == 4
+    step = {"SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "2"}
+    assert launched_ranks(step) == 2 and launched_ranks({**step, "SLURM_STEP_NUM_TASKS": "1"}) == 1
+    assert launched_ranks({"SLURM_JOB_ID": "7", "SLURM_NTASKS": "2", "SLURM_PROCID": "0"}) == 1
+    baseline = tmp_path / "baseline"  # what check reads before it starts anything
+    baseline.mkdir()
+    (baseline / "run.json").write_text(json.dumps({"command": "kernel"}))
+    scenario = tmp_path / "small.toml"
+    scenario.write_text(
+        '[scenario]\nname = "small"\nmodel = "deepseek-v3.2"\n[request]\nheads = 4\n'
+        "[workload]\ninstances = 8\nchunks = 64\nchunk_tokens = 256\ncache_chunks = 4\n"
+    )
+    out = tmp_path / "out"
+    for args, once in (
+        (("kernel", "--out", out), "xbench kernel --np 2"),
+        (("check", "--baseline", baseline, "--out", out), "xbench check, from a shell"),
+        (
+            ("simulate", scenario, "--validate", "--fabric", "ib", "--out", out / "v.parquet"),
+            "xbench simulate --validate",
+        ),
+    ):
+        r = xbench(*args, launcher=[str(BIN / "mpiexec"), "-n", "2"])
+        assert r.returncode != 0 and not out.exists(), r.stderr
+        refusals = [ln for ln in r.stderr.splitlines() if ln.startswith("xbench: error:")]
+        # each rank's line (Open MPI may end the other first, once one has exited)
+        assert refusals and len(refusals) <= 2 and "one of 2 ranks" in refusals[0], r.stderr
+        assert f"run it once: {once}" in refusals[0] and "Traceback" not in r.stderr
+
+
 def test_the_mpich_netmod_follows_the_device_line_and_the_plugin():
     from xbench.cluster.slurm import mpich_netmod_for
 

@@ -79,6 +79,21 @@ def check_rank_count(np: int, spread: bool, oversubscribe: bool) -> None:
         raise XbenchError(f"--np {np} starts {np} ranks on {where}", fix)
 
 
+def refuse_launched_ranks(command: str, once: str) -> None:
+    """Refuse to be one of several ranks a launcher started (mpiexec -n 2, srun -n 2) where
+    ``command`` starts its own ranks: each would run the whole command into one --out (one
+    refused there once the other had begun). ``once``: the command run once."""
+    from xbench.fabric.launch import launched_ranks, launcher_name
+
+    ranks = launched_ranks()
+    if ranks > 1:
+        raise XbenchError(
+            f"this is one of {ranks} ranks {launcher_name()} started; xbench {command} starts "
+            "its own ranks",
+            f"run it once: {once}",
+        )
+
+
 def choose_cpu_attention(path: str) -> None:
     """--cpu-attention: the CPU attention's path for this process (refused in one line)."""
     from xbench.kernels import cpu_bf16

@@ -25,6 +25,7 @@ from xbench.cli.common import (
     err_console,
     handles_errors,
     note_run_dir,
+    refuse_launched_ranks,
     strict_json,
     warn,
 )
@@ -383,6 +384,7 @@ def check(
     if report_dir is not None:  # refused before the sweep runs, not after
         for name in ("compare.md", "compare.junit.xml", "comparison.parquet"):
             refuse_overwrite(Path(report_dir) / name, force, "--report-dir")
+    refuse_launched_ranks("check", "xbench check, from a shell on the baseline's node")
     title = f"xbench check ({meta['command']})"
     run_id, new_dir = _new_run(meta["command"], out)
     note_run_dir(new_dir)  # an interrupt or SIGTERM marks the re-run partial

@@ -19,6 +19,7 @@ from xbench.cli.common import (
     handles_errors,
     interval_label,
     note_run_dir,
+    refuse_launched_ranks,
 )
 from xbench.cli.render import add_columns, notes, num, result_table
 from xbench.core.units import (
@@ -169,6 +170,9 @@ def kernel(
 
     preset = mla_model(model, "--model")
     check_sweep(dtype, rounds, samples, np, runs)
+    refuse_launched_ranks(
+        "kernel", "xbench kernel --np 2 (under Slurm, srun -n1, as xbench slurm kernel writes)"
+    )
     # 2^26 tokens is 77 GB of one layer's KV: more than any GPU's memory holds for one chunk
     chunks = parse_int_list(chunk, "--chunk", most=2**26, what="a chunk one device holds")
     row_list = parse_int_list(rows, "--rows", most=2**16, what="rows in one decode call")

@@ -54,6 +54,17 @@ def inside_launcher(environ=None) -> bool:
     return any(name in env for name in RANK_ENV)
 
 
+def launched_ranks(environ=None) -> int:
+    """How many ranks the process manager that started this process started (1 where none
+    did, or it did not say): PMI's size (MPICH's mpiexec, srun's PMI-2), Open MPI's, else
+    the tasks of the srun step."""
+    env = os.environ if environ is None else environ
+    for name in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE"):
+        if env.get(name, "").isdigit():
+            return int(env[name])
+    return (_step_tasks(env) or 1) if srun_task(env) else 1
+
+
 def srun_task(env) -> bool:
     """A task of an srun step (srun sets both in every task's environment)."""
     return "SLURM_STEP_ID" in env and "SLURM_PROCID" in env
