@@ -437,17 +437,12 @@ def test_a_command_that_starts_ranks_refuses_to_be_one_before_it_writes(xbench, 
     baseline = tmp_path / "baseline"  # what check reads before it starts anything
     baseline.mkdir()
     (baseline / "run.json").write_text(json.dumps({"command": "kernel"}))
-    scenario = tmp_path / "small.toml"
-    scenario.write_text(
-        '[scenario]\nname = "small"\nmodel = "deepseek-v3.2"\n[request]\nheads = 4\n'
-        "[workload]\ninstances = 8\nchunks = 64\nchunk_tokens = 256\ncache_chunks = 4\n"
-    )
     out = tmp_path / "out"
     for args, once in (
         (("kernel", "--out", out), "xbench kernel --np 2"),
         (("check", "--baseline", baseline, "--out", out), "xbench check, from a shell"),
         (
-            ("simulate", scenario, "--validate", "--fabric", "ib", "--out", out / "v.parquet"),
+            ("simulate", "decode-route-vs-fetch", "--validate", "--out", out / "v.parquet"),
             "xbench simulate --validate",
         ),
     ):

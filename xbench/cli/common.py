@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import os
 import sys
 from enum import Enum
 from pathlib import Path
@@ -68,7 +67,7 @@ def check_rank_count(np: int, spread: bool, oversubscribe: bool) -> None:
     cores = usable_cores()
     if np > cores and not spread and not oversubscribe:
         # an srun task has the cores its step gave it (one by default), not the node's
-        in_step = srun_task(os.environ)
+        in_step = srun_task()
         have = f"{cores} core{'s' if cores != 1 else ''}"
         where = f"the {have} this srun step gave it" if in_step else f"this machine's {have}"
         passes = [f"--np {cores} or fewer"] if cores >= 2 else []  # the probe's least
@@ -77,21 +76,6 @@ def check_rank_count(np: int, spread: bool, oversubscribe: bool) -> None:
         if in_step:
             fix = f"give the step {np} cores (srun --cpus-per-task={np}), or {fix}"
         raise XbenchError(f"--np {np} starts {np} ranks on {where}", fix)
-
-
-def refuse_launched_ranks(command: str, once: str) -> None:
-    """Refuse to be one of several ranks a launcher started (mpiexec -n 2, srun -n 2) where
-    ``command`` starts its own ranks: each would run the whole command into one --out (one
-    refused there once the other had begun). ``once``: the command run once."""
-    from xbench.fabric.launch import launched_ranks, launcher_name
-
-    ranks = launched_ranks()
-    if ranks > 1:
-        raise XbenchError(
-            f"this is one of {ranks} ranks {launcher_name()} started; xbench {command} starts "
-            "its own ranks",
-            f"run it once: {once}",
-        )
 
 
 def choose_cpu_attention(path: str) -> None:

@@ -25,7 +25,6 @@ from xbench.cli.common import (
     err_console,
     handles_errors,
     note_run_dir,
-    refuse_launched_ranks,
     strict_json,
     warn,
 )
@@ -358,6 +357,7 @@ def check(
     """Re-run the sweep BASELINE was made with, compare, write Markdown and JUnit XML."""
     from xbench.cli.progress import bars
     from xbench.compare import EXIT_INCOMPLETE, compare_runs, load_run
+    from xbench.fabric.launch import refuse_launched_ranks
     from xbench.launches import rerun
     from xbench.results.store import read_run_meta, refuse_overwrite
 

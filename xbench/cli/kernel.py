@@ -19,7 +19,6 @@ from xbench.cli.common import (
     handles_errors,
     interval_label,
     note_run_dir,
-    refuse_launched_ranks,
 )
 from xbench.cli.render import add_columns, notes, num, result_table
 from xbench.core.units import (
@@ -167,6 +166,7 @@ def kernel(
     # What can be checked without torch is checked first: a mistyped option is refused in
     # under a second, not after the seconds torch takes to import.
     from xbench.core.sweep_rules import LAUNCHES, check_sweep
+    from xbench.fabric.launch import refuse_launched_ranks
 
     preset = mla_model(model, "--model")
     check_sweep(dtype, rounds, samples, np, runs)

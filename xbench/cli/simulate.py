@@ -13,7 +13,6 @@ from xbench.cli.common import (
     console,
     emit_frame,
     handles_errors,
-    refuse_launched_ranks,
     warn,
 )
 from xbench.cli.render import num, result_table
@@ -153,6 +152,8 @@ def simulate(
             "use the shipped h100-priors, or fit with --base h100-priors to keep its prefill terms",
         )
     if validate:
+        from xbench.fabric.launch import refuse_launched_ranks
+
         refuse_launched_ranks("simulate --validate", "xbench simulate --validate")
         _validate(
             prof, spec, scenario, policies, requests, seed, fabric, rate, replays, out, force, fmt

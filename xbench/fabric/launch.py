@@ -65,8 +65,9 @@ def launched_ranks(environ=None) -> int:
     return (_step_tasks(env) or 1) if srun_task(env) else 1
 
 
-def srun_task(env) -> bool:
+def srun_task(environ=None) -> bool:
     """A task of an srun step (srun sets both in every task's environment)."""
+    env = os.environ if environ is None else environ
     return "SLURM_STEP_ID" in env and "SLURM_PROCID" in env
 
 
@@ -99,6 +100,20 @@ def refuse_srun_without_pmi(environ=None) -> None:
             "each would start its own mpiexec and wait for the step's nodes forever",
             "launch the ranks with srun --mpi=pmi2 (MPICH) or --mpi=pmix (Open MPI) and no "
             "--np, or run xbench with --np outside srun (xbench slurm writes the script)",
+        )
+
+
+def refuse_launched_ranks(command: str, once: str) -> None:
+    """A one-line refusal where this process is one of several ranks a launcher started
+    (mpiexec -n 2, srun -n 2) and ``command`` starts its own ranks: each would run the whole
+    command into one --out (one refused there once the other had begun). ``once``: the
+    command run once."""
+    ranks = launched_ranks()
+    if ranks > 1:
+        raise XbenchError(
+            f"this is one of {ranks} ranks {launcher_name()} started; xbench {command} starts "
+            "its own ranks",
+            f"run it once: {once}",
         )
 
 
