@@ -286,6 +286,33 @@ def test_a_directory_is_neither_a_profile_nor_an_output_file(xbench, tmp_path):
     assert [p.name for p in held.iterdir()] == ["keep.txt"]
 
 
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["probe", "--out", ""], "'--out' / '-o': '' is blank; give a value, or leave out --out"),
+        (["probe", "--out="], "'--out' / '-o': '' is blank"),
+        (["decide", "--payload", ""], "'--payload': '' is blank"),  # was a traceback
+        (["kernel", "--idle", " "], "'--idle': ' ' is blank"),  # was a whole sweep
+        (["fit", ""], "'RESULTS': '' is blank; give a value;"),
+        (["report", ROOT, "--out", ""], "'--out' / '-o': '' is blank; give a value;"),
+        (["check", "--baseline", ""], "'--baseline': '' is blank; give a value;"),
+        (["slurm", "probe", "--", "--tcp-interface", ""], "'XBENCH_ARGS': '' is blank"),
+    ],
+)
+def test_a_blank_value_is_refused_by_name_and_writes_nothing(xbench, tmp_path, args, words):
+    """``--out "$UNSET"``: a blank path read as the current directory (a run written among the
+    user's files), a blank size or name as "not given" (decide's --payload then failed with a
+    traceback; kernel's --idle ran the sweep)."""
+    line = one_line(xbench(*args, cwd=tmp_path))
+    assert words in line and "--help" in line, line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_option_whose_default_is_blank_takes_a_blank(xbench, tmp_path):
+    line = one_line(xbench("compare", tmp_path / "a", tmp_path / "b", "--allow", ""))
+    assert "is blank" not in line and "is not a run directory" in line
+
+
 @pytest.mark.mpi  # starts MPI: runs under every MPI
 def test_slurm_refuses_a_time_limit_sbatch_would_refuse(xbench, tmp_path):
     script = tmp_path / "job.sbatch"

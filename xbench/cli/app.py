@@ -62,12 +62,48 @@ app.command("models")(models)
 app.command("env")(env)
 
 
+def _refuse_blank_values(command) -> None:
+    """Refuse a blank value (``--out "$UNSET"``, ``fit ''``) by the parameter's name.
+
+    A blank is a slip, not a choice: a blank path reads as the current directory and a blank
+    size or name as "not given", so the command would run on something nobody named, or
+    fail deeper down. An option whose own default is blank (compare's ``--allow``) takes it.
+    Hooked where each raw value is processed (click's ``process_value``), so every spelling
+    (``--out ''``, ``--out=``, a positional ``''``) is caught, whatever the option's type.
+    """
+    for sub in getattr(command, "commands", {}).values():
+        for param in sub.params:
+            blank_default = isinstance(param.default, str) and not param.default.strip()
+            if getattr(param, "is_flag", False) or blank_default:
+                continue
+            param.process_value = _blank_refused(param, param.process_value)
+
+
+def _blank_refused(param, process_value):
+    def process(ctx, value):
+        values = value if isinstance(value, (list, tuple)) else [value]
+        blank = next((v for v in values if isinstance(v, str) and not v.strip()), None)
+        if blank is None:
+            return process_value(ctx, value)
+        if param.param_type_name != "option":  # named as the usage line shows it
+            hint, fix = f"'{param.name.upper()}'", "give a value"
+        elif param.required:
+            hint, fix = None, "give a value"
+        else:
+            hint, fix = None, f"give a value, or leave out {param.opts[0]} for its default"
+        raise typer.BadParameter(f"{blank!r} is blank; {fix}", ctx, param, param_hint=hint)
+
+    return process
+
+
 def main() -> None:
     """Run the CLI; a usage error (bad option value, unknown option) is one line too."""
     from xbench.cli.common import fail
 
+    command = typer.main.get_command(app)
+    _refuse_blank_values(command)
     try:
-        code = app(standalone_mode=False)
+        code = command(standalone_mode=False)
     except typer.Exit as exc:
         code = exc.exit_code
     except typer.Abort:
