@@ -580,6 +580,7 @@ def test_slurm_parses_what_it_forwards_before_writing(xbench, tmp_path):
         (["--no-such"], "No such option"),
         (["--initiator", "device"], "--initiator device with --transport mpi"),  # GPU puts only
         (["--put-scope", "warp"], "--put-scope says who issues a GPU kernel's put"),
+        (["--tcp-interface", "eth0"], "pass --transport tcp with it"),
     ]:
         line = one_line(xbench("slurm", "probe", "--out", script, "--", *forwarded))
         assert words in line, line
@@ -615,6 +616,9 @@ def test_slurm_parses_what_it_forwards_before_writing(xbench, tmp_path):
                            script, "--", "--process-run", "1"))  # fmt: skip
     assert "--process-run after --: the check numbers its launches itself" in line, line
     assert not script.exists()
+    line = one_line(xbench("slurm", "kernel", "--out", script, "--", "--kernels", "merge",
+                           "--idle", "4ms"))  # fmt: skip
+    assert "add partial_attention to --kernels" in line and not script.exists(), line
     line = one_line(xbench("slurm", "probe", "--srun-mpi", "openmpi", "--out", script))
     assert "--srun-mpi 'openmpi' is not an srun MPI plugin" in line and "pmi2" in line
     r = xbench("slurm", "probe", "--srun-mpi", "pmi2", "--out", script, "--", "--sizes", "1KB")
@@ -633,6 +637,9 @@ def test_slurm_parses_what_it_forwards_before_writing(xbench, tmp_path):
         (["kernel", "--chunk", "550000000000"], "beyond a chunk one device holds"),
         (["decide", "--payload", "1KB", "--rows", "-1"], "--rows -1 is not a request shape"),
         (["compare", ROOT, ROOT, "--threshold", "5"], "(5 would be 500%)"),
+        # an option the transport never reads: MPI's path measured under a TCP command line
+        (["probe", "--tcp-interface", "lo"], "--transport mpi opens no socket"),
+        (["probe", "--transport", "tcp", "--backend", "gloo"], "pass --transport nccl --backend"),
     ],
 )
 def test_lists_and_shapes_that_mean_nothing(xbench, tmp_path, args, words):

@@ -163,6 +163,9 @@ def test_kernel_bad_input(xbench, tmp_path):
         (["--kernels", "fft"], "unknown kernel"),
         (["--backend", "nosuch"], "unknown kernel backend"),
         (["--cpu-attention", "fast"], "unknown CPU attention path"),
+        # times asked of a kernel the sweep leaves out were silently not timed
+        (["--kernels", "merge", "--idle", "1ms"], "add partial_attention to --kernels"),
+        (["--kernels", "gather", "--merge-wait", "2ms"], "add merge to --kernels"),
     ]
     if cpu_bf16.unavailable_because():
         cases.append((["--cpu-attention", "c-bf16"], "--cpu-attention c-bf16"))

@@ -196,8 +196,11 @@ def kernel(
     names = parse_name_list(kernels, "--kernels", KERNELS, "kernel")
     dev = device or default_device()
     backend, launch = _where_it_runs(dev, backend, launch, cpu_attention)
+    check_extra_timings(names, idle, merge_wait)
     idle_us = duration_list(idle, dev, "--idle", DEFAULT_IDLE_CPU)
     merge_wait_us = duration_list(merge_wait, dev, "--merge-wait", DEFAULT_MERGE_WAIT_CPU)
+    if "partial_attention" not in names:
+        idle_us = []
     if "merge" not in names:
         merge_wait_us = []
     run_id = new_run_id("kernel")
@@ -257,6 +260,20 @@ def _where_it_runs(dev: str, backend: str, launch: str, cpu_attention: str) -> t
 DEFAULT_IDLE_CPU = "1ms,4ms,16ms"
 # A route's wait for its answer (the holder's attention) spans these on a CPU.
 DEFAULT_MERGE_WAIT_CPU = "500us,2ms,8ms,32ms,128ms"
+
+
+def check_extra_timings(kernels, idle: str, merge_wait: str) -> None:
+    """Refuse --idle or --merge-wait times given for a kernel --kernels leaves out: those
+    cases were silently not timed (auto and none ask for nothing in particular)."""
+    for option, text, timed in (
+        ("--idle", idle, "partial_attention"),
+        ("--merge-wait", merge_wait, "merge"),
+    ):
+        if timed not in kernels and text.strip() not in ("auto", "none", "0"):
+            raise XbenchError(
+                f"{option} {text} times {timed}, and --kernels {','.join(kernels)} leaves it out",
+                f"add {timed} to --kernels, or leave {option} out",
+            )
 
 
 def duration_list(text: str, device: str, option: str, auto_cpu: str) -> list[int]:

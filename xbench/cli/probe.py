@@ -208,7 +208,7 @@ def probe(
     """Measure latency and bandwidth between MPI ranks; write samples as Parquet."""
     from xbench.fabric.launch import inside_launcher, launcher_name
     from xbench.fabric.presets import preset_env
-    from xbench.probe.runner import ProbeConfig
+    from xbench.probe.runner import ProbeConfig, check_transport_options
     from xbench.results.metadata import new_run_id
 
     spec = SweepSpec(
@@ -250,7 +250,9 @@ def probe(
         osu_compat=osu_compat,
     )
 
-    if config_from is not None:
+    if config_from is None:
+        check_transport_options(transport, tcp_interface, backend.value)
+    else:
         cfg, np, stored_runs = ProbeConfig.from_stored_run(
             config_from,
             out_dir=cfg.out_dir,

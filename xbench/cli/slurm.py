@@ -215,7 +215,13 @@ def _check_values(params: dict) -> None:
     """Parse the text options of a probe, kernel or validate command line as the command
     will (sizes, lists, durations, patterns)."""
     from xbench.cli.probe import _patterns
-    from xbench.core.units import parse_duration, parse_int_list, parse_size, parse_size_list
+    from xbench.core.units import (
+        parse_duration,
+        parse_int_list,
+        parse_name_list,
+        parse_size,
+        parse_size_list,
+    )
 
     parsers = {
         "sizes": parse_size_list,
@@ -239,8 +245,14 @@ def _check_values(params: dict) -> None:
 
         check_wire(params["device"], params["wire"])
         resolve_launch(params["device"], params["launch"])
+    if "merge_wait" in params:  # a kernel sweep: extra timings of kernels it times
+        from xbench.cli.kernel import check_extra_timings
+        from xbench.kernels.bench import KERNELS
+
+        names = parse_name_list(params["kernels"], "--kernels", KERNELS, "kernel")
+        check_extra_timings(names, params["idle"], params["merge_wait"])
     if "initiator" in params:  # a probe: what the GPU can post
-        from xbench.probe.runner import check_initiator
+        from xbench.probe.runner import check_initiator, check_transport_options
 
         scope = params.get("put_scope")
         check_initiator(
@@ -248,6 +260,9 @@ def _check_values(params: dict) -> None:
             params["transport"],
             _patterns(params["pattern"]),
             scope.value if scope else None,
+        )
+        check_transport_options(
+            params["transport"], params["tcp_interface"], params["backend"].value
         )
 
 

@@ -180,6 +180,25 @@ def check_initiator(initiator: str, transport: str, patterns, put_scope=None) ->
         )
 
 
+def check_transport_options(transport: str, tcp_interface: str | None, backend: str) -> None:
+    """Refuse an option the transport never reads, as --put-scope without --initiator
+    device: ``--tcp-interface eth0`` without ``--transport tcp`` measured MPI's own path
+    under a TCP-minded command line. Checked on what the command line gave (a stored run
+    rerun by check keeps its own)."""
+    if tcp_interface is not None and transport != "tcp":
+        raise XbenchError(
+            f"--tcp-interface names the interface the tcp transport listens on, and "
+            f"--transport {transport} opens no socket of its own",
+            "pass --transport tcp with it, or leave it out",
+        )
+    if backend != "nccl" and transport != "nccl":
+        raise XbenchError(
+            f"--backend {backend} picks the nccl transport's library, and this is "
+            f"--transport {transport}",
+            f"pass --transport nccl --backend {backend}, or leave --backend out",
+        )
+
+
 def parse_pairs(text: str, size: int) -> list[tuple[int, int]]:
     """``0-1`` (default), ``all`` (every pair), or ``0-1,0-2,2-3``."""
     if text == "all":
