@@ -606,6 +606,11 @@ def test_check_config_without_a_check_table_is_refused(xbench, probe_run, tmp_pa
     r = xbench("check", "--baseline", probe_run, "--config", config, "--out", tmp_path / "n")
     assert r.returncode == 2 and f"{config} has no [check] table" in r.stderr
     assert not (tmp_path / "n").exists()
+    config.write_bytes(b"\x87\x90 not text")  # a binary file given by mistake: was a traceback
+    r = xbench("check", "--baseline", probe_run, "--config", config, "--out", tmp_path / "n")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert f"cannot read --config {config} ('utf-8' codec" in r.stderr
+    assert not (tmp_path / "n").exists()
 
 
 @pytest.mark.mpi  # starts MPI: runs under every MPI

@@ -914,6 +914,9 @@ def test_simulate_cli_bad_input(xbench, tmp_path):
         ((agentic, "--policy", "random"), "unknown policy"),
         ((agentic, "--fabric", "warp"), "has no fabric warp"),
         ((agentic, "--requests", "0"), "nothing to replay"),
+        ((agentic, "--requests", "0", "--validate"), "nothing to replay"),
+        # numpy cannot size the arrays (was a traceback); 10^11 is out of memory (test_bad_input)
+        ((agentic, "--requests", str(10**20)), "beyond what one replay holds; pass 1 to"),
         ((agentic, "--rate", "fast"), "--rate 'fast' is not a rate"),
         ((agentic, "--rate", "0/s"), "--rate '0/s' is not a rate"),
         ((agentic, "--seed", "-1"), "--seed -1"),
@@ -936,6 +939,10 @@ def test_simulate_cli_bad_input(xbench, tmp_path):
         r = xbench("simulate", *args)
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
         assert words in r.stderr.strip().splitlines()[-1]
+    huge = tmp_path / "huge.toml"
+    huge.write_text(re.sub(r"(?m)^requests = .*$", "requests = 10000000000000", agentic.read_text()))
+    r = xbench("simulate", huge)
+    assert r.returncode == 2 and "requests = 10000000000000 is beyond" in r.stderr, r.stderr
     plain = tmp_path / "plain.toml"
     plain.write_text('[scenario]\nname = "plain"\nmodel = "deepseek-v3.2"\n[grid]\nrows = [1]\n')
     r = xbench("simulate", plain)

@@ -451,7 +451,7 @@ def _check_settings(path: Path | None) -> dict:
 
     try:
         data = tomllib.loads(Path(path).read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:  # (binary: not text)
         raise XbenchError(
             f"cannot read --config {path} ({exc})", "pass a TOML file with a [check] table"
         ) from None

@@ -113,7 +113,7 @@ def simulate(
     """Replay a workload: queueing at holders, batching, a requester cache, shared links."""
     from xbench.cli.progress import make_progress
     from xbench.core.profile import load_profile
-    from xbench.core.scenario import load_workload
+    from xbench.core.scenario import MOST_REQUESTS, load_workload
     from xbench.resources import DEFAULT_PROFILE, profile_path, scenario_path
     from xbench.results.store import refuse_overwrite, report_path
     from xbench.simulate import (
@@ -141,6 +141,9 @@ def simulate(
             spec["fields"]["rate_per_s"] = parse_rate(rate)
         except XbenchError:
             raise XbenchError(f"--rate {rate!r} is not a rate", "write e.g. --rate 50/s") from None
+    if requests is not None and not 1 <= requests <= MOST_REQUESTS:
+        why = "nothing to replay" if requests < 1 else "beyond what one replay holds"
+        raise XbenchError(f"--requests {requests}: {why}", f"pass 1 to {MOST_REQUESTS:,}")
     _set_step(spec, layers, pipeline_layers, holders, validate)
     known = PREFILL_POLICIES if spec["kind"] == "prefill" else POLICIES
     policies = (
@@ -169,8 +172,6 @@ def simulate(
             f"use a profile with it, or change [workload] fabric (the profile has {', '.join(sorted(names))})",
         )
     n = requests if requests is not None else spec["requests"]
-    if n < 1:
-        raise XbenchError(f"--requests {n}: nothing to replay", "pass --requests 1 or more")
     prefill = spec["kind"] == "prefill"
     if out is not None:  # every file it would write, before any is
         for path in (out, *(report_path(out, name) for name in _reports(spec))):

@@ -38,6 +38,10 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+# The most requests a replay may ask for, as MOST_SHAPE for a request: past 2^63 numpy
+# cannot size the arrays (10^20 was a traceback); below 2^40, what the machine cannot hold
+# is its own one-line "out of memory" (10^11: 745 GiB of arrival times alone)
+MOST_REQUESTS = 2**40
 REQUEST_KEYS = {"heads", "payload", "return", "kv_bytes", "fetch_cost", "segments", "probe"}
 # each key: its type, its least value and, where given, its most (``_check_table``); the
 # sizes and the duration of [request] are checked by their parsers
@@ -202,7 +206,7 @@ WORKLOAD_KEYS = {
     "cache_chunks": (int, 0),
     "max_batch_rows": (int, 1),
     "fabric": ((str, list), None),
-    "requests": (int, 1),
+    "requests": (int, 1, MOST_REQUESTS),
     "spans": (list, None),
     # the span report's KV cache: its block (tokens) and each name's tokens (others:
     # chunk_tokens)
@@ -241,7 +245,7 @@ PREFILL_KEYS = {
     "max_length": (int, 1, MOST_TOKENS),
     "rate": (str, None),
     "fabric": ((str, list), None),
-    "requests": (int, 1),
+    "requests": (int, 1, MOST_REQUESTS),
     # bursts: arrivals burst_factor times faster in "on" spells than in "off" ones, each
     # spell exponential about its mean (durations), at the same mean rate
     "burst_factor": (float, 1),
