@@ -670,3 +670,34 @@ def test_open_mpi_refusing_root_is_one_line_with_the_fix(xbench, tmp_path, monke
     line = one_line(r)
     assert "Open MPI's mpiexec refuses to start ranks as root" in line, line
     assert "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1" in line
+
+
+def test_every_parameter_refuses_a_blank():
+    """Each parameter of each command, given a blank while its required ones hold a word:
+    refused by name while the command line is parsed, before the command runs (in this
+    process: make_context parses without invoking)."""
+    import typer
+
+    from xbench.cli.app import _refuse_blank_values, app
+
+    command = typer.main.get_command(app)
+    _refuse_blank_values(command)
+    checked = 0
+    for name, sub in command.commands.items():
+        for param in sub.params:
+            blank_default = isinstance(param.default, str) and not param.default.strip()
+            if getattr(param, "is_flag", False) or param.name == "help" or blank_default:
+                continue
+            args = []
+            for other in sub.params:  # a word where one is required, the blank in its place
+                value = "" if other is param else "x"
+                if other.param_type_name == "argument":
+                    if other.required or other is param:
+                        args.append(value)
+                elif other.required or other is param:
+                    args += [other.opts[0], value]
+            with pytest.raises(typer.BadParameter) as refused:
+                sub.make_context(f"xbench {name}", args)
+            assert "'' is blank" in refused.value.format_message(), (name, param.name)
+            checked += 1
+    assert checked > 100  # every command's options and arguments, not a handful

@@ -940,7 +940,9 @@ def test_simulate_cli_bad_input(xbench, tmp_path):
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
         assert words in r.stderr.strip().splitlines()[-1]
     huge = tmp_path / "huge.toml"
-    huge.write_text(re.sub(r"(?m)^requests = .*$", "requests = 10000000000000", agentic.read_text()))
+    huge.write_text(
+        re.sub(r"(?m)^requests = .*$", "requests = 10000000000000", agentic.read_text())
+    )
     r = xbench("simulate", huge)
     assert r.returncode == 2 and "requests = 10000000000000 is beyond" in r.stderr, r.stderr
     plain = tmp_path / "plain.toml"
