@@ -264,12 +264,13 @@ DEFAULT_MERGE_WAIT_CPU = "500us,2ms,8ms,32ms,128ms"
 
 def check_extra_timings(kernels, idle: str, merge_wait: str) -> None:
     """Refuse --idle or --merge-wait times given for a kernel --kernels leaves out: those
-    cases were silently not timed (auto and none ask for nothing in particular)."""
+    cases were silently not timed. Auto and none ask for no time in particular: what
+    ``duration_list`` gives where auto means none (a GPU)."""
     for option, text, timed in (
         ("--idle", idle, "partial_attention"),
         ("--merge-wait", merge_wait, "merge"),
     ):
-        if timed not in kernels and text.strip() not in ("auto", "none", "0"):
+        if timed not in kernels and duration_list(text, "cuda", option, ""):
             raise XbenchError(
                 f"{option} {text} times {timed}, and --kernels {','.join(kernels)} leaves it out",
                 f"add {timed} to --kernels, or leave {option} out",
