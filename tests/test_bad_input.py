@@ -474,6 +474,67 @@ def test_a_probe_writes_run_json_before_its_ranks_start(xbench, tmp_path):
     assert meta["command"] == "probe" and meta["status"] == "partial" and meta["ranks"] == 2
 
 
+def test_an_mpiexec_that_is_not_there_is_refused_before_anything_is_written(xbench, tmp_path):
+    """XBENCH_MPIEXEC naming no executable: each command that launches ranks said "no mpiexec
+    found; ... set XBENCH_MPIEXEC" (set already) and left a run.json saying "running" that
+    then refused the same --out once the variable was fixed."""
+    profile = ROOT / "tests" / "data" / "vm-cpu-profile.toml"
+    env = {"XBENCH_MPIEXEC": "no-such-mpiexec"}
+    for args in (
+        ("probe", "--out", "run"),
+        ("kernel", "--np", "2", "--kernels", "merge", "--out", "run"),
+        ("kernel", "--runs", "2", "--kernels", "merge", "--out", "run"),
+        ("validate", "--profile", profile, "--out", "run"),
+        (
+            "simulate",
+            "decode-route-vs-fetch",
+            "--profile",
+            profile,
+            "--validate",
+            "--policy",
+            "route",
+        ),
+    ):
+        line = one_line(xbench(*args, env=env, cwd=tmp_path))
+        assert "XBENCH_MPIEXEC=no-such-mpiexec names no executable here" in line, args
+        assert "or unset it" in line and not list(tmp_path.iterdir()), args
+    # xbench env says the same
+    r = xbench("env", "--format", "json", env=env)
+    found = {c["capability"]: c for c in json.loads(r.stdout)}["mpiexec"]
+    assert not found["ok"] and "names no executable" in found["detail"], found
+
+
+def test_an_error_once_the_run_began_marks_it_partial(tmp_path):
+    """A library error raised after run.json said running (an in-process kernel sweep on a
+    GPU whose CUDA graph capture is refused mid-sweep) left a run that claimed to be going
+    on; a run that finished keeps its status."""
+    import typer
+
+    from xbench.cli.common import handles_errors, note_run_dir
+    from xbench.errors import XbenchError
+    from xbench.results.store import COMPLETE, announce_run, read_run_meta
+
+    def command(out, status_before):
+        announce_run(out, {"run_id": "r", "command": "kernel"})
+        if status_before == COMPLETE:
+            (out / "run.json").write_text(json.dumps({"run_id": "r", "status": COMPLETE}))
+        note_run_dir(out)
+        raise XbenchError("this backend's calls cannot be captured", "pass --launch eager")
+
+    for status_before, after in (("running", "partial"), (COMPLETE, COMPLETE)):
+        out = tmp_path / status_before
+        out.mkdir()
+        with pytest.raises(typer.Exit):
+            handles_errors(command)(out, status_before)
+        meta = read_run_meta(out)
+        assert meta["status"] == after, meta
+        if after == "partial":
+            assert (
+                meta["stopped_because"]
+                == "this backend's calls cannot be captured; pass --launch eager"
+            )
+
+
 def test_more_ranks_or_threads_than_cores_are_refused(xbench, tmp_path):
     import os
 

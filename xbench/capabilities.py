@@ -56,12 +56,10 @@ def check_mpi() -> Capability:
 
 
 def check_mpiexec() -> Capability:
-    from xbench.fabric.launch import find_mpiexec
+    from xbench.fabric.launch import find_mpiexec, mpiexec_missing
 
     path = find_mpiexec()
-    return Capability(
-        "mpiexec", path is not None, path or "not found: pip install mpich, or set XBENCH_MPIEXEC"
-    )
+    return Capability("mpiexec", path is not None, path or "; ".join(mpiexec_missing()))
 
 
 def check_cache() -> Capability:

@@ -80,7 +80,7 @@ def launch_probe(cfg, np: int, *, hostfile=None, runs: int = 1, progress=_quiet)
 def run_kernel_sweep(cfg, *, progress=_quiet) -> None:
     """The kernel sweep as configured: in this process, or in launched ranks (--np 2,
     --runs N), each launch a fresh set of processes (pinned ranks) appending to one run."""
-    if cfg.ranks == 1 and cfg.runs == 1:
+    if not cfg.launches_ranks:
         from xbench.events import CallbackSink
         from xbench.kernels.worker import run_sweep
 

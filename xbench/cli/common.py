@@ -171,6 +171,10 @@ def handles_errors(fn):
         try:
             return fn(*args, **kwargs)
         except XbenchError as exc:
+            if _run_dir:  # (mpiexec not found, say, once run.json was written)
+                from xbench.results.store import mark_stopped
+
+                mark_stopped(_run_dir[0], str(exc))
             raise fail(str(exc), exc.exit_code) from None
         except OSError as exc:  # a path the system refuses (too long, a file as a folder)
             if exc.filename is None and not isinstance(exc, (FileNotFoundError, PermissionError)):

@@ -166,7 +166,7 @@ def kernel(
     # What can be checked without torch is checked first: a mistyped option is refused in
     # under a second, not after the seconds torch takes to import.
     from xbench.core.sweep_rules import LAUNCHES, check_sweep
-    from xbench.fabric.launch import refuse_launched_ranks
+    from xbench.fabric.launch import refuse_launched_ranks, require_mpiexec
 
     preset = mla_model(model, "--model")
     check_sweep(dtype, rounds, samples, np, runs)
@@ -234,6 +234,8 @@ def kernel(
     )
     if config_from is not None:
         cfg = SweepConfig.from_stored_run(config_from, out_dir=cfg.out_dir, run_id=cfg.run_id)
+    if cfg.launches_ranks:
+        require_mpiexec()
     # only now: a refused command leaves no empty run directory behind
     claim_run_dir(out_dir)
     run_configured(cfg)

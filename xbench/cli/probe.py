@@ -277,7 +277,7 @@ def probe(
 
 def _launch_here(cfg, np: int, runs: int, hostfile, oversubscribe: bool, fmt) -> None:
     """Launch the ranks from here: everything that can be refused is, before --out exists."""
-    from xbench.fabric.launch import refuse_srun_without_pmi
+    from xbench.fabric.launch import refuse_srun_without_pmi, require_mpiexec
     from xbench.launches import prepare_loop
     from xbench.probe.runner import parse_pairs
     from xbench.results.store import announce_run, claim_run_dir
@@ -294,6 +294,7 @@ def _launch_here(cfg, np: int, runs: int, hostfile, oversubscribe: bool, fmt) ->
     parse_pairs(cfg.pairs, np)  # as the ranks will, but before any starts
     check_rank_count(np, hostfile is not None, oversubscribe)
     refuse_srun_without_pmi()
+    require_mpiexec()
     prepare_loop(cfg, warn)  # a loop that cannot be built is refused before --out exists
     # only now: a refused command leaves no empty run directory behind (under a launcher,
     # rank 0 alone creates it)

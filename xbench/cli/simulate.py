@@ -691,7 +691,7 @@ def _validate(
 ):
     """simulate --validate: the simulation of a two-instance trace against its replay."""
     from xbench.cli.progress import EventProgress, make_progress
-    from xbench.fabric.launch import run_ranks
+    from xbench.fabric.launch import require_mpiexec, run_ranks
     from xbench.results.metadata import new_run_id, run_metadata
     from xbench.results.schema import SIMULATION_VALIDATION
     from xbench.results.store import refuse_overwrite, write_table
@@ -726,6 +726,7 @@ def _validate(
     run_id = new_run_id("simulate-validate")
     # the replays' files (configs, latencies, compute jobs): beside --out, else in results/
     out_dir = (Path(out).parent if out is not None else Path("results")) / run_id
+    require_mpiexec()  # before the replays' folder is made
     out_dir.mkdir(parents=True, exist_ok=True)
     with make_progress() as progress:
 

@@ -145,7 +145,7 @@ def validate(
         wire=wire,
         launch=launch,
     )
-    from xbench.fabric.launch import inside_launcher, refuse_srun_without_pmi
+    from xbench.fabric.launch import inside_launcher, refuse_srun_without_pmi, require_mpiexec
 
     refuse_srun_without_pmi()
     if inside_launcher():  # srun or mpirun started the two ranks: each runs its side here
@@ -157,6 +157,7 @@ def validate(
         if _run_as_rank(cfg, out_dir):  # rank 0 reports
             _summarize(prof, fab, out_dir, fmt)
         return
+    require_mpiexec()
     # only now: a refused command leaves no empty run directory behind
     claim_run_dir(out_dir)
     note_run_dir(out_dir)

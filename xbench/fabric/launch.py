@@ -159,6 +159,29 @@ def find_mpiexec() -> str | None:
     return shutil.which("mpiexec")
 
 
+def mpiexec_missing() -> tuple[str, str]:
+    """Why :func:`find_mpiexec` found none, and the fix: a variable naming no executable
+    is named, not advised."""
+    explicit = os.environ.get("XBENCH_MPIEXEC")
+    if explicit:
+        return (
+            f"XBENCH_MPIEXEC={explicit} names no executable here",
+            "point it at an mpiexec or mpirun on PATH (or a path to one), or unset it",
+        )
+    return (
+        "no mpiexec found",
+        "pip install mpich, set XBENCH_MPIEXEC, or start xbench under srun/mpirun",
+    )
+
+
+def require_mpiexec() -> None:
+    """Refused in one line where a command would launch ranks and no mpiexec is there: called
+    before the command writes its run, which would otherwise hold a run that never started
+    and refuse the same --out once the fix is in."""
+    if find_mpiexec() is None:
+        raise XbenchError(*mpiexec_missing())
+
+
 @dataclass
 class LaunchResult:
     returncode: int
@@ -174,10 +197,7 @@ def _mpiexec_command(np: int, module: str, args: list[str], log_path: Path, bind
     launcher's dialect, beside the log) and ``python -m module args`` on np ranks."""
     mpiexec = find_mpiexec()
     if mpiexec is None:
-        raise XbenchError(
-            "no mpiexec found",
-            "pip install mpich, set XBENCH_MPIEXEC, or start xbench under srun/mpirun",
-        )
+        raise XbenchError(*mpiexec_missing())
     hydra = _is_hydra(mpiexec)
     binding = (["-bind-to", bind] if hydra else ["--bind-to", bind]) if bind != "none" else []
     if hostfile:  # the user's file, in whichever dialect, rewritten in this launcher's

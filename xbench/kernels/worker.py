@@ -90,6 +90,11 @@ class SweepConfig:
         return cls(**json.loads(text))
 
     @property
+    def launches_ranks(self) -> bool:
+        """Whether the sweep runs in launched ranks (else in the command's own process)."""
+        return self.ranks > 1 or self.runs > 1
+
+    @property
     def timed_in_context(self) -> bool:
         return self.in_context if self.in_context is not None else self.device == "cpu"
 

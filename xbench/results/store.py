@@ -162,6 +162,18 @@ def mark_partial(out_dir: Path, reason: str) -> None:
     _write_meta(out_dir, meta)
 
 
+def mark_stopped(out_dir: Path, reason: str) -> None:
+    """:func:`mark_partial`, where run.json still says running: a command that failed after
+    claiming its run leaves no run that claims to be going on (one that finished keeps its
+    status)."""
+    try:
+        running = read_run_meta(Path(out_dir)).get("status") == RUNNING
+    except XbenchError:
+        return  # run.json is not ours to repair
+    if running:
+        mark_partial(out_dir, reason)
+
+
 class RunStore:
     """Writer for one run directory.
 
