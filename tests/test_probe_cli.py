@@ -240,6 +240,64 @@ def test_dead_peer_keeps_finished_cases(xbench, tmp_path):
 
 
 @pytest.mark.mpi  # starts MPI: runs under every MPI
+def test_an_exception_on_a_rank_stops_the_job_at_once(xbench, tmp_path):
+    """An exception nothing caught on one rank (here injected; a full disk or a bug): the
+    rank's Python left through MPI_Finalize while the other waited in its next case until
+    the watchdog fired (120 s by default) and blamed the peer or the fabric. Now the job
+    stops at once, with the exception named and its traceback in the log."""
+    for rank in (0, 1):
+        out = tmp_path / f"raised-on-{rank}"
+        t0 = time.monotonic()
+        r = xbench(
+            "probe", "--sizes", "8B,16B,32B,64B", *QUICK, "--out", out,
+            env={"XBENCH_FAULT": f"raise:{rank}:2"},
+        )  # fmt: skip
+        took = time.monotonic() - t0
+        line = _one_line_error(r)
+        assert f"RuntimeError: fault injected on rank {rank} before case 2" in line, line
+        assert "an xbench bug: its traceback is on the rank's stderr (launcher.log)" in line
+        assert took < 60, took  # under the 120 s the peer's watchdog waits
+        log = (out / "launcher.log").read_text()
+        assert "Traceback (most recent call last)" in log and "_inject_fault" in log
+        meta = read_run_meta(out)
+        assert meta["status"] == "partial" and "fault injected" in meta["stopped_because"]
+        assert sorted(read_table(out, PROBE_SAMPLES).size_bytes.unique()) == [8, 16]
+
+
+@pytest.mark.mpi  # starts MPI: runs under every MPI
+def test_a_full_disk_under_the_run_is_named(xbench, tmp_path):
+    """Rank 0 writing a part file onto a full file system: "system error: No space left on
+    device; check the network and the peers", after the peer's 120 s watchdog."""
+    import os
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("mounts a small tmpfs to fill: needs root (CI runs as root)")
+    full = tmp_path / "full"
+    full.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(full)])
+    if mounted.returncode != 0:
+        pytest.skip("mount -t tmpfs was refused here (a container without CAP_SYS_ADMIN)")
+    try:
+        t0 = time.monotonic()
+        r = xbench("probe", "-p", "latency", "--sizes", "8B:1MiB", *QUICK, "--out", full / "run")
+        line = _one_line_error(r)
+        assert time.monotonic() - t0 < 60
+        # the part file rank 0 was writing (the middle of a long path elided)
+        assert re.search(r"No space left on device writing .*_samples/part-\d{5}\.parquet;", line)
+        assert f"see {full / 'run' / 'launcher.log'}" in line  # rank 0's, not the CLI's
+        assert "free space there (or raise the quota), or write elsewhere (--out)" in line
+        assert not list((full / "run").glob(".*.tmp-*")), "a half-written file was left"
+        assert not list((full / "run" / PROBE_SAMPLES).glob(".*.tmp-*"))
+        # in the command's own process (pyarrow's error names no file): the file named
+        line = _one_line_error(xbench("decide", "--payload", "1KB", "--out", full / "d.parquet"))
+        assert f"No space left on device writing {full / 'd.parquet'}; free space there" in line
+        assert not list(full.glob(".*.tmp-*")) and not (full / "d.parquet").exists()
+    finally:
+        subprocess.run(["umount", str(full)], check=True)
+
+
+@pytest.mark.mpi  # starts MPI: runs under every MPI
 def test_hung_peer_times_out(xbench, tmp_path):
     """Rank 1 hangs before its second case: rank 0 gives up after --timeout, keeps the first
     case, and reports where it waited (its stacks, the TCP connection's state)."""

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import errno
+import os
+
 
 class XbenchError(Exception):
     """A problem the user can fix. ``problem`` says what is wrong, ``fix`` what to do."""
@@ -23,3 +26,25 @@ class RankFailure(XbenchError):
     """A rank died, hung or reported an error while measuring."""
 
     exit_code = 3
+
+
+def from_os_error(exc: OSError, where=None) -> XbenchError:
+    """The one line for an OSError no layer caught. A full disk or quota is named as such
+    (pyarrow's carries no file name: ``where`` is the run being written); a path the system
+    refuses (too long, a file as a folder) is named with the fix; any other error with no
+    path is a socket's or the system's."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        place = exc.filename or where
+        return XbenchError(
+            os.strerror(exc.errno) + (f" writing {place}" if place else ""),
+            f"free space {'there' if place else 'where xbench writes'} (or raise the quota), "
+            "or write elsewhere (--out)",
+        )
+    if exc.filename is None and not isinstance(exc, (FileNotFoundError, PermissionError)):
+        return XbenchError(
+            f"system error: {exc.strerror or exc}", "check the network and the peers"
+        )
+    return XbenchError(
+        f"cannot use {exc.filename or 'a path'}: {exc.strerror or exc}",
+        "pass a path the file system accepts (a shorter name, a folder you can write)",
+    )

@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from xbench.errors import XbenchError
+from xbench.errors import XbenchError, from_os_error
 
 # Markup off: what xbench prints holds the user's strings (paths, profile and scenario names,
 # descriptions) where "[/red]" must print as written, not raise or vanish. Colour is given
@@ -176,18 +176,13 @@ def handles_errors(fn):
 
                 mark_stopped(_run_dir[0], str(exc))
             raise fail(str(exc), exc.exit_code) from None
-        except OSError as exc:  # a path the system refuses (too long, a file as a folder)
-            if exc.filename is None and not isinstance(exc, (FileNotFoundError, PermissionError)):
-                raise fail(  # a socket's or the system's, not a path's
-                    f"system error: {exc.strerror or exc}; check the network and the peers",
-                    2,
-                ) from None
-            where = str(exc.filename) if exc.filename else ""
-            raise fail(
-                f"cannot use {where or 'a path'}: {exc.strerror or exc}; "
-                "pass a path the file system accepts (a shorter name, a folder you can write)",
-                2,
-            ) from None
+        except OSError as exc:  # a full disk, a path the system refuses, a socket's error
+            error = from_os_error(exc, _run_dir[0] if _run_dir else None)
+            if _run_dir:
+                from xbench.results.store import mark_stopped
+
+                mark_stopped(_run_dir[0], str(error))
+            raise fail(str(error), 2) from None
         except MemoryError:  # what was asked for (requests, sizes, shapes) outgrew the machine
             if _run_dir:
                 from xbench.results.store import mark_partial

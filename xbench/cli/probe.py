@@ -352,6 +352,7 @@ def _run_as_rank(cfg, launcher: str, fmt: OutputFormat) -> None:
     from xbench.cli.progress import RichSink
     from xbench.events import NullSink
     from xbench.probe.runner import ProbeConfig, run_probe
+    from xbench.results.stopping import failures_stop_the_job
 
     rank = MPI.COMM_WORLD.Get_rank()
     # Rank 0's configuration rules (an MPMD line may give ranks different options);
@@ -359,8 +360,10 @@ def _run_as_rank(cfg, launcher: str, fmt: OutputFormat) -> None:
     own_interface = cfg.tcp_interface
     cfg = ProbeConfig.from_json(MPI.COMM_WORLD.bcast(cfg.to_json(), root=0))
     cfg.tcp_interface, cfg.launcher = own_interface, launcher
+    sink = RichSink() if rank == 0 else NullSink()
     try:
-        run_probe(cfg, RichSink() if rank == 0 else NullSink())
+        with failures_stop_the_job(sink, cfg.out_dir):
+            run_probe(cfg, sink)
     except SystemExit as exc:
         raise typer.Exit(exc.code or 0) from None
     if rank == 0:

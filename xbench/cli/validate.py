@@ -213,6 +213,7 @@ def _run_as_rank(cfg, out_dir: Path) -> bool:
 
     from xbench.cli.progress import RichSink
     from xbench.events import NullSink
+    from xbench.results.stopping import failures_stop_the_job
     from xbench.results.store import claim_run_dir
     from xbench.validate.worker import run_validate
 
@@ -233,7 +234,9 @@ def _run_as_rank(cfg, out_dir: Path) -> bool:
     if comm.bcast(refused is not None, root=0):
         raise refused or XbenchError("rank 0 could not claim the run directory", "see its line")
     cfg = type(cfg).from_json(comm.bcast(cfg.to_json(), root=0))  # rank 0's options rule
-    run_validate(cfg, RichSink() if rank0 else NullSink())
+    sink = RichSink() if rank0 else NullSink()
+    with failures_stop_the_job(sink, out_dir):
+        run_validate(cfg, sink)
     return rank0
 
 

@@ -261,6 +261,7 @@ def _stamped(rows: list[dict], cfg: SweepConfig, timer: int = 0) -> list[dict]:
 
 def main(argv: list[str]) -> int:
     from xbench.ranks import ask_thread_level, dump_stacks_when_stopped
+    from xbench.results.stopping import failures_stop_the_job
 
     ask_thread_level()  # the level the probe's and validate's ranks run at
     from mpi4py import MPI
@@ -271,7 +272,9 @@ def main(argv: list[str]) -> int:
 
     cfg = SweepConfig.from_json(Path(argv[0]).read_text())
     comm = MPI.COMM_WORLD
-    run_sweep(cfg, JsonLinesSink() if comm.Get_rank() == 0 else NullSink(), comm)
+    sink = JsonLinesSink() if comm.Get_rank() == 0 else NullSink()
+    with failures_stop_the_job(sink, cfg.out_dir):
+        run_sweep(cfg, sink, comm)
     return 0
 
 

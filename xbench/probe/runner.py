@@ -18,7 +18,6 @@ import math
 import os
 import signal
 import socket
-import sys
 import time
 from dataclasses import dataclass, field
 
@@ -36,6 +35,7 @@ from xbench.fabric.transport import Pair
 from xbench.fabric.watchdog import EXIT_TIMEOUT, Watchdog, write_hang_report
 from xbench.probe.patterns import Case, SweepSpec, buffer_plan, osu_counts, plan_cases
 from xbench.ranks import mpi_library
+from xbench.results.stopping import stop_rank
 
 # What a configuration may name (the probe command's options offer the same)
 BINDINGS = ("core", "socket", "numa", "hwthread", "none")  # mpiexec's -bind-to
@@ -252,7 +252,8 @@ def _pair_labels(pairs_text: str, size: int, hosts, rank_gpus) -> dict:
 
 
 def _inject_fault(world_rank: int, case_index: int) -> None:
-    """Test hook: ``XBENCH_FAULT=kill:RANK:CASE`` or ``hang:RANK:CASE`` breaks a rank on purpose."""
+    """Test hook: ``XBENCH_FAULT=kill:RANK:CASE``, ``hang:RANK:CASE`` or ``raise:RANK:CASE``
+    (an exception nothing catches) breaks a rank on purpose."""
     spec = os.environ.get("XBENCH_FAULT")
     if not spec:
         return
@@ -262,6 +263,8 @@ def _inject_fault(world_rank: int, case_index: int) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
         elif kind == "hang":
             time.sleep(10**6)
+        elif kind == "raise":
+            raise RuntimeError(f"fault injected on rank {world_rank} before case {case_index}")
 
 
 def _fixed_counts(case: Case, cfg: ProbeConfig) -> tuple[int, int] | None:
@@ -349,15 +352,8 @@ class _Rank:
         )
 
     def fatal(self, message: str, code: int) -> None:
-        """Stop this rank now (the launcher takes the others down): rank 0 through its sink,
-        the others on stderr."""
-        if self.rank == 0:
-            self.sink.error(message)
-        else:
-            sys.stderr.write(f"xbench: error on rank {self.rank}: {message}\n")
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        """Stop this rank now (the launcher takes the others down)."""
+        stop_rank(self.rank, self.sink, message, code, self.cfg.out_dir)
 
 
 def _open_run(r: _Rank, MPI, rank_gpus: list):

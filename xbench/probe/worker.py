@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from xbench.ranks import ask_thread_level, dump_stacks_when_stopped
+from xbench.results.stopping import failures_stop_the_job
 
 
 def reserve_buffers(config_text: str) -> None:
@@ -50,7 +51,8 @@ def main(argv: list[str]) -> int:
 
     cfg = ProbeConfig.from_json(text)
     sink = JsonLinesSink() if MPI.COMM_WORLD.Get_rank() == 0 else NullSink()
-    run_probe(cfg, sink)
+    with failures_stop_the_job(sink, cfg.out_dir):
+        run_probe(cfg, sink)
     return 0
 
 

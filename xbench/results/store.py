@@ -77,8 +77,15 @@ def announce_run(out_dir: Path, meta: dict) -> None:
 
 def _atomic_write(path: Path, write) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    write(tmp)
-    os.replace(tmp, path)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException as exc:  # a full disk, an interrupt: no half-written file left
+        tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.filename is None and exc.errno:
+            # pyarrow's errors name no file: the one being written, for the one-line error
+            raise OSError(exc.errno, os.strerror(exc.errno), str(path)) from exc
+        raise
 
 
 def write_table(path: Path, table_name: str, rows_or_frame, run_meta: dict) -> Path:
@@ -159,7 +166,10 @@ def mark_partial(out_dir: Path, reason: str) -> None:
     except (OSError, ValueError):
         return  # nothing was written yet, or run.json is not ours to repair
     meta["status"], meta["stopped_because"] = PARTIAL, reason
-    _write_meta(out_dir, meta)
+    try:
+        _write_meta(out_dir, meta)
+    except OSError:
+        pass  # a full disk: the error that stopped the run is the one to report
 
 
 def mark_stopped(out_dir: Path, reason: str) -> None:

@@ -371,6 +371,7 @@ def run_replay(cfg: ReplayConfig, sink) -> None:
 
 def main(argv: list[str]) -> int:
     from xbench.ranks import ask_thread_level
+    from xbench.results.stopping import failures_stop_the_job
 
     ask_thread_level()
     from mpi4py import MPI
@@ -378,7 +379,9 @@ def main(argv: list[str]) -> int:
     from xbench.events import JsonLinesSink, NullSink
 
     cfg = ReplayConfig.from_json(Path(argv[0]).read_text())
-    run_replay(cfg, JsonLinesSink() if MPI.COMM_WORLD.Get_rank() == 0 else NullSink())
+    sink = JsonLinesSink() if MPI.COMM_WORLD.Get_rank() == 0 else NullSink()
+    with failures_stop_the_job(sink, cfg.out_dir):
+        run_replay(cfg, sink)
     return 0
 
 

@@ -608,10 +608,11 @@ def run_validate(cfg: ValidateConfig, sink) -> None:
     import torch
     from mpi4py import MPI
 
-    from xbench.fabric.watchdog import Watchdog, write_hang_report
+    from xbench.fabric.watchdog import EXIT_TIMEOUT, Watchdog, write_hang_report
     from xbench.host import steady_allocator
     from xbench.kernels import cpu_bf16
     from xbench.results.schema import VALIDATE_SAMPLES
+    from xbench.results.stopping import stop_rank
     from xbench.validate.wire import WIRES
 
     comm = MPI.COMM_WORLD
@@ -634,11 +635,7 @@ def run_validate(cfg: ValidateConfig, sink) -> None:
         report = os.path.join(cfg.out_dir, f"hang-rank{rank}.txt")
         where = write_hang_report(report, [f"{said} (pid {os.getpid()})"])
         said += f"; what rank {rank} waited in is {where}"
-        if rank == 0:
-            sink.error(said)
-        else:
-            sys.stderr.write(f"xbench: error on rank {rank}: {said}\n")
-            sys.stderr.flush()
+        stop_rank(rank, sink, said, EXIT_TIMEOUT, cfg.out_dir)
 
     watchdog = Watchdog(cfg.timeout_s, timed_out)
     if rank == 0:
@@ -666,6 +663,7 @@ def run_validate(cfg: ValidateConfig, sink) -> None:
 
 def main(argv: list[str]) -> int:
     from xbench.ranks import ask_thread_level, dump_stacks_when_stopped
+    from xbench.results.stopping import failures_stop_the_job
 
     ask_thread_level()  # the level the probe ran at
     from mpi4py import MPI
@@ -675,7 +673,9 @@ def main(argv: list[str]) -> int:
     from xbench.events import JsonLinesSink, NullSink
 
     cfg = ValidateConfig.from_json(Path(argv[0]).read_text())
-    run_validate(cfg, JsonLinesSink() if MPI.COMM_WORLD.Get_rank() == 0 else NullSink())
+    sink = JsonLinesSink() if MPI.COMM_WORLD.Get_rank() == 0 else NullSink()
+    with failures_stop_the_job(sink, cfg.out_dir):
+        run_validate(cfg, sink)
     return 0
 
 
