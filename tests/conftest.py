@@ -216,3 +216,35 @@ def restore_cpu_path():
         else:
             os.environ[key] = value
     cpu_bf16.load.cache_clear()
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 64 KiB tmpfs mounted at a fresh folder, unmounted after the test: a real file
+    system that ``fill`` makes refuse the next write with ENOSPC. Root only (CI runs as
+    root); skipped with the reason elsewhere."""
+    if os.geteuid() != 0:
+        pytest.skip("mounts a small tmpfs to fill: needs root (CI runs as root)")
+    mount_point = tmp_path / "full"
+    mount_point.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount_point)],
+        capture_output=True,
+        text=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"mount -t tmpfs was refused here: {mounted.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", str(mount_point)], check=True)
+
+
+def fill(folder: Path) -> None:
+    """Write into ``folder`` until its file system has no room left."""
+    with open(folder / "filler", "ab", buffering=0) as filler:
+        try:
+            while True:
+                filler.write(b"\0" * 4096)
+        except OSError:
+            pass

@@ -23,6 +23,7 @@ LAYERS = [
     (
         "xbench.errors",
         "xbench.events",
+        "xbench.files",
         "xbench.version",
         "xbench.core",
         "xbench.host",

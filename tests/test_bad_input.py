@@ -535,6 +535,24 @@ def test_an_error_once_the_run_began_marks_it_partial(tmp_path):
             )
 
 
+def test_a_write_onto_a_full_disk_keeps_the_file_that_was_there(full_disk):
+    """fit --force onto a full disk truncated the old profile, then failed: it was lost.
+    Profiles, reports, compare's reports and sbatch scripts are now written whole or not
+    at all."""
+    from conftest import fill
+
+    from xbench.core.profile import save_profile
+    from xbench.errors import XbenchError
+
+    old = full_disk / "profile.toml"
+    old.write_text("# the profile that was there\n")
+    fill(full_disk)
+    with pytest.raises(XbenchError, match="No space left on device"):
+        save_profile(load_profile(profile_path("h100-priors")), old)
+    assert old.read_text() == "# the profile that was there\n"
+    assert [p.name for p in full_disk.iterdir()] == sorted(["filler", "profile.toml"])
+
+
 def test_more_ranks_or_threads_than_cores_are_refused(xbench, tmp_path):
     import os
 

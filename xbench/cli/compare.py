@@ -29,6 +29,7 @@ from xbench.cli.common import (
     warn,
 )
 from xbench.errors import XbenchError
+from xbench.files import write_text_atomically
 
 
 class CompareFormat(str, Enum):
@@ -408,9 +409,11 @@ def check(
         raise
     reports = Path(report_dir or new_dir)
     reports.mkdir(parents=True, exist_ok=True)
-    (reports / "compare.md").write_text(_report(comparison, gates, title, CompareFormat.markdown))
-    (reports / "compare.junit.xml").write_text(
-        _report(comparison, gates, title, CompareFormat.junit)
+    write_text_atomically(
+        reports / "compare.md", _report(comparison, gates, title, CompareFormat.markdown)
+    )
+    write_text_atomically(
+        reports / "compare.junit.xml", _report(comparison, gates, title, CompareFormat.junit)
     )
     _write(comparison, reports / "comparison.parquet", force=True)
     for line in comparison.warnings:
@@ -436,9 +439,10 @@ def _write_error_reports(reports: Path, title: str, why: str, properties: dict) 
 
     try:
         reports.mkdir(parents=True, exist_ok=True)
-        (reports / "compare.md").write_text(markdown_error(title, why))
-        (reports / "compare.junit.xml").write_text(
-            junit_error(title, {k: str(v) for k, v in properties.items()}, why)
+        write_text_atomically(reports / "compare.md", markdown_error(title, why))
+        write_text_atomically(
+            reports / "compare.junit.xml",
+            junit_error(title, {k: str(v) for k, v in properties.items()}, why),
         )
     except OSError:
         pass  # the error being reported is the one that counts

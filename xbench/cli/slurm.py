@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from xbench.cli.common import FormatOption, OutputFormat, console, handles_errors, strict_json
+from xbench.files import write_text_atomically
 
 
 @handles_errors
@@ -102,7 +103,7 @@ def slurm(
     job.validate()
     _check_forwarded(job.sweep if kind == "check" else kind, job.xbench_args, kind)
     refuse_overwrite(out, force)
-    out.write_text(render(job))
+    write_text_atomically(out, render(job))
     out.chmod(0o755)
     if fmt == OutputFormat.table:
         console.print(f"wrote {out}", highlight=False)

@@ -20,6 +20,7 @@ from pathlib import Path
 from xbench.core import device_terms
 from xbench.core.costmodel import Ceilings, Coef, Device, Fabric, Profile, Segment
 from xbench.errors import XbenchError
+from xbench.files import write_text_atomically
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -536,7 +537,8 @@ def save_profile(profile: Profile, path) -> Path:
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(tomli_w.dumps(profile_to_toml_dict(profile)))
+        # whole or not at all: a --force onto a full disk keeps the profile that was there
+        write_text_atomically(path, tomli_w.dumps(profile_to_toml_dict(profile)))
     except OSError as exc:
         raise XbenchError(
             f"cannot write profile {path} ({exc.strerror})", "pass --out with a writable path"

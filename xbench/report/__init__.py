@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from xbench.errors import XbenchError
+from xbench.files import write_text_atomically
 
 # The first word of each figure's file name (fabrics-1-run.png): what a report writes
 FIGURE_KINDS = (
@@ -282,5 +283,5 @@ def write_html(figs: list[Figure], path: Path) -> Path:
         parts.append(f"<h2>{html.escape(fig.title)}</h2>")
         parts.append(f'<img alt="{html.escape(fig.title)}" src="data:image/png;base64,{data}">')
     parts.append("</body></html>")
-    path.write_text("\n".join(parts))
+    write_text_atomically(path, "\n".join(parts))
     return path

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from xbench.errors import XbenchError
+from xbench.files import write_atomically
 from xbench.native import prove_writable
 from xbench.results.schema import MIGRATIONS, SCHEMA_VERSIONS, SCHEMAS
 
@@ -75,19 +76,6 @@ def announce_run(out_dir: Path, meta: dict) -> None:
     _write_meta(Path(out_dir), {**meta, "status": RUNNING})
 
 
-def _atomic_write(path: Path, write) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException as exc:  # a full disk, an interrupt: no half-written file left
-        tmp.unlink(missing_ok=True)
-        if isinstance(exc, OSError) and exc.filename is None and exc.errno:
-            # pyarrow's errors name no file: the one being written, for the one-line error
-            raise OSError(exc.errno, os.strerror(exc.errno), str(path)) from exc
-        raise
-
-
 def write_table(path: Path, table_name: str, rows_or_frame, run_meta: dict) -> Path:
     """Write rows (list of dicts or a DataFrame) as one Parquet file of a known schema."""
     schema = SCHEMAS[table_name]
@@ -105,7 +93,7 @@ def write_table(path: Path, table_name: str, rows_or_frame, run_meta: dict) -> P
             b"xbench.run": json.dumps(run_meta, default=str).encode(),
         }
     )
-    _atomic_write(path, lambda p: pq.write_table(table, p))
+    write_atomically(path, lambda p: pq.write_table(table, p))
     return path
 
 
@@ -153,7 +141,7 @@ RUNNING, COMPLETE, PARTIAL = "running", "complete", "partial"
 
 
 def _write_meta(out_dir: Path, meta: dict) -> None:
-    _atomic_write(
+    write_atomically(
         Path(out_dir) / "run.json", lambda p: p.write_text(json.dumps(meta, indent=2, default=str))
     )
 

@@ -1,0 +1,26 @@
+"""Writing a file whole or not at all: a failure (a full disk, an interrupt) leaves the file
+that was there, or none, never half of one."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def write_atomically(path, write) -> None:
+    """``write(tmp)`` to a hidden file beside ``path``, then rename it over ``path``."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException as exc:  # a full disk, an interrupt: no half-written file left
+        tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.filename is None and exc.errno:
+            # pyarrow's errors name no file: the one being written, for the one-line error
+            raise OSError(exc.errno, os.strerror(exc.errno), str(path)) from exc
+        raise
+
+
+def write_text_atomically(path, text: str) -> None:
+    write_atomically(path, lambda tmp: tmp.write_text(text))
