@@ -170,19 +170,14 @@ def handles_errors(fn):
         _catch_sigterm()
         try:
             return fn(*args, **kwargs)
-        except XbenchError as exc:
-            if _run_dir:  # (mpiexec not found, say, once run.json was written)
-                from xbench.results.store import mark_stopped
+        except (XbenchError, OSError) as exc:  # OSError: a full disk, a refused path, a socket
+            where = _run_dir[0] if _run_dir else None
+            error = exc if isinstance(exc, XbenchError) else from_os_error(exc, where)
+            if _run_dir:  # a run that began and still says running is marked partial
+                from xbench.results.store import mark_partial
 
-                mark_stopped(_run_dir[0], str(exc))
-            raise fail(str(exc), exc.exit_code) from None
-        except OSError as exc:  # a full disk, a path the system refuses, a socket's error
-            error = from_os_error(exc, _run_dir[0] if _run_dir else None)
-            if _run_dir:
-                from xbench.results.store import mark_stopped
-
-                mark_stopped(_run_dir[0], str(error))
-            raise fail(str(error), 2) from None
+                mark_partial(_run_dir[0], str(error), only_running=True)
+            raise fail(str(error), error.exit_code) from None
         except MemoryError:  # what was asked for (requests, sizes, shapes) outgrew the machine
             if _run_dir:
                 from xbench.results.store import mark_partial

@@ -15,9 +15,9 @@ def stop_rank(rank: int, sink, message: str, code: int, out_dir=None):
     ``xbench: error on rank N:`` line of the launcher's log."""
     if rank == 0:
         if out_dir is not None:
-            from xbench.results.store import mark_stopped  # (pyarrow: only when stopping)
+            from xbench.results.store import mark_partial  # (pyarrow: only when stopping)
 
-            mark_stopped(out_dir, message)
+            mark_partial(out_dir, message, only_running=True)
         sink.error(message)
     else:
         sys.stderr.write(f"xbench: error on rank {rank}: {message}\n")

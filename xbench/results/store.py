@@ -146,30 +146,22 @@ def _write_meta(out_dir: Path, meta: dict) -> None:
     )
 
 
-def mark_partial(out_dir: Path, reason: str) -> None:
-    """Record in run.json that the run stopped before its last case (best-effort)."""
+def mark_partial(out_dir: Path, reason: str, *, only_running: bool = False) -> None:
+    """Record in run.json that the run stopped before its last case (best-effort);
+    ``only_running``: unless it already says otherwise (a run that finished keeps its
+    status)."""
     meta_file = Path(out_dir) / "run.json"
     try:
         meta = json.loads(meta_file.read_text())
     except (OSError, ValueError):
         return  # nothing was written yet, or run.json is not ours to repair
+    if only_running and meta.get("status") != RUNNING:
+        return
     meta["status"], meta["stopped_because"] = PARTIAL, reason
     try:
         _write_meta(out_dir, meta)
     except OSError:
         pass  # a full disk: the error that stopped the run is the one to report
-
-
-def mark_stopped(out_dir: Path, reason: str) -> None:
-    """:func:`mark_partial`, where run.json still says running: a command that failed after
-    claiming its run leaves no run that claims to be going on (one that finished keeps its
-    status)."""
-    try:
-        running = read_run_meta(Path(out_dir)).get("status") == RUNNING
-    except XbenchError:
-        return  # run.json is not ours to repair
-    if running:
-        mark_partial(out_dir, reason)
 
 
 class RunStore:
