@@ -550,7 +550,7 @@ def test_a_write_onto_a_full_disk_keeps_the_file_that_was_there(full_disk):
     with pytest.raises(XbenchError, match="No space left on device"):
         save_profile(load_profile(profile_path("h100-priors")), old)
     assert old.read_text() == "# the profile that was there\n"
-    assert [p.name for p in full_disk.iterdir()] == sorted(["filler", "profile.toml"])
+    assert sorted(p.name for p in full_disk.iterdir()) == ["filler", "profile.toml"]
 
 
 def test_more_ranks_or_threads_than_cores_are_refused(xbench, tmp_path):
