@@ -218,17 +218,16 @@ def restore_cpu_path():
     cpu_bf16.load.cache_clear()
 
 
-@pytest.fixture
-def full_disk(tmp_path):
-    """A 64 KiB tmpfs mounted at a fresh folder, unmounted after the test: a real file
-    system that ``fill`` makes refuse the next write with ENOSPC. Root only (CI runs as
-    root); skipped with the reason elsewhere."""
+def small_tmpfs(mount_point: Path, read_only: bool = False):
+    """A 64 KiB tmpfs mounted at ``mount_point`` (made here), unmounted after: a real file
+    system to fill or to mount read-only. Root only (CI runs as root); skipped with the
+    reason elsewhere."""
     if os.geteuid() != 0:
-        pytest.skip("mounts a small tmpfs to fill: needs root (CI runs as root)")
-    mount_point = tmp_path / "full"
+        pytest.skip("mounts a small tmpfs: needs root (CI runs as root)")
     mount_point.mkdir()
+    options = "size=64k" + (",ro" if read_only else "")
     mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount_point)],
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount_point)],
         capture_output=True,
         text=True,
     )
@@ -238,6 +237,18 @@ def full_disk(tmp_path):
         yield mount_point
     finally:
         subprocess.run(["umount", str(mount_point)], check=True)
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A tmpfs that ``fill`` makes refuse the next write with ENOSPC."""
+    yield from small_tmpfs(tmp_path / "full")
+
+
+@pytest.fixture
+def read_only_disk(tmp_path):
+    """A tmpfs mounted read-only: every write is refused with EROFS."""
+    yield from small_tmpfs(tmp_path / "ro", read_only=True)
 
 
 def fill(folder: Path) -> None:

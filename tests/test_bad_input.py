@@ -553,6 +553,18 @@ def test_a_write_onto_a_full_disk_keeps_the_file_that_was_there(full_disk):
     assert sorted(p.name for p in full_disk.iterdir()) == ["filler", "profile.toml"]
 
 
+def test_a_read_only_file_system_is_named_with_the_file_asked_for(xbench, read_only_disk):
+    """The error named the hidden temporary file beside the script (its cleanup, refused by
+    the read-only file system too, replaced the first error) and advised a shorter name."""
+    script = read_only_disk / "probe.sbatch"
+    r = xbench("slurm", "probe", "--out", script)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip() == (
+        f"xbench: error: cannot write {script}: Read-only file system; "
+        "pass a path on a file system mounted read-write"
+    )
+
+
 def test_more_ranks_or_threads_than_cores_are_refused(xbench, tmp_path):
     import os
 

@@ -40,6 +40,11 @@ def from_os_error(exc: OSError, where=None) -> XbenchError:
             f"free space {'there' if place else 'where xbench writes'} (or raise the quota), "
             "or write elsewhere (--out)",
         )
+    if exc.errno == errno.EROFS:
+        return XbenchError(
+            f"cannot write {exc.filename or 'there'}: {exc.strerror}",
+            "pass a path on a file system mounted read-write",
+        )
     if exc.filename is None and not isinstance(exc, (FileNotFoundError, PermissionError)):
         return XbenchError(
             f"system error: {exc.strerror or exc}", "check the network and the peers"

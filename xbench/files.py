@@ -3,6 +3,7 @@ that was there, or none, never half of one."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -15,9 +16,11 @@ def write_atomically(path, write) -> None:
         write(tmp)
         os.replace(tmp, path)
     except BaseException as exc:  # a full disk, an interrupt: no half-written file left
-        tmp.unlink(missing_ok=True)
-        if isinstance(exc, OSError) and exc.filename is None and exc.errno:
-            # pyarrow's errors name no file: the one being written, for the one-line error
+        with contextlib.suppress(OSError):  # a read-only file system refuses even this
+            tmp.unlink(missing_ok=True)
+        # pyarrow's errors name no file, Python's name the hidden one: the one-line error
+        # names the file the user asked for
+        if isinstance(exc, OSError) and exc.errno and exc.filename in (None, tmp, str(tmp)):
             raise OSError(exc.errno, os.strerror(exc.errno), str(path)) from exc
         raise
 
