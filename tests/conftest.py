@@ -218,6 +218,30 @@ def restore_cpu_path():
     cpu_bf16.load.cache_clear()
 
 
+def start_and_wait_for_a_case(argv: list[str], out: Path) -> subprocess.Popen:
+    """Start an xbench probe (``argv``, writing ``out``) and return it, still running, once
+    it has written its first case. A probe that stopped early (a refused MPI, a bad option)
+    fails here at once, in its own words, not after the whole wait."""
+    import time
+
+    from xbench.results.schema import PROBE_SAMPLES
+
+    proc = subprocess.Popen(
+        argv,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "COLUMNS": "160"},
+    )
+    deadline = time.monotonic() + 60
+    while not list((out / PROBE_SAMPLES).glob("part-*.parquet")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.1)
+    assert proc.poll() is None, proc.communicate()  # still running when it is stopped
+    return proc
+
+
 def small_tmpfs(mount_point: Path, read_only: bool = False):
     """A 64 KiB tmpfs mounted at ``mount_point`` (made here), unmounted after: a real file
     system to fill or to mount read-only. Root only (CI runs as root); skipped with the

@@ -15,7 +15,7 @@ mknod), so GPU-shaped scripts (``--gpus-per-node 8``, ``--gpus-per-task 1``) sch
 
 Needs root and Debian's packages (``apt-get install --no-install-recommends slurmctld slurmd
 slurm-client munge``; ``.ci/run`` installs them). ``python tests/slurm_cluster.py`` starts
-one and waits, for trying things by hand.
+one and waits, for trying things by hand (Ctrl-C or ``kill`` stops it).
 """
 
 from __future__ import annotations
@@ -354,7 +354,16 @@ if __name__ == "__main__":
         raise SystemExit(reason)
     cluster = SlurmCluster(args.dir or Path(tempfile.mkdtemp(prefix="xbslurm-")), form=args.form)
     cluster.start()
-    print(f"export SLURM_CONF={cluster.env['SLURM_CONF']}  # Ctrl-C stops the cluster", flush=True)
+    print(
+        f"export SLURM_CONF={cluster.env['SLURM_CONF']}  # Ctrl-C or kill stops the cluster",
+        flush=True,
+    )
+
+    def stop(signum, frame):  # kill (SIGTERM) too: a shell's background job ignores SIGINT
+        raise KeyboardInterrupt
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, stop)
     try:
         signal.pause()
     except KeyboardInterrupt:

@@ -510,15 +510,15 @@ def test_an_error_once_the_run_began_marks_it_partial(tmp_path):
     on; a run that finished keeps its status."""
     import typer
 
-    from xbench.cli.common import handles_errors, note_run_dir
+    from xbench.cli.common import handles_errors
     from xbench.errors import XbenchError
-    from xbench.results.store import COMPLETE, announce_run, read_run_meta
+    from xbench.results.store import COMPLETE, announce_run, claim_run_dir, read_run_meta
 
     def command(out, status_before):
+        claim_run_dir(out)
         announce_run(out, {"run_id": "r", "command": "kernel"})
         if status_before == COMPLETE:
             (out / "run.json").write_text(json.dumps({"run_id": "r", "status": COMPLETE}))
-        note_run_dir(out)
         raise XbenchError("this backend's calls cannot be captured", "pass --launch eager")
 
     for status_before, after in (("running", "partial"), (COMPLETE, COMPLETE)):

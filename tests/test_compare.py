@@ -617,30 +617,18 @@ def test_check_config_without_a_check_table_is_refused(xbench, probe_run, tmp_pa
 def test_sigterm_marks_the_run_partial_and_takes_the_ranks_down(tmp_path):
     """A scheduler's cancel or a CI timeout sends SIGTERM: the run is marked partial as for
     Ctrl-C, and no rank outlives xbench."""
-    import os
     import signal
     import subprocess
     import time
 
-    from conftest import BIN, ROOT
+    from conftest import BIN, start_and_wait_for_a_case
 
     out = tmp_path / "run"
-    proc = subprocess.Popen(
+    proc = start_and_wait_for_a_case(
         [str(BIN / "xbench"), "probe", "-p", "latency", "--sizes", "8B:1MiB", "--samples", "50"]
         + ["--out", str(out)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "COLUMNS": "160"},
+        out,
     )
-    # a probe that stopped early (a refused MPI, a bad option) fails here at once, with its
-    # own words, not after the whole wait
-    deadline = time.monotonic() + 60
-    while not list((out / PROBE_SAMPLES).glob("part-*.parquet")):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-        time.sleep(0.1)
-    assert proc.poll() is None, proc.communicate()  # still running when it is stopped
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 143, err

@@ -203,6 +203,52 @@ def test_under_a_launcher_and_mpmd(xbench, tmp_path):
     assert {row["size_bytes"] for row in json.loads(r.stdout)} == {16}
 
 
+@pytest.mark.mpi  # starts MPI: runs under every MPI
+def test_a_scheduler_s_sigterm_under_a_site_launcher_marks_the_run_partial(tmp_path):
+    """Slurm's time limit (or scancel) sends SIGTERM to every task of the step. Under srun
+    each rank said "terminated before anything was written" (rank 0 had written part
+    files) and run.json kept saying running: fit, compare and report took the run for one
+    still going. Signalled here as slurmstepd does, each rank, under the MPI's mpiexec."""
+    import contextlib
+    import os
+    import signal
+
+    from conftest import BIN, start_and_wait_for_a_case
+
+    out = tmp_path / "run"
+    xb = str(BIN / "xbench")
+    launcher = [str(BIN / "mpiexec"), "-n", "2", xb, "probe", "-p", "latency"]
+    proc = start_and_wait_for_a_case(
+        [*launcher, "--sizes", "8B:1MiB", "--samples", "50", "--out", str(out)], out
+    )
+
+    def is_rank(pid: str) -> bool:  # an xbench the launcher started, not the launcher
+        try:
+            argv = open(f"/proc/{pid}/cmdline", "rb").read().decode().split("\0")
+        except OSError:
+            return False
+        return xb in argv[:2] and str(out) in argv and "mpiexec" not in argv[0]
+
+    ranks = [int(pid) for pid in os.listdir("/proc") if pid.isdigit() and is_rank(pid)]
+    assert len(ranks) == 2, ranks
+    for pid in ranks:
+        os.kill(pid, signal.SIGTERM)
+    try:  # the ranks hung in MPI_Finalize, each waiting for the other
+        _, err = proc.communicate(timeout=60)
+    finally:
+        for pid in [proc.pid, *ranks]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert proc.returncode != 0, err
+    said = [line for line in err.splitlines() if line.startswith("xbench: error")]
+    assert said == [
+        f"xbench: error: terminated; the cases finished so far are in {out} (run.json "
+        "marks the run partial; fit, compare, check and report say so)"
+    ], err
+    meta = read_run_meta(out)
+    assert meta["status"] == "partial" and meta["stopped_because"] == "terminated", meta
+
+
 @pytest.mark.parametrize(
     "args, words",
     [

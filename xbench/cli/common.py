@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import signal
 import sys
 from enum import Enum
 from pathlib import Path
@@ -146,19 +147,10 @@ def _terminate(signum, frame):
 
 
 def _catch_sigterm() -> None:
-    import signal
     import threading
 
     if threading.current_thread() is threading.main_thread():  # only there can Python set it
         signal.signal(signal.SIGTERM, _terminate)
-
-
-_run_dir: list[Path] = []  # the run directory the running command writes, once it has one
-
-
-def note_run_dir(path: Path) -> None:
-    """Tell the error mapping where this command's results go (for the interrupt message)."""
-    _run_dir[:] = [Path(path)]
 
 
 def handles_errors(fn):
@@ -166,42 +158,40 @@ def handles_errors(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        _run_dir.clear()
+        # (the store loads pandas: imported where a run is marked, not for every command)
+        from xbench.results.stopping import SIGNALLED, stopped_early
+        from xbench.results.written_here import forget_run_dir, run_dir_written_here
+
+        forget_run_dir()
         _catch_sigterm()
         try:
             return fn(*args, **kwargs)
         except (XbenchError, OSError) as exc:  # OSError: a full disk, a refused path, a socket
-            where = _run_dir[0] if _run_dir else None
-            error = exc if isinstance(exc, XbenchError) else from_os_error(exc, where)
-            if _run_dir:  # a run that began and still says running is marked partial
+            run_dir = run_dir_written_here()
+            error = exc if isinstance(exc, XbenchError) else from_os_error(exc, run_dir)
+            if run_dir is not None:  # a run that began and still says running: partial
                 from xbench.results.store import mark_partial
 
-                mark_partial(_run_dir[0], str(error), only_running=True)
+                mark_partial(run_dir, str(error), only_running=True)
             raise fail(str(error), error.exit_code) from None
         except MemoryError:  # what was asked for (requests, sizes, shapes) outgrew the machine
-            if _run_dir:
+            if (run_dir := run_dir_written_here()) is not None:
                 from xbench.results.store import mark_partial
 
-                mark_partial(_run_dir[0], "out of memory")
+                mark_partial(run_dir, "out of memory")
             raise fail(
                 "out of memory: what was asked for does not fit in this machine's memory; "
                 "ask for less (fewer --requests, smaller sizes, rows or chunks)",
                 2,
             ) from None
         except KeyboardInterrupt as exc:
-            what, code = (
-                ("terminated", 143) if isinstance(exc, Terminated) else ("interrupted", 130)
-            )
-            if not _run_dir:
-                raise fail(f"{what} before anything was written", code) from None
-            from xbench.results.store import mark_partial
+            what, code = SIGNALLED[signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT]
+            run_dir = run_dir_written_here()
+            if run_dir is not None:
+                from xbench.results.store import mark_partial
 
-            mark_partial(_run_dir[0], what)
-            raise fail(
-                f"{what}; the cases finished so far are in {_run_dir[0]} "
-                "(run.json marks the run partial; fit, compare, check and report say so)",
-                code,
-            ) from None
+                mark_partial(run_dir, what)
+            raise fail(stopped_early(what, run_dir), code) from None
 
     return wrapper
 

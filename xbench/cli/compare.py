@@ -24,7 +24,6 @@ from xbench.cli.common import (
     csv_text,
     err_console,
     handles_errors,
-    note_run_dir,
     strict_json,
     warn,
 )
@@ -388,7 +387,6 @@ def check(
     refuse_launched_ranks("check", "xbench check, from a shell on the baseline's node")
     title = f"xbench check ({meta['command']})"
     run_id, new_dir = _new_run(meta["command"], out)
-    note_run_dir(new_dir)  # an interrupt or SIGTERM marks the re-run partial
     try:
         stored = load_run(baseline)  # a damaged baseline refused before the sweep, not after it
         rerun(

@@ -18,7 +18,6 @@ from xbench.cli.common import (
     emit_frame,
     handles_errors,
     interval_label,
-    note_run_dir,
 )
 from xbench.cli.render import add_columns, notes, num, result_table
 from xbench.core.units import (
@@ -296,7 +295,6 @@ def run_configured(cfg) -> None:
     from xbench.cli.progress import bars
     from xbench.launches import run_kernel_sweep
 
-    note_run_dir(Path(cfg.out_dir))
     run_kernel_sweep(cfg, progress=bars)
 
 

@@ -17,7 +17,6 @@ from xbench.cli.common import (
     console,
     emit_frame,
     handles_errors,
-    note_run_dir,
     warn,
 )
 from xbench.core.units import (
@@ -301,7 +300,6 @@ def _launch_here(cfg, np: int, runs: int, hostfile, oversubscribe: bool, fmt) ->
     out_dir = Path(cfg.out_dir)
     claim_run_dir(out_dir)
     announce_run(out_dir, _announced(cfg, np))
-    note_run_dir(out_dir)
     launch(cfg, np, fmt, hostfile, runs)
 
 
@@ -352,7 +350,7 @@ def _run_as_rank(cfg, launcher: str, fmt: OutputFormat) -> None:
     from xbench.cli.progress import RichSink
     from xbench.events import NullSink
     from xbench.probe.runner import ProbeConfig, run_probe
-    from xbench.results.stopping import failures_stop_the_job
+    from xbench.results.stopping import failures_stop_the_job, stop_when_signalled
 
     rank = MPI.COMM_WORLD.Get_rank()
     # Rank 0's configuration rules (an MPMD line may give ranks different options);
@@ -361,6 +359,7 @@ def _run_as_rank(cfg, launcher: str, fmt: OutputFormat) -> None:
     cfg = ProbeConfig.from_json(MPI.COMM_WORLD.bcast(cfg.to_json(), root=0))
     cfg.tcp_interface, cfg.launcher = own_interface, launcher
     sink = RichSink() if rank == 0 else NullSink()
+    stop_when_signalled(rank, sink)
     try:
         with failures_stop_the_job(sink, cfg.out_dir):
             run_probe(cfg, sink)

@@ -19,7 +19,6 @@ from xbench.cli.common import (
     emit_frame,
     handles_errors,
     interval_label,
-    note_run_dir,
     warn_conditions,
 )
 from xbench.errors import XbenchError
@@ -160,7 +159,6 @@ def validate(
     require_mpiexec()
     # only now: a refused command leaves no empty run directory behind
     claim_run_dir(out_dir)
-    note_run_dir(out_dir)
     _launch(cfg, out_dir)
     _summarize(prof, fab, out_dir, fmt)
 
@@ -213,7 +211,7 @@ def _run_as_rank(cfg, out_dir: Path) -> bool:
 
     from xbench.cli.progress import RichSink
     from xbench.events import NullSink
-    from xbench.results.stopping import failures_stop_the_job
+    from xbench.results.stopping import failures_stop_the_job, stop_when_signalled
     from xbench.results.store import claim_run_dir
     from xbench.validate.worker import run_validate
 
@@ -228,13 +226,13 @@ def _run_as_rank(cfg, out_dir: Path) -> bool:
     if rank0:
         try:
             claim_run_dir(out_dir)
-            note_run_dir(out_dir)
         except XbenchError as exc:
             refused = exc
     if comm.bcast(refused is not None, root=0):
         raise refused or XbenchError("rank 0 could not claim the run directory", "see its line")
     cfg = type(cfg).from_json(comm.bcast(cfg.to_json(), root=0))  # rank 0's options rule
     sink = RichSink() if rank0 else NullSink()
+    stop_when_signalled(comm.Get_rank(), sink)
     with failures_stop_the_job(sink, out_dir):
         run_validate(cfg, sink)
     return rank0

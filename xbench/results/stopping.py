@@ -1,11 +1,26 @@
-"""A launched rank that must stop now: it says why, marks its run partial, and ends, so the
-launcher takes the other ranks down instead of leaving them to wait on it."""
+"""A command or launched rank that must stop now (an error, a signal): it says why, marks
+the run it writes partial, and ends, so a launcher takes the other ranks down instead of
+leaving them to wait on it."""
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from contextlib import contextmanager
+
+# what a signal to a rank means, and the exit code a shell gives a process it ended
+SIGNALLED = {signal.SIGTERM: ("terminated", 143), signal.SIGINT: ("interrupted", 130)}
+
+
+def stopped_early(what: str, run_dir) -> str:
+    """The one line for a command a signal stopped: where the cases it finished are."""
+    if run_dir is None:
+        return f"{what} before anything was written"
+    return (
+        f"{what}; the cases finished so far are in {run_dir} "
+        "(run.json marks the run partial; fit, compare, check and report say so)"
+    )
 
 
 def stop_rank(rank: int, sink, message: str, code: int, out_dir=None):
@@ -57,3 +72,46 @@ def failures_stop_the_job(sink, out_dir=None):
                 )
             )
         stop_rank(rank, sink, str(error), error.exit_code, out_dir)
+
+
+_wakeup: list = []  # the socket pair signals wake the stopping thread through
+
+
+def stop_when_signalled(rank: int, sink) -> None:
+    """Around a rank a site launcher (srun, mpirun) started: a scheduler's time limit or
+    scancel sends SIGTERM to every rank, Ctrl-C on srun SIGINT. A rank spinning in an MPI
+    call never returns to Python, where the signal's handler would run, and one that leaves
+    through MPI_Finalize waits for peers that are leaving too: the ranks stayed until
+    Slurm's SIGKILL (run.json saying running), or for good under mpiexec. A thread woken by
+    the signal ends the rank at once: rank 0 marks its run partial and says where the
+    finished cases are, the others end with the same code and no line of their own (one a
+    rank is thousands on a large job). Call from the main thread, after MPI_Init (Open MPI
+    sets its own SIGTERM handler there)."""
+    import socket
+    import threading
+
+    from xbench.results.store import mark_partial
+    from xbench.results.written_here import run_dir_written_here
+
+    woken, waker = _wakeup[:] = socket.socketpair()  # kept: a collected socket closes its fd
+    waker.setblocking(False)
+    for signum in SIGNALLED:  # a Python handler is what makes the C one write the wakeup fd
+        signal.signal(signum, lambda *_: None)
+    signal.set_wakeup_fd(waker.fileno(), warn_on_full_buffer=False)
+
+    def stop_when_woken() -> None:
+        while (byte := woken.recv(1)) and byte[0] not in SIGNALLED:
+            pass  # another signal with a Python handler: not ours to act on
+        if not byte:
+            return
+        what, code = SIGNALLED[signal.Signals(byte[0])]
+        if rank == 0:
+            run_dir = run_dir_written_here()
+            if run_dir is not None:
+                mark_partial(run_dir, what, only_running=True)
+            sink.error(stopped_early(what, run_dir))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+    threading.Thread(target=stop_when_woken, name="xbench-stop-on-signal", daemon=True).start()

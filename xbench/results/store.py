@@ -25,6 +25,7 @@ from xbench.errors import XbenchError
 from xbench.files import write_atomically
 from xbench.native import prove_writable
 from xbench.results.schema import MIGRATIONS, SCHEMA_VERSIONS, SCHEMAS
+from xbench.results.written_here import note_run_dir_written
 
 
 def ensure_writable_dir(path: Path) -> Path:
@@ -67,6 +68,7 @@ def claim_run_dir(out_dir: Path) -> Path:
     handle.write(str(os.getpid()))
     handle.flush()
     _held_locks.append(handle)
+    note_run_dir_written(out_dir)
     return out_dir
 
 
@@ -183,6 +185,7 @@ class RunStore:
         self.run_meta["planned_parts"] = dict(self._planned_before)
         self._next_part: dict[str, int] = {}
         _write_meta(self.out_dir, self.run_meta)
+        note_run_dir_written(self.out_dir)
 
     def plan(self, table_name: str, parts: int) -> None:
         """Record that this launch will write ``parts`` part files of ``table_name``, so a
