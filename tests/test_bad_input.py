@@ -553,16 +553,54 @@ def test_a_write_onto_a_full_disk_keeps_the_file_that_was_there(full_disk):
     assert sorted(p.name for p in full_disk.iterdir()) == ["filler", "profile.toml"]
 
 
+def test_a_full_disk_under_stdout_or_the_lock_file_is_named(xbench, full_disk, tmp_path):
+    """``decide > full/table.txt`` said "No space left on device; ... or write elsewhere
+    (--out)", an option decide's table does not have; ``--out full/run`` named no file
+    (the lock file's write is buffered)."""
+    import os
+
+    from conftest import fill
+
+    fill(full_disk)
+
+    def into_full(*args):
+        with open(full_disk / "stdout.txt", "w") as stdout:
+            return subprocess.run(
+                [str(BIN / "xbench"), *map(str, args)],
+                stdout=stdout,
+                stderr=subprocess.PIPE,
+                text=True,
+                cwd=ROOT,
+                env={**os.environ, "COLUMNS": "160"},
+                timeout=180,
+            )
+
+    # (a path over 80 characters is shortened in its middle: its end is checked)
+    r = into_full("decide", "--payload", "1KB")
+    said = r.stderr.strip()
+    assert r.returncode == 2 and "\n" not in said, r.stderr
+    assert said.startswith("xbench: error: No space left on device writing standard output (")
+    assert "/stdout.txt);" in said, said
+    assert said.endswith(
+        "free space where it is redirected (or raise the quota), or redirect it elsewhere"
+    )
+    r = xbench("probe", "--out", full_disk / "run")
+    said = r.stderr.strip()
+    assert r.returncode == 2 and "\n" not in said, r.stderr
+    assert said.startswith("xbench: error: No space left on device writing /"), said
+    assert "/run/.xbench.lock;" in said, said
+    assert said.endswith("free space there (or raise the quota), or write elsewhere (--out)")
+
+
 def test_a_read_only_file_system_is_named_with_the_file_asked_for(xbench, read_only_disk):
     """The error named the hidden temporary file beside the script (its cleanup, refused by
     the read-only file system too, replaced the first error) and advised a shorter name."""
     script = read_only_disk / "probe.sbatch"
     r = xbench("slurm", "probe", "--out", script)
-    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
-    assert r.stderr.strip() == (
-        f"xbench: error: cannot write {script}: Read-only file system; "
-        "pass a path on a file system mounted read-write"
-    )
+    said = r.stderr.strip()  # (a path over 80 characters is shortened in its middle)
+    assert r.returncode == 2 and "\n" not in said, r.stderr
+    assert said.startswith("xbench: error: cannot write /") and "/probe.sbatch:" in said, said
+    assert said.endswith("Read-only file system; pass a path on a file system mounted read-write")
 
 
 def test_more_ranks_or_threads_than_cores_are_refused(xbench, tmp_path):

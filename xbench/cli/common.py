@@ -153,6 +153,38 @@ def _catch_sigterm() -> None:
         signal.signal(signal.SIGTERM, _terminate)
 
 
+def _stdout_filled(exc: OSError, run_dir: Path | None) -> XbenchError | None:
+    """A full disk or quota that names no file, met writing standard output redirected to
+    a file (the generic line named the run, or advised --out). With a run of its own on
+    another file system, only a full one is taken for stdout's: a quota cannot be told."""
+    import errno
+    import os
+    import stat
+
+    if exc.errno not in (errno.ENOSPC, errno.EDQUOT) or exc.filename is not None:
+        return None
+    try:
+        stdout = os.fstat(1)
+        if not stat.S_ISREG(stdout.st_mode):
+            return None
+        if exc.errno == errno.ENOSPC and os.fstatvfs(1).f_bavail > 0:
+            return None  # stdout's file system has room: the disk that filled is another
+        if run_dir is not None and (
+            exc.errno != errno.ENOSPC or os.stat(run_dir).st_dev == stdout.st_dev
+        ):
+            return None  # a quota, or the run's own file system: the run's line
+    except OSError:
+        return None
+    try:
+        where = f" ({os.readlink('/proc/self/fd/1')})"  # Linux names the file
+    except OSError:
+        where = ""
+    return XbenchError(
+        f"{os.strerror(exc.errno)} writing standard output{where}",
+        "free space where it is redirected (or raise the quota), or redirect it elsewhere",
+    )
+
+
 def handles_errors(fn):
     """Map library errors to one line on stderr and an exit code: the only such place."""
 
@@ -168,7 +200,10 @@ def handles_errors(fn):
             return fn(*args, **kwargs)
         except (XbenchError, OSError) as exc:  # OSError: a full disk, a refused path, a socket
             run_dir = run_dir_written_here()
-            error = exc if isinstance(exc, XbenchError) else from_os_error(exc, run_dir)
+            if isinstance(exc, XbenchError):
+                error = exc
+            else:
+                error = _stdout_filled(exc, run_dir) or from_os_error(exc, run_dir)
             if run_dir is not None:  # a run that began and still says running: partial
                 from xbench.results.store import mark_partial
 

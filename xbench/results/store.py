@@ -13,6 +13,7 @@ never leaves a half-written file, and every finished case stays readable.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -64,9 +65,14 @@ def claim_run_dir(out_dir: Path) -> Path:
             "wait for it to finish, or pass another --out",
         ) from None
     refuse_existing_run(out_dir)
-    handle.truncate(0)
-    handle.write(str(os.getpid()))
-    handle.flush()
+    try:
+        handle.truncate(0)
+        handle.write(str(os.getpid()))
+        handle.flush()
+    except OSError as exc:  # a full disk: named (a buffered write's error names no file)
+        with contextlib.suppress(OSError):  # closing flushes the same bytes again
+            handle.close()
+        raise OSError(exc.errno, exc.strerror, str(out_dir / ".xbench.lock")) from None
     _held_locks.append(handle)
     note_run_dir_written(out_dir)
     return out_dir
