@@ -9,7 +9,7 @@ import pytest
 from xbench.core.profile import load_profile
 from xbench.kernels import cpu_bf16
 from xbench.results.schema import KERNEL_SAMPLES
-from xbench.results.store import read_table
+from xbench.results.store import read_run_meta, read_table
 from xbench.validate.worker import PHASES
 
 # no MPI but in the tests marked mpi (conftest: the Open MPI run skips the others)
@@ -257,6 +257,7 @@ def test_probe_kernel_fit_validate_end_to_end(xbench, tmp_path):
     assert r.returncode == 0, r.stderr
     kernel_samples = read_table(tmp_path / "k", KERNEL_SAMPLES)
     assert set(kernel_samples.process_run) == {0, 1} and set(kernel_samples.timed_by) == {0, 1}
+    assert read_run_meta(tmp_path / "k")["status"] == "complete"  # once the last launch ends
     r = xbench(
         "fit",
         tmp_path / "p",
@@ -314,6 +315,7 @@ def test_probe_kernel_fit_validate_end_to_end(xbench, tmp_path):
     )
     assert all(row["predicted_us"] > 0 and row["measured_us"] > 0 for row in summary)
     assert (tmp_path / "v" / "validate_summary.parquet").exists()
+    assert read_run_meta(tmp_path / "v")["status"] == "complete"
     # the table a person reads: 80 columns, nothing cut
     from conftest import assert_fits_80, render_at
 

@@ -384,22 +384,45 @@ def test_env_reports_a_backend_that_breaks_as_one_line(monkeypatch):
 
 @pytest.mark.mpi  # starts MPI: runs under every MPI
 def test_runs_launch_separate_process_sets_into_one_run(xbench, tmp_path):
+    import contextlib
+    import threading
+
     out = tmp_path / "runs"
-    r = xbench(
-        "probe",
-        "--np",
-        "2",
-        "--runs",
-        "2",
-        "--sizes",
-        "8B",
-        *QUICK,
-        "--out",
-        out,
-        "--format",
-        "json",
-    )
+    seen = []  # what run.json said, each change, while the command ran
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                status = json.loads((out / "run.json").read_text())["status"]
+                if not seen or seen[-1] != status:
+                    seen.append(status)
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        r = xbench(
+            "probe",
+            "--np",
+            "2",
+            "--runs",
+            "2",
+            "--sizes",
+            "8B",
+            *QUICK,
+            "--out",
+            out,
+            "--format",
+            "json",
+        )
+    finally:
+        done.set()
+        watcher.join()
     assert r.returncode == 0, r.stderr
+    # between the launches it said complete for about a second: a parent killed outright
+    # then left a complete run holding one launch of two
+    assert seen == ["running", "complete"], seen
     samples = read_table(out, PROBE_SAMPLES)
     assert sorted(samples.process_run.unique()) == [0, 1]
     (row,) = [row for row in json.loads(r.stdout) if row["pattern"] == "latency"]

@@ -297,3 +297,24 @@ def test_comparison_v1_files_read_without_a_detectable_change(tmp_path):
     old = _as_version(path, 1, tmp_path / "c1.parquet", ("launch_sd", "detectable"))
     frame = read_table([old, path], table)
     assert frame.detectable.isna().tolist() == [True, False] and frame.launch_sd.iloc[1] == 0.05
+
+
+@pytest.mark.parametrize("finished", [False, True])
+def test_a_signal_marks_a_run_partial_unless_it_finished(tmp_path, finished):
+    """A run that finished keeps its status when a signal arrives later (while its summary
+    prints), and the line says it is whole; one still running is marked partial."""
+    from xbench.results.stopping import mark_stopped
+
+    run = tmp_path / "run"
+    store = RunStore(run, {"run_id": "probe-signal", "command": "probe"})
+    if finished:
+        store.finish()
+    line = mark_stopped("interrupted", run)
+    meta = read_run_meta(run)
+    if finished:
+        assert line == f"interrupted after the run finished; it is whole in {run}"
+        assert meta["status"] == "complete" and "stopped_because" not in meta, meta
+    else:
+        assert line.startswith(f"interrupted; the cases finished so far are in {run} ")
+        assert meta["status"] == "partial" and meta["stopped_because"] == "interrupted", meta
+    assert mark_stopped("terminated", None) == "terminated before anything was written"

@@ -60,6 +60,7 @@ def launch_probe(cfg, np: int, *, hostfile=None, runs: int = 1, progress=_quiet)
 
     out_dir = Path(cfg.out_dir)
     config_path = out_dir / "probe-config.json"
+    cfg.runs = runs
     for process_run in range(runs):
         cfg.process_run = process_run
         config_path.write_text(cfg.to_json())

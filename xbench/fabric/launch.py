@@ -323,13 +323,10 @@ def run_ranks(
     out_dir = config_path.parent
     log_path = out_dir / "launcher.log"
     refuse_srun_without_pmi()
-    try:
-        result = launch_worker(
-            np, module, [str(config_path)], log_path, on_event, stall_timeout_s, bind, hostfile
-        )
-    except KeyboardInterrupt:
-        mark_partial(out_dir, "interrupted")
-        raise
+    # Ctrl-C or SIGTERM here: the command's error mapping marks the run, naming which
+    result = launch_worker(
+        np, module, [str(config_path)], log_path, on_event, stall_timeout_s, bind, hostfile
+    )
     if result.returncode == 0 and not result.stalled and not result.error:
         return result
     mark_partial(

@@ -70,6 +70,7 @@ class ProbeConfig:
     put_scope: str | None = None  # --initiator device: who issues a put (None: a warp)
     preset_env: dict = field(default_factory=dict)  # the --fabric preset applied to every rank
     process_run: int = 0  # which launch of the ranks this is (--runs N)
+    runs: int = 1  # how many launches the run takes (--runs N)
     # Fixed-count sampling (OSU's method) instead of calibrated samples: every sample runs
     # exactly `iterations` iterations, after `skip` untimed ones; osu_compat takes both from
     # OSU's own tables per pattern and size.
@@ -142,6 +143,7 @@ class ProbeConfig:
         )
         cfg = cls.from_json(json.dumps(meta["config"]))
         cfg.out_dir, cfg.run_id, cfg.process_run = out_dir, run_id, 0
+        cfg.runs = 1  # the launch decides how many launches follow (launch_probe)
         cfg.tcp_interface = tcp_interface
         # who binds: a site launcher now, or xbench's launch as stored (or as asked, when the
         # stored run was itself started by a site launcher)
@@ -566,5 +568,5 @@ def run_probe(cfg: ProbeConfig, sink, comm=None) -> None:
     world.Barrier()
     transport_class(cfg.transport, cfg.device, cfg.initiator).teardown_world(world)
     if r.rank == 0:
-        store.finish()
+        store.finish(more_launches=cfg.process_run + 1 < cfg.runs)
         sink.finish()

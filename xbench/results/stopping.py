@@ -13,10 +13,15 @@ from contextlib import contextmanager
 SIGNALLED = {signal.SIGTERM: ("terminated", 143), signal.SIGINT: ("interrupted", 130)}
 
 
-def stopped_early(what: str, run_dir) -> str:
-    """The one line for a command a signal stopped: where the cases it finished are."""
+def mark_stopped(what: str, run_dir) -> str:
+    """Mark the run this process writes partial, unless it finished (a signal while its
+    summary prints), and say so in the one line for a command a signal stopped."""
     if run_dir is None:
         return f"{what} before anything was written"
+    from xbench.results.store import COMPLETE, mark_partial  # (pyarrow: only when stopping)
+
+    if mark_partial(run_dir, what) == COMPLETE:
+        return f"{what} after the run finished; it is whole in {run_dir}"
     return (
         f"{what}; the cases finished so far are in {run_dir} "
         "(run.json marks the run partial; fit, compare, check and report say so)"
@@ -32,7 +37,7 @@ def stop_rank(rank: int, sink, message: str, code: int, out_dir=None):
         if out_dir is not None:
             from xbench.results.store import mark_partial  # (pyarrow: only when stopping)
 
-            mark_partial(out_dir, message, only_running=True)
+            mark_partial(out_dir, message)
         sink.error(message)
     else:
         sys.stderr.write(f"xbench: error on rank {rank}: {message}\n")
@@ -90,7 +95,6 @@ def stop_when_signalled(rank: int, sink) -> None:
     import socket
     import threading
 
-    from xbench.results.store import mark_partial
     from xbench.results.written_here import run_dir_written_here
 
     woken, waker = _wakeup[:] = socket.socketpair()  # kept: a collected socket closes its fd
@@ -106,10 +110,7 @@ def stop_when_signalled(rank: int, sink) -> None:
             return
         what, code = SIGNALLED[signal.Signals(byte[0])]
         if rank == 0:
-            run_dir = run_dir_written_here()
-            if run_dir is not None:
-                mark_partial(run_dir, what, only_running=True)
-            sink.error(stopped_early(what, run_dir))
+            sink.error(mark_stopped(what, run_dir_written_here()))
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

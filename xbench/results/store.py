@@ -154,22 +154,24 @@ def _write_meta(out_dir: Path, meta: dict) -> None:
     )
 
 
-def mark_partial(out_dir: Path, reason: str, *, only_running: bool = False) -> None:
-    """Record in run.json that the run stopped before its last case (best-effort);
-    ``only_running``: unless it already says otherwise (a run that finished keeps its
-    status)."""
+def mark_partial(out_dir: Path, reason: str) -> str | None:
+    """Record in run.json that the run stopped before its last case (best-effort), unless it
+    already says otherwise: a run that finished keeps its status (an error or a signal while
+    its summary prints), as does one already marked. Returns what run.json says now (None:
+    nothing was written yet)."""
     meta_file = Path(out_dir) / "run.json"
     try:
         meta = json.loads(meta_file.read_text())
     except (OSError, ValueError):
-        return  # nothing was written yet, or run.json is not ours to repair
-    if only_running and meta.get("status") != RUNNING:
-        return
+        return None  # nothing was written yet, or run.json is not ours to repair
+    if meta.get("status") != RUNNING:
+        return run_status(meta)
     meta["status"], meta["stopped_because"] = PARTIAL, reason
     try:
         _write_meta(out_dir, meta)
     except OSError:
-        pass  # a full disk: the error that stopped the run is the one to report
+        return RUNNING  # a full disk: the error that stopped the run is the one to report
+    return PARTIAL
 
 
 class RunStore:
@@ -200,9 +202,13 @@ class RunStore:
         self.run_meta["planned_parts"] = {**self.run_meta["planned_parts"], table_name: planned}
         _write_meta(self.out_dir, self.run_meta)
 
-    def finish(self) -> None:
+    def finish(self, *, more_launches: bool = False) -> None:
         """Every case of this launch is written: the run is complete, unless an earlier
-        launch of it stopped early."""
+        launch of it stopped early. With ``more_launches`` (``--runs N`` before the last) it
+        still says running: a parent killed outright before the next launch leaves a run
+        that says it did not finish, not a complete one holding fewer launches than asked."""
+        if more_launches:
+            return
         if "stopped_before" in self.run_meta:
             self.run_meta["status"] = PARTIAL
             self.run_meta["stopped_because"] = self.run_meta["stopped_before"]
