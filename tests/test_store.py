@@ -318,3 +318,17 @@ def test_a_signal_marks_a_run_partial_unless_it_finished(tmp_path, finished):
         assert line.startswith(f"interrupted; the cases finished so far are in {run} ")
         assert meta["status"] == "partial" and meta["stopped_because"] == "interrupted", meta
     assert mark_stopped("terminated", None) == "terminated before anything was written"
+
+
+def test_a_signal_on_a_full_disk_says_run_json_still_says_running(full_disk):
+    """Where run.json cannot be rewritten, the line does not claim it marks the run."""
+    from conftest import fill
+
+    from xbench.results.stopping import mark_stopped
+
+    run = full_disk / "run"
+    RunStore(run, {"run_id": "probe-full", "command": "probe"})
+    fill(full_disk)
+    line = mark_stopped("terminated", run)
+    assert "run.json could not be rewritten and still says running" in line, line
+    assert read_run_meta(run)["status"] == "running"

@@ -18,14 +18,19 @@ def mark_stopped(what: str, run_dir) -> str:
     summary prints), and say so in the one line for a command a signal stopped."""
     if run_dir is None:
         return f"{what} before anything was written"
-    from xbench.results.store import COMPLETE, mark_partial  # (pyarrow: only when stopping)
+    from xbench.results.store import COMPLETE, RUNNING, mark_partial  # (pyarrow: on stopping)
 
-    if mark_partial(run_dir, what) == COMPLETE:
+    status = mark_partial(run_dir, what)
+    if status == COMPLETE:
         return f"{what} after the run finished; it is whole in {run_dir}"
-    return (
-        f"{what}; the cases finished so far are in {run_dir} "
-        "(run.json marks the run partial; fit, compare, check and report say so)"
-    )
+    if status == RUNNING:  # a full disk: run.json could not be rewritten
+        said = (
+            "run.json could not be rewritten and still says running; fit, compare, check "
+            "and report say it never finished"
+        )
+    else:
+        said = "run.json marks the run partial; fit, compare, check and report say so"
+    return f"{what}; the cases finished so far are in {run_dir} ({said})"
 
 
 def stop_rank(rank: int, sink, message: str, code: int, out_dir=None):
