@@ -318,6 +318,9 @@ def test_a_signal_marks_a_run_partial_unless_it_finished(tmp_path, finished):
         assert line.startswith(f"interrupted; the cases finished so far are in {run} ")
         assert meta["status"] == "partial" and meta["stopped_because"] == "interrupted", meta
     assert mark_stopped("terminated", None) == "terminated before anything was written"
+    claimed = tmp_path / "claimed"  # claimed, and its ranks not started: no run.json yet
+    claimed.mkdir()
+    assert mark_stopped("terminated", claimed) == "terminated before anything was written"
 
 
 def test_a_signal_on_a_full_disk_says_run_json_still_says_running(full_disk):

@@ -16,11 +16,12 @@ SIGNALLED = {signal.SIGTERM: ("terminated", 143), signal.SIGINT: ("interrupted",
 def mark_stopped(what: str, run_dir) -> str:
     """Mark the run this process writes partial, unless it finished (a signal while its
     summary prints), and say so in the one line for a command a signal stopped."""
-    if run_dir is None:
-        return f"{what} before anything was written"
     from xbench.results.store import COMPLETE, RUNNING, mark_partial  # (pyarrow: on stopping)
 
-    status = mark_partial(run_dir, what)
+    # no run.json yet (a run directory claimed, its ranks still starting): no case either
+    status = None if run_dir is None else mark_partial(run_dir, what)
+    if status is None:
+        return f"{what} before anything was written"
     if status == COMPLETE:
         return f"{what} after the run finished; it is whole in {run_dir}"
     if status == RUNNING:  # a full disk: run.json could not be rewritten
