@@ -249,6 +249,52 @@ def test_a_scheduler_s_sigterm_under_a_site_launcher_marks_the_run_partial(tmp_p
     assert meta["status"] == "partial" and meta["stopped_because"] == "terminated", meta
 
 
+@pytest.mark.mpi  # starts MPI: runs under every MPI
+def test_a_signal_while_the_summary_prints_leaves_the_run_whole(tmp_path):
+    """The ranks are done and the summary waits on a pipe nobody reads (a pager left open):
+    a SIGTERM then keeps the run complete, and the line says it is whole."""
+    import contextlib
+    import fcntl
+    import os
+    import signal
+    import subprocess
+
+    from conftest import BIN, ROOT
+
+    out = tmp_path / "run"
+    read_end, write_end = os.pipe()
+    # fill the pipe first, so the summary's first write blocks (it is the first on stdout)
+    flags = fcntl.fcntl(write_end, fcntl.F_GETFL)
+    fcntl.fcntl(write_end, fcntl.F_SETFL, flags | os.O_NONBLOCK)
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            os.write(write_end, b"\0" * 4096)
+    fcntl.fcntl(write_end, fcntl.F_SETFL, flags)
+    argv = [str(BIN / "xbench"), "probe", "--np", "2", "-p", "latency", "--sizes", "8B:64B"]
+    proc = subprocess.Popen(
+        [*argv, *QUICK, "--out", str(out)], cwd=ROOT, stdout=write_end, stderr=subprocess.PIPE
+    )
+    os.close(write_end)
+    try:
+        deadline = time.monotonic() + 60
+        while "pipe_write" not in open(f"/proc/{proc.pid}/wchan").read():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        assert read_run_meta(out)["status"] == "complete"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        os.close(read_end)
+    err = err.decode()
+    assert proc.returncode == 143, err
+    said = [line for line in err.splitlines() if line.startswith("xbench: error")]
+    assert said == [f"xbench: error: terminated after the run finished; it is whole in {out}"]
+    meta = read_run_meta(out)
+    assert meta["status"] == "complete" and "stopped_because" not in meta, meta
+
+
 @pytest.mark.parametrize(
     "args, words",
     [
