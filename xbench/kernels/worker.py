@@ -251,7 +251,7 @@ def run_sweep(cfg: SweepConfig, sink, comm=None) -> None:
             sink.case_done(step, label, values[len(values) // 2] if values else float("nan"), "us")
         step += 1
     if rank == 0:
-        store.finish(more_launches=cfg.process_run + 1 < cfg.runs)
+        store.finish(launch=cfg.process_run, launches=cfg.runs)
         sink.finish()
 
 

@@ -568,5 +568,5 @@ def run_probe(cfg: ProbeConfig, sink, comm=None) -> None:
     world.Barrier()
     transport_class(cfg.transport, cfg.device, cfg.initiator).teardown_world(world)
     if r.rank == 0:
-        store.finish(more_launches=cfg.process_run + 1 < cfg.runs)
+        store.finish(launch=cfg.process_run, launches=cfg.runs)
         sink.finish()

@@ -202,12 +202,13 @@ class RunStore:
         self.run_meta["planned_parts"] = {**self.run_meta["planned_parts"], table_name: planned}
         _write_meta(self.out_dir, self.run_meta)
 
-    def finish(self, *, more_launches: bool = False) -> None:
-        """Every case of this launch is written: the run is complete, unless an earlier
-        launch of it stopped early. With ``more_launches`` (``--runs N`` before the last) it
-        still says running: a parent killed outright before the next launch leaves a run
-        that says it did not finish, not a complete one holding fewer launches than asked."""
-        if more_launches:
+    def finish(self, *, launch: int = 0, launches: int = 1) -> None:
+        """Every case of launch ``launch`` (from 0) of ``launches`` is written: the run is
+        complete, unless an earlier launch of it stopped early. Before the last launch
+        (``--runs N``) it still says running: a parent killed outright before the next one
+        leaves a run that says it did not finish, not a complete one holding fewer launches
+        than asked."""
+        if launch + 1 < launches:
             return
         if "stopped_before" in self.run_meta:
             self.run_meta["status"] = PARTIAL

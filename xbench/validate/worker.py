@@ -657,7 +657,7 @@ def run_validate(cfg: ValidateConfig, sink) -> None:
     comm.Barrier()
     WIRES[cfg.wire].stop_run()
     if rank == 0:
-        store.finish(more_launches=cfg.process_run + 1 < cfg.runs)
+        store.finish(launch=cfg.process_run, launches=cfg.runs)
         sink.finish()
 
 
