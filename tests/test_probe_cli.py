@@ -258,6 +258,7 @@ def test_a_signal_while_the_summary_prints_leaves_the_run_whole(tmp_path):
     import os
     import signal
     import subprocess
+    from pathlib import Path
 
     from conftest import BIN, ROOT
 
@@ -277,8 +278,10 @@ def test_a_signal_while_the_summary_prints_leaves_the_run_whole(tmp_path):
     os.close(write_end)
     try:
         deadline = time.monotonic() + 60
-        while "pipe_write" not in open(f"/proc/{proc.pid}/wchan").read():
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        while "pipe_write" not in (wchan := Path(f"/proc/{proc.pid}/wchan").read_text()):
+            assert proc.poll() is None, proc.communicate()  # it ended: say how
+            # (communicate would wait on the blocked write for good)
+            assert time.monotonic() < deadline, f"xbench waits in {wchan!r}, not on the pipe"
             time.sleep(0.05)
         assert read_run_meta(out)["status"] == "complete"
         proc.send_signal(signal.SIGTERM)

@@ -191,7 +191,7 @@ def handles_errors(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         # (the store loads pandas: imported where a run is marked, not for every command)
-        from xbench.results.stopping import SIGNALLED, mark_stopped
+        from xbench.results.stopping import SIGNALLED, mark_run_partial, mark_stopped
         from xbench.results.written_here import forget_run_dir, run_dir_written_here
 
         forget_run_dir()
@@ -204,10 +204,10 @@ def handles_errors(fn):
                 error = exc
             else:
                 error = _stdout_filled(exc, run_dir) or from_os_error(exc, run_dir)
-            _mark_partial(run_dir, str(error))
+            mark_run_partial(run_dir, str(error))
             raise fail(str(error), error.exit_code) from None
         except MemoryError:  # what was asked for (requests, sizes, shapes) outgrew the machine
-            _mark_partial(run_dir_written_here(), "out of memory")
+            mark_run_partial(run_dir_written_here(), "out of memory")
             raise fail(
                 "out of memory: what was asked for does not fit in this machine's memory; "
                 "ask for less (fewer --requests, smaller sizes, rows or chunks)",
@@ -218,14 +218,6 @@ def handles_errors(fn):
             raise fail(mark_stopped(what, run_dir_written_here()), code) from None
 
     return wrapper
-
-
-def _mark_partial(run_dir, reason: str) -> None:
-    """A run this command began and that still says running stopped here: partial."""
-    if run_dir is not None:
-        from xbench.results.store import mark_partial
-
-        mark_partial(run_dir, reason)
 
 
 def emit_frame(frame, fmt: OutputFormat, render_table) -> None:

@@ -13,15 +13,24 @@ from contextlib import contextmanager
 SIGNALLED = {signal.SIGTERM: ("terminated", 143), signal.SIGINT: ("interrupted", 130)}
 
 
+def mark_run_partial(run_dir, reason: str) -> str | None:
+    """Mark the run this process writes (``run_dir``, None: none begun) partial unless it
+    already says otherwise; what run.json says now (None: nothing written yet)."""
+    if run_dir is None:
+        return None
+    from xbench.results.store import mark_partial  # (pyarrow: only when stopping)
+
+    return mark_partial(run_dir, reason)
+
+
 def mark_stopped(what: str, run_dir) -> str:
     """Mark the run this process writes partial, unless it finished (a signal while its
     summary prints), and say so in the one line for a command a signal stopped."""
-    from xbench.results.store import COMPLETE, RUNNING, mark_partial  # (pyarrow: on stopping)
-
-    # no run.json yet (a run directory claimed, its ranks still starting): no case either
-    status = None if run_dir is None else mark_partial(run_dir, what)
-    if status is None:
+    status = mark_run_partial(run_dir, what)
+    if status is None:  # no run.json yet (ranks still starting): no case either
         return f"{what} before anything was written"
+    from xbench.results.store import COMPLETE, RUNNING  # (loaded by mark_run_partial)
+
     if status == COMPLETE:
         return f"{what} after the run finished; it is whole in {run_dir}"
     if status == RUNNING:  # a full disk: run.json could not be rewritten
@@ -40,10 +49,7 @@ def stop_rank(rank: int, sink, message: str, code: int, out_dir=None):
     site launcher no parent does), the others on stderr, where the parent reads the first
     ``xbench: error on rank N:`` line of the launcher's log."""
     if rank == 0:
-        if out_dir is not None:
-            from xbench.results.store import mark_partial  # (pyarrow: only when stopping)
-
-            mark_partial(out_dir, message)
+        mark_run_partial(out_dir, message)
         sink.error(message)
     else:
         sys.stderr.write(f"xbench: error on rank {rank}: {message}\n")
