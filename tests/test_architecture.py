@@ -7,6 +7,7 @@ is still a dependency on it. docs/architecture.md explains the layers.
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -196,3 +197,42 @@ def test_a_refused_decide_answers_before_loading_pandas():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "2 False", out.stdout + out.stderr
     assert "empty item" in out.stderr
+
+
+# Standard-library modules added after the lowest Python pyproject.toml admits, by the
+# version that added them
+NEWER_STDLIB = {"tomllib": (3, 11)}
+
+
+def test_stdlib_modules_newer_than_the_lowest_python_are_imported_under_a_version_check():
+    """``xbench check --config`` imported tomllib unchecked: on Python 3.10, which
+    requires-python admits, it was a ModuleNotFoundError traceback (docs/measurements.md,
+    session 63). Each such import sits under ``if sys.version_info >= ...``."""
+    pyproject = (PACKAGE.parent / "pyproject.toml").read_text()
+    lowest = tuple(
+        int(p) for p in re.search(r'requires-python = ">=(\d+)\.(\d+)"', pyproject).groups()
+    )
+    newer = {name for name, added in NEWER_STDLIB.items() if added > lowest}
+    unchecked = []
+    for path in PACKAGE.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        checked = {
+            id(inner)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.If) and "version_info" in ast.unparse(node.test)
+            for inner in ast.walk(node)
+        }
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            else:
+                continue
+            where = f"{path.relative_to(PACKAGE.parent)}:{node.lineno}"
+            unchecked += [
+                f"{where} {n}"
+                for n in names
+                if n.split(".")[0] in newer and id(node) not in checked
+            ]
+    assert not unchecked, unchecked

@@ -611,6 +611,12 @@ def test_check_config_without_a_check_table_is_refused(xbench, probe_run, tmp_pa
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert f"cannot read --config {config} ('utf-8' codec" in r.stderr
     assert not (tmp_path / "n").exists()
+    config.write_text("[check\n")  # the same lines as a profile's or scenario's (files.read_toml)
+    r = xbench("check", "--baseline", probe_run, "--config", config, "--out", tmp_path / "n")
+    assert f"--config {config} is not valid TOML (" in r.stderr and "at that line" in r.stderr
+    r = xbench("check", "--baseline", probe_run, "--config", tmp_path / "none.toml")
+    assert r.returncode == 2 and f"--config {tmp_path / 'none.toml'} does not exist" in r.stderr
+    assert not (tmp_path / "n").exists()
 
 
 @pytest.mark.mpi  # starts MPI: runs under every MPI

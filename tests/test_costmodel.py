@@ -508,7 +508,8 @@ def test_one_catalogue_of_device_terms_that_device_reader_and_writer_follow(tmp_
     a profile holding every term writes each in its catalogue unit and reads back equal;
     the terms that come together are refused apart, whichever group."""
     from xbench.core import device_terms
-    from xbench.core.profile import save_profile, tomllib  # (tomli before Python 3.11)
+    from xbench.core.profile import save_profile
+    from xbench.files import tomllib  # (tomli before Python 3.11)
 
     coef_fields = {
         f.name

@@ -378,7 +378,8 @@ def test_spliced_saving_is_fitted_per_chunk_kept_out_of_t_c_and_survives_a_file(
     back = load_profile(path).device
     assert back.spliced_saving == device.spliced_saving
     assert back.saved_on_splice(2000) == pytest.approx(device.saved_on_splice(2000))
-    from xbench.core.profile import parse_profile, tomllib  # (tomli before Python 3.11)
+    from xbench.core.profile import parse_profile
+    from xbench.files import tomllib  # (tomli before Python 3.11)
 
     data = tomllib.loads(path.read_text())
     data["device"]["spliced_saving"].append(data["device"]["spliced_saving"][0])

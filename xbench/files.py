@@ -1,11 +1,37 @@
-"""Writing a file whole or not at all: a failure (a full disk, an interrupt) leaves the file
-that was there, or none, never half of one."""
+"""Files the project reads and writes: a TOML file read into one error line where it cannot
+be, and a file written whole or not at all (a failure, a full disk or an interrupt, leaves
+the file that was there, or none, never half of one)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from pathlib import Path
+
+from xbench.errors import XbenchError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+def read_toml(path, what: str, fix: str, error: type[XbenchError] = XbenchError) -> dict:
+    """The TOML file ``path`` as tables, or ``error``'s one line saying why it cannot be read:
+    missing, not TOML (with the line), or not a readable text file. ``what`` names the kind
+    of file ("profile"), ``fix`` what to pass instead."""
+    try:
+        return tomllib.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise error(f"{what} {path} does not exist", fix) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise error(
+            f"{what} {path} is not valid TOML ({exc})", "fix the syntax at that line"
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:  # a directory, unreadable, not text
+        reason = getattr(exc, "strerror", None) or exc
+        raise error(f"cannot read {what} {path} ({reason})", fix) from None
 
 
 def write_atomically(path, write) -> None:

@@ -28,7 +28,7 @@ from xbench.cli.common import (
     warn,
 )
 from xbench.errors import XbenchError
-from xbench.files import write_text_atomically
+from xbench.files import read_toml, write_text_atomically
 
 
 class CompareFormat(str, Enum):
@@ -449,14 +449,7 @@ def _write_error_reports(reports: Path, title: str, why: str, properties: dict) 
 def _check_settings(path: Path | None) -> dict:
     if path is None:
         return {}
-    import tomllib
-
-    try:
-        data = tomllib.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:  # (binary: not text)
-        raise XbenchError(
-            f"cannot read --config {path} ({exc})", "pass a TOML file with a [check] table"
-        ) from None
+    data = read_toml(path, "--config", "pass a TOML file with a [check] table")
     if not isinstance(data.get("check"), dict):
         raise XbenchError(
             f"{path} has no [check] table",

@@ -14,18 +14,12 @@ See ``profiles/h100-priors.toml`` for the format.
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 
 from xbench.core import device_terms
 from xbench.core.costmodel import Ceilings, Coef, Device, Fabric, Profile, Segment
 from xbench.errors import XbenchError
-from xbench.files import write_text_atomically
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+from xbench.files import read_toml, write_text_atomically
 
 PROFILE_SCHEMA_VERSION = 1
 FABRICS = ("shm", "nvlink", "ib", "ibgda", "roce", "tcp", "unknown")
@@ -431,22 +425,12 @@ def parse_profile(data: dict, path: str = "<profile>") -> Profile:
 def load_profile(path) -> Profile:
     """Read and validate a profile file."""
     path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ProfileError(
-            f"profile {path} does not exist",
-            "pass a profile file (profiles/*.toml or one xbench fit wrote) or a shipped one's name",
-        ) from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ProfileError(
-            f"profile {path} is not valid TOML ({exc})", "fix the syntax at that line"
-        ) from None
-    except (OSError, UnicodeDecodeError) as exc:  # a directory, unreadable, not text
-        raise ProfileError(
-            f"cannot read profile {path} ({getattr(exc, 'strerror', None) or exc})",
-            "pass a profile file (profiles/*.toml or one xbench fit wrote)",
-        ) from None
+    data = read_toml(
+        path,
+        "profile",
+        "pass a profile file (profiles/*.toml or one xbench fit wrote) or a shipped one's name",
+        ProfileError,
+    )
     return parse_profile(data, str(path))
 
 

@@ -22,7 +22,6 @@ says where the question comes from (``[scenario]``). Example: ``scenarios/*.toml
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 
 from xbench.core.costmodel import MOST_LAYERS, MOST_SHAPE, MOST_TOKENS
@@ -32,11 +31,7 @@ from xbench.core.spans import parse as parse_span_tree
 from xbench.core.spans import positional_and_shared
 from xbench.core.units import parse_duration, parse_rate, parse_size
 from xbench.errors import XbenchError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+from xbench.files import read_toml
 
 # The most requests a replay may ask for, as MOST_SHAPE for a request: past 2^63 numpy
 # cannot size the arrays (10^20 was a traceback); below 2^40, what the machine cannot hold
@@ -60,22 +55,8 @@ class ScenarioError(XbenchError):
 
 def _read_toml(path: Path) -> dict:
     """A scenario file's TOML, or a one-line ScenarioError saying why it cannot be read."""
-    try:
-        return tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ScenarioError(
-            f"scenario {path} does not exist",
-            "pass a scenario file (scenarios/*.toml) or a shipped scenario's name",
-        ) from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ScenarioError(
-            f"scenario {path} is not valid TOML ({exc})", "fix the syntax at that line"
-        ) from None
-    except (OSError, UnicodeDecodeError) as exc:  # a directory, unreadable, not text
-        raise ScenarioError(
-            f"cannot read scenario {path} ({getattr(exc, 'strerror', None) or exc})",
-            "pass a scenario file (scenarios/*.toml) or a shipped scenario's name",
-        ) from None
+    fix = "pass a scenario file (scenarios/*.toml) or a shipped scenario's name"
+    return read_toml(path, "scenario", fix, ScenarioError)
 
 
 def _request_shape(req: dict, preset, path: Path) -> dict:
@@ -580,7 +561,7 @@ def load_workload(path) -> dict:
     layers) comes from its [scenario] model and [request]."""
     path = Path(path)
     scenario = load_scenario(path)
-    table = tomllib.loads(path.read_text()).get("workload")
+    table = _read_toml(path).get("workload")
     if not table:
         raise ScenarioError(
             f"scenario {path} has no [workload] to simulate",
