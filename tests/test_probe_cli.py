@@ -431,6 +431,33 @@ def test_env_reports_a_backend_that_breaks_as_one_line(monkeypatch):
     assert "second line" not in cap.detail
 
 
+def test_mpi_tools_come_from_the_variable_then_beside_python_then_path(monkeypatch, tmp_path):
+    """MPICC and XBENCH_MPIEXEC name a site's MPI; without them the MPI wheel installed into
+    this environment wins over PATH's, so the probe loop is built with the MPI that runs it."""
+    import os
+    import shutil
+    import sys
+    from pathlib import Path
+
+    from xbench.fabric.cloop import find_mpicc
+    from xbench.fabric.launch import find_mpi_tool, find_mpiexec
+
+    beside = Path(sys.executable).parent
+    for variable in ("MPICC", "XBENCH_MPIEXEC"):
+        monkeypatch.delenv(variable, raising=False)
+    assert (find_mpicc(), find_mpiexec()) == (str(beside / "mpicc"), str(beside / "mpiexec"))
+    monkeypatch.setenv("MPICC", "true")
+    assert find_mpicc() == shutil.which("true")
+    monkeypatch.setenv("MPICC", "no-such-mpicc")
+    assert find_mpicc() is None  # named and missing: not silently another MPI's
+    on_path = tmp_path / "xbench-test-tool"
+    on_path.write_text("#!/bin/sh\n")
+    on_path.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    assert find_mpi_tool(on_path.name, "XBENCH_TEST_UNSET") == str(on_path)
+    assert find_mpi_tool("no-such-tool", "XBENCH_TEST_UNSET") is None
+
+
 @pytest.mark.mpi  # starts MPI: runs under every MPI
 def test_runs_launch_separate_process_sets_into_one_run(xbench, tmp_path):
     import contextlib

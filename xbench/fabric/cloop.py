@@ -10,12 +10,12 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
-import shutil
 import subprocess
 import tempfile
 from functools import lru_cache
 from pathlib import Path
 
+from xbench.fabric.launch import find_mpi_tool
 from xbench.native import cache_dir
 
 SOURCE = Path(__file__).resolve().parent.parent / "probe" / "loops.c"
@@ -26,16 +26,7 @@ class LoopUnavailable(RuntimeError):
 
 
 def find_mpicc() -> str | None:
-    """``$MPICC``, else the mpicc next to the running Python (the mpich wheel), else PATH."""
-    explicit = os.environ.get("MPICC")
-    if explicit:
-        return shutil.which(explicit)
-    import sys
-
-    beside = Path(sys.executable).parent / "mpicc"
-    if beside.exists():
-        return str(beside)
-    return shutil.which("mpicc")
+    return find_mpi_tool("mpicc", "MPICC")
 
 
 @lru_cache(maxsize=1)

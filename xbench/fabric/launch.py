@@ -148,15 +148,20 @@ def launcher_name(environ=None) -> str:
     return "mpiexec"
 
 
-def find_mpiexec() -> str | None:
-    """``$XBENCH_MPIEXEC``, else the mpiexec beside this Python (the mpich wheel), else PATH."""
-    explicit = os.environ.get("XBENCH_MPIEXEC")
+def find_mpi_tool(name: str, variable: str) -> str | None:
+    """``$variable`` (a name on PATH or a path), else ``name`` beside this Python (the
+    MPI wheel installed into this environment), else ``name`` on PATH."""
+    explicit = os.environ.get(variable)
     if explicit:
         return shutil.which(explicit)
-    beside = Path(sys.executable).parent / "mpiexec"
+    beside = Path(sys.executable).parent / name
     if beside.exists():
         return str(beside)
-    return shutil.which("mpiexec")
+    return shutil.which(name)
+
+
+def find_mpiexec() -> str | None:
+    return find_mpi_tool("mpiexec", "XBENCH_MPIEXEC")
 
 
 def mpiexec_missing() -> tuple[str, str]:
