@@ -18,7 +18,9 @@ class NullSink:
     def start(self, total: int, out_dir: str, loop: str) -> None: ...
     def case_started(self, index: int, label: str) -> None: ...
     def case_done(self, index: int, label: str, median: float, unit: str) -> None: ...
-    def error(self, message: str) -> None: ...
+    # ``exit_code``: what the rank exits with right after (None: it does not say), so that
+    # a parent that has to end the job itself still exits as the rank meant (124: timeout)
+    def error(self, message: str, exit_code: int | None = None) -> None: ...
     def finish(self) -> None: ...
 
 
@@ -38,8 +40,8 @@ class JsonLinesSink(NullSink):
     def case_done(self, index, label, median, unit):
         self._emit(event="case_done", index=index, label=label, median=median, unit=unit)
 
-    def error(self, message):
-        self._emit(event="error", message=message)
+    def error(self, message, exit_code=None):
+        self._emit(event="error", message=message, exit_code=exit_code)
 
     def finish(self):
         self._emit(event="finish")

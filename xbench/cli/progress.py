@@ -42,7 +42,7 @@ class RichSink(NullSink):
     def case_done(self, index, label, median, unit):
         self.progress.update(self.task, advance=1, refresh=True)
 
-    def error(self, message):
+    def error(self, message, exit_code=None):
         self.progress.stop()
         err_console.print(
             Text.assemble(("xbench: error:", "bold red"), " ", message),

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from xbench.errors import RankFailure, XbenchError
 from xbench.events import EVENT_PREFIX
+from xbench.fabric.watchdog import EXIT_TIMEOUT
 from xbench.host import usable_cores
 from xbench.ranks import (
     RANK_VARIABLES,
@@ -192,6 +193,7 @@ class LaunchResult:
     returncode: int
     stalled: bool = False
     error: str | None = None  # the message rank 0 reported, if any
+    error_exit: int | None = None  # the code rank 0 said it exits with, after that message
     last_started: str | None = None
     finished_cases: int = 0
     events: list = field(default_factory=list)
@@ -227,18 +229,37 @@ def _take_event(result: LaunchResult, line: str, on_event) -> None:
     elif event["event"] == "case_done":
         result.finished_cases += 1
     elif event["event"] == "error":
-        result.error = event["message"]
+        result.error, result.error_exit = event["message"], event.get("exit_code")
     on_event(event)
+
+
+# Rank 0 exits as it reports an error (stop_rank), and the launcher should then end the
+# other ranks at once. Hydra sometimes misses that exit (the order of its socket-close and
+# waitpid events: pmodels/mpich#5930, #7058), and a peer hung in a case then ran on until
+# the stall timeout: 63 s past a --timeout of 3 s, in 2 of 39 runs on a 2-core VM
+# (docs/measurements.md, session 63). Ending the job is then xbench's.
+AFTER_ERROR_S = 5.0
 
 
 def _watch(proc, log, result: LaunchResult, on_event, stall_timeout_s: float) -> None:
     """Read the ranks' stdout to its end: events to ``on_event``, anything else to the log;
-    no event for ``stall_timeout_s`` stops the job (``result.stalled``)."""
+    no event for ``stall_timeout_s`` stops the job (``result.stalled``), and so does a
+    launcher still running ``AFTER_ERROR_S`` after rank 0 reported the error it ends on."""
     sel = selectors.DefaultSelector()
     sel.register(proc.stdout, selectors.EVENT_READ)
     last_event = time.monotonic()
+    error_at = None
     try:
         while True:
+            if error_at is not None and time.monotonic() - error_at > AFTER_ERROR_S:
+                if proc.poll() is None:
+                    log.write(
+                        f"xbench: the launcher was still running {AFTER_ERROR_S:g} s after "
+                        "rank 0 reported its error and exited; stopped the job\n"
+                    )
+                    log.flush()
+                    _stop_group(proc)
+                    break
             if not sel.select(timeout=0.5):
                 if proc.poll() is not None:
                     break
@@ -253,6 +274,8 @@ def _watch(proc, log, result: LaunchResult, on_event, stall_timeout_s: float) ->
             if line.startswith(EVENT_PREFIX):
                 last_event = time.monotonic()
                 _take_event(result, line, on_event)
+                if result.error is not None and error_at is None:
+                    error_at = last_event
             else:
                 log.write(line)
     except KeyboardInterrupt:
@@ -340,7 +363,7 @@ def run_ranks(
     )
     kept = f"{result.finished_cases} finished case(s){launch_label} are in {out_dir}"
     if result.error:
-        code = 124 if result.returncode == 124 else 3
+        code = 124 if EXIT_TIMEOUT in (result.returncode, result.error_exit) else 3
         raise RankFailure(result.error, f"see {log_path}", exit_code=code)
     if result.stalled:
         raise RankFailure(

@@ -50,7 +50,7 @@ def stop_rank(rank: int, sink, message: str, code: int, out_dir=None):
     ``xbench: error on rank N:`` line of the launcher's log."""
     if rank == 0:
         mark_run_partial(out_dir, message)
-        sink.error(message)
+        sink.error(message, code)
     else:
         sys.stderr.write(f"xbench: error on rank {rank}: {message}\n")
     sys.stdout.flush()
@@ -122,7 +122,7 @@ def stop_when_signalled(rank: int, sink) -> None:
             return
         what, code = SIGNALLED[signal.Signals(byte[0])]
         if rank == 0:
-            sink.error(mark_stopped(what, run_dir_written_here()))
+            sink.error(mark_stopped(what, run_dir_written_here()), code)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
