@@ -411,7 +411,7 @@ def test_hung_peer_times_out(xbench, tmp_path):
 @pytest.mark.mpi  # starts MPI: runs under every MPI (skipped where it is not Hydra)
 def test_a_launcher_that_leaves_a_hung_peer_running_is_ended_by_xbench(xbench, tmp_path):
     """Hydra sometimes misses rank 0's exit and leaves a hung peer running to the stall
-    timeout (2 of 39 runs like the test above, docs/measurements.md, session 63). Hydra's
+    timeout (2 of 51 runs like the test above, docs/measurements.md, session 63). Hydra's
     -disable-auto-cleanup makes that certain: xbench ends the job itself, exits 124 as rank 0
     did, and the log says where the peer was."""
     from xbench.fabric.launch import AFTER_ERROR_S, _is_hydra, find_mpiexec
@@ -463,6 +463,46 @@ def test_env_reports_a_backend_that_breaks_as_one_line(monkeypatch):
     cap = caps["kernel backend cuda-ref"]
     assert not cap.ok and "RuntimeError: use_bundled_headers" in cap.detail
     assert "second line" not in cap.detail
+
+
+@pytest.mark.parametrize("reports_error", [False, True])
+def test_the_watch_stops_a_silent_job_at_its_stall_timeout_or_after_an_error(
+    tmp_path, reports_error
+):
+    """The launcher's watch over a job that goes quiet: with no error, at the stall timeout
+    (``stalled``); after rank 0's error event, ``AFTER_ERROR_S`` later, whatever the stall
+    timeout, and the log says why."""
+    import json
+    import subprocess
+    import sys
+
+    from xbench.events import EVENT_PREFIX
+    from xbench.fabric.launch import AFTER_ERROR_S, LaunchResult, _watch
+
+    event = {"event": "error", "message": "rank 0 gave up", "exit_code": 124}
+    said = f"print({EVENT_PREFIX + json.dumps(event)!r}, flush=True); " if reports_error else ""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", said + "import time; time.sleep(120)"],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # as launch_worker starts it: _stop_group signals the group
+    )
+    result = LaunchResult(returncode=0)
+    stall_s = 60.0 if reports_error else 1.0
+    t0 = time.monotonic()
+    with open(tmp_path / "launcher.log", "w") as log:
+        _watch(proc, log, result, lambda event: None, stall_s)
+    took = time.monotonic() - t0
+    assert proc.wait(timeout=10) != 0  # stopped, not left running
+    log = (tmp_path / "launcher.log").read_text()
+    if reports_error:
+        assert (result.stalled, result.error, result.error_exit) == (False, "rank 0 gave up", 124)
+        assert AFTER_ERROR_S <= took < AFTER_ERROR_S + 10, took
+        assert "after rank 0 reported its error and exited; stopped the job" in log
+    else:
+        assert result.stalled and result.error is None
+        assert stall_s <= took < stall_s + 10, took
+        assert log == ""
 
 
 def test_mpi_tools_come_from_the_variable_then_beside_python_then_path(monkeypatch, tmp_path):

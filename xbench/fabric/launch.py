@@ -236,46 +236,42 @@ def _take_event(result: LaunchResult, line: str, on_event) -> None:
 # Rank 0 exits as it reports an error (stop_rank), and the launcher should then end the
 # other ranks at once. Hydra sometimes misses that exit (the order of its socket-close and
 # waitpid events: pmodels/mpich#5930, #7058), and a peer hung in a case then ran on until
-# the stall timeout: 63 s past a --timeout of 3 s, in 2 of 39 runs on a 2-core VM
+# the stall timeout: 63 s past a --timeout of 3 s, in 2 of 51 runs on a 2-core VM
 # (docs/measurements.md, session 63). Ending the job is then xbench's.
 AFTER_ERROR_S = 5.0
 
 
 def _watch(proc, log, result: LaunchResult, on_event, stall_timeout_s: float) -> None:
-    """Read the ranks' stdout to its end: events to ``on_event``, anything else to the log;
-    no event for ``stall_timeout_s`` stops the job (``result.stalled``), and so does a
-    launcher still running ``AFTER_ERROR_S`` after rank 0 reported the error it ends on."""
+    """Read the ranks' stdout to its end: events to ``on_event``, anything else to the log.
+    The job is stopped when no event comes for ``stall_timeout_s`` (``result.stalled``), or
+    when the launcher still runs ``AFTER_ERROR_S`` after rank 0 reported the error it ends on."""
     sel = selectors.DefaultSelector()
     sel.register(proc.stdout, selectors.EVENT_READ)
-    last_event = time.monotonic()
-    error_at = None
+    deadline = time.monotonic() + stall_timeout_s
     try:
         while True:
-            if error_at is not None and time.monotonic() - error_at > AFTER_ERROR_S:
-                if proc.poll() is None:
+            if time.monotonic() > deadline and proc.poll() is None:
+                if result.error is None:
+                    result.stalled = True
+                else:
                     log.write(
                         f"xbench: the launcher was still running {AFTER_ERROR_S:g} s after "
                         "rank 0 reported its error and exited; stopped the job\n"
                     )
                     log.flush()
-                    _stop_group(proc)
-                    break
+                _stop_group(proc)
+                break
             if not sel.select(timeout=0.5):
                 if proc.poll() is not None:
-                    break
-                if time.monotonic() - last_event > stall_timeout_s:
-                    result.stalled = True
-                    _stop_group(proc)
                     break
                 continue
             line = proc.stdout.readline()
             if not line:
                 break
             if line.startswith(EVENT_PREFIX):
-                last_event = time.monotonic()
                 _take_event(result, line, on_event)
-                if result.error is not None and error_at is None:
-                    error_at = last_event
+                wait = stall_timeout_s if result.error is None else AFTER_ERROR_S
+                deadline = time.monotonic() + wait
             else:
                 log.write(line)
     except KeyboardInterrupt:
