@@ -830,3 +830,26 @@ def test_every_parameter_refuses_a_blank():
             assert "'' is blank" in refused.value.format_message(), (name, param.name)
             checked += 1
     assert checked > 100  # every command's options and arguments, not a handful
+
+
+@pytest.mark.parametrize("given", ["text", "enum"])
+def test_slurm_reads_a_choice_as_typer_hands_it_over(given):
+    """A probe's choices as typer leaves them in the context's params: click's text before
+    typer 0.29 (`.value` on it was a traceback), the enum from 0.29 on."""
+    from xbench.cli.probe import Backend, Initiator
+    from xbench.cli.slurm import _check_values
+    from xbench.errors import XbenchError
+
+    initiator, backend = (
+        ("device", "nccl") if given == "text" else (Initiator("device"), Backend("nccl"))
+    )
+    params = {
+        "pattern": "latency",
+        "initiator": initiator,
+        "transport": "mpi",
+        "put_scope": None,
+        "tcp_interface": None,
+        "backend": backend,
+    }
+    with pytest.raises(XbenchError, match="--initiator device with --transport mpi"):
+        _check_values(params)

@@ -257,14 +257,20 @@ def _check_values(params: dict) -> None:
 
         scope = params.get("put_scope")
         check_initiator(
-            params["initiator"].value,
+            _choice(params["initiator"]),
             params["transport"],
             _patterns(params["pattern"]),
-            scope.value if scope else None,
+            _choice(scope) if scope else None,
         )
         check_transport_options(
-            params["transport"], params["tcp_interface"], params["backend"].value
+            params["transport"], params["tcp_interface"], _choice(params["backend"])
         )
+
+
+def _choice(value) -> str:
+    """A choice option's value as the command sees it: typer before 0.29 leaves click's
+    string in the context's params and makes the enum only when it calls the command."""
+    return getattr(value, "value", value)
 
 
 def _baseline(baseline: str | None, sweep: str | None, launches: int | None):
