@@ -347,7 +347,8 @@ def test_slurm_writes_the_plugin_it_chose_and_a_folder_of_the_jobs_own(xbench, t
     assert f"srun --mpi={expected} (for the MPI" in r.stdout
     # the mpich wheel (UCX and OFI built) under pmi2: OFI, whose address fits one PMI-1 put
     netmod = 'export MPICH_CH4_NETMOD="${MPICH_CH4_NETMOD:-ofi}"'
-    wheel = "ch4:ucx ofi" in library
+    # the wheel's "MPICH Device:" line: "ch4:ucx ofi" from 5.0, "ch4:ofi ucx" in 4.2
+    wheel = bool(re.search(r"MPICH Device:\s+ch4:(ucx ofi|ofi ucx)", library))
     assert (netmod in script) == (expected == "pmi2" and wheel), script
     assert ("MPICH_CH4_NETMOD=ofi (" in r.stdout) == (netmod in script)
     # job ids restart with a fresh cluster: the folder also holds the job's start

@@ -123,3 +123,39 @@ def test_every_package_is_in_the_wheel():
     # and the version has one home, read by setuptools without importing xbench
     tree = ast.parse((REPO / "xbench" / "version.py").read_text())
     assert any(isinstance(n, ast.Assign) and n.targets[0].id == "__version__" for n in tree.body)
+
+
+def test_the_lowest_run_holds_every_runtime_dependency_to_its_floor(tmp_path):
+    """`make test-lowest`'s constraints: one pin per runtime dependency and the mpich extra
+    (torch aside: the CPU pin), each the oldest release its range admits; a dependency
+    without a floor is named, as its oldest release cannot be tried."""
+    from lowest_constraints import LINE_FLOORS, NOT_PINNED, constraints
+    from packaging.requirements import Requirement
+
+    from xbench.files import tomllib  # (tomli before Python 3.11)
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    declared = {
+        Requirement(r).name: Requirement(r)
+        for r in [*project["dependencies"], *project["optional-dependencies"]["mpich"]]
+    }
+    pins = {
+        Requirement(line).name: Requirement(line) for line in constraints(REPO / "pyproject.toml")
+    }
+    assert set(pins) == set(declared) - NOT_PINNED
+    for name, pin in pins.items():
+        (spec,) = pin.specifier
+        floor = spec.version.removesuffix(".*")
+        assert spec.operator == "==" and declared[name].specifier.contains(floor), (name, pin)
+        if name not in LINE_FLOORS:  # held exactly at the declared floor
+            assert f">={floor}" in str(declared[name].specifier), (name, pin)
+        assert pin.marker == declared[name].marker, name
+    loose = tmp_path / "pyproject.toml"
+    loose.write_text(
+        '[project]\ndependencies = ["rich"]\n[project.optional-dependencies]\nmpich = []\n'
+    )
+    r = _run([sys.executable, str(REPO / "tests" / "lowest_constraints.py"), str(loose)])
+    assert (
+        r.returncode == 1
+        and r.stderr.strip() == f"'rich' has no '>=' floor; give it one in {loose}"
+    )

@@ -925,7 +925,8 @@ def test_simulate_cli_bad_input(xbench, tmp_path):
         ((agentic, "--validate", "--replays", "0"), "'--replays'"),
         ((agentic, "--validate", "--layers", "2"), "--validate replays one layer"),
         ((agentic, "--layers", "0"), "'--layers'"),
-        ((agentic, "--layers", "100000"), "less than or equal to 10000"),  # decide's limit
+        # decide's limit, in click's words, which differ between releases
+        ((agentic, "--layers", "100000"), "10000; see"),
         ((agentic, "--rate", "nan/s"), "--rate 'nan/s' is not a rate"),
         (("prefill-as-a-service", "--layers", "4"), "takes its layers from its model"),
         (("prefill-as-a-service", "--no-pipeline-layers"), "takes its layers from its model"),
