@@ -85,8 +85,9 @@ LOWEST := .venv-lowest
 test-lowest:
 	rm -rf $(LOWEST)
 	$(PYTHON) -m venv $(LOWEST)
-	$(LOWEST)/bin/python -m pip install --quiet --upgrade pip
-	$(PYTHON) tests/lowest_constraints.py > $(LOWEST)/constraints.txt
+	$(LOWEST)/bin/python -m pip install --quiet --upgrade pip packaging \
+	    "tomli; python_version < '3.11'"
+	$(LOWEST)/bin/python tests/lowest_constraints.py > $(LOWEST)/constraints.txt
 	$(LOWEST)/bin/python -m pip install --quiet $(TORCH_CPU)
 	$(LOWEST)/bin/python -m pip install --quiet -c $(LOWEST)/constraints.txt mpich
 	MPICC=$(CURDIR)/$(LOWEST)/bin/mpicc CFLAGS=-O0 $(LOWEST)/bin/python -m pip install \

@@ -7,11 +7,12 @@ floor is written as the oldest release that exists (mpich>=4.2.3: 4.2.0 has no w
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 
-try:
+from packaging.requirements import Requirement
+
+try:  # run before xbench is installed, so not xbench.files's
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
@@ -22,7 +23,6 @@ NOT_PINNED = {"torch"}
 # nvidia-cuda-nvrtc>=13 brings libnvrtc.so.13, which only the 13.x bindings load: the floor's
 # 12.x line needs nvidia-cuda-nvrtc-cu12 (README), so the lowest run takes 13.x's oldest.
 LINE_FLOORS = {"cuda-python": "13.0.0", "cuda-bindings": "13.0.0"}
-FLOOR = re.compile(r"^([A-Za-z0-9._-]+)\s*>=\s*([0-9][0-9.]*)\s*(?:;\s*(.+))?$")
 
 
 def constraints(pyproject: Path) -> list[str]:
@@ -31,14 +31,14 @@ def constraints(pyproject: Path) -> list[str]:
     project = tomllib.loads(pyproject.read_text())["project"]
     lines = []
     for requirement in [*project["dependencies"], *project["optional-dependencies"]["mpich"]]:
-        match = FLOOR.match(requirement.strip())
-        if match is None:
+        declared = Requirement(requirement)
+        floors = [s.version for s in declared.specifier if s.operator == ">="]
+        if not floors:
             raise SystemExit(f"{requirement!r} has no '>=' floor; give it one in {pyproject}")
-        name, floor, marker = match.groups()
-        if name in NOT_PINNED:
+        if declared.name in NOT_PINNED:
             continue
-        pin = f"{name}=={LINE_FLOORS.get(name, floor)}.*"
-        lines.append(f"{pin}; {marker}" if marker else pin)
+        pin = f"{declared.name}=={LINE_FLOORS.get(declared.name, floors[0])}.*"
+        lines.append(f"{pin}; {declared.marker}" if declared.marker else pin)
     return lines
 
 

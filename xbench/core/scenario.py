@@ -133,7 +133,11 @@ def load_scenario(path) -> dict:
     """Parse and check a scenario; returns {name, description, source, model, request,
     axes, workload} (``workload``: whether it has a [workload] for ``xbench simulate``)."""
     path = Path(path)
-    data = _read_toml(path)
+    return _parse_scenario(_read_toml(path), path)
+
+
+def _parse_scenario(data: dict, path: Path) -> dict:
+    """load_scenario's checks and answer, on a scenario file's tables already read."""
     for name, table in data.items():
         if name in ("scenario", "request", "grid", "workload") and not isinstance(table, dict):
             raise ScenarioError(
@@ -560,8 +564,9 @@ def load_workload(path) -> dict:
     ``PrefillWorkload``), ``fabrics`` and ``requests``; the request shape (heads, bytes,
     layers) comes from its [scenario] model and [request]."""
     path = Path(path)
-    scenario = load_scenario(path)
-    table = _read_toml(path).get("workload")
+    data = _read_toml(path)
+    scenario = _parse_scenario(data, path)
+    table = data.get("workload")
     if not table:
         raise ScenarioError(
             f"scenario {path} has no [workload] to simulate",
