@@ -14,12 +14,15 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 endif
 BIN := $(VENV)/bin
-# Machines without a GPU get the CPU build of torch first, so pip never pulls a CUDA wheel.
-TORCH_CPU ?= torch==2.13.0
+# Machines without a GPU get the CPU build of torch first, so pip never pulls a CUDA wheel:
+# PyPI's Linux torch is a CUDA build (several GB with its nvidia-* wheels) under the same
+# version, so the pin names the build (+cpu), which PyTorch publishes on its own index.
+TORCH_CPU ?= torch==2.13.0+cpu
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 STAMP := $(VENV)/.xbench-installed
 DEMO := results/demo
 
-.PHONY: install demo test test-all test-lowest gpu-check lint bench clean
+.PHONY: install cpu-torch demo test test-all test-lowest gpu-check lint bench clean
 
 install: $(STAMP)
 
@@ -31,11 +34,20 @@ $(STAMP): pyproject.toml
 	elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
 		echo "GPU found: torch comes from the project's own range (bring your CUDA build)"; \
 	else \
-		echo "no GPU: installing $(TORCH_CPU) (CPU build)"; \
-		$(BIN)/python -m pip install --quiet $(TORCH_CPU); \
+		echo "no GPU: installing $(TORCH_CPU)"; \
+		$(MAKE) --no-print-directory cpu-torch || exit 1; \
 	fi
 	$(BIN)/python -m pip install --quiet -e '.[test,nvshmem-build,$(MPI)]'
 	touch $(STAMP)
+
+# The CPU torch into $(VENV): from pip's own sources when they hold it (find-links, a local
+# index, its cache), else from PyTorch's CPU index; the first try's error is only that
+# the build is not there.
+cpu-torch:
+	@$(BIN)/python -m pip install --quiet $(TORCH_CPU) 2>/dev/null || { \
+	    echo "not in pip's sources: $(TORCH_CPU) from $(TORCH_CPU_INDEX)"; \
+	    $(BIN)/python -m pip install --quiet --index-url $(TORCH_CPU_INDEX) \
+	        $(TORCH_CPU); }
 
 # Each command is split so that make's echo of it fits 80 columns, as the output does.
 demo: $(STAMP)
@@ -88,7 +100,7 @@ test-lowest:
 	$(LOWEST)/bin/python -m pip install --quiet --upgrade pip packaging \
 	    "tomli; python_version < '3.11'"
 	$(LOWEST)/bin/python tests/lowest_constraints.py > $(LOWEST)/constraints.txt
-	$(LOWEST)/bin/python -m pip install --quiet $(TORCH_CPU)
+	$(MAKE) --no-print-directory cpu-torch VENV=$(LOWEST)
 	$(LOWEST)/bin/python -m pip install --quiet -c $(LOWEST)/constraints.txt mpich
 	MPICC=$(CURDIR)/$(LOWEST)/bin/mpicc CFLAGS=-O0 $(LOWEST)/bin/python -m pip install \
 	    --quiet -c $(LOWEST)/constraints.txt mpi4py

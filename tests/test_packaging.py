@@ -159,3 +159,70 @@ def test_the_lowest_run_holds_every_runtime_dependency_to_its_floor(tmp_path):
         r.returncode == 1
         and r.stderr.strip() == f"'rich' has no '>=' floor; give it one in {loose}"
     )
+
+
+def _one_file_wheel(folder: Path, version: str) -> None:
+    """A wheel named torch whose version says which build it stands for, in `folder`, with
+    the index.html pip reads from a file: index (and ignores as find-links)."""
+    import base64
+    import hashlib
+    import zipfile
+
+    info = f"torch-{version}.dist-info"
+    files = {
+        "torch/__init__.py": f"__version__ = {version!r}\n",
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: torch\nVersion: {version}\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+        "Tag: py3-none-any\n",
+    }
+    record = [
+        f"{name},sha256="
+        + base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).decode().rstrip("=")
+        + f",{len(text.encode())}"
+        for name, text in files.items()
+    ]
+    files[f"{info}/RECORD"] = "\n".join([*record, f"{info}/RECORD,,"]) + "\n"
+    folder.mkdir(parents=True, exist_ok=True)
+    name = f"torch-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(folder / name, "w") as wheel:
+        for path, text in files.items():
+            wheel.writestr(path, text)
+    (folder / "index.html").write_text(f'<a href="{name.replace("+", "%2B")}">{name}</a>\n')
+
+
+@pytest.mark.parametrize("source", ["cpu index", "find-links"])
+def test_make_installs_the_cpu_build_of_torch_never_the_cuda_build_of_the_same_version(
+    tmp_path, source
+):
+    """PyPI's Linux torch 2.13.0 is a CUDA build (several GB with its nvidia-* wheels);
+    `make cpu-torch` (what `make install` runs without a GPU) takes 2.13.0+cpu from pip's
+    own sources when they hold it, else from PyTorch's CPU index. Local indexes stand in
+    for PyPI (holding only the CUDA build's version) and for PyTorch's CPU index; pip's
+    configuration is set aside, so nothing here reaches the network."""
+    _one_file_wheel(tmp_path / "pypi" / "torch", "2.13.0")
+    cpu_index = tmp_path / "cpu"
+    if source == "cpu index":
+        _one_file_wheel(cpu_index / "torch", "2.13.0+cpu")
+    else:  # a machine that has the wheel on disk never asks the CPU index (not there here)
+        _one_file_wheel(tmp_path / "wheels", "2.13.0+cpu")
+    site = tmp_path / "site"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env |= {
+        "PIP_CONFIG_FILE": os.devnull,
+        "PIP_INDEX_URL": (tmp_path / "pypi").as_uri(),
+        "PIP_TARGET": str(site),  # this environment's own torch is left as it is
+        "PIP_NO_CACHE_DIR": "1",
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+    }
+    if source == "find-links":
+        env["PIP_FIND_LINKS"] = str(tmp_path / "wheels")
+    venv = Path(sys.executable).parent.parent
+    r = _run(
+        ["make", "--no-print-directory", "-C", str(REPO), "cpu-torch", f"VENV={venv}"]
+        + [f"TORCH_CPU_INDEX={cpu_index.as_uri()}"],
+        env=env,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert [p.name for p in site.glob("torch-*.dist-info")] == ["torch-2.13.0+cpu.dist-info"]
+    asked_the_index = f"from {cpu_index.as_uri()}" in r.stdout
+    assert asked_the_index == (source == "cpu index"), r.stdout
