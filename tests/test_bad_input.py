@@ -504,6 +504,40 @@ def test_an_mpiexec_that_is_not_there_is_refused_before_anything_is_written(xben
     assert not found["ok"] and "names no executable" in found["detail"], found
 
 
+def test_a_python_without_torch_is_told_to_install_it_before_anything_is_written(xbench, tmp_path):
+    """torch is declared, yet GPU sites bring their own (`pip install --no-deps`, an
+    environment module not loaded). Without it kernel, validate, simulate --validate and
+    slurm kernel were a ModuleNotFoundError traceback (simulate's from a launched rank, "an
+    xbench bug"), and env one too; probe, fit and decide need no torch. Here it is hidden
+    from every process the command starts, as an absent package is."""
+    hidden = tmp_path / "hide-torch"
+    hidden.mkdir()
+    (hidden / "sitecustomize.py").write_text("import sys\nsys.modules['torch'] = None\n")
+    env = {"PYTHONPATH": str(hidden)}
+    work = tmp_path / "work"
+    work.mkdir()
+    profile = ROOT / "tests" / "data" / "vm-cpu-profile.toml"
+    for args in (
+        ("kernel", "--kernels", "merge", "--out", "run"),
+        ("validate", "--profile", profile, "--out", "run"),
+        ("simulate", "decode-route-vs-fetch", "--profile", profile, "--validate")
+        + ("--policy", "route"),
+        ("slurm", "kernel", "--out", "job.sh", "--", "--kernels", "merge"),
+    ):
+        line = one_line(xbench(*args, env=env, cwd=work))
+        assert f"torch is not installed for {BIN}" in line, (args, line)
+        assert "pip install torch (on GPUs a CUDA build" in line, line
+        assert not list(work.iterdir()), args
+    r = xbench("env", "--format", "json", env=env)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    found = {c["capability"]: c for c in json.loads(r.stdout)}
+    assert not found["torch"]["ok"] and "not importable" in found["torch"]["detail"]
+    for name in ("CPU bf16 attention kernel", "probe nccl --backend gloo"):
+        assert not found[name]["ok"] and "needs torch" in found[name]["detail"], found[name]
+    r = xbench("decide", "--payload", "1KB", env=env)  # the decision needs no torch
+    assert r.returncode == 0, r.stderr
+
+
 def test_an_error_once_the_run_began_marks_it_partial(tmp_path):
     """A library error raised after run.json said running (an in-process kernel sweep on a
     GPU whose CUDA graph capture is refused mid-sweep) left a run that claimed to be going

@@ -6,6 +6,7 @@ later commands use the same checks to explain why a path is unavailable.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import platform
 import shutil
@@ -179,6 +180,8 @@ def check_cpu_bf16() -> Capability:
         ok = cpu_bf16.load() is not None
     except XbenchError as exc:
         return Capability("CPU bf16 attention kernel", False, str(exc))
+    except ImportError as exc:  # it runs on torch's OpenMP threads
+        return Capability("CPU bf16 attention kernel", False, f"needs torch: {exc}")
     return Capability(
         "CPU bf16 attention kernel",
         ok,
@@ -227,10 +230,10 @@ def _link_layers() -> set[str]:
     return layers
 
 
-def _gpu_stack() -> tuple[int, bool, bool, bool, str | None]:
+def _gpu_stack() -> tuple[int, bool, bool, bool, str | None, bool]:
     """(CUDA GPUs, torch's gloo, torch's NCCL, nvshmem4py importable, the CUDA version torch
-    was built for) on this machine."""
-    cuda = None
+    was built for, torch installed) on this machine."""
+    cuda, has_torch = None, importlib.util.find_spec("torch") is not None
     try:
         import torch
 
@@ -241,7 +244,7 @@ def _gpu_stack() -> tuple[int, bool, bool, bool, str | None]:
 
         gloo = dist.is_available() and dist.is_gloo_available()
         nccl = dist.is_available() and dist.is_nccl_available()
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - torch absent or broken: neither backend runs
         gpus, gloo, nccl = 0, False, False
     try:
         import nvshmem.core  # noqa: F401
@@ -249,19 +252,28 @@ def _gpu_stack() -> tuple[int, bool, bool, bool, str | None]:
         nvshmem = True
     except Exception:  # noqa: BLE001
         nvshmem = False
-    return gpus, gloo, nccl, nvshmem, cuda
+    return gpus, gloo, nccl, nvshmem, cuda, has_torch
 
 
 def _transports(
-    mpi_ok: bool, gpus: int, gloo: bool, nccl: bool, nvshmem: bool, cuda: str | None
+    mpi_ok: bool,
+    gpus: int,
+    gloo: bool,
+    nccl: bool,
+    nvshmem: bool,
+    cuda: str | None,
+    has_torch: bool = True,
 ) -> list:
     """Per transport: can this machine run it, and if not, why."""
     from xbench.fabric.nvshmem import install_hint
 
     no_gpu = "no CUDA GPU here"
+    no_torch = "needs torch, which is not installed here"
     nccl_why = (
         "NCCL on GPUs"
         if (nccl and gpus)
+        else no_torch
+        if not has_torch
         else ("torch is a CPU build without NCCL" if not nccl else no_gpu)
     )
     nv_why = (
@@ -282,7 +294,7 @@ def _transports(
             gloo,
             "torch.distributed gloo: the nccl transport's code path on CPUs"
             if gloo
-            else "torch has no gloo backend",
+            else (no_torch if not has_torch else "torch has no gloo backend"),
         ),
         Capability("probe nccl --backend nccl", bool(nccl and gpus), nccl_why),
         Capability("probe nvshmem", bool(nvshmem and gpus), nv_why),
@@ -353,8 +365,10 @@ def _fabrics(mpi_ok: bool, gpus: int, nvshmem: bool) -> list:
 def check_transports_and_fabrics() -> list[Capability]:
     """Per transport and per fabric: can this machine run it, and if not, why."""
     mpi_ok = check_mpi().ok
-    gpus, gloo, nccl, nvshmem, cuda = _gpu_stack()
-    return _transports(mpi_ok, gpus, gloo, nccl, nvshmem, cuda) + _fabrics(mpi_ok, gpus, nvshmem)
+    gpus, gloo, nccl, nvshmem, cuda, has_torch = _gpu_stack()
+    return _transports(mpi_ok, gpus, gloo, nccl, nvshmem, cuda, has_torch) + _fabrics(
+        mpi_ok, gpus, nvshmem
+    )
 
 
 def _cuda_aware_capability(mpi_ok: bool, gpus: int, no_gpu: str) -> Capability:

@@ -206,6 +206,18 @@ def handles_errors(fn):
                 error = _stdout_filled(exc, run_dir) or from_os_error(exc, run_dir)
             mark_run_partial(run_dir, str(error))
             raise fail(str(error), error.exit_code) from None
+        except ModuleNotFoundError as exc:
+            # torch is declared, yet GPU sites bring their own (pip install --no-deps, a
+            # module not loaded); only the commands that compute meet its absence
+            if (exc.name or "").partition(".")[0] != "torch":
+                raise
+            error = XbenchError(
+                f"torch is not installed for {sys.executable}",
+                "pip install torch (on GPUs a CUDA build; without one the CPU build: "
+                "--index-url https://download.pytorch.org/whl/cpu)",
+            )
+            mark_run_partial(run_dir_written_here(), str(error))
+            raise fail(str(error), error.exit_code) from None
         except MemoryError:  # what was asked for (requests, sizes, shapes) outgrew the machine
             mark_run_partial(run_dir_written_here(), "out of memory")
             raise fail(

@@ -726,6 +726,8 @@ def _validate(
     run_id = new_run_id("simulate-validate")
     # the replays' files (configs, latencies, compute jobs): beside --out, else in results/
     out_dir = (Path(out).parent if out is not None else Path("results")) / run_id
+    import torch  # noqa: F401 - the replay's ranks compute with it: a missing torch is named here
+
     require_mpiexec()  # before the replays' folder is made
     out_dir.mkdir(parents=True, exist_ok=True)
     with make_progress() as progress:
