@@ -262,20 +262,19 @@ def _transports(
     nccl: bool,
     nvshmem: bool,
     cuda: str | None,
-    has_torch: bool = True,
+    has_torch: bool,
 ) -> list:
     """Per transport: can this machine run it, and if not, why."""
     from xbench.fabric.nvshmem import install_hint
 
     no_gpu = "no CUDA GPU here"
     no_torch = "needs torch, which is not installed here"
-    nccl_why = (
-        "NCCL on GPUs"
-        if (nccl and gpus)
-        else no_torch
-        if not has_torch
-        else ("torch is a CPU build without NCCL" if not nccl else no_gpu)
-    )
+    if nccl and gpus:
+        nccl_why = "NCCL on GPUs"
+    elif not has_torch:
+        nccl_why = no_torch
+    else:
+        nccl_why = "torch is a CPU build without NCCL" if not nccl else no_gpu
     nv_why = (
         "nvshmem4py present"
         if nvshmem and gpus
