@@ -526,7 +526,7 @@ def test_a_python_without_torch_is_told_to_install_it_before_anything_is_written
     ):
         line = one_line(xbench(*args, env=env, cwd=work))
         assert f"torch is not installed for {BIN}" in line, (args, line)
-        assert "pip install torch (on GPUs a CUDA build" in line, line
+        assert "pip install 'torch>=2.1' (on GPUs a CUDA build" in line, line
         assert not list(work.iterdir()), args
     r = xbench("env", "--format", "json", env=env)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
@@ -536,6 +536,44 @@ def test_a_python_without_torch_is_told_to_install_it_before_anything_is_written
         assert not found[name]["ok"] and "needs torch" in found[name]["detail"], found[name]
     r = xbench("decide", "--payload", "1KB", env=env)  # the decision needs no torch
     assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize(
+    "module, requirement, args",
+    [
+        ("mpi4py", "mpi4py>=", ("probe", "--np", "2", "--out", "run")),
+        ("pyarrow", "pyarrow>=", ("decide", "--payload", "1KB", "--out", "d.parquet")),
+        ("matplotlib", "matplotlib>=", ("report", PRIORS, "--out", "report")),
+        ("tomli_w", "tomli-w>=", ("fit", "PROBE", "--base", PRIORS, "--out", "p.toml")),
+    ],
+)
+def test_a_missing_dependency_is_named_with_its_install_line(
+    xbench, tmp_path, module, requirement, args
+):
+    """Any declared dependency, as torch above: the probe's ranks died at their first import
+    ("a rank died before the first case"), the others were tracebacks. The line names the
+    requirement as pyproject.toml declares it; nothing is written."""
+    hidden = tmp_path / "hide"
+    hidden.mkdir()
+    (hidden / "sitecustomize.py").write_text(f"import sys\nsys.modules[{module!r}] = None\n")
+    probe_run(tmp_path / "probe")
+    work = tmp_path / "work"
+    work.mkdir()
+    args = [tmp_path / "probe" if a == "PROBE" else a for a in args]
+    line = one_line(xbench(*args, env={"PYTHONPATH": str(hidden)}, cwd=work))
+    assert f"{module} is not installed for {BIN}" in line, line
+    assert f"pip install '{requirement}" in line and not list(work.iterdir()), line
+
+
+def test_a_module_that_is_no_dependency_or_is_there_keeps_its_traceback():
+    """Only an absent declared dependency is the user's to install: any other module that
+    fails to import is xbench's bug, and a submodule missing from an installed package
+    (numpy's here) a broken install, not a missing one."""
+    from xbench.errors import missing_dependency
+
+    assert missing_dependency("no_such_module") is None
+    assert missing_dependency("numpy.no_such_module") is None
+    assert missing_dependency("") is None
 
 
 def test_an_error_once_the_run_began_marks_it_partial(tmp_path):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import errno
 import os
+import re
+import sys
 
 
 class XbenchError(Exception):
@@ -53,3 +55,37 @@ def from_os_error(exc: OSError, where=None) -> XbenchError:
         f"cannot use {exc.filename or 'a path'}: {exc.strerror or exc}",
         "pass a path the file system accepts (a shorter name, a folder you can write)",
     )
+
+
+def missing_dependency(module: str) -> XbenchError | None:
+    """The one line for a dependency of xbench's that this Python cannot find (GPU sites
+    install xbench with --no-deps and bring their own torch and MPI): ``module`` is what
+    failed to import. None where it is no declared dependency, or is there but broken: a
+    bug, left to its traceback."""
+    import importlib.util
+    from importlib import metadata  # (about 17 ms: only on this path, not each command's start)
+
+    top = module.partition(".")[0]
+    if not top or importlib.util.find_spec(top) is not None:
+        return None
+    try:
+        declared = metadata.requires("xbench") or []
+    except metadata.PackageNotFoundError:
+        return None
+
+    def normal(name: str) -> str:
+        return re.sub(r"[-_.]+", "-", name).lower()
+
+    for line in declared:
+        requirement, _, marker = line.partition(";")
+        name = re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", requirement.strip())
+        if "extra" in marker or name is None or normal(name.group()) != normal(top):
+            continue
+        fix = f"pip install '{requirement.strip()}'"
+        if top == "torch":  # PyPI's Linux torch is the CUDA build, GBs where no GPU uses it
+            fix += (
+                " (on GPUs a CUDA build; without one the CPU build: "
+                "--index-url https://download.pytorch.org/whl/cpu)"
+            )
+        return XbenchError(f"{top} is not installed for {sys.executable}", fix)
+    return None

@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from xbench.errors import XbenchError, from_os_error
+from xbench.errors import XbenchError, from_os_error, missing_dependency
 
 # Markup off: what xbench prints holds the user's strings (paths, profile and scenario names,
 # descriptions) where "[/red]" must print as written, not raise or vanish. Colour is given
@@ -207,15 +207,11 @@ def handles_errors(fn):
             mark_run_partial(run_dir, str(error))
             raise fail(str(error), error.exit_code) from None
         except ModuleNotFoundError as exc:
-            # torch is declared, yet GPU sites bring their own (pip install --no-deps, a
-            # module not loaded); only the commands that compute meet its absence
-            if (exc.name or "").partition(".")[0] != "torch":
+            # a declared dependency missing (GPU sites install with --no-deps and bring their
+            # own torch and MPI); any other module is a bug, left to its traceback
+            error = missing_dependency(exc.name or "")
+            if error is None:
                 raise
-            error = XbenchError(
-                f"torch is not installed for {sys.executable}",
-                "pip install torch (on GPUs a CUDA build; without one the CPU build: "
-                "--index-url https://download.pytorch.org/whl/cpu)",
-            )
             mark_run_partial(run_dir_written_here(), str(error))
             raise fail(str(error), error.exit_code) from None
         except MemoryError:  # what was asked for (requests, sizes, shapes) outgrew the machine

@@ -186,6 +186,7 @@ def require_mpiexec() -> None:
     and refuse the same --out once the fix is in."""
     if find_mpiexec() is None:
         raise XbenchError(*mpiexec_missing())
+    import mpi4py  # noqa: F401 - each rank's first import: a missing one is named here
 
 
 @dataclass
