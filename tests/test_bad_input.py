@@ -504,16 +504,22 @@ def test_an_mpiexec_that_is_not_there_is_refused_before_anything_is_written(xben
     assert not found["ok"] and "names no executable" in found["detail"], found
 
 
+def _hiding(module: str, tmp_path) -> dict:
+    """The environment in which every process xbench starts finds no ``module``, as where it
+    is not installed (a sitecustomize that marks it absent)."""
+    hidden = tmp_path / f"hide-{module}"
+    hidden.mkdir()
+    (hidden / "sitecustomize.py").write_text(f"import sys\nsys.modules[{module!r}] = None\n")
+    return {"PYTHONPATH": str(hidden)}
+
+
 def test_a_python_without_torch_is_told_to_install_it_before_anything_is_written(xbench, tmp_path):
     """torch is declared, yet GPU sites bring their own (`pip install --no-deps`, an
     environment module not loaded). Without it kernel, validate, simulate --validate and
     slurm kernel were a ModuleNotFoundError traceback (simulate's from a launched rank, "an
     xbench bug"), and env one too; probe, fit and decide need no torch. Here it is hidden
     from every process the command starts, as an absent package is."""
-    hidden = tmp_path / "hide-torch"
-    hidden.mkdir()
-    (hidden / "sitecustomize.py").write_text("import sys\nsys.modules['torch'] = None\n")
-    env = {"PYTHONPATH": str(hidden)}
+    env = _hiding("torch", tmp_path)
     work = tmp_path / "work"
     work.mkdir()
     profile = ROOT / "tests" / "data" / "vm-cpu-profile.toml"
@@ -553,14 +559,11 @@ def test_a_missing_dependency_is_named_with_its_install_line(
     """Any declared dependency, as torch above: the probe's ranks died at their first import
     ("a rank died before the first case"), the others were tracebacks. The line names the
     requirement as pyproject.toml declares it; nothing is written."""
-    hidden = tmp_path / "hide"
-    hidden.mkdir()
-    (hidden / "sitecustomize.py").write_text(f"import sys\nsys.modules[{module!r}] = None\n")
     probe_run(tmp_path / "probe")
     work = tmp_path / "work"
     work.mkdir()
     args = [tmp_path / "probe" if a == "PROBE" else a for a in args]
-    line = one_line(xbench(*args, env={"PYTHONPATH": str(hidden)}, cwd=work))
+    line = one_line(xbench(*args, env=_hiding(module, tmp_path), cwd=work))
     assert f"{module} is not installed for {BIN}" in line, line
     assert f"pip install '{requirement}" in line and not list(work.iterdir()), line
 

@@ -89,3 +89,12 @@ def missing_dependency(module: str) -> XbenchError | None:
             )
         return XbenchError(f"{top} is not installed for {sys.executable}", fix)
     return None
+
+
+def require_installed(module: str) -> None:
+    """Refuse a command whose processes will import ``module``, a declared dependency, where
+    it is absent: before anything is written, and without importing it (torch takes over a
+    second)."""
+    error = missing_dependency(module)
+    if error is not None:
+        raise error

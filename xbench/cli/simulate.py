@@ -691,6 +691,7 @@ def _validate(
 ):
     """simulate --validate: the simulation of a two-instance trace against its replay."""
     from xbench.cli.progress import EventProgress, make_progress
+    from xbench.errors import require_installed
     from xbench.fabric.launch import require_mpiexec, run_ranks
     from xbench.results.metadata import new_run_id, run_metadata
     from xbench.results.schema import SIMULATION_VALIDATION
@@ -726,8 +727,7 @@ def _validate(
     run_id = new_run_id("simulate-validate")
     # the replays' files (configs, latencies, compute jobs): beside --out, else in results/
     out_dir = (Path(out).parent if out is not None else Path("results")) / run_id
-    import torch  # noqa: F401 - the replay's ranks compute with it: a missing torch is named here
-
+    require_installed("torch")  # the replay's ranks compute with it
     require_mpiexec()  # before the replays' folder is made
     out_dir.mkdir(parents=True, exist_ok=True)
     with make_progress() as progress:

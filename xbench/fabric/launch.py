@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from xbench.errors import RankFailure, XbenchError
+from xbench.errors import RankFailure, XbenchError, require_installed
 from xbench.events import EVENT_PREFIX
 from xbench.fabric.watchdog import EXIT_TIMEOUT
 from xbench.host import usable_cores
@@ -181,12 +181,13 @@ def mpiexec_missing() -> tuple[str, str]:
 
 
 def require_mpiexec() -> None:
-    """Refused in one line where a command would launch ranks and no mpiexec is there: called
-    before the command writes its run, which would otherwise hold a run that never started
-    and refuse the same --out once the fix is in."""
+    """Refused in one line where a command would launch ranks and no mpiexec is there, or no
+    mpi4py (each rank's first import): called before the command writes its run, which
+    would otherwise hold a run that never started and refuse the same --out once the fix is
+    in."""
     if find_mpiexec() is None:
         raise XbenchError(*mpiexec_missing())
-    import mpi4py  # noqa: F401 - each rank's first import: a missing one is named here
+    require_installed("mpi4py")
 
 
 @dataclass
