@@ -22,7 +22,7 @@ TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 STAMP := $(VENV)/.xbench-installed
 DEMO := results/demo
 
-.PHONY: install cpu-torch demo test test-all test-lowest gpu-check lint bench clean
+.PHONY: install cpu-torch nvrtc12 demo test test-all test-lowest gpu-check lint bench clean
 
 install: $(STAMP)
 
@@ -38,6 +38,7 @@ $(STAMP): pyproject.toml
 		$(MAKE) --no-print-directory cpu-torch || exit 1; \
 	fi
 	$(BIN)/python -m pip install --quiet -e '.[test,nvshmem-build,$(MPI)]'
+	$(MAKE) --no-print-directory nvrtc12
 	touch $(STAMP)
 
 # The CPU torch into $(VENV): from pip's own sources when they hold it (find-links, a local
@@ -48,6 +49,14 @@ cpu-torch:
 	    echo "not in pip's sources: $(TORCH_CPU) from $(TORCH_CPU_INDEX)"; \
 	    $(BIN)/python -m pip install --quiet --index-url $(TORCH_CPU_INDEX) \
 	        $(TORCH_CPU); }
+
+# An NVRTC of CUDA 12.0-12.5, which leaves the compiling thread in the C locale, for the test
+# that loads it as a CUDA 12 torch does: unpacked beside the environment's packages, never
+# into them (a CUDA build of torch pins its own NVRTC 12 there).
+NVRTC12 := nvidia-cuda-nvrtc-cu12==12.4.127
+nvrtc12:
+	@$(BIN)/python -m pip install --quiet --upgrade --no-deps --target $(VENV)/nvrtc12 \
+	    $(NVRTC12) || echo "no $(NVRTC12) for this platform: its test skips"
 
 # Each command is split so that make's echo of it fits 80 columns, as the output does.
 demo: $(STAMP)
@@ -106,6 +115,7 @@ test-lowest:
 	    --quiet -c $(LOWEST)/constraints.txt mpi4py
 	$(LOWEST)/bin/python -m pip install --quiet -c $(LOWEST)/constraints.txt \
 	    -e '.[test,nvshmem-build,mpich]'
+	$(MAKE) --no-print-directory nvrtc12 VENV=$(LOWEST)
 	touch $(LOWEST)/.xbench-installed
 	$(MAKE) test VENV=$(LOWEST)
 

@@ -1,7 +1,11 @@
 """CUDA kernels: NVRTC compilation for sm_90 here; numerics on a GPU (marked gpu)."""
 
 import math
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -45,6 +49,50 @@ def test_older_nvrtc_compiles_with_the_toolkit_headers(tmp_path, monkeypatch):
     monkeypatch.setattr(cuda_backend, "nvrtc_version", lambda: (13, 0))
     assert "use_bundled_headers" not in cuda_backend.header_options("inc")
     assert compile_source("mla_partial_attention.cu", "sm_90").startswith(ELF_MAGIC)
+
+
+# Loads NVRTC 12.4 as a CUDA 12 build of torch does on import (cuda.bindings then takes the
+# one loaded), compiles through xbench, and reports what Python's text I/O uses afterwards
+_NVRTC12_COMPILE = """
+import ctypes, locale, subprocess, sys
+ctypes.CDLL(sys.argv[1], ctypes.RTLD_GLOBAL)
+from xbench.kernels.cuda_backend import compile_source, nvrtc_version
+before = locale.getpreferredencoding(False)
+compile_source("merge_partials.cu", "sm_90")
+child = subprocess.run([sys.executable, "-c", "print('2.5 \u00b5s \u00d7 4')"],
+                       capture_output=True, text=True).stdout.strip()
+print(nvrtc_version()[0], before, locale.getpreferredencoding(False), child)
+"""
+
+
+def test_a_compile_by_nvrtc_12_leaves_pythons_text_encoding_as_it_was(tmp_path):
+    """NVRTC 12.0-12.5 leave the compiling thread in the C locale: afterwards Python read
+    and wrote text as ASCII, and a child's "µs" was a UnicodeDecodeError (on a CUDA 12.4
+    site, in any command that compiled; 24 tests here under torch 2.1). ``make nvrtc12``
+    unpacks the 12.4 library beside the environment's packages."""
+    from cuda.pathfinder import find_nvidia_header_directory
+
+    library = Path(sys.prefix) / "nvrtc12" / "nvidia" / "cuda_nvrtc" / "lib" / "libnvrtc.so.12"
+    if not library.exists():
+        pytest.skip(f"no NVRTC 12.4 at {library} (make nvrtc12 puts it there)")
+    if find_nvidia_header_directory("cudart") is None:
+        pytest.skip("no CUDA runtime headers here (wheel or toolkit) for NVRTC 12 to compile with")
+    r = subprocess.run(
+        [sys.executable, "-c", _NVRTC12_COMPILE, str(library)],
+        capture_output=True,
+        text=True,
+        # a real compile; a UTF-8 locale, not UTF-8 mode (where the locale is not read)
+        env={
+            **os.environ,
+            "XBENCH_CACHE_DIR": str(tmp_path),
+            "LC_ALL": "C.UTF-8",
+            "PYTHONUTF8": "0",
+        },
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    major, before, after, child = r.stdout.strip().split(maxsplit=3)
+    assert major == "12", r.stdout  # the compile went through the NVRTC loaded first
+    assert before == after == "UTF-8" and child == "2.5 µs × 4", r.stdout
 
 
 def test_older_nvrtc_without_headers_says_what_to_install(monkeypatch):

@@ -13,8 +13,10 @@ torch tensors for memory.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
@@ -85,6 +87,28 @@ def header_options(*include_path: str, version: tuple[int, int] | None = None) -
     return {"include_path": [*include_path, cudart]}
 
 
+@contextmanager
+def thread_locale_kept():
+    """Put the calling thread's locale back after what NVRTC does to it: NVRTC 12.0 to 12.5
+    leaves the thread in the C locale after a compile (12.0, 12.1, 12.2, 12.4 and 12.5 did
+    here; 12.6, 12.8, 12.9 and 13.5 did not; NVIDIA/cuda-python#29). Python then reads and
+    writes text as ASCII (open(), a child's output), so the first non-ASCII byte after a
+    compile was a UnicodeDecodeError. A CUDA 12 build of torch loads its NVRTC on import,
+    and cuda.bindings takes the one loaded. PyTorch restores the locale the same way."""
+    uselocale = getattr(ctypes.CDLL(None), "uselocale", None)
+    if uselocale is None:  # (no POSIX thread locales: nothing for NVRTC to change)
+        yield
+        return
+    uselocale.restype = ctypes.c_void_p
+    uselocale.argtypes = [ctypes.c_void_p]
+    saved = uselocale(None)  # (0 asks, changing nothing)
+    try:
+        yield
+    finally:
+        if saved:
+            uselocale(saved)
+
+
 def compile_source(source: str, arch: str = "sm_90") -> bytes:
     """NVRTC-compile one source to a cubin (no GPU needed); cached on disk."""
     target = _cache_path(source, arch)
@@ -100,7 +124,8 @@ def compile_source(source: str, arch: str = "sm_90") -> bytes:
     options = ProgramOptions(arch=arch, std="c++17", name=source, **header_options(str(cuda_dir())))
     program = Program((cuda_dir() / source).read_text(), code_type="c++", options=options)
     try:
-        cubin = program.compile("cubin").code
+        with thread_locale_kept():
+            cubin = program.compile("cubin").code
     except Exception as exc:  # noqa: BLE001 - NVRTC's errors carry the compiler log
         lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
         first = next((ln for ln in lines if "error" in ln), lines[0] if lines else repr(exc))
