@@ -517,8 +517,9 @@ def test_a_python_without_torch_is_told_to_install_it_before_anything_is_written
     """torch is declared, yet GPU sites bring their own (`pip install --no-deps`, an
     environment module not loaded). Without it kernel, validate, simulate --validate and
     slurm kernel were a ModuleNotFoundError traceback (simulate's from a launched rank, "an
-    xbench bug"), and env one too; probe, fit and decide need no torch. Here it is hidden
-    from every process the command starts, as an absent package is."""
+    xbench bug"), and env one too; a nccl probe launched its ranks, which died at their first
+    case; probe over MPI, fit and decide need no torch. Here it is hidden from every process
+    the command starts, as an absent package is."""
     env = _hiding("torch", tmp_path)
     work = tmp_path / "work"
     work.mkdir()
@@ -529,6 +530,7 @@ def test_a_python_without_torch_is_told_to_install_it_before_anything_is_written
         ("simulate", "decode-route-vs-fetch", "--profile", profile, "--validate")
         + ("--policy", "route"),
         ("slurm", "kernel", "--out", "job.sh", "--", "--kernels", "merge"),
+        ("probe", "--np", "2", "--transport", "nccl", "--backend", "gloo", "--out", "run"),
     ):
         line = one_line(xbench(*args, env=env, cwd=work))
         assert f"torch is not installed for {BIN}" in line, (args, line)
@@ -544,10 +546,24 @@ def test_a_python_without_torch_is_told_to_install_it_before_anything_is_written
     assert r.returncode == 0, r.stderr
 
 
+@pytest.mark.mpi  # starts MPI: runs under every MPI
+def test_ranks_a_launcher_started_without_torch_stop_the_job_before_writing(xbench, tmp_path):
+    """As above, under mpiexec: each rank checks its own Python before its first case (one
+    that lacks torch stops the job in one line); nothing is written."""
+    work = tmp_path / "work"
+    work.mkdir()
+    args = ("probe", "--transport", "nccl", "--backend", "gloo", "--sizes", "8B", "--out", "run")
+    mpiexec = [str(BIN / "mpiexec"), "-n", "2"]
+    r = xbench(*args, env=_hiding("torch", tmp_path), cwd=work, launcher=mpiexec)
+    assert r.returncode != 0 and f"torch is not installed for {BIN}" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and not list(work.iterdir()), r.stderr
+
+
 @pytest.mark.parametrize(
     "module, requirement, args",
     [
         ("mpi4py", "mpi4py>=", ("probe", "--np", "2", "--out", "run")),
+        ("scipy", "scipy>=", ("probe", "--np", "2", "--out", "run")),
         ("pyarrow", "pyarrow>=", ("decide", "--payload", "1KB", "--out", "d.parquet")),
         ("matplotlib", "matplotlib>=", ("report", PRIORS, "--out", "report")),
         ("tomli_w", "tomli-w>=", ("fit", "PROBE", "--base", PRIORS, "--out", "p.toml")),
@@ -557,8 +573,9 @@ def test_a_missing_dependency_is_named_with_its_install_line(
     xbench, tmp_path, module, requirement, args
 ):
     """Any declared dependency, as torch above: the probe's ranks died at their first import
-    ("a rank died before the first case"), the others were tracebacks. The line names the
-    requirement as pyproject.toml declares it; nothing is written."""
+    ("a rank died before the first case"); without scipy the probe measured, wrote its run,
+    then stopped at its summary; the others were tracebacks. The line names the requirement
+    as pyproject.toml declares it; nothing is written."""
     probe_run(tmp_path / "probe")
     work = tmp_path / "work"
     work.mkdir()

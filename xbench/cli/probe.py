@@ -294,6 +294,7 @@ def _launch_here(cfg, np: int, runs: int, hostfile, oversubscribe: bool, fmt) ->
     check_rank_count(np, hostfile is not None, oversubscribe)
     refuse_srun_without_pmi()
     require_mpiexec()
+    _require_imports(cfg)
     prepare_loop(cfg, warn)  # a loop that cannot be built is refused before --out exists
     # only now: a refused command leaves no empty run directory behind (under a launcher,
     # rank 0 alone creates it)
@@ -301,6 +302,17 @@ def _launch_here(cfg, np: int, runs: int, hostfile, oversubscribe: bool, fmt) ->
     claim_run_dir(out_dir)
     announce_run(out_dir, _announced(cfg, np))
     launch(cfg, np, fmt, hostfile, runs)
+
+
+def _require_imports(cfg) -> None:
+    """What the ranks and the summary will import, found before they start: without torch
+    a nccl probe launched its ranks, which died at their first case (a partial run left)."""
+    from xbench.errors import require_installed
+    from xbench.fabric.registry import needs_torch
+
+    if needs_torch(cfg.transport, cfg.device):
+        require_installed("torch")
+    require_installed("scipy")  # the summary's intervals, once the ranks are done
 
 
 def _announced(cfg, np: int) -> dict:
@@ -362,6 +374,7 @@ def _run_as_rank(cfg, launcher: str, fmt: OutputFormat) -> None:
     stop_when_signalled(rank, sink)
     try:
         with failures_stop_the_job(sink, cfg.out_dir):
+            _require_imports(cfg)  # (each rank's Python: one that lacks it stops the job)
             run_probe(cfg, sink)
     except SystemExit as exc:
         raise typer.Exit(exc.code or 0) from None

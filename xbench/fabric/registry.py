@@ -13,6 +13,12 @@ INITIATORS = ("host", "device")
 DEVICE_INITIATED = ("nvshmem",)
 
 
+def needs_torch(name: str, device: str = "host") -> bool:
+    """Whether a transport's ranks import torch: the device transports' buffers and timers,
+    and any transport's device buffers."""
+    return name in DEVICE_TRANSPORTS or device == "cuda"
+
+
 def transport_class(name: str, device: str = "host", initiator: str = "host"):
     """The class behind a transport name (imports only what that transport needs)."""
     if name == "mpi":
