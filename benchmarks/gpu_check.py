@@ -531,14 +531,23 @@ ONE_ROW_TOKENS = (4096, 8192, 16384, 32768, 65536)
 ONE_ROW_SPLITS = 64
 
 
+def self_device_total() -> str:
+    """A profile event's own device time, by its name in this torch: 2.4 renamed it from
+    CUDA's (2.1 to 2.3 have only self_cuda_time_total, 2.4 on self_device_time_total)."""
+    from torch.autograd.profiler_util import FunctionEventAvg
+
+    new = "self_device_time_total"
+    return new if hasattr(FunctionEventAvg(), new) else "self_cuda_time_total"
+
+
 def kernel_device_us(prof, names=("split_kernel", "combine_kernel")) -> dict[str, float]:
     """Each named kernel's mean device time a launch in a torch profile, in us (none where
     nothing ran on a device)."""
-    found = {}
+    found, total = {}, self_device_total()
     for event in prof.key_averages():
         for name in names:
-            if name in event.key and event.count and event.self_device_time_total > 0:
-                found[name] = event.self_device_time_total / event.count
+            if name in event.key and event.count and getattr(event, total) > 0:
+                found[name] = getattr(event, total) / event.count
     return found
 
 
@@ -658,7 +667,7 @@ def step_profile(out: Path, device: str) -> int:
     backend = get_backend("triton")
     cpu = device == "cpu"
     shapes = [(1, 64, False)] if cpu else [(1, 32768, False), (64, 8192, False), (8, 2048, True)]
-    sort = "self_cpu_time_total" if cpu else "self_device_time_total"
+    sort = "self_cpu_time_total" if cpu else self_device_total()
     for rows, tokens, sparse in shapes:
         case, call = _attention_call(backend, device, rows, tokens, sparse)
         prof = _profiled(call, not cpu)
