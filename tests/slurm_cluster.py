@@ -21,6 +21,7 @@ one and waits, for trying things by hand (Ctrl-C or ``kill`` stops it).
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -32,6 +33,8 @@ PACKAGES = "slurmctld slurmd slurm-client munge"
 DAEMONS = ("munged", "slurmctld", "slurmd", "sinfo", "sbatch", "srun", "scontrol")
 NET = "10.204.9"  # the bridge is .1, node i is .(i + 2)
 GPUS_PER_NODE = 8
+# Slurm's largest job id (MaxJobId's default); each cluster's first is drawn below it
+MAX_JOB_ID = 67_043_328
 LINK = "xbeth0"  # each node's network interface (hosts form)
 
 
@@ -172,6 +175,12 @@ class SlurmCluster:
             "SlurmdTimeout=30",
             "InactiveLimit=0",
             "KillWait=5",
+            # Job ids that no earlier cluster on this machine gave out, as a real cluster's
+            # never repeat: under srun, MPICH names its node's init segment after the step
+            # (/dev/shm/mpich_shm_<hash of "JOB.STEP">_<node>), a killed step leaves it, and
+            # two ranks of a later step with the same id then spin in MPI_Init for good
+            # (every cluster's first job was 1: a CI run hung in test_slurm_cluster.py).
+            f"FirstJobId={random.randrange(1000, MAX_JOB_ID - 1_000_000)}",
             f"TmpFS={r / 'nodetmp'}",
         ]
         gres = []
