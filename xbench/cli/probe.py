@@ -352,12 +352,11 @@ def _run_as_rank(cfg, launcher: str, fmt: OutputFormat) -> None:
     from xbench.probe.worker import apply_preset
 
     apply_preset(cfg.preset_env)  # this rank's own options: MPI is not initialised yet
-    from xbench.ranks import ask_thread_level
+    from xbench.ranks import start_mpi
 
     # the level xbench's own launches ask for, so a run under srun or mpirun compares with
     # one that xbench launched (a baseline from --np 2 was refused as funneled vs multiple)
-    ask_thread_level()
-    from mpi4py import MPI
+    MPI = start_mpi()
 
     from xbench.cli.progress import RichSink
     from xbench.events import NullSink

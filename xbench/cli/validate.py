@@ -204,10 +204,9 @@ def _run_as_rank(cfg, out_dir: Path) -> bool:
     """One of the two ranks a site launcher started: rank 0 claims the run directory (and
     both ranks stop when it cannot), then both run the worker's loop in-process. True on
     rank 0."""
-    from xbench.ranks import ask_thread_level
+    from xbench.ranks import start_mpi
 
-    ask_thread_level()  # the level xbench's own launches ask for
-    from mpi4py import MPI
+    MPI = start_mpi()  # at the level xbench's own launches ask for
 
     from xbench.cli.progress import RichSink
     from xbench.events import NullSink

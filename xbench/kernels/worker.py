@@ -260,12 +260,10 @@ def _stamped(rows: list[dict], cfg: SweepConfig, timer: int = 0) -> list[dict]:
 
 
 def main(argv: list[str]) -> int:
-    from xbench.ranks import ask_thread_level, dump_stacks_when_stopped
+    from xbench.ranks import dump_stacks_when_stopped, start_mpi
     from xbench.results.stopping import failures_stop_the_job
 
-    ask_thread_level()  # the level the probe's and validate's ranks run at
-    from mpi4py import MPI
-
+    MPI = start_mpi()  # at the level the probe's and validate's ranks run at
     dump_stacks_when_stopped()  # after MPI_Init: Open MPI sets its own SIGTERM handler
 
     from xbench.events import JsonLinesSink, NullSink

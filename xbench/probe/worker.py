@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from xbench.ranks import ask_thread_level, dump_stacks_when_stopped
+from xbench.ranks import dump_stacks_when_stopped, start_mpi
 from xbench.results.stopping import failures_stop_the_job
 
 
@@ -40,9 +40,7 @@ def apply_preset(preset: dict) -> None:
 def main(argv: list[str]) -> int:
     text = Path(argv[0]).read_text()
     apply_preset(json.loads(text).get("preset_env") or {})
-    ask_thread_level()
-    from mpi4py import MPI
-
+    MPI = start_mpi()
     dump_stacks_when_stopped()  # after MPI_Init: Open MPI sets its own SIGTERM handler
 
     reserve_buffers(text)

@@ -370,11 +370,10 @@ def run_replay(cfg: ReplayConfig, sink) -> None:
 
 
 def main(argv: list[str]) -> int:
-    from xbench.ranks import ask_thread_level
+    from xbench.ranks import start_mpi
     from xbench.results.stopping import failures_stop_the_job
 
-    ask_thread_level()
-    from mpi4py import MPI
+    MPI = start_mpi()
 
     from xbench.events import JsonLinesSink, NullSink
 

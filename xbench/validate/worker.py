@@ -662,12 +662,10 @@ def run_validate(cfg: ValidateConfig, sink) -> None:
 
 
 def main(argv: list[str]) -> int:
-    from xbench.ranks import ask_thread_level, dump_stacks_when_stopped
+    from xbench.ranks import dump_stacks_when_stopped, start_mpi
     from xbench.results.stopping import failures_stop_the_job
 
-    ask_thread_level()  # the level the probe ran at
-    from mpi4py import MPI
-
+    MPI = start_mpi()  # at the level the probe ran at
     dump_stacks_when_stopped()  # after MPI_Init: Open MPI sets its own SIGTERM handler
 
     from xbench.events import JsonLinesSink, NullSink
