@@ -360,6 +360,7 @@ def _run_as_rank(cfg, launcher: str, fmt: OutputFormat) -> None:
 
     from xbench.cli.progress import RichSink
     from xbench.events import NullSink
+    from xbench.fabric.launch import srun_task
     from xbench.probe.runner import ProbeConfig, run_probe
     from xbench.results.stopping import failures_stop_the_job, stop_when_signalled
 
@@ -370,7 +371,7 @@ def _run_as_rank(cfg, launcher: str, fmt: OutputFormat) -> None:
     cfg = ProbeConfig.from_json(MPI.COMM_WORLD.bcast(cfg.to_json(), root=0))
     cfg.tcp_interface, cfg.launcher = own_interface, launcher
     sink = RichSink() if rank == 0 else NullSink()
-    stop_when_signalled(rank, sink)
+    stop_when_signalled(rank, sink, others_wait=not srun_task())
     try:
         with failures_stop_the_job(sink, cfg.out_dir):
             _require_imports(cfg)  # (each rank's Python: one that lacks it stops the job)

@@ -210,6 +210,7 @@ def _run_as_rank(cfg, out_dir: Path) -> bool:
 
     from xbench.cli.progress import RichSink
     from xbench.events import NullSink
+    from xbench.fabric.launch import srun_task
     from xbench.results.stopping import failures_stop_the_job, stop_when_signalled
     from xbench.results.store import claim_run_dir
     from xbench.validate.worker import run_validate
@@ -231,7 +232,7 @@ def _run_as_rank(cfg, out_dir: Path) -> bool:
         raise refused or XbenchError("rank 0 could not claim the run directory", "see its line")
     cfg = type(cfg).from_json(comm.bcast(cfg.to_json(), root=0))  # rank 0's options rule
     sink = RichSink() if rank0 else NullSink()
-    stop_when_signalled(comm.Get_rank(), sink)
+    stop_when_signalled(comm.Get_rank(), sink, others_wait=not srun_task())
     with failures_stop_the_job(sink, out_dir):
         run_validate(cfg, sink)
     return rank0
