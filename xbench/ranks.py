@@ -20,11 +20,12 @@ RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 _stacks_file = None  # open while the rank runs: faulthandler keeps writing to its descriptor
 
 
-# MPICH 4 names the segment its ranks on a node share from MPI_Init on after the job
-# (mpich_shm_<hash of the process manager's job name>_<node>) and removes it in MPI_Finalize
-# only. A rank stopped before (Ctrl-C, scancel, a stall's stop, MPI_Abort) leaves it in
-# /dev/shm, and the ranks of any later job of that name (a Slurm job id given out again,
-# mpiexec's pid recycled) attach to it and spin in MPI_Init for good.
+# MPICH 5 (the mpich wheel's 5.0.2; 4.2.3 unnamed its own) names the segment its ranks on a
+# node share from MPI_Init on after the job (mpich_shm_<hash of the process manager's job
+# name>_<node>) and removes it in MPI_Finalize only. A rank stopped before (Ctrl-C,
+# scancel, a stall's stop, MPI_Abort) leaves it in /dev/shm, and the ranks of any later job
+# of that name (a Slurm job id given out again, mpiexec's pid recycled) attach to it and
+# spin in MPI_Init for good, or fail there.
 MPICH_INIT_SEGMENT = "/dev/shm/mpich_shm_"
 
 
@@ -38,29 +39,24 @@ def start_mpi():
     return MPI
 
 
-def release_init_segment(MPI) -> list[str]:
+def release_init_segment(MPI) -> None:
     """Remove the names of the MPICH segments this rank mapped in MPI_Init, once every rank
     is past it: the ranks keep their mappings (MPI_Finalize's own removal finds the name
     gone, which it allows), and a rank stopped later leaves nothing behind for a job of
-    the same name to hang on. Collective over COMM_WORLD under MPICH; the paths removed."""
+    the same name to hang on. Collective over COMM_WORLD under MPICH."""
     if not MPI.Get_library_version().startswith("MPICH"):
-        return []  # Open MPI's peers attach to each rank's segment later, on first use
+        return  # Open MPI's peers attach to each rank's segment later, on first use
     try:
-        with open("/proc/self/maps") as maps:
-            fields = [line.split(maxsplit=5) for line in maps]
+        with open("/proc/self/maps") as maps:  # (a path ends " (deleted)" once unlinked)
+            paths = {ln.split(maxsplit=5)[5].strip() for ln in maps if MPICH_INIT_SEGMENT in ln}
     except OSError:
-        fields = []
-    mapped = {f[5].rstrip("\n") for f in fields if len(f) == 6}
-    ours = sorted(p for p in mapped if p.startswith(MPICH_INIT_SEGMENT) and "(deleted)" not in p)
+        paths = set()
     MPI.COMM_WORLD.Barrier()  # a rank past MPI_Init has opened its node's segment
-    removed = []
-    for path in ours:
+    for path in (p for p in paths if not p.endswith(" (deleted)")):
         try:
             os.unlink(path)
-            removed.append(path)
         except OSError:
             pass  # the node's other rank was first (a name it cannot remove stays, as before)
-    return removed
 
 
 def ask_thread_level() -> None:
