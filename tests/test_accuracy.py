@@ -16,6 +16,7 @@ from xbench.core import conditions
 from xbench.core.costmodel import Coef, Request, phase_times, times
 from xbench.core.profile import ProfileError, load_profile, save_profile
 from xbench.kernels import cpu_bf16
+from xbench.ranks import singleton_environment
 from xbench.resources import profile_path
 from xbench.validate.summary import phase_errors, validation_errors
 from xbench.validate.worker import PHASES, phase_means
@@ -128,7 +129,10 @@ print(json.dumps({
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    with singleton_environment() as env:  # one rank, no launcher
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env
+        )
     assert done.returncode == 0, done.stderr
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got == {
@@ -213,7 +217,10 @@ print(json.dumps({
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    with singleton_environment() as env:  # one rank, no launcher
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env
+        )
     assert done.returncode == 0, done.stderr
     got = json.loads(done.stdout.strip().splitlines()[-1])
     keys = ["fetch attention", "fetch gather", "fetch merge", "fetch splice", "local attention"]

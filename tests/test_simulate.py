@@ -13,6 +13,7 @@ import pytest
 
 from xbench.core.profile import load_profile
 from xbench.core.scenario import ScenarioError, load_workload
+from xbench.ranks import singleton_environment
 from xbench.results.schema import PREFILL_SIMULATION, SIMULATION
 from xbench.results.store import read_table, table_run_meta
 from xbench.simulate import PATHS, Workload, make_trace, random_workloads, simulate
@@ -1237,7 +1238,10 @@ print(json.dumps({
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    with singleton_environment() as env:  # one rank, no launcher
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env
+        )
     assert done.returncode == 0, done.stderr
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got == {

@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 
 from xbench.errors import XbenchError
-from xbench.ranks import clean_library, mpi_library
+from xbench.ranks import clean_library, mpi_library, singleton_environment
 
 
 @dataclass(frozen=True)
@@ -391,13 +391,15 @@ def _cuda_aware_in_a_started_mpi() -> tuple[bool | None, str]:
         "print(json.dumps(cuda_aware_mpi()))"
     )
     try:
-        done = subprocess.run(
-            [sys.executable, "-c", code],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            stdin=subprocess.DEVNULL,
-        )
+        with singleton_environment() as env:  # (Open MPI's singleton left 16 MiB a call)
+            done = subprocess.run(
+                [sys.executable, "-c", code],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                stdin=subprocess.DEVNULL,
+                env=env,
+            )
     except subprocess.TimeoutExpired:
         return None, "the query did not answer within 60 s in a process that started MPI"
     try:

