@@ -19,7 +19,7 @@ from xbench.host import _nvlink_peers, gpu_by_uuid
 # no MPI but in the tests marked mpi (conftest: the Open MPI run skips the others)
 pytestmark = pytest.mark.nompi
 # what the MPIs name their node segments in /dev/shm (xbench/ranks.py says why they matter)
-MPI_SEGMENTS = ("mpich_shm_", "sm_segment.")
+MPI_SEGMENTS = ("mpich_shm_", "sm_segment.", "vader_segment.")
 
 
 class _CFunction:

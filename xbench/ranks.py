@@ -66,8 +66,13 @@ def release_init_segment(MPI) -> None:
 # (sm_segment.<host>.<uid>.<job>.<local rank>, 16 MiB) in this directory at MPI_Init and
 # leaves its removal to MPI_Finalize once a peer was reached, or else to the process
 # manager. A process that starts MPI on its own (a singleton: no launcher, no peer) has
-# neither, so each one left its file in /dev/shm, even after a clean MPI_Finalize.
-OPEN_MPI_SEGMENT_DIRECTORY = "OMPI_MCA_btl_sm_backing_directory"
+# neither, so each one left its file in /dev/shm, even after a clean MPI_Finalize. Open MPI
+# 4 names the component vader (vader_segment.*); 5 takes that name as a synonym, and both
+# set to one folder it takes without a word (5.0.11).
+OPEN_MPI_SEGMENT_FOLDER_VARIABLES = (
+    "OMPI_MCA_btl_sm_backing_directory",
+    "OMPI_MCA_btl_vader_backing_directory",
+)
 
 
 @contextmanager
@@ -76,7 +81,7 @@ def singleton_environment() -> Iterator[dict[str, str]]:
     segment in a folder removed when the block ends; nothing else changes (MPICH's
     singletons leave nothing)."""
     with tempfile.TemporaryDirectory(prefix="xbench-mpi-") as folder:
-        yield {**os.environ, OPEN_MPI_SEGMENT_DIRECTORY: folder}
+        yield {**os.environ, **dict.fromkeys(OPEN_MPI_SEGMENT_FOLDER_VARIABLES, folder)}
 
 
 def ask_thread_level() -> None:
