@@ -73,6 +73,17 @@ def run_xbench(*args, env=None, timeout=180, launcher=None, cwd=ROOT):
     )
 
 
+def run_one_rank(code: str, timeout=300) -> subprocess.CompletedProcess:
+    """Run Python ``code`` in a child that starts MPI on its own (one rank, no launcher), as
+    xbench runs such a child (:func:`xbench.ranks.singleton_environment`)."""
+    from xbench.ranks import singleton_environment
+
+    with singleton_environment() as env:
+        return subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=env
+        )
+
+
 def drop_key(src: Path, dst: Path, table: str, key: str, fabric: str | None = None) -> Path:
     """A copy of the profile ``src`` without ``key`` in ``[table]`` (or in the ``[[fabric]]``
     named ``fabric``): a profile that lacks a term, as a hand edit leaves it."""

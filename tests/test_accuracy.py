@@ -10,13 +10,12 @@ import os
 
 import pandas as pd
 import pytest
-from conftest import drop_key
+from conftest import drop_key, run_one_rank
 
 from xbench.core import conditions
 from xbench.core.costmodel import Coef, Request, phase_times, times
 from xbench.core.profile import ProfileError, load_profile, save_profile
 from xbench.kernels import cpu_bf16
-from xbench.ranks import singleton_environment
 from xbench.resources import profile_path
 from xbench.validate.summary import phase_errors, validation_errors
 from xbench.validate.worker import PHASES, phase_means
@@ -126,13 +125,7 @@ print(json.dumps({
     "check": peer.check("local", results[0])[1],
 }))
 """
-    import subprocess
-    import sys
-
-    with singleton_environment() as env:  # one rank, no launcher
-        done = subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env
-        )
+    done = run_one_rank(code)
     assert done.returncode == 0, done.stderr
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got == {
@@ -214,13 +207,7 @@ print(json.dumps({
                     if k[0] in ("local attention", "fetch merge", "route merge")),
 }))
 """
-    import subprocess
-    import sys
-
-    with singleton_environment() as env:  # one rank, no launcher
-        done = subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env
-        )
+    done = run_one_rank(code)
     assert done.returncode == 0, done.stderr
     got = json.loads(done.stdout.strip().splitlines()[-1])
     keys = ["fetch attention", "fetch gather", "fetch merge", "fetch splice", "local attention"]

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import run_one_rank
 
 from xbench.core.profile import load_profile
 from xbench.core.scenario import ScenarioError, load_workload
-from xbench.ranks import singleton_environment
 from xbench.results.schema import PREFILL_SIMULATION, SIMULATION
 from xbench.results.store import read_table, table_run_meta
 from xbench.simulate import PATHS, Workload, make_trace, random_workloads, simulate
@@ -1235,13 +1235,7 @@ print(json.dumps({
     "other_chunk": bool(torch.equal(tokens, gather_kv(me.home[2], me.sel))),
 }))
 """
-    import subprocess
-    import sys
-
-    with singleton_environment() as env:  # one rank, no launcher
-        done = subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env
-        )
+    done = run_one_rank(code)
     assert done.returncode == 0, done.stderr
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got == {
