@@ -67,7 +67,8 @@ def release_init_segment(MPI) -> None:
 # leaves its removal to MPI_Finalize once a peer was reached, or else to the process
 # manager. A process that starts MPI on its own (a singleton: no launcher, no peer) has
 # neither, so each one left its file in /dev/shm, even after a clean MPI_Finalize. Open MPI
-# 4 names the component vader (vader_segment.*); 5 takes that name as a synonym, and both
+# 4 names the component vader (vader_segment.*) and honours this folder under mpirun; its
+# singletons make no segment at all (4.1.4). 5 takes the vader name as a synonym, and both
 # set to one folder it takes without a word (5.0.11).
 OPEN_MPI_SEGMENT_FOLDER_VARIABLES = (
     "OMPI_MCA_btl_sm_backing_directory",
