@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import json
 import types
+from pathlib import Path
 
 import pytest
 
@@ -15,11 +16,12 @@ from xbench.errors import XbenchError
 from xbench.fabric.mpi_device import ASSUME_ENV, cuda_aware_mpi, require_cuda_aware
 from xbench.fabric.topology import label_pair
 from xbench.host import _nvlink_peers, gpu_by_uuid
+from xbench.ranks import MPICH_INIT_SEGMENT
 
 # no MPI but in the tests marked mpi (conftest: the Open MPI run skips the others)
 pytestmark = pytest.mark.nompi
 # what the MPIs name their node segments in /dev/shm (xbench/ranks.py says why they matter)
-MPI_SEGMENTS = ("mpich_shm_", "sm_segment.", "vader_segment.")
+MPI_SEGMENTS = (Path(MPICH_INIT_SEGMENT).name, "sm_segment.", "vader_segment.")
 
 
 class _CFunction:
@@ -88,8 +90,6 @@ def test_the_installed_mpi_answers_its_own_query_in_a_child_that_leaves_nothing(
     in a child that starts MPI on its own: the PyPI wheels (MPICH, Open MPI) export the
     query and are not built with CUDA, so they must answer no, not "cannot tell". Open MPI
     5's child left its 16 MiB segment in /dev/shm at every call, MPI_Finalize or not."""
-    from pathlib import Path
-
     from xbench.capabilities import _cuda_aware_in_a_started_mpi
 
     def segments():
