@@ -13,7 +13,8 @@ import pytest
 from conftest import drop_key, run_one_rank
 
 from xbench.core import conditions
-from xbench.core.costmodel import Coef, Request, phase_times, times
+from xbench.core.costmodel import Coef, Request, times
+from xbench.core.parts import phase_times
 from xbench.core.profile import ProfileError, load_profile, save_profile
 from xbench.kernels import cpu_bf16
 from xbench.resources import profile_path

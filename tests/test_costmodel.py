@@ -22,11 +22,11 @@ from xbench.core.costmodel import (
     Segment,
     break_evens,
     decide,
-    phase_times,
     thresholds,
     times,
 )
 from xbench.core.grid import decide_grid
+from xbench.core.parts import phase_times
 from xbench.core.profile import load_profile
 
 pytestmark = pytest.mark.nompi  # starts no MPI (conftest: the Open MPI run skips it)

@@ -445,7 +445,8 @@ def test_offcache_samples_are_preferred_for_the_segments():
 def test_a_fetch_page_by_page_is_fitted_from_offgather_and_priced_on_its_own_terms():
     """k pages as k cold messages: t = block_t0 + k*o + k*s / block_beta; the model then
     charges a fetch of n_seg > 1 pages on those terms and a packed one on the segments."""
-    from xbench.core.costmodel import Request, phase_times
+    from xbench.core.costmodel import Request
+    from xbench.core.parts import phase_times
 
     rng = np.random.default_rng(3)
     o, t0, beta, page = 0.4e-6, 25e-6, 4e9, 73728

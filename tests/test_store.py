@@ -335,3 +335,28 @@ def test_a_signal_on_a_full_disk_says_run_json_still_says_running(full_disk):
     line = mark_stopped("terminated", run)
     assert "run.json could not be rewritten and still says running" in line, line
     assert read_run_meta(run)["status"] == "running"
+
+
+def test_span_hits_v1_files_read_as_one_layer_on_one_gpu(tmp_path):
+    """span_hits v1 priced its TTFT as one layer's prefill on one GPU: it says so."""
+    rows = [
+        dict(
+            expr="a",
+            tokens=16,
+            hit_tokens_dependent=0,
+            hit_rate_dependent=0.0,
+            ttft_dependent_s=ttft,
+            hit_tokens_independent=0,
+            hit_rate_independent=0.0,
+            ttft_independent_s=ttft,
+            prefill_layers=61 if ttft else None,
+            prefill_gpus=8 if ttft else None,
+        )
+        for ttft in (1e-3, None)
+    ]
+    path = write_table(tmp_path / "h.parquet", schema.SPAN_HITS, rows, {"run_id": "s"})
+    old = _as_version(path, 1, tmp_path / "v1.parquet", ("prefill_layers", "prefill_gpus"))
+    frame = read_table([old], schema.SPAN_HITS)
+    assert list(frame.columns) == schema.SPAN_HITS_SCHEMA.names
+    assert frame.prefill_layers.tolist()[0] == 1 and frame.prefill_gpus.tolist()[0] == 1
+    assert frame.prefill_layers.isna().tolist() == [False, True]

@@ -495,7 +495,7 @@ def _hit_table(hits, block: int) -> None:
         "cache the ones above it left",
         f"whole blocks of {block} tokens;  prefix: position-dependent (prefix caching);  "
         "span: position-independent (each commuting set's members cached from their own "
-        "start)" + (";  TTFT: prefilling what missed, the profile's prefill terms" if ttft else ""),
+        "start)" + (_ttft_words(hits) if ttft else ""),
     )
     columns = ["expression", "tokens", "hit prefix", "hit span"]
     columns += ["TTFT prefix", "TTFT span"] if ttft else []
@@ -512,6 +512,15 @@ def _hit_table(hits, block: int) -> None:
             cells += [format_duration(r.ttft_dependent_s), format_duration(r.ttft_independent_s)]
         table.add_row(*cells)
     console.print(table)
+
+
+def _ttft_words(hits) -> str:
+    layers, gpus = int(hits.prefill_layers.iloc[0]), int(hits.prefill_gpus.iloc[0])
+    over = f" over {gpus} GPUs" if gpus > 1 else " on one GPU"
+    return (
+        f";  TTFT: the whole model's prefill of what missed ({layers} layers{over}), the "
+        "profile's prefill terms"
+    )
 
 
 def _decide_lines(beside):

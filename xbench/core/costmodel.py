@@ -922,49 +922,6 @@ def times(f: Fabric, device: Device, r: Request, end: int = VALUE) -> tuple[floa
     return route, fetch, local_time(dev, r.layers)
 
 
-def phase_times(f: Fabric, device: Device, r: Request, end: int = VALUE) -> dict:
-    """Each option's time split into the phases validate times, from the same terms as
-    :func:`times` (the phases of an option add up to its time there), over the request's
-    step (one layer unless it says more).
-
-    route: send, attention, return, merge; fetch (per use): transfer, move, attention,
-    merge; local: attention (plus recompute where the blocks are not here). With
-    ``include_probe`` route and fetch also carry the probe's round trip as ``probe``.
-    """
-    dev = _request_device(device.terms(end), r)
-    s_q, s_o, s_kv = _request_sizes(r)
-    layers, holders, pipelined = _request_step(r)
-    wired = 1 if pipelined else layers
-    send, ret, _, _ = route_legs(SCALAR, f.breaks, f.terms(end), s_q, s_o, holders)
-    _, fetch_wire, _ = wire_costs(
-        SCALAR, f.breaks, f.terms(end), s_q, s_o, s_kv, r.segments, layers, holders
-    )
-    merge = route_merge(SCALAR, dev, send + ret)
-    route = {
-        "send": wired * send,
-        "attention": layers * dev.t_c_route,
-        "return": wired * ret,
-        "merge": layers * merge,
-    }
-    per_use = dev.per_use
-    fetch = {
-        "transfer": fetch_wire * per_use,
-        "move": layers * dev.t_move * per_use,
-        # the first use's on its spliced chunk, amortised
-        "attention": layers * (dev.t_c - dev.saved * per_use),
-        "merge": layers * (dev.t_cm - dev.t_c),
-    }
-    if r.include_probe:
-        _, segments, _ = f.terms(end)
-        a_p, ib_p = SCALAR.piece(f.breaks, segments, r.probe_bytes)
-        route["probe"] = 2 * (a_p + r.probe_bytes * ib_p)
-        fetch["probe"] = route["probe"] * per_use
-    local_phases = {"attention": layers * dev.t_c}
-    if dev.local != dev.t_c:
-        local_phases["recompute"] = layers * (dev.local - dev.t_c)
-    return {"route": route, "fetch": fetch, "local": local_phases}
-
-
 def _closed_forms(f: Fabric, device: Device, r: Request) -> tuple:
     dev = _request_device(device.terms(VALUE), r)
     s_q, s_o, s_kv = _request_sizes(r)

@@ -43,6 +43,9 @@ prefill_saturation v1, sharing_calls v1, sharing_steps v1, span_hits v1: first v
     the reports ``xbench simulate --out`` writes beside the policies' table (deployments at
     saturation; shared-KV batching's calls and steps, its bounds in the run metadata; span
     expressions' hit rates).
+span_hits v2: adds ``prefill_layers`` and ``prefill_gpus``, the prefill its time to first
+    token prices: the whole model's layers over the instance's GPUs; v1 priced one layer on
+    one GPU, and its files read as 1 and 1.
 prefill_simulation v2: adds ``hit_rate``, the share of prompt tokens found in the prefix
     cache of the cluster that prefilled them (0 without shared prefixes); v1 files read
     with it null (not recorded).
@@ -443,6 +446,10 @@ SPAN_HITS_SCHEMA = pa.schema(
         pa.field("hit_tokens_independent", pa.int64(), nullable=False),
         pa.field("hit_rate_independent", pa.float64(), nullable=False),
         pa.field("ttft_independent_s", pa.float64()),
+        # the prefill the TTFT columns price: the model's layers over the instance's GPUs
+        # (null without a prefill cost)
+        pa.field("prefill_layers", pa.int32()),
+        pa.field("prefill_gpus", pa.int32()),
     ]
 )
 OWN_COPIES = "own_copies"
@@ -540,7 +547,7 @@ SCHEMA_VERSIONS = {
     PREFILL_SATURATION: 1,
     SHARING_CALLS: 1,
     SHARING_STEPS: 1,
-    SPAN_HITS: 1,
+    SPAN_HITS: 2,
     OWN_COPIES: 1,
     SIMULATION_VALIDATION: 5,
 }
@@ -561,6 +568,16 @@ def _added_summary_phase_columns(table: pa.Table) -> pa.Table:
             table = table.append_column(
                 pa.field(f"{kind}_{phase}_us", pa.float64()), pa.nulls(table.num_rows, pa.float64())
             )
+    return table
+
+
+def _added_span_prefill_columns(table: pa.Table) -> pa.Table:
+    """v1 priced its TTFT as one layer's prefill on one GPU (null where it had none)."""
+    priced = [v is not None for v in table.column("ttft_dependent_s").to_pylist()]
+    for name in ("prefill_layers", "prefill_gpus"):
+        table = table.append_column(
+            pa.field(name, pa.int32()), pa.array([1 if p else None for p in priced], pa.int32())
+        )
     return table
 
 
@@ -665,6 +682,7 @@ MIGRATIONS: dict[str, dict[int, object]] = {
     },
     COMPARISON: {1: _added_null_columns("launch_sd", "detectable")},  # v1: no detectable change
     PREFILL_SIMULATION: {1: _added_null_columns("hit_rate")},  # v1: not recorded
+    SPAN_HITS: {1: _added_span_prefill_columns},  # v1: one layer on one GPU
     VALIDATE_SAMPLES: {
         1: _added_int_columns(requester=0, round=0),  # v1: rank 0 asked, one pass
         2: _added_int_columns(segments=1),  # v2: fetches were packed into one message

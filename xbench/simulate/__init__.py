@@ -339,24 +339,53 @@ def sharing_report(profile, spec: dict) -> tuple[pd.DataFrame, pd.DataFrame, dic
     return calls, sweep, facts
 
 
+def prefill_shape(spec: dict) -> tuple[int, int]:
+    """(layers, GPUs) of a decode workload's whole-model prefill: the step's layers where
+    the workload sets more than one, else its model's; the model's query heads over the
+    request's (its tensor parallelism: the device terms are one GPU's share), 1 without a
+    model."""
+    from xbench.core.models import get_model
+
+    fields, model = spec["fields"], spec.get("model")
+    preset = get_model(model) if model else None
+    layers = fields.get("layers", 1)
+    if layers == 1 and preset is not None:
+        layers = preset.layers
+    heads = fields.get("heads", 0)
+    gpus = max(preset.q_heads // heads, 1) if preset is not None and heads else 1
+    return layers, gpus
+
+
 def span_hit_rates(profile, spec: dict) -> pd.DataFrame:
     """A span workload's expressions asked once each, in the order written: each one's KV-cache
     hit rate against what the ones before it left, position-dependent (prefix caching) and
     position-independent (its commuting sets cached member by member), and the time to first
-    token from the profile's prefill terms (``core.spans.hit_rates``)."""
+    token: the whole model's prefill of what missed (:func:`prefill_shape`'s layers and
+    GPUs, ``core.parts.prefill_time``), columns ``prefill_layers`` and ``prefill_gpus``."""
+    import math
+
+    from xbench.core.parts import prefill_time
     from xbench.core.spans import hit_rates
 
     cache = spec["span_cache"]
-    prefill = profile.device.recompute
-    return pd.DataFrame(
+    layers, gpus = prefill_shape(spec)
+    device = profile.device
+
+    def prefill(tokens):
+        return prefill_time(device, tokens, layers=layers, gpus=gpus)
+
+    frame = pd.DataFrame(
         hit_rates(
             cache["exprs"],
             block=cache["block"],
             lengths=cache["lengths"],
             default_tokens=cache["default_tokens"],
-            prefill=None if prefill(1) == float("inf") else prefill,
+            prefill=None if device.recompute(1) == math.inf else prefill,
         )
     )
+    if "ttft_dependent_s" in frame:
+        frame["prefill_layers"], frame["prefill_gpus"] = layers, gpus
+    return frame
 
 
 def span_reuse(profile, spec: dict, requests: int, seed: int) -> pd.DataFrame:
@@ -391,22 +420,7 @@ def span_reuse(profile, spec: dict, requests: int, seed: int) -> pd.DataFrame:
 
 def workload_request(w: Workload, reuse: float = 0.0):
     """The routing question one use of ``w`` asks ``decide`` on ``w``'s fabric."""
-    from xbench.core.costmodel import Request
-
-    return Request(
-        rows=w.rows,
-        heads=w.heads,
-        chunk_tokens=w.chunk_tokens,
-        reuse=reuse,
-        payload_bytes=w.payload_bytes,
-        return_bytes=w.return_bytes,
-        kv_bytes_per_token=w.kv_bytes_per_token,
-        segments=w.segments,
-        fabric=w.fabric,
-        layers=w.layers,
-        pipeline_layers=w.pipeline_layers,
-        holders=w.holders,
-    )
+    return w.request(reuse)
 
 
 def decide_beside(profile, spec: dict, frame: pd.DataFrame) -> pd.DataFrame:
@@ -458,6 +472,7 @@ __all__ = [
     "request_latency",
     "request_starts",
     "sharing_report",
+    "prefill_shape",
     "span_hit_rates",
     "run",
     "simulate",

@@ -44,6 +44,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from xbench.core.costmodel import Request
+from xbench.core.parts import step_parts
 from xbench.core.scenario import span_chunks
 
 _push = heapq.heappush
@@ -131,6 +133,23 @@ class Workload:
     def shared_uses_per_s(self) -> float:
         """Uses of the shared chunks per second over all instances."""
         return self.rate_per_s * self.uses_per_request(prefixes=False)
+
+    def request(self, reuse: float = 0.0) -> Request:
+        """The routing question one use asks ``decide`` on this workload's fabric."""
+        return Request(
+            rows=self.rows,
+            heads=self.heads,
+            chunk_tokens=self.chunk_tokens,
+            reuse=reuse,
+            payload_bytes=self.payload_bytes,
+            return_bytes=self.return_bytes,
+            kv_bytes_per_token=self.kv_bytes_per_token,
+            segments=self.segments,
+            fabric=self.fabric,
+            layers=self.layers,
+            pipeline_layers=self.pipeline_layers,
+            holders=self.holders,
+        )
 
 
 @dataclass
@@ -254,78 +273,62 @@ class _Memo(dict):
 
 
 class _Costs:
-    """The model's times for one workload shape, read once from the profile.
-
-    A use is one decode step of ``w.layers`` layers, accounted as the cost model's step
-    (``costmodel.option_times``): attention, merge, move and recompute every layer; route's
-    round trip every layer (``wired`` times: once where layers are pipelined), as one
-    message each way holding every round trip's link time and flight; fetch's KV of every
-    layer in one transfer. With one layer these are the per-layer times as they were. With
-    k holders, per message: a query to one holder, one holder's answer, one holder's share
-    of the KV; ``per_use`` adds them as the cost model does (k queries out, the k answers
-    and shares through this instance's link)."""
+    """The model's times for one workload shape, read once from the core's record of a use
+    (``core.parts.step_parts``: a use is one decode step of ``w.layers`` layers, as decide
+    prices it), kept as the engine's resources take them: the messages' link time and
+    flight, the attentions and merges by the rows batched together, the move."""
 
     def __init__(self, profile, w: Workload):
-        f = profile.fabric(w.fabric)
+        parts = self.parts = step_parts(profile, w.request())
         d = profile.device
-        self.w, self.fabric, self.device = w, f, d
-        layers = self.layers = w.layers
-        self.wired = wired = 1 if w.pipeline_layers else layers
-        rh = w.rows * w.heads
-        self.rows = rh
-        self.s_q, self.s_o = rh * w.payload_bytes, rh * w.return_bytes
-        self.s_kv = layers * w.chunk_tokens * w.kv_bytes_per_token
-        attend = d.compute(rh, w.chunk_tokens)  # one layer's
-        self.attend = layers * attend
-        # k holders: each attends its share of the chunk (the routed part of a use)
-        k = self.shares = w.holders
-        share = w.chunk_tokens / k
-        self.share_tokens = share
-        attend_share = attend if k == 1 else d.compute(rh, share)
-        self.attend_share = layers * attend_share
+        self.w, self.fabric, self.device = w, profile.fabric(w.fabric), d
+        self.layers, self.wired, self.shares = parts.layers, parts.wired, parts.holders
+        k = self.shares
+        self.rows = w.rows * w.heads
+        self.s_q, self.s_o = parts.query_bytes, parts.answer_bytes
+        self.s_kv = parts.kv_bytes
+        self.share_tokens = w.chunk_tokens / k
+        layers = self.layers
+        self.attend = layers * parts.attention
+        self.attend_share = layers * parts.attention_share  # each holder's, on its share
         # a fetch's first attention, on the chunk it has just spliced (partly in cache)
-        self.fetch_attend = self.attend - layers * d.saved_on_splice(w.chunk_tokens)
-        self.merge = layers * d.merge(rh, 2, w.chunk_tokens)
+        self.fetch_attend = self.attend - layers * parts.saved
+        self.merge = layers * parts.merge
         # route's merge of the k answers and this instance's partial (k + 1; 2 on one holder),
         # for one use's rows (``route_merge_base``) or, batched, for any (``batched_merge``)
         self.partials = k + 1
         self.batched_merge = _Memo(self._batched_merge)
         self.route_merge_base = self.batched_merge[w.rows]
-        self.move = layers * d.move(w.chunk_tokens, w.segments)
+        self.route_merge = layers * parts.route_merge  # after its wait for the answers
+        self.move = layers * parts.move
         # where the move runs on the compute (move_on_compute): the splice at the requester
-        # (T_splice where measured, else all of T_move) and the gather, the rest, at the holder
-        self.splice = min(layers * d.splice(w.chunk_tokens), self.move)
+        # and the gather, the rest, at the holder (each holder packs its share)
+        self.splice = layers * parts.splice
         self.gather = self.move - self.splice
-        self.gather_share = self.gather / k  # each holder packs its share
-        self.recompute = layers * d.recompute(w.chunk_tokens)  # inf without a prefill cost
+        self.gather_share = self.gather / k
+        self.recompute = layers * parts.recompute  # inf without a prefill cost
         # the least a query adds to a holder's call, however many it joins: its rows' part
         # of T_c (the batched floor of the work a routed use asks of a compute)
-        self.query_floor = layers * (d.compute(2 * rh, w.chunk_tokens) - attend)
-        self.share_floor = layers * (d.compute(2 * rh, share) - attend_share)
+        rh = self.rows
+        self.query_floor = parts.attention_for(2 * rh) - self.attend
+        self.share_floor = parts.attention_for(2 * rh, self.share_tokens) - self.attend_share
         # a top-k request's unique KV, attended at its requester in a call of its own
-        self.own = layers * d.compute(rh, w.unique_tokens) if w.unique_tokens else 0.0
-        send_occ, send_fly = self._link(self.s_q, 1)
-        back_occ, back_fly = self._link(self.s_o, 1)
-        self.send_occ, self.send_fly = wired * send_occ, wired * send_fly
-        self.back_occ, self.back_fly = wired * back_occ, wired * back_fly
-        # a routed use merges after its requester waited for the answer (where the profile
-        # measured merges after a wait; else as a fetch merges, after its attention): each
-        # layer's merge after that layer's round trip
-        # k holders (the cost model's route_legs): k queries leave on this link one after
-        # another; k answers, each sent by its holder (one overhead, at once), come in
-        # through this instance's link (its ingress, where the engine models it) one after
-        # another. What each message's overhead is, and the rest its bytes'.
-        o = f.overhead.value
-        self.overheads = {"send": wired * o, "back": wired * o, "kv": w.segments * o}
+        self.own = parts.attention_for(rh, w.unique_tokens) if w.unique_tokens else 0.0
+        # each message as one message a step (wired round trips of route's), holding its
+        # sender's link for its occupancy and in flight after it; k queries leave this link
+        # one after another, k answers (and a fetch's k shares) come in through it in turn
+        wired = self.wired
+        self.send_occ, self.send_fly = wired * parts.query.occupancy, wired * parts.query.flight
+        self.back_occ, self.back_fly = wired * parts.answer.occupancy, wired * parts.answer.flight
+        self.overheads = {
+            "send": wired * parts.query.overhead,
+            "back": wired * parts.answer.overhead,
+            "kv": parts.kv.overhead,
+        }
         self.queries_occ = k * self.send_occ
-        answers_in = back_occ + (k - 1) * (back_occ - o)  # one layer's
-        self.answers_in = wired * answers_in
-        answered = k * send_occ + send_fly + attend_share + answers_in + back_fly
-        self.route_merge = layers * d.merge_after_wait(rh, k + 1, w.chunk_tokens, answered)
-        # a fetch: every holder sends its share (1 / k of every layer's KV of the chunk), at
-        # once, the shares' bytes one after another through this instance's ingress
-        self.kv_occ, self.kv_fly = self._link(self.s_kv / k, w.segments)
-        self.kv_in = self.kv_occ + (k - 1) * (self.kv_occ - w.segments * o)
+        self.answers_in = wired * parts.answer.arriving_behind(k - 1)
+        self.kv_occ, self.kv_fly = parts.kv.occupancy, parts.kv.flight
+        self.kv_in = parts.kv.arriving_behind(k - 1)
         # what the predicate reads on every request, computed once
         self.arrivals_per_instance = w.uses_per_s / w.instances
         self.fetch_once = self.kv_in + self.kv_fly + self.move
@@ -344,15 +347,6 @@ class _Costs:
             self.batched_share = _Memo(self._batched_share)
             self.joins_share = _Memo(self._joins_share)
 
-    def _link(self, nbytes: float, messages: int) -> tuple[float, float]:
-        """(time the message occupies the link, alpha in flight after it)."""
-        total = self.fabric.wire(nbytes, messages)
-        _, segs, pages = self.fabric.terms(0)
-        if messages != 1 and pages is not None:  # a fetch page by page: its own terms
-            return total - pages[0], pages[0]
-        alpha = segs[self.fabric.segment_index(nbytes)][0]
-        return total - alpha, alpha
-
     def batched_attend(self, rows: int) -> float:
         """T_c for ``rows`` decode tokens' query rows attending the chunk together."""
         return self.batched[rows]
@@ -362,14 +356,13 @@ class _Costs:
         return self.joins[queued]
 
     def _batched_attend(self, rows: int) -> float:
-        return self.layers * self.device.compute(rows * self.w.heads, self.w.chunk_tokens)
+        return self.parts.attention_for(rows * self.w.heads)
 
     def _batched_merge(self, rows: int) -> float:
-        w = self.w
-        return self.layers * self.device.merge(rows * w.heads, self.partials, w.chunk_tokens)
+        return self.parts.merge_for(rows * self.w.heads, self.partials)
 
     def _batched_share(self, rows: int) -> float:
-        return self.layers * self.device.compute(rows * self.w.heads, self.share_tokens)
+        return self.parts.attention_for(rows * self.w.heads, self.share_tokens)
 
     def _joins_batch(self, queued: int, batched: _Memo | None = None) -> float:
         # (not ``batched or``: a memo nothing has been read from yet is an empty dict)
@@ -381,16 +374,8 @@ class _Costs:
         return self._joins_batch(queued, self.batched_share)
 
     def per_use(self) -> dict[str, float]:
-        route = (
-            self.queries_occ
-            + self.send_fly
-            + self.attend_share
-            + self.answers_in
-            + self.back_fly
-            + self.route_merge
-        )
-        fetch = self.kv_in + self.kv_fly + self.move + self.fetch_attend + self.merge
-        return {"route": route, "fetch": fetch, "local": self.recompute + self.attend}
+        """A use's time by option on idle resources: the record's, as decide prices it."""
+        return {"route": self.parts.route, "fetch": self.parts.fetch, "local": self.parts.local}
 
 
 class _Reuse:
@@ -988,10 +973,8 @@ class Simulation:
         wait = now - self.computed_until[i]
         costs = self.costs
         # every layer's merge after its share of the step's wait (one layer: all of it)
-        per_layer = self.device.merge_after_wait(
-            costs.rows, costs.partials, self.w.chunk_tokens, wait / costs.wired
-        )
-        return dur + (costs.layers * per_layer - costs.route_merge_base)
+        merged = costs.parts.merge_after_wait_for(costs.rows, costs.partials, wait / costs.wired)
+        return dur + (merged - costs.route_merge_base)
 
     # ---- the servers ----
 

@@ -45,6 +45,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from xbench.core.parts import prefill_time
+
 PREFILL_POLICIES = ("local", "offload", "threshold", "predicate")
 
 
@@ -206,9 +208,8 @@ class PrefillCosts:
         """One instance's prefill of ``tokens`` at ``speed`` of the profile's device, after
         ``context`` cached tokens they attend (a prefix): T_recompute(context + tokens) -
         T_recompute(context)."""
-        w, recompute = self.w, self.device.recompute
-        work = recompute(context + tokens) - recompute(context) if context else recompute(tokens)
-        return w.layers * work / (w.gpus_per_instance * speed)
+        w = self.w
+        return prefill_time(self.device, tokens, context, w.layers, w.gpus_per_instance, speed)
 
     def local(self, tokens: float, context: float = 0.0) -> float:
         return self.prefill(tokens, self.w.local_speed, context)

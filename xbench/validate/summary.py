@@ -12,7 +12,8 @@ def summarize_validation(samples, profile, fabric: str):
 
     import pandas as pd
 
-    from xbench.core.costmodel import Request, decide, phase_times
+    from xbench.core.costmodel import Request, decide
+    from xbench.core.parts import phase_times
     from xbench.core.stats import summarize
 
     measured = samples[~samples.warmup]

@@ -36,7 +36,7 @@ from xbench.ranks import mpi_library
 from xbench.validate.calls import CaseCalls
 
 OPTIONS = ("route", "fetch", "local")
-# The phases each option's time is split into, as the model splits it (costmodel.phase_times).
+# The phases each option's time is split into, as the model splits it (core.parts.phase_times).
 PHASES = {
     "route": ("send", "attention", "return", "merge"),
     "fetch": ("transfer", "move", "attention", "merge"),
