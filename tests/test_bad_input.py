@@ -210,7 +210,7 @@ def test_decide_refuses_a_zero_payload(xbench):
 def test_profiles_with_non_finite_numbers_name_the_field(xbench, tmp_path, number):
     bad = tmp_path / "bad.toml"
     bad.write_text(
-        PRIORS.read_text().replace("value = 50, low = 40", f"value = {number}, low = 40", 1)
+        PRIORS.read_text().replace("value = 49.6, low = 40", f"value = {number}, low = 40", 1)
     )
     line = one_line(xbench("decide", "--payload", "1KB", "--profile", bad))
     assert "fabric ib segment 1 beta value" in line and "not a finite number" in line

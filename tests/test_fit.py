@@ -163,8 +163,33 @@ def test_fit_reports_the_models_error_on_batched_round_trips():
         error = profile.provenance["rtt_error"]["ib"]
         assert error["shapes"] == 3
         assert error["error_median"] == pytest.approx(1 / slower - 1, abs=0.05)
-        assert any("batched round trips" in w for w in said) == said_any
+        # the study's metric: the mean absolute error, and the worst beside it
+        assert error["mape"] == pytest.approx(abs(1 / slower - 1), abs=0.05)
+        assert abs(error["worst"]) >= error["mape"] and error["excluded"] == []
+        lines = [w for w in said if "batched round trips" in w]
+        assert bool(lines) == said_any
+        assert all("mean absolute error" in w and "beyond the study's 7 %" in w for w in lines)
         assert profile.provenance["rtt_error_warm"] == {}  # segments already warm
+
+
+def test_a_round_trip_slower_than_a_larger_batch_is_named_and_left_out_of_the_metric():
+    """One noisy 8-row point that took longer than the 64-row one: no model of bytes prices
+    it; the mean absolute error leaves it out and names it."""
+    from xbench.fit.profile_fit import noise_points, rtt_errors, rtt_line
+
+    priors = load_profile("profiles/h100-priors.toml")
+    rng = np.random.default_rng(7)
+    frame = _with_rtt(rng, 1.0, **RTT_TRUTH)
+    rtt = frame.pattern == "rtt"
+    eight = rtt & (frame.rows == frame[rtt].rows.sort_values().unique()[1])
+    frame.loc[eight, "value"] *= 50  # far above the largest batch's round trip
+    fabrics = fit_fabrics(frame, priors)
+    errors = rtt_errors(frame, fabrics)["ib"]
+    assert errors["excluded"] == [int(frame[eight].rows.iloc[0])]
+    assert errors["mape"] < 0.05 and errors["error_low"] < -0.5  # the noise, out of the metric
+    line = rtt_line("ib", errors)
+    assert "left out as noise" in line and "within the study's 7 %" in line
+    assert noise_points(pd.DataFrame(columns=["fabric", "rows", "out_bytes"])).empty
 
 
 def test_round_trips_are_checked_in_their_own_regime_where_segments_are_cold():

@@ -570,7 +570,8 @@ def _render(f, thresholds, prof, settings, path) -> None:
         "term (lat: alpha, bw: bytes/beta, ovh: o) the next fabric pays most over the chosen "
         "one (with one fabric, the largest of its own; - where local wins)"
         + (
-            "; * rests on datasheet priors: measure and xbench fit to replace them"
+            "; * rests on a datasheet prior or a term a fit left at its bound: measure and "
+            "xbench fit to replace them"
             if any_prior
             else ""
         ),

@@ -110,7 +110,7 @@ def fit(
     emit_frame(
         coefficient_frame(profile),
         fmt,
-        lambda f: _table(f, profile.name, out, sources),
+        lambda f: _table(f, profile, out, sources),
     )
 
 
@@ -139,11 +139,20 @@ def fit_warnings(frame) -> list[str]:
     return found
 
 
-def _table(frame, name: str, out: Path, sources: bool) -> None:
+def _table(frame, profile, out: Path, sources: bool) -> None:
     from xbench.cli.render import notes
+    from xbench.fit.profile_fit import RTT_TARGET, rtt_line
 
-    console.print(f"xbench fit: {name}", style="bold", highlight=False)
+    console.print(f"xbench fit: {profile.name}", style="bold", highlight=False)
     print_terms(frame, sources)
-    notes(f"written to {out}; intervals are 95% bootstrap; * = prior, not measured")
+    notes(
+        f"written to {out}; intervals are 95% bootstrap; * = prior, or a term the fit left "
+        "at its bound: not measured"
+    )
     for line in fit_warnings(frame):
         warn(line)
+    # the study's metric where it is met (a fabric beyond it was warned of above)
+    patterns = profile.provenance.get("wire_pattern", {})
+    for name, e in profile.provenance.get("rtt_error", {}).items():
+        if e.get("mape", float("inf")) <= RTT_TARGET:
+            console.print(rtt_line(name, e, patterns.get(name, "latency")), highlight=False)

@@ -47,7 +47,9 @@ ROUTE, FETCH, LOCAL = "route", "fetch", "local"
 class Coef:
     """A fitted coefficient: value, its 95 % interval, SI unit, whether it is a prior, and
     where its value comes from (a datasheet, a benchmark, a named run; "" when fitted here:
-    the profile's provenance says from what)."""
+    the profile's provenance says from what). ``bound``: a fit left it at one of its own
+    bounds or beyond the hardware's ceilings (``xbench.fit.bounds``): not a measurement,
+    so it is also a prior, and every decision resting on it says so."""
 
     value: float
     low: float
@@ -55,6 +57,7 @@ class Coef:
     unit: str
     prior: bool = False
     source: str = ""
+    bound: bool = False
 
     @staticmethod
     def exact(value: float, unit: str, prior: bool = False) -> Coef:

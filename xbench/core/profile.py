@@ -71,7 +71,7 @@ def _tables(value, where: str, array: str, path: str) -> list:
     return value
 
 
-COEF_KEYS = ("value", "low", "high", "unit", "prior", "source")
+COEF_KEYS = ("value", "low", "high", "unit", "prior", "source", "bound")
 FLOP_RATE_UNITS = {"FLOP/s": 1.0, "GFLOP/s": 1e9, "TFLOP/s": 1e12, "PFLOP/s": 1e15}
 FABRIC_KEYS = (
     "name",
@@ -161,7 +161,14 @@ def _coef(
         raise ProfileError(
             f"profile {path}: {where} source must be text", 'write it as source = "..."'
         )
-    return Coef(value, low, high, si, bool(raw.get("prior", False)), source)
+    bound = raw.get("bound", False)
+    if not isinstance(bound, bool) or not isinstance(raw.get("prior", False), bool):
+        raise ProfileError(
+            f"profile {path}: {where} prior and bound must be true or false",
+            "write prior = true (or false) without quotes",
+        )
+    # a coefficient left at a fit's bound is no measurement: a prior, whatever else it says
+    return Coef(value, low, high, si, bool(raw.get("prior", False)) or bound, source, bound)
 
 
 def _rate(raw, where: str, units: dict, path: str) -> float:
@@ -438,6 +445,8 @@ def _coef_table(c: Coef, unit: str, scale: float) -> dict:
     out = {"value": c.value / scale, "low": c.low / scale, "high": c.high / scale, "unit": unit}
     if c.prior:
         out["prior"] = True
+    if c.bound:
+        out["bound"] = True
     if c.source:
         out["source"] = c.source
     return out

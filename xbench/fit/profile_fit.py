@@ -39,6 +39,7 @@ from xbench.core.costmodel import Coef, Device, Fabric, Profile, Segment
 from xbench.core.profile import PROFILE_SCHEMA_VERSION
 from xbench.core.units import format_size
 from xbench.errors import XbenchError
+from xbench.fit.bounds import FASTEST_SECONDS_PER_BYTE, mark_bounds
 from xbench.fit.linear import fit_linear, percentile_ci
 from xbench.fit.segments import fit_piecewise, fit_segmented_linear, predict, segment_start
 from xbench.kernels.backend import REFERENCE_ONLY
@@ -221,8 +222,9 @@ def fit_pages(samples: pd.DataFrame, o: float) -> dict:
 def _rate(g: float, g_lo: float, g_hi: float) -> Coef:
     """A rate (B/s) from a fitted time per byte and its interval: the slow end of the rate
     is the high end of the time."""
-    g = max(g, 1e-15)
-    return Coef(1.0 / g, 1.0 / max(g_hi, g), 1.0 / max(min(g_lo, g), 1e-15), "B/s")
+    fastest = FASTEST_SECONDS_PER_BYTE
+    g = max(g, fastest)
+    return Coef(1.0 / g, 1.0 / max(g_hi, g), 1.0 / max(min(g_lo, g), fastest), "B/s")
 
 
 def _coef(triple, unit: str) -> Coef:
@@ -621,19 +623,58 @@ def rtt_points(probe: pd.DataFrame, fabrics) -> pd.DataFrame:
     return pd.DataFrame(points, columns=columns)
 
 
+def noise_points(points: pd.DataFrame) -> pd.Series:
+    """Which round trips (rows of :func:`rtt_points`) no model of bytes can price: a batch
+    whose lower quartile lies above the upper quartile of a larger batch of the same fabric
+    and bytes a row (more rows never move fewer bytes): noise the metric leaves out, and
+    names."""
+    noise = pd.Series(False, index=points.index)
+    for _, g in points.groupby(["fabric"], sort=False):
+        per_row = g.out_bytes / g.rows
+        for i, r in g.iterrows():
+            larger = g[(g.rows > r.rows) & np.isclose(per_row, r.out_bytes / r.rows)]
+            noise[i] = bool((r.low_us > larger.high_us).any())
+    return noise
+
+
 def rtt_errors(probe: pd.DataFrame, fabrics) -> dict[str, dict]:
-    """Per fabric with rtt samples, the model's error on them (:func:`rtt_points`) as
-    {shapes, error_low, error_median, error_high}."""
+    """Per fabric with rtt samples, the study's metric on them (:func:`rtt_points`): the
+    mean absolute error over the round trips (``mape``) and the worst (``worst``, signed,
+    at ``worst_rows``), leaving out the noise :func:`noise_points` finds (``excluded``:
+    their rows); and the signed errors' range and median over every point."""
     points = rtt_points(probe, fabrics)
-    return {
-        str(name): {
+    noise = noise_points(points)
+    out = {}
+    for name, g in points.groupby("fabric", sort=False):
+        kept = g[~noise[g.index]]
+        worst = kept.loc[kept.error.abs().idxmax()] if len(kept) else None
+        out[str(name)] = {
             "shapes": len(g),
+            "mape": float(kept.error.abs().mean()) if len(kept) else float("nan"),
+            "worst": float(worst.error) if worst is not None else float("nan"),
+            "worst_rows": int(worst.rows) if worst is not None else 0,
+            "excluded": [int(r) for r in g[noise[g.index]].rows],
             "error_low": float(g.error.min()),
             "error_median": float(g.error.median()),
             "error_high": float(g.error.max()),
         }
-        for name, g in points.groupby("fabric", sort=False)
-    }
+    return out
+
+
+def rtt_line(name: str, e: dict, pattern: str = "latency") -> str:
+    """One line: a fabric's mean absolute error on its batched round trips, the worst, the
+    points left out, against the study's target."""
+    kept = e["shapes"] - len(e.get("excluded", []))
+    line = (
+        f"fabric {name}: the model on the measured batched round trips (rtt, {kept} shapes; "
+        f"segments fitted from {pattern}): mean absolute error {100 * e['mape']:.1f} %, worst "
+        f"{100 * e['worst']:+.1f} % at {e['worst_rows']} rows"
+    )
+    if e.get("excluded"):
+        rows = ", ".join(str(r) for r in e["excluded"])
+        line += f"; left out as noise (slower than a larger batch): {rows} rows"
+    within = e["mape"] <= RTT_TARGET
+    return line + (f"; {'within' if within else 'beyond'} the study's {100 * RTT_TARGET:.0f} %")
 
 
 def warm_refits(probe: pd.DataFrame) -> list[Fabric]:
@@ -653,24 +694,18 @@ def warm_refits(probe: pd.DataFrame) -> list[Fabric]:
 
 def _rtt_warnings(errors: dict, warm: dict, wire_pattern: dict, warnings: list) -> None:
     """A line per fabric whose round trips its segments, or its warm refit, miss by more
-    than the target; the warm refit's error beside the profile's where there is one."""
-
-    def span(e: dict) -> str:
-        return f"{100 * e['error_low']:+.0f} % to {100 * e['error_high']:+.0f} %"
-
-    def beyond(e: dict | None) -> bool:
-        return e is not None and max(abs(e["error_low"]), abs(e["error_high"])) > RTT_TARGET
-
+    than the target on average; the warm refit's beside the profile's where there is one."""
     for name, e in errors.items():
-        if not (beyond(e) or beyond(warm.get(name))):
+        refit = warm.get(name)
+        if e["mape"] <= RTT_TARGET and (refit is None or refit["mape"] <= RTT_TARGET):
             continue
-        line = (
-            f"fabric {name}: its segments (fitted from {wire_pattern.get(name, 'latency')}) "
-            f"put the measured batched round trips (rtt, {e['shapes']} shapes) at {span(e)}"
-        )
-        if name in warm:
-            line += f"; refitted from its warm latency samples, as rtt runs, at {span(warm[name])}"
-        warnings.append(line + f" (the study validated within {100 * RTT_TARGET:.0f} %)")
+        line = rtt_line(name, e, wire_pattern.get(name, "latency"))
+        if refit is not None:
+            line += (
+                f"; refitted from its warm latency samples, as rtt runs: mean absolute error "
+                f"{100 * refit['mape']:.1f} %"
+            )
+        warnings.append(line)
 
 
 def kernel_software(run_meta: list[dict]) -> dict:
@@ -747,6 +782,13 @@ def fit_profile(
         provenance["software"] = software
     if base is not None:
         provenance["base"] = base.name
+    # the base's hardware ceilings hold a fit on that hardware's kind (a GPU's), not a CPU's
+    ceilings = base.ceilings if base is not None and not on_cpu(fitted) else None
+    fitted_terms = set(device_terms.BY_NAME) - set(notes.get("from_base", []))
+    profile, bound = mark_bounds(
+        Profile(name, tuple(fabrics), device, provenance, ceilings), fitted_terms
+    )
+    warnings.extend(bound)
     if warnings:
         provenance["warnings"] = list(warnings)
-    return Profile(name, tuple(fabrics), device, provenance)
+    return profile

@@ -165,7 +165,7 @@ def _run_figures(path: Path, kind: str, tag: str, profiles: list):
     from xbench.results.store import read_table
 
     if kind == "probe":
-        from xbench.fit.profile_fit import RTT_TARGET, rtt_points, warm_refits
+        from xbench.fit.profile_fit import RTT_TARGET, rtt_errors, rtt_points, warm_refits
 
         samples = read_table(path, PROBE_SAMPLES)
         fabrics = list(profiles[0].fabrics) if profiles else _fit_fabrics(samples)
@@ -173,7 +173,7 @@ def _run_figures(path: Path, kind: str, tag: str, profiles: list):
         points = rtt_points(samples, fabrics)
         warm = rtt_points(samples, warm_refits(samples))
         yield (
-            figures.round_trip_figure(points, RTT_TARGET, warm),
+            figures.round_trip_figure(points, RTT_TARGET, warm, rtt_errors(samples, fabrics)),
             f"roundtrips-{tag}",
             f"Batched round trips ({path})",
         )

@@ -78,12 +78,17 @@ def probe_figure(samples: pd.DataFrame, fabrics) -> plt.Figure | None:
 
 
 def round_trip_figure(
-    points: pd.DataFrame, target: float, warm: pd.DataFrame | None = None
+    points: pd.DataFrame,
+    target: float,
+    warm: pd.DataFrame | None = None,
+    errors: dict | None = None,
 ) -> plt.Figure | None:
     """Per fabric: the batched round trips the probe measured (median and quartiles, by
     rows) against the fitted model's (route's two messages), and the model's error, with
     the study's target band (``target``, a fraction); ``warm``, the same points against
-    segments refitted from warm latency where the fabric's came from cold caches."""
+    segments refitted from warm latency where the fabric's came from cold caches;
+    ``errors`` (``fit.profile_fit.rtt_errors``): each fabric's mean absolute error and
+    worst case in its title, as ``xbench fit`` reports them."""
     if points.empty:
         return None
     names = list(dict.fromkeys(points.fabric))
@@ -107,7 +112,11 @@ def round_trip_figure(
             error_ax.legend(fontsize=7)
         error_ax.axhspan(-100 * target, 100 * target, color="grey", alpha=0.15, lw=0)
         error_ax.axhline(0, color="k", lw=0.8)
-        _times_over_powers_of_two(time_ax, f"{name}: round trip of b rows", error_ax)
+        title = f"{name}: round trip of b rows"
+        e = (errors or {}).get(name)
+        if e is not None and e["mape"] == e["mape"]:
+            title += f"\nmean abs. error {100 * e['mape']:.1f} %, worst {100 * e['worst']:+.1f} %"
+        _times_over_powers_of_two(time_ax, title, error_ax)
         error_ax.set_ylabel(f"model error, % (band: +-{100 * target:.0f} %)")
         error_ax.set_xlabel("rows b")
     fig.tight_layout()
