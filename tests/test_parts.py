@@ -100,27 +100,32 @@ def replace_fabric(r: Request, fabric: str) -> Request:
     return r._replace(fabric=fabric)
 
 
+def _shipped_decode_runs():
+    """(path, workload, profile name, profile) for every shipped decode scenario on both
+    shipped profiles."""
+    for path in sorted((ROOT / "scenarios").glob("*.toml")):
+        spec = load_workload(path)
+        if spec["kind"] == "decode":
+            for name in ("h100-priors", "h200"):
+                yield path, spec, name, PROFILES[name]
+
+
 def test_the_simulator_prices_an_idle_use_as_decide_on_every_shipped_scenario():
     """The engine's costs are the record's: a use on idle resources costs what decide says,
     on every shipped decode scenario, fabric and shipped profile, over 1 and 61 layers."""
     from xbench.simulate import Workload
     from xbench.simulate.engine import _Costs
 
-    for path in sorted((ROOT / "scenarios").glob("*.toml")):
-        spec = load_workload(path)
-        if spec["kind"] != "decode":
-            continue
-        for name in ("h100-priors", "h200"):
-            profile = PROFILES[name]
-            for fabric in spec["fabrics"]:
-                if fabric not in {f.name for f in profile.fabrics}:
-                    continue
-                for layers in (1, 61):
-                    w = Workload(**{**spec["fields"], "layers": layers}, fabric=fabric)
-                    d = decide(profile, w.request())
-                    costs = _Costs(profile, w).per_use()
-                    got = (costs["route"], costs["fetch"], costs["local"])
-                    assert got == (d.t_route, d.t_fetch, d.t_local), (path.name, fabric, layers)
+    for path, spec, name, profile in _shipped_decode_runs():
+        for fabric in spec["fabrics"]:
+            if fabric not in {f.name for f in profile.fabrics}:
+                continue
+            for layers in (1, 61):
+                w = Workload(**{**spec["fields"], "layers": layers}, fabric=fabric)
+                d = decide(profile, w.request())
+                costs = _Costs(profile, w).per_use()
+                got = (costs["route"], costs["fetch"], costs["local"])
+                assert got == (d.t_route, d.t_fetch, d.t_local), (path.name, name, fabric, layers)
 
 
 def test_a_prefill_is_every_layer_over_the_gpus():
@@ -192,3 +197,36 @@ def test_no_module_outside_core_composes_coefficients():
             ) or node.attr == "terms":
                 bad.append(f"{rel}:{node.lineno}: .{getattr(node.value, 'attr', '?')}.{node.attr}")
     assert not bad, "\n".join(bad)
+
+
+def test_decide_and_simulate_give_one_answer_on_every_shipped_scenario_or_the_cause():
+    """On every shipped decode scenario and fabric, on both shipped profiles: decide's
+    answer at the uses a fetch served in the simulation is the better static policy, or
+    always-route kept a resource busy enough to be the cause (the line printed says so)."""
+    from xbench.simulate import BUSY, decide_beside, run
+
+    for path, spec, name, profile in _shipped_decode_runs():
+        frame = run(profile, spec, ["route", "fetch"], 2000, 0)
+        for r in decide_beside(profile, spec, frame).itertuples():
+            agree = r.decide_at_uses == r.better_static
+            assert agree or r.route_busy >= BUSY, (path.stem, name, r)
+
+
+def test_a_saturated_run_says_so_in_one_line_with_the_rate_sustained():
+    """--layers 61 multiplies each use's cost, not the scenario's rate: the README's 61-layer
+    step saturates at the scenario's rate and says so with what it sustains; at a rate
+    below that, route and fetch keep up and nothing is said of them."""
+    from xbench.simulate import run, saturated_line
+
+    spec = load_workload(ROOT / "scenarios" / "decode-route-vs-fetch.toml")
+    spec = {**spec, "fabrics": ["nvlink"]}
+    step = {**spec, "fields": {**spec["fields"], "layers": 61, "holders": 4}}
+    frame = run(PROFILES["h100-priors"], step, ["route", "fetch"], 2000, 0)
+    line = saturated_line(frame)
+    assert line is not None and "\n" not in line and "saturated: 2 of 2 runs" in line
+    sustained = frame.sustainable_per_s.max()
+    assert sustained < frame.offered_per_s.min() / 2
+    slower = {**step, "fields": {**step["fields"], "rate_per_s": sustained / 4}}
+    assert saturated_line(run(PROFILES["h100-priors"], slower, ["route", "fetch"], 2000, 0)) is None
+    # one layer at the scenario's rate: route and fetch keep up on nvlink
+    assert saturated_line(run(PROFILES["h100-priors"], spec, ["route", "fetch"], 2000, 0)) is None

@@ -360,3 +360,14 @@ def test_span_hits_v1_files_read_as_one_layer_on_one_gpu(tmp_path):
     assert list(frame.columns) == schema.SPAN_HITS_SCHEMA.names
     assert frame.prefill_layers.tolist()[0] == 1 and frame.prefill_gpus.tolist()[0] == 1
     assert frame.prefill_layers.isna().tolist() == [False, True]
+
+
+def test_simulation_v1_files_read_without_the_rates(tmp_path):
+    """simulation v2 added offered_per_s and sustainable_per_s: v1 files read them null."""
+    row = {f.name: 0.0 for f in schema.SIMULATION_SCHEMA}
+    row.update(fabric="ib", policy="route", requests=1, batches=1)
+    path = write_table(tmp_path / "s.parquet", schema.SIMULATION, [row], {"run_id": "s"})
+    old = _as_version(path, 1, tmp_path / "v1.parquet", ("offered_per_s", "sustainable_per_s"))
+    frame = read_table([old], schema.SIMULATION)
+    assert list(frame.columns) == schema.SIMULATION_SCHEMA.names
+    assert frame.offered_per_s.isna().all() and frame.sustainable_per_s.isna().all()

@@ -123,6 +123,7 @@ def simulate(
         moves_on_compute,
         own_copies,
         run,
+        saturated_line,
         sharing_report,
         span_hit_rates,
         span_reuse,
@@ -220,6 +221,8 @@ def simulate(
                 f, spec, prof.name, n, gains, out, reuse, beside, hits, sharing, copies
             ),
         )
+        if line := saturated_line(frame):
+            warn(line)
 
 
 def _set_step(
@@ -543,6 +546,12 @@ def _decide_lines(beside):
             line += (
                 f", since always-route kept a link or compute {100 * r.route_busy:.0f} % busy "
                 "(decide prices idle resources)"
+            )
+        elif r.decide_at_uses != r.better_static:
+            line += (
+                ", since the simulation's batches at the holders, the uses that wait for a "
+                "fetch on its way, and the queues below saturation move it (decide prices one "
+                "use on idle resources)"
             )
         yield line
 

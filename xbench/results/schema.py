@@ -43,6 +43,8 @@ prefill_saturation v1, sharing_calls v1, sharing_steps v1, span_hits v1: first v
     the reports ``xbench simulate --out`` writes beside the policies' table (deployments at
     saturation; shared-KV batching's calls and steps, its bounds in the run metadata; span
     expressions' hit rates).
+simulation v2: adds ``offered_per_s`` and ``sustainable_per_s``, the rate the trace offered
+    and about the most the busiest resource keeps up with; v1 files read with them null.
 span_hits v2: adds ``prefill_layers`` and ``prefill_gpus``, the prefill its time to first
     token prices: the whole model's layers over the instance's GPUs; v1 priced one layer on
     one GPU, and its files read as 1 and 1.
@@ -367,6 +369,9 @@ SIMULATION_SCHEMA = pa.schema(
         pa.field("batches", pa.int64(), nullable=False),  # batched attention calls at holders
         pa.field("mean_batch_rows", pa.float64()),
         pa.field("gain_vs_best_static", pa.float64()),  # predicate mean / best of route, fetch - 1
+        pa.field("offered_per_s", pa.float64()),  # requests a second the trace offered
+        # about the most the busiest compute or link keeps up with: requests / its busy time
+        pa.field("sustainable_per_s", pa.float64()),
     ]
 )
 
@@ -542,7 +547,7 @@ SCHEMA_VERSIONS = {
     DECISIONS: 3,
     VALIDATE_SUMMARY: 2,
     COMPARISON: 2,
-    SIMULATION: 1,
+    SIMULATION: 2,
     PREFILL_SIMULATION: 2,
     PREFILL_SATURATION: 1,
     SHARING_CALLS: 1,
@@ -682,7 +687,10 @@ MIGRATIONS: dict[str, dict[int, object]] = {
     },
     COMPARISON: {1: _added_null_columns("launch_sd", "detectable")},  # v1: no detectable change
     PREFILL_SIMULATION: {1: _added_null_columns("hit_rate")},  # v1: not recorded
-    SPAN_HITS: {1: _added_span_prefill_columns},  # v1: one layer on one GPU
+    SPAN_HITS: {1: _added_span_prefill_columns},
+    SIMULATION: {
+        1: _added_null_columns("offered_per_s", "sustainable_per_s")
+    },  # v1: one layer on one GPU
     VALIDATE_SAMPLES: {
         1: _added_int_columns(requester=0, round=0),  # v1: rank 0 asked, one pass
         2: _added_int_columns(segments=1),  # v2: fetches were packed into one message

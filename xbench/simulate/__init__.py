@@ -27,8 +27,13 @@ def request_latency(result, trace) -> np.ndarray:
 
 
 def summarize(result, policy: str, fabric: str, trace) -> dict:
+    """A policy's run in figures. ``offered_per_s``: the requests a second the trace
+    offered; ``sustainable_per_s``: about the most its busiest resource (a compute or a
+    link) keeps up with, the requests over that resource's busy time."""
     lat = request_latency(result, trace) * 1e6
     span = result.makespan or float("nan")
+    last = float(trace.arrival[-1]) if len(trace.arrival) else 0.0
+    busiest = max(float(result.compute_busy.max()), float(result.link_busy.max()))
     return {
         "fabric": fabric,
         "policy": policy,
@@ -38,6 +43,8 @@ def summarize(result, policy: str, fabric: str, trace) -> dict:
         "p99_us": float(np.percentile(lat, 99)),
         "mean_us": float(lat.mean()),
         "throughput_per_s": len(lat) / span,
+        "offered_per_s": len(lat) / last if last > 0 else float("nan"),
+        "sustainable_per_s": len(lat) / busiest if busiest > 0 else float("inf"),
         "bytes_moved": float(result.bytes_moved),
         "link_util_mean": float(result.link_busy.mean() / span),
         "link_util_max": float(result.link_busy.max() / span),
@@ -47,6 +54,33 @@ def summarize(result, policy: str, fabric: str, trace) -> dict:
         "batches": int(result.batches),
         "mean_batch_rows": result.batched_rows / result.batches if result.batches else float("nan"),
     }
+
+
+# A run whose throughput falls this far below the rate offered did not keep up: it saturated
+KEPT_UP = 0.9
+
+
+def saturated_line(frame: pd.DataFrame) -> str | None:
+    """One line where runs saturated (their throughput fell below ``KEPT_UP`` of the rate
+    offered): how many, and the slowest and best sustained rates among them; None where
+    every run kept up."""
+    over = frame[frame.throughput_per_s < KEPT_UP * frame.offered_per_s]
+    if over.empty:
+        return None
+    offered = float(over.offered_per_s.max())
+    slow = over.loc[over.sustainable_per_s.idxmin()]
+    best = over.loc[over.sustainable_per_s.idxmax()]
+
+    def rate(r) -> str:
+        return f"about {r.sustainable_per_s:,.0f}/s ({r.fabric} {r.policy})"
+
+    return (
+        f"saturated: {len(over)} of {len(frame)} runs fell behind the {offered:,.0f} "
+        f"requests/s offered (their busiest compute or link sustains {rate(slow)} to "
+        f"{rate(best)}; sustainable_per_s in --format json): their latencies measure a "
+        "queue's growth and their throughput the capacity; --rate below the rate sustained "
+        "measures a request's cost"
+    )
 
 
 def run(profile, spec: dict, policies, requests: int, seed: int, on_step=None) -> pd.DataFrame:
@@ -475,6 +509,7 @@ __all__ = [
     "prefill_shape",
     "span_hit_rates",
     "run",
+    "saturated_line",
     "simulate",
     "span_reuse",
     "workload_request",

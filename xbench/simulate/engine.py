@@ -472,47 +472,29 @@ def _predicate(
 ) -> str:
     """The cost model's choice for one use, with the backlogs each option would wait on.
 
-    Options are weighed over the ``1 + joiners + after`` uses a fetch would serve. Fetch:
-    this use pays the transfer and the move (behind the holder's link backlog), the joiners
-    wait for the rest of it, and every use attends here. Route or local: this use pays its
-    option with today's backlogs, and the later uses are routed as the model prices a use at
-    the resources' steady-state waits, not today's backlogs (they drain): ``queue_holder``
-    for its attention at the holder and ``queue_me`` for its merge back here, where a later
-    use of a fetched chunk waits only ``queue_me`` (a route queues on two cores, a use in
-    place on one; counting neither left the predicate 34-74 % worse than the better static
-    policy on some CPU workloads, whose long attentions made the merge wait). The
-    joiners arrive within one fetch's time, too soon for today's backlogs to drain: routed,
-    each waits what the holder's and this core's backlogs hold above their steady state, and
-    its query leaves behind this link's backlog; fetched, each waits what this core's holds
-    above its steady state.
+    Options are weighed over the ``1 + joiners + after`` uses a fetch would serve
+    (:func:`_route_price`, :func:`_fetch_price`; local recomputes here and routes the later
+    uses as route does). Route or local: this use pays its option with today's backlogs,
+    and the later uses are routed as the model prices a use at the resources' steady-state
+    waits, not today's backlogs (they drain): ``queue_holder`` for its attention at the
+    holder and ``queue_me`` for its merge back here, where a later use of a fetched chunk
+    waits only ``queue_me`` (a route queues on two cores, a use in place on one; counting
+    neither left the predicate far worse than the better static policy on CPU workloads,
+    whose long attentions made the merge wait). The joiners arrive within one fetch's
+    time, too soon for today's backlogs to drain: routed, each waits what the holder's and
+    this core's backlogs hold above their steady state; fetched, what this core's holds.
 
-    Each option also pays for the work it adds to a busy server now: every job that arrives
-    there while that server's backlog drains waits that much longer (the jobs per second
-    it takes, times the backlog, times the work added). On a compute, the arrivals per
-    instance; on a link, the messages it has carried per second so far (``messages_holder``,
-    ``messages_me``; the arrivals per instance where not given). A routed query adds
-    ``holder_adds`` to the holder: the growth of the batched call it joins there (far less
-    than T_c when queries of this chunk are already queued), and the queries of this use and
-    its joiners to this link, their answers to the holder's; a fetch adds its chunk's time to
-    the holder's link. Priced on both links and at their own message rates, these turned
-    moska-shared-chunk (fetches coalesce there, every instance a holder) from +75 to +113 %
-    over always-fetch to within a few percent: a fetch's chunk, charged at the arrivals per
-    instance, outweighed the answers that flood the link when every use routes. A routed
-    answer, this use's and each joiner's, leaves behind what the holder's link still holds
-    when its attention is done, as a fetch and its joiners wait behind it. A later use of a
-    fetched chunk attends here behind
-    its request's other uses (``attend_here``), which routing would have run in parallel.
-    Where the move runs on the compute (``move_on_compute``), a fetch's gather waits behind
-    the holder's backlog and adds to it, and its splice adds to the requester's.
+    Each option also pays for the work it adds to a busy server now: every job that
+    arrives there while that server's backlog drains waits that much longer (the jobs per
+    second it takes, times the backlog, times the work added). On a compute, the arrivals
+    per instance; on a link, the messages it has carried per second so far
+    (``messages_holder``, ``messages_me``; the arrivals per instance where not given).
     ``route_links``: what each later routed use also waits on the two links if every use
     routed (``Simulation.routed_links``): nothing while they keep up with the holder's
-    compute, the growth of their backlog where routing would overload them; it is what
-    keeps the predicate from routing early uses over links that are idle only because the
-    trace has just begun (moska-shared-chunk: answers at every use would fill the holders'
-    links twice over).
-    ``idle_holder`` and ``idle_me``: how long each core has idled (0 when it has work),
-    for the extra a call pays after idle (the device's ``after_idle``; 0 without it): a
-    routed call pays the holder's now, a fetched one the requester's when the chunk lands.
+    compute, the growth of their backlog where routing would overload them (links idle
+    only because the trace has just begun do not read as free). ``idle_holder`` and
+    ``idle_me``: how long each core has idled (0 when it has work), for the extra a call
+    pays after idle (the device's ``after_idle``; 0 without it).
     """
     lam = costs.arrivals_per_instance
     on_holder_link = lam if messages_holder is None else messages_holder
@@ -522,40 +504,72 @@ def _predicate(
     above_me = wait_me - queue_me if wait_me > queue_me else 0.0
     route_later = later * (per_use["route"] + queue_holder + queue_me + route_links)
     route_later += joiners * (above_holder + above_me)
-    after_idle = costs.device.after_idle
-    route = per_use["route"] + wait_holder + wait_me
-    # its answer leaves behind what the holder's link still holds once the attention is
-    # done, and its query behind what this link holds; so do the joiners' (a fetch's
-    # joiners wait behind it too); later ones find them drained
-    answer_wait = max(link_holder - wait_holder - costs.attend_share, 0.0)
-    route += (link_me + answer_wait) * (1 + joiners)
-    route += after_idle(idle_holder) if idle_holder else 0.0
-    # with k holders, each takes a query's share and sends an answer, and each sends a
-    # fetch its share: the holder given stands for all k
-    shares = costs.shares
-    route += shares * (lam * (wait_holder + holder_adds) * holder_adds) + route_later
-    answers = (1 + joiners) * costs.back_occ
-    queries = (1 + joiners) * costs.queries_occ
-    route += shares * (on_holder_link * (link_holder + answers) * answers)
-    route += on_my_link * (link_me + queries) * queries
-    first = link_holder + costs.fetch_once
-    here = costs.fetch_attend
-    fetch = shares * (on_holder_link * (link_holder + costs.kv_occ) * costs.kv_occ)
-    if costs.w.move_on_compute:  # the gather queues at the holder's compute, and loads it
-        first += wait_holder
-        fetch += lam * (wait_holder + costs.gather) * costs.gather
-        here += costs.splice
-    fetch += first * (1 + joiners / 2) + costs.merge + wait_me + costs.fetch_attend
-    fetch += after_idle(idle_me + first) if idle_me else 0.0
-    fetch += later * (costs.attend_here + queue_me) + joiners * above_me
-    fetch += lam * (wait_me + here) * here
+    route = _route_price(
+        costs, per_use["route"], joiners, wait_me, wait_holder, link_me, link_holder,
+        holder_adds, idle_holder, route_later, on_holder_link, on_my_link,
+    )  # fmt: skip
+    fetch = _fetch_price(
+        costs, joiners, later, wait_me, wait_holder, link_holder, idle_me, queue_me, above_me,
+        on_holder_link,
+    )  # fmt: skip
     local_work = costs.recompute + costs.attend
     local = local_work + wait_me + lam * (wait_me + local_work) * local_work + route_later
-    local += after_idle(idle_me) if idle_me else 0.0
+    local += costs.device.after_idle(idle_me) if idle_me else 0.0
     # the cheapest; ties go to fetch, then local (as min over (time, name) pairs would)
     if fetch <= route and fetch <= local:
         return "fetch"
     return "local" if local <= route else "route"
+
+
+def _route_price(
+    costs, route_use, joiners, wait_me, wait_holder, link_me, link_holder, holder_adds,
+    idle_holder, route_later, on_holder_link, on_my_link,
+):  # fmt: skip
+    """Route's price for this use and its later ones (``route_later``): the use's time
+    behind today's backlogs; its answer, and each joiner's, behind what the holder's link
+    still holds once its attention is done, its query behind what this link holds; the
+    holder's call after idle; and what it adds to busy servers: ``holder_adds`` to the
+    holder's compute (the growth of the batched call it joins there, far less than T_c
+    when queries of this chunk are already queued), its and its joiners' answers to the
+    holder's link and queries to this one. With k holders, each takes a query's share and
+    sends an answer: the holder given stands for all k."""
+    lam, shares = costs.arrivals_per_instance, costs.shares
+    route = route_use + wait_holder + wait_me
+    # later uses find the links drained
+    answer_wait = max(link_holder - wait_holder - costs.attend_share, 0.0)
+    route += (link_me + answer_wait) * (1 + joiners)
+    route += costs.device.after_idle(idle_holder) if idle_holder else 0.0
+    route += shares * (lam * (wait_holder + holder_adds) * holder_adds) + route_later
+    answers = (1 + joiners) * costs.back_occ
+    queries = (1 + joiners) * costs.queries_occ
+    route += shares * (on_holder_link * (link_holder + answers) * answers)
+    return route + on_my_link * (link_me + queries) * queries
+
+
+def _fetch_price(
+    costs, joiners, later, wait_me, wait_holder, link_holder, idle_me, queue_me, above_me,
+    on_holder_link,
+):  # fmt: skip
+    """Fetch's price over the uses it serves: this use pays the transfer and the move
+    behind the holder's link backlog, the joiners wait for the rest of it (half, on
+    average), and every use attends here, a later one behind its request's other uses
+    (``attend_here``, which routing would have run in parallel) at this core's steady
+    wait; the chunk's time on the holder's link (each of the k holders' shares) delays
+    what that link carries; this core's call after idle, once the chunk lands. Where the
+    move runs on the compute (``move_on_compute``), the gather waits behind the holder's
+    backlog and adds to it, and the splice adds to this core's."""
+    lam = costs.arrivals_per_instance
+    first = link_holder + costs.fetch_once
+    here = costs.fetch_attend
+    fetch = costs.shares * (on_holder_link * (link_holder + costs.kv_occ) * costs.kv_occ)
+    if costs.w.move_on_compute:
+        first += wait_holder
+        fetch += lam * (wait_holder + costs.gather) * costs.gather
+        here += costs.splice
+    fetch += first * (1 + joiners / 2) + costs.merge + wait_me + costs.fetch_attend
+    fetch += costs.device.after_idle(idle_me + first) if idle_me else 0.0
+    fetch += later * (costs.attend_here + queue_me) + joiners * above_me
+    return fetch + lam * (wait_me + here) * here
 
 
 class _Servers:

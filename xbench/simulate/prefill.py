@@ -303,100 +303,122 @@ def simulate_prefill(
 ) -> PrefillResult:
     if policy not in PREFILL_POLICIES:
         raise ValueError(f"unknown policy {policy!r}")
-    costs = PrefillCosts(profile, w)
-    n = len(trace)
-    latency = np.zeros(n)
-    offloaded = np.zeros(n, dtype=bool)
-    local_free = [0.0] * w.local_instances  # when each instance frees (FIFO, work known)
-    remote_free = [0.0] * w.remote_instances
-    local_busy = np.zeros(w.local_instances)
-    remote_busy = np.zeros(w.remote_instances)
-    # each cluster's prefix cache (local, remote), and the requests' prefixes
-    caches = (PrefixCache(w.local_cache_tokens), PrefixCache(w.remote_cache_tokens))
-    prefixes = [-1] * n if trace.prefix is None else trace.prefix.tolist()
-    prefix_tokens = [0.0] * n if trace.prefix is None else trace.prefix_tokens.tolist()
-    hit_tokens = prompt_tokens = 0.0
-    # the link: transfers queue in the order their first layer is ready; one is committed
-    # once no later arrival can be ready before it (its first layer is no later than now)
-    ready: list = []  # (first layer ready, seq, request, transfer time, prefill end, tokens)
-    link_free = 0.0
-    link_busy = moved = 0.0
-    pending_work = 0.0  # transfer time of the queued, uncommitted transfers
-    last = 0.0
+    return _PrefillRun(PrefillCosts(profile, w), trace, policy, threshold).run()
 
-    def commit(until: float) -> None:
-        nonlocal link_free, link_busy, pending_work, last
+
+class _PrefillRun:
+    """One policy over one trace: each cluster's instances (FIFO, the one that frees first),
+    its prefix cache, and the link, whose transfers queue in the order their first layer is
+    ready; one is committed once no later arrival can be ready before it (its first layer
+    is no later than now)."""
+
+    def __init__(self, costs: PrefillCosts, trace: PrefillTrace, policy: str, threshold: float):
+        w, n = costs.w, len(trace)
+        self.costs, self.w, self.trace = costs, w, trace
+        self.policy, self.threshold = policy, threshold
+        self.latency = np.zeros(n)
+        self.offloaded = np.zeros(n, dtype=bool)
+        self.local_free = [0.0] * w.local_instances  # when each instance frees (work known)
+        self.remote_free = [0.0] * w.remote_instances
+        self.local_busy = np.zeros(w.local_instances)
+        self.remote_busy = np.zeros(w.remote_instances)
+        # each cluster's prefix cache (local, remote), and the requests' prefixes
+        self.caches = (PrefixCache(w.local_cache_tokens), PrefixCache(w.remote_cache_tokens))
+        self.prefixes = [-1] * n if trace.prefix is None else trace.prefix.tolist()
+        self.prefix_tokens = [0.0] * n if trace.prefix is None else trace.prefix_tokens.tolist()
+        self.hit_tokens = self.prompt_tokens = 0.0
+        # (first layer ready, seq, request, transfer time, prefill end, tokens)
+        self.ready: list = []
+        self.link_free = self.link_busy = self.moved = 0.0
+        self.pending_work = 0.0  # transfer time of the queued, uncommitted transfers
+        self.last = 0.0
+
+    def commit(self, until: float) -> None:
+        """Put on the link, in order, the transfers whose first layer is ready by ``until``."""
+        w, ready = self.w, self.ready
         while ready and ready[0][0] <= until:
             start_ready, _, r, x, prefill_end, shipped = heapq.heappop(ready)
-            pending_work -= x
-            start = max(link_free, start_ready)
+            self.pending_work -= x
+            start = max(self.link_free, start_ready)
             # at the bandwidth it starts at (the link trace's share then)
             x /= w.link_share(start)
-            end, done = _landed(start, x, prefill_end, costs.splice(shipped), w.layers)
-            link_free = end
-            link_busy += x
-            latency[r] = done - trace.arrival[r]
-            last = max(last, done)
-            if prefixes[r] >= 0:  # its prefix's KV is here too now
-                caches[0].put(prefixes[r], prefix_tokens[r], done)
+            end, done = _landed(start, x, prefill_end, self.costs.splice(shipped), w.layers)
+            self.link_free = end
+            self.link_busy += x
+            self.latency[r] = done - self.trace.arrival[r]
+            self.last = max(self.last, done)
+            if self.prefixes[r] >= 0:  # its prefix's KV is here too now
+                self.caches[0].put(self.prefixes[r], self.prefix_tokens[r], done)
 
-    for r, (now, tokens) in enumerate(
-        zip(trace.arrival.tolist(), trace.length.tolist(), strict=True)
-    ):
-        commit(now)
-        i = min(range(w.local_instances), key=local_free.__getitem__)
-        j = min(range(w.remote_instances), key=remote_free.__getitem__)
-        p = prefixes[r]
-        prompt = tokens + prefix_tokens[r]
-        # the prefix's tokens cached (and ready) here and there: each side prefills the rest
-        here = caches[0].cached(p, now) if p >= 0 else 0.0
-        there = caches[1].cached(p, now) if p >= 0 else 0.0
-        remote_prefill = costs.prefill(prompt - there, 1.0, there)
-        shipped = prompt - here  # the KV this cluster lacks
-        if policy == "local":
-            ship = False
-        elif policy == "offload":
-            ship = True
-        elif policy == "threshold":
-            ship = shipped > threshold
-        else:
-            local_done = max(local_free[i], now) + costs.local(shipped, here)
-            start = max(remote_free[j], now + costs.prompt(prompt))
-            x, s = costs.transfer(shipped), costs.splice(shipped)
-            x /= w.link_share(now)  # at the bandwidth the link has now
-            link_start = max(link_free, start + remote_prefill / w.layers) + pending_work
-            _, ship_done = _landed(link_start, x, start + remote_prefill, s, w.layers)
-            ship = ship_done < local_done
-        if ship:
-            start = max(remote_free[j], now + costs.prompt(prompt))
-            remote_free[j] = start + remote_prefill
-            remote_busy[j] += remote_prefill
-            x = costs.transfer(shipped)
-            first_layer = start + remote_prefill / w.layers
-            heapq.heappush(ready, (first_layer, r, r, x, start + remote_prefill, shipped))
-            pending_work += x
-            moved += shipped * costs.kv_per_token
-            offloaded[r] = True
-            hit_tokens += there
-            if p >= 0:
-                caches[1].put(p, prefix_tokens[r], start + remote_prefill)
-        else:
-            work = costs.local(shipped, here)
-            end = max(local_free[i], now) + work
-            local_free[i] = end
-            local_busy[i] += work
-            latency[r] = end - now
-            last = max(last, end)
-            hit_tokens += here
-            if p >= 0:
-                caches[0].put(p, prefix_tokens[r], end)
-        prompt_tokens += prompt
-    commit(math.inf)
-    makespan = last - float(trace.arrival[0]) if n else 0.0
-    return PrefillResult(
-        latency, offloaded, makespan, local_busy, remote_busy, link_busy, moved,
-        hit_tokens, prompt_tokens,
-    )  # fmt: skip
+    def ships(self, now, i, j, prompt, shipped, here, remote_prefill) -> bool:
+        """Whether the policy offloads: always, never, above the threshold, or where the
+        model's completion time behind each side's backlogs is sooner there."""
+        if self.policy in ("local", "offload"):
+            return self.policy == "offload"
+        if self.policy == "threshold":
+            return shipped > self.threshold
+        costs, w = self.costs, self.w
+        local_done = max(self.local_free[i], now) + costs.local(shipped, here)
+        start = max(self.remote_free[j], now + costs.prompt(prompt))
+        x, s = costs.transfer(shipped), costs.splice(shipped)
+        x /= w.link_share(now)  # at the bandwidth the link has now
+        link_start = max(self.link_free, start + remote_prefill / w.layers) + self.pending_work
+        _, ship_done = _landed(link_start, x, start + remote_prefill, s, w.layers)
+        return ship_done < local_done
+
+    def offload(self, r, now, j, prompt, shipped, there, remote_prefill) -> None:
+        costs, w, p = self.costs, self.w, self.prefixes[r]
+        start = max(self.remote_free[j], now + costs.prompt(prompt))
+        self.remote_free[j] = start + remote_prefill
+        self.remote_busy[j] += remote_prefill
+        x = costs.transfer(shipped)
+        first_layer = start + remote_prefill / w.layers
+        heapq.heappush(self.ready, (first_layer, r, r, x, start + remote_prefill, shipped))
+        self.pending_work += x
+        self.moved += shipped * costs.kv_per_token
+        self.offloaded[r] = True
+        self.hit_tokens += there
+        if p >= 0:
+            self.caches[1].put(p, self.prefix_tokens[r], start + remote_prefill)
+
+    def prefill_here(self, r, now, i, shipped, here) -> None:
+        work = self.costs.local(shipped, here)
+        end = max(self.local_free[i], now) + work
+        self.local_free[i] = end
+        self.local_busy[i] += work
+        self.latency[r] = end - now
+        self.last = max(self.last, end)
+        self.hit_tokens += here
+        if self.prefixes[r] >= 0:
+            self.caches[0].put(self.prefixes[r], self.prefix_tokens[r], end)
+
+    def run(self) -> PrefillResult:
+        w, trace, caches = self.w, self.trace, self.caches
+        local_free, remote_free = self.local_free, self.remote_free
+        for r, (now, tokens) in enumerate(
+            zip(trace.arrival.tolist(), trace.length.tolist(), strict=True)
+        ):
+            self.commit(now)
+            i = min(range(w.local_instances), key=local_free.__getitem__)
+            j = min(range(w.remote_instances), key=remote_free.__getitem__)
+            p = self.prefixes[r]
+            prompt = tokens + self.prefix_tokens[r]
+            # the prefix's tokens cached (and ready) here and there: each prefills the rest
+            here = caches[0].cached(p, now) if p >= 0 else 0.0
+            there = caches[1].cached(p, now) if p >= 0 else 0.0
+            remote_prefill = self.costs.prefill(prompt - there, 1.0, there)
+            shipped = prompt - here  # the KV this cluster lacks
+            if self.ships(now, i, j, prompt, shipped, here, remote_prefill):
+                self.offload(r, now, j, prompt, shipped, there, remote_prefill)
+            else:
+                self.prefill_here(r, now, i, shipped, here)
+            self.prompt_tokens += prompt
+        self.commit(math.inf)
+        makespan = self.last - float(trace.arrival[0]) if len(trace) else 0.0
+        return PrefillResult(
+            self.latency, self.offloaded, makespan, self.local_busy, self.remote_busy,
+            self.link_busy, self.moved, self.hit_tokens, self.prompt_tokens,
+        )  # fmt: skip
 
 
 def summarize_prefill(result: PrefillResult, policy: str, fabric: str, threshold=None) -> dict:

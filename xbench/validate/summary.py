@@ -12,8 +12,8 @@ def summarize_validation(samples, profile, fabric: str):
 
     import pandas as pd
 
-    from xbench.core.costmodel import Request, decide
-    from xbench.core.parts import phase_times
+    from xbench.core.costmodel import Request
+    from xbench.core.parts import step_parts
     from xbench.core.stats import summarize
 
     measured = samples[~samples.warmup]
@@ -34,9 +34,9 @@ def summarize_validation(samples, profile, fabric: str):
             segments=int(n_seg),
             blocks_local=option == "local",
         )
-        d = decide(profile, req)
-        predicted = {"route": d.t_route, "fetch": d.t_fetch, "local": d.t_local}[option] * 1e6
-        model_phases = phase_times(profile.fabric(fabric), profile.device, req)[option]
+        parts = step_parts(profile, req)  # decide's times, and their phases
+        predicted = getattr(parts, option) * 1e6
+        model_phases = parts.phases()[option]
         phases = {}
         for name in PHASE_COLUMNS:
             timed = group[f"{name}_us"].dropna() if f"{name}_us" in group else ()
