@@ -641,7 +641,14 @@ def test_offgather_fetches_pages_from_cold_caches_and_the_fit_prices_pages_with_
     assert r.returncode == 0, r.stderr
     assert "block_beta" in r.stdout
     shm = load_profile(profile).fabric("shm")
-    assert 0 < shm.block_t0.value < 1e-3 and 1e8 < shm.block_beta.value < 1e12
+    assert 0 <= shm.block_t0.value < 1e-3
+    # Under load the pages' times may not grow with their bytes over three page counts: the
+    # fit then leaves the rate at its cap, and must say so and mark it, not keep it as
+    # measured; otherwise it is a memory copy's rate
+    if shm.block_beta.bound:
+        assert "block_beta" in r.stderr and "marked bound" in r.stderr, r.stderr
+    else:
+        assert 1e8 < shm.block_beta.value < 1e12
 
 
 @pytest.mark.parametrize(

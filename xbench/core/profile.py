@@ -103,30 +103,7 @@ def _coef(
         )
     _known(raw, COEF_KEYS, where, path)
     unit = raw.get("unit")
-    if not unit:
-        hint = (
-            "a rate unit such as GB/s"
-            if kind == "rate"
-            else (f"a time per {per} such as ns/{per}" if per else "a time unit such as us")
-        )
-        raise ProfileError(f"profile {path}: {where} has no unit", f"add unit = ... ({hint})")
-    if kind == "rate":
-        scale = RATE_UNITS.get(unit)
-        si = "B/s"
-    else:
-        top, _, bottom = unit.partition("/")
-        if (bottom or None) != per:
-            expected = (
-                f"a time per {per} (e.g. ns/{per})" if per else "a plain time (s, ms, us, ns)"
-            )
-            raise ProfileError(f"profile {path}: {where} has unit {unit!r}", f"use {expected}")
-        scale = TIME_UNITS.get(top)
-        si = "s" + (f"/{per}" if per else "")
-    if scale is None:
-        choices = ", ".join(RATE_UNITS if kind == "rate" else TIME_UNITS)
-        raise ProfileError(
-            f"profile {path}: {where} has unknown unit {unit!r}", f"use one of {choices}"
-        )
+    scale, si = _unit_scale(unit, where, kind, path, per)
     try:
         value = float(raw["value"]) * scale
         low = float(raw.get("low", raw["value"])) * scale
@@ -169,6 +146,34 @@ def _coef(
         )
     # a coefficient left at a fit's bound is no measurement: a prior, whatever else it says
     return Coef(value, low, high, si, bool(raw.get("prior", False)) or bound, source, bound)
+
+
+def _unit_scale(unit, where: str, kind: str, path: str, per: str | None) -> tuple[float, str]:
+    """(seconds or B/s in one ``unit``, the SI unit) of a coefficient's unit: a rate, or a
+    time per ``per`` (a plain time where ``per`` is None)."""
+    if not unit:
+        hint = (
+            "a rate unit such as GB/s"
+            if kind == "rate"
+            else (f"a time per {per} such as ns/{per}" if per else "a time unit such as us")
+        )
+        raise ProfileError(f"profile {path}: {where} has no unit", f"add unit = ... ({hint})")
+    if kind == "rate":
+        scale, si = RATE_UNITS.get(unit), "B/s"
+    else:
+        top, _, bottom = unit.partition("/")
+        if (bottom or None) != per:
+            expected = (
+                f"a time per {per} (e.g. ns/{per})" if per else "a plain time (s, ms, us, ns)"
+            )
+            raise ProfileError(f"profile {path}: {where} has unit {unit!r}", f"use {expected}")
+        scale, si = TIME_UNITS.get(top), "s" + (f"/{per}" if per else "")
+    if scale is None:
+        choices = ", ".join(RATE_UNITS if kind == "rate" else TIME_UNITS)
+        raise ProfileError(
+            f"profile {path}: {where} has unknown unit {unit!r}", f"use one of {choices}"
+        )
+    return scale, si
 
 
 def _rate(raw, where: str, units: dict, path: str) -> float:
