@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import heapq
 import math
-from bisect import bisect_left, insort
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -409,18 +408,19 @@ class _Reuse:
         self.remote = shared - math.ceil(shared / w.instances) if w.holders == 1 else shared
         self.evicted_age = [0.0] * w.instances  # sum of idle ages at eviction
         self.evictions = [0] * w.instances
-        # per requester, the use counts of the remote chunks it has used, sorted
-        self.ranked: list[list[int]] = [[] for _ in range(w.instances)]
+        # per requester, how many remote chunks it has used at least n times, by n (uses
+        # only grow by one, so a use moves one chunk up one count: O(1), no sorted list)
+        self.at_least: list[list[int]] = [[0] for _ in range(w.instances)]
 
     def used(self, me: int, k: int, remote: bool) -> None:
         uses = self.uses[me]
         before = uses.get(k, 0)
         uses[k] = before + 1
         if remote:
-            ranked = self.ranked[me]
-            if before:
-                del ranked[bisect_left(ranked, before)]
-            insort(ranked, before + 1)
+            at_least = self.at_least[me]
+            if len(at_least) <= before + 1:
+                at_least.append(0)
+            at_least[before + 1] += 1
 
     def evicted(self, me: int, idle_age: float) -> None:
         self.evicted_age[me] += idle_age
@@ -445,8 +445,11 @@ class _Reuse:
         # within one Poisson standard deviation below k's earlier uses; a chunk not used yet
         # reads the prior's rate, as k does at its first use
         floor = math.ceil(earlier - math.sqrt(earlier + 1))
-        ranked = self.ranked[me]
-        rivals = self.remote if floor <= 0 else len(ranked) - bisect_left(ranked, floor)
+        at_least = self.at_least[me]
+        if floor <= 0:
+            rivals = self.remote
+        else:
+            rivals = at_least[floor] if floor < len(at_least) else 0
         if rivals <= self.places:
             return joiners, in_time
         return joiners, min(self.places / (rivals - self.places), in_time)
