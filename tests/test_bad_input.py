@@ -4,6 +4,7 @@ no traceback, and nothing already written lost or replaced."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import time
@@ -13,6 +14,7 @@ import pytest
 from conftest import BIN, ROOT
 
 from xbench.core.profile import load_profile
+from xbench.errors import XbenchError
 from xbench.resources import profile_path
 from xbench.results.schema import PROBE_SAMPLES
 from xbench.results.store import RunStore, mark_partial
@@ -265,6 +267,17 @@ def test_an_interrupted_probe_says_where_its_results_are(tmp_path):
     assert f"the cases finished so far are in {out}" in stderr
     meta = json.loads((out / "run.json").read_text())
     assert meta["status"] == "partial" and meta["stopped_because"] == "interrupted"
+    assert not (out / ".xbench.lock").exists()  # an interrupted run leaves no lock file
+
+
+def test_a_finished_run_leaves_no_lock_file(xbench, tmp_path):
+    """A run directory kept its .xbench.lock after the run ended (an interrupted one too:
+    test_an_interrupted_probe_says_where_its_results_are)."""
+    done = xbench("kernel", "--threads", "1", "--heads", "16", "--rows", "1", "--chunk",
+                  "128", "--samples", "2", "--out", tmp_path / "done")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "done" / "run.json").exists()
+    assert not (tmp_path / "done" / ".xbench.lock").exists()
 
 
 def test_a_directory_is_neither_a_profile_nor_an_output_file(xbench, tmp_path):
@@ -363,11 +376,23 @@ def test_counts_that_mean_nothing_are_refused_before_any_rank_starts(xbench, tmp
 def test_out_of_memory_is_one_line(xbench):
     """A replay of 10^11 requests needs 745 GiB for its arrival times alone."""
     scenario = ROOT / "scenarios" / "agentic-codebase.toml"
-    r = xbench("simulate", scenario, "--requests", "100000000000")
+    r = xbench("simulate", scenario, "--requests", "100000000000", "--rate", "1000000000/s")
     assert r.returncode == 2 and "Traceback" not in r.stderr + r.stdout
     # the progress bar, started before the first workload, stays above the error
     line = r.stderr.strip().splitlines()[-1]
     assert line.startswith("xbench: error: out of memory") and "fewer --requests" in line
+
+
+def test_a_kernel_sweep_torch_cannot_allocate_is_one_line_and_marks_its_run(xbench, tmp_path):
+    """kernel --heads 100000000: torch's allocator's RuntimeError was a traceback, and
+    run.json stayed running."""
+    out = tmp_path / "run"
+    r = xbench("kernel", "--heads", "100000000", "--rows", "1", "--chunk", "128",
+               "--samples", "1", "--threads", "1", "--out", out)  # fmt: skip
+    assert r.returncode == 2 and "Traceback" not in r.stderr + r.stdout, r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("xbench: error: out of memory")
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["status"] == "partial" and meta["stopped_because"] == "out of memory"
 
 
 def test_a_scenario_that_is_no_file_is_one_line(xbench, tmp_path):
@@ -536,6 +561,11 @@ def test_a_python_without_torch_is_told_to_install_it_before_anything_is_written
         assert f"torch is not installed for {BIN}" in line, (args, line)
         assert "pip install 'torch>=2.1' (on GPUs a CUDA build" in line, line
         assert not list(work.iterdir()), args
+    # a CPU without AVX512-BF16 takes the torch path and imported no torch before the launch:
+    # validate's ranks died of it ("rank 1: ModuleNotFoundError"); the parent now says it
+    torch_path = ("validate", "--profile", profile, "--cpu-attention", "torch", "--out", "run")
+    line = one_line(xbench(*torch_path, env=env, cwd=work))
+    assert f"torch is not installed for {BIN}" in line and not list(work.iterdir()), line
     r = xbench("env", "--format", "json", env=env)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     found = {c["capability"]: c for c in json.loads(r.stdout)}
@@ -676,6 +706,12 @@ def test_a_full_disk_under_stdout_or_the_lock_file_is_named(xbench, full_disk, t
     assert said.endswith(
         "free space where it is redirected (or raise the quota), or redirect it elsewhere"
     )
+    # JSON and CSV went through Python's buffer: 4 KiB of 19 KiB written, and exit 0
+    for fmt in ("json", "csv"):
+        r = into_full("decide", "--payload", "1KB", "--rows", "1:64", "--format", fmt)
+        said = r.stderr.strip()
+        assert r.returncode == 2 and "\n" not in said, (fmt, r.stderr)
+        assert "No space left on device writing standard output" in said, said
     r = xbench("probe", "--out", full_disk / "run")
     said = r.stderr.strip()
     assert r.returncode == 2 and "\n" not in said, r.stderr
@@ -864,9 +900,10 @@ def test_slurm_parses_what_it_forwards_before_writing(xbench, tmp_path):
     ],
 )
 def test_lists_and_shapes_that_mean_nothing(xbench, tmp_path, args, words):
-    line = one_line(xbench(*args, "--out", tmp_path / "out"))
+    # (a table's name: decide and compare write Parquet, and refuse any other name first)
+    line = one_line(xbench(*args, "--out", tmp_path / "out.parquet"))
     assert words in line, line
-    assert not (tmp_path / "out").exists()
+    assert not (tmp_path / "out.parquet").exists()
 
 
 def test_bare_xbench_prints_its_help(xbench):
@@ -945,3 +982,295 @@ def test_slurm_reads_a_choice_as_typer_hands_it_over(given):
     }
     with pytest.raises(XbenchError, match="--initiator device with --transport mpi"):
         _check_values(params)
+
+
+# Issue 89: inputs that were accepted and used though wrong, or that lost what was there.
+
+
+@pytest.mark.parametrize("dangling", [False, True])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("decide", "--payload", "1KB", "--out", "OUT"),
+        ("fit", "PROBE", "--base", str(PRIORS), "--out", "OUT"),
+        ("simulate", "agentic-codebase", "--requests", "50", "--out", "OUT"),
+        ("slurm", "probe", "--out", "OUT"),
+    ],
+)
+def test_an_out_that_is_a_symbolic_link_is_refused_and_left_as_it_was(
+    xbench, tmp_path, args, dangling
+):
+    """--out naming a link (to a file, or to nothing) was replaced by a regular file without
+    --force; the link, and what it names, stay."""
+    probe_run(tmp_path / "probe")
+    kept = tmp_path / "kept.txt"
+    if not dangling:
+        kept.write_text("someone's")
+    suffix = ".parquet" if args[0] in ("decide", "simulate") else ".toml"
+    link = tmp_path / f"out{suffix}"
+    link.symlink_to(kept)
+    args = [
+        str(link) if a == "OUT" else str(tmp_path / "probe") if a == "PROBE" else a for a in args
+    ]
+    line = one_line(xbench(*args, cwd=tmp_path))
+    assert "is a symbolic link" in line and "not a link" in line, line
+    assert link.is_symlink() and os.readlink(link) == str(kept)
+    assert kept.exists() != dangling and (dangling or kept.read_text() == "someone's")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("decide", "--payload", "1KB", "--out", "table.csv"),
+        ("decide", "--payload", "1KB", "--out", "table"),
+        ("simulate", "agentic-codebase", "--requests", "50", "--out", "runs.csv"),
+    ],
+)
+def test_a_parquet_table_is_not_written_under_another_name(xbench, tmp_path, args):
+    """decide --out table.csv wrote Parquet under that name."""
+    line = one_line(xbench(*args, cwd=tmp_path))
+    assert "this writes Parquet" in line and ".parquet" in line and "--format csv" in line
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("key", ["value", "low", "high"])
+def test_a_profile_number_written_true_or_false_is_refused(xbench, tmp_path, key):
+    """TOML's true was read as 1 (a 1 us overhead): not a number."""
+    text = PRIORS.read_text()
+    old = "overhead = { value = 4.0, low = 2.0, high = 10.0"
+    assert old in text
+    new = old.replace(f"{key} = {dict(value='4.0', low='2.0', high='10.0')[key]}", f"{key} = true")
+    bad = tmp_path / "bad.toml"
+    bad.write_text(text.replace(old, new, 1))
+    line = one_line(xbench("decide", "--payload", "1KB", "--profile", bad))
+    assert f"{key} is true, not a number" in line, line
+    ceiling = text.replace(
+        'memory = { value = 3.35, unit = "TB/s" }', 'memory = { value = true, unit = "TB/s" }'
+    )
+    bad.write_text(ceiling)
+    assert "[ceilings] memory" in one_line(xbench("decide", "--payload", "1KB", "--profile", bad))
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (("--segments", "100000", "--chunk", "1024"), "--segments 100,000 for a chunk of 1,024"),
+        (("--segments", "2048", "--chunk", "4096", "--holders", "4"), "pass at most 1,024"),
+    ],
+)
+def test_a_fetch_of_more_messages_than_tokens_is_refused(xbench, args, words):
+    """decide --segments 100000 priced 100,000 messages for a 16-page chunk."""
+    line = one_line(xbench("decide", "--payload", "1KB", *args))
+    assert words in line, line
+
+
+def test_a_rate_whose_trace_the_clock_cannot_resolve_is_refused(xbench, tmp_path):
+    """simulate --rate 1e-9/s reported every latency as 0 ns: at that rate the trace's
+    times are so large that microseconds vanish in their rounding."""
+    line = one_line(xbench("simulate", "agentic-codebase", "--rate", "1e-9/s", "--requests", "100"))
+    assert "clock's resolution" in line and "--rate" in line and "or more" in line
+    ok = xbench("simulate", "agentic-codebase", "--rate", "1/s", "--requests", "100",
+                "--policy", "route", "--format", "json")  # fmt: skip
+    assert ok.returncode == 0, ok.stderr
+    assert all(row["p99_us"] > 0 for row in json.loads(ok.stdout))
+
+
+def test_an_unknown_fabric_given_on_the_command_line_is_the_users_not_the_scenarios(xbench):
+    line = one_line(xbench("simulate", "agentic-codebase", "--fabric", "nosuch"))
+    assert line.startswith("xbench: error: --fabric nosuch: profile h100-priors has no such")
+    assert "nvlink" in line and "[workload]" not in line
+
+
+MANY_DIGITS = "9" * 400
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("decide", "--payload", "1KB", "--rows", MANY_DIGITS),
+        ("decide", "--payload", "1KB", "--chunk", f"1:{MANY_DIGITS}"),
+        ("decide", "--payload", "1KB", "--segments", MANY_DIGITS),
+        ("decide", "--payload", "1KB", "--layers", MANY_DIGITS),
+        ("decide", "--payload", "1KB", "--holders", MANY_DIGITS),
+        ("decide", "--payload", "1KB", "--heads", f"-{MANY_DIGITS}"),
+        ("decide", "--payload", "1KB", "--reuse", MANY_DIGITS),
+    ],
+)
+def test_a_number_of_hundreds_of_digits_is_refused_by_name(xbench, args):
+    """--rows with 400 digits was an OverflowError traceback (no float holds it)."""
+    line = one_line(xbench(*args))
+    assert args[-2] in line and " digits)" in line, line
+
+
+def test_closed_standard_output_is_one_line_not_a_traceback(tmp_path):
+    """xbench decide ... >&- was an AttributeError traceback."""
+    r = subprocess.run(
+        [str(BIN / "xbench"), "decide", "--payload", "1KB", "--format", "json"],
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+        preexec_fn=lambda: os.close(1),
+    )
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    assert "standard output is closed" in lines[0] and not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("columns", ["0", "-5", "wide", ""])
+def test_a_columns_that_is_no_width_is_ignored(xbench, columns):
+    """COLUMNS=0 printed nothing and exited 0, its error lines gone too."""
+    ok = xbench("decide", "--payload", "1KB", env={"COLUMNS": columns})
+    assert ok.returncode == 0 and "decision" in ok.stdout, ok.stderr
+    assert max(len(line) for line in ok.stdout.splitlines()) <= 80
+    line = one_line(xbench("decide", "--payload", "nope", env={"COLUMNS": columns}))
+    assert "bad size 'nope'" in line
+
+
+@pytest.mark.parametrize(
+    "field, value, words",
+    [
+        ("planned_parts", "lots", 'planned_parts is "lots", not an object'),
+        ("planned_parts", {"probe_samples": "3"}, 'planned_parts probe_samples is "3"'),
+        ("command", ["probe"], 'command is ["probe"], not a string'),
+        ("status", 5, "status is 5, not a string"),
+        ("status", "done", "status 'done' is none of running, complete, partial"),
+        ("hosts", "node1", 'hosts is "node1", not a list'),
+    ],
+)
+@pytest.mark.parametrize("command", ["compare", "fit", "report"])
+def test_a_run_json_field_of_another_type_is_named(xbench, tmp_path, field, value, words, command):
+    """run.json fields of the wrong type were AttributeError and TypeError tracebacks in
+    compare, fit and report, and a status of 5 counted as complete."""
+    run = tmp_path / "probe"
+    probe_run(run)
+    meta = json.loads((run / "run.json").read_text())
+    meta[field] = value
+    (run / "run.json").write_text(json.dumps(meta))
+    args = {
+        "compare": ("compare", run, run),
+        "fit": ("fit", run, "--base", PRIORS, "--out", tmp_path / "p.toml"),
+        "report": ("report", run, "--out", tmp_path / "report"),
+    }[command]
+    line = one_line(xbench(*args))
+    assert "run.json" in line and words in line and "re-run" in line, line
+    assert not (tmp_path / "p.toml").exists() and not (tmp_path / "report").exists()
+
+
+@pytest.mark.parametrize("launcher", ["#!/bin/sh\nexit 0\n", "#!/bin/sh\necho ran nothing\n"])
+def test_a_launcher_that_starts_no_ranks_is_a_failure_not_an_empty_table(
+    xbench, tmp_path, launcher
+):
+    """XBENCH_MPIEXEC naming a program that starts no ranks gave exit 0, an empty table and
+    a run.json left running."""
+    fake = tmp_path / "mpiexec"
+    fake.write_text(launcher)
+    fake.chmod(0o755)
+    r = xbench(
+        "probe", "--np", "2", "--sizes", "8B", "--out", tmp_path / "run",
+        env={"XBENCH_MPIEXEC": str(fake)},
+    )  # fmt: skip
+    line = one_line(r)
+    assert "never reported finishing" in line and "XBENCH_MPIEXEC" in line, line
+    meta = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert meta["status"] == "partial"
+
+
+def test_the_unknown_model_error_names_what_xbench_models_lists(xbench):
+    """It named deepseek-r1 and glm-5.1, which xbench models did not list: every name it
+    offers is a model or an alias there, and every alias works."""
+    listed = json.loads(xbench("models", "--format", "json").stdout)
+    models = {row["model"] for row in listed}
+    aliases = {a: row["model"] for row in listed for a in row["aliases"].split(",") if a}
+    line = one_line(xbench("decide", "--payload", "1KB", "--model", "nosuch"))
+    offered = line.split("pick one of ", 1)[1].split(" (xbench models")[0]
+    names = {w.strip(",") for w in offered.replace(", or ", ", ").split() if "-" in w}
+    assert names and names <= models | set(aliases), names - models - set(aliases)
+    for alias in aliases:
+        r = xbench("decide", "--payload", "1KB", "--model", alias, "--format", "json")
+        assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("command", ["decide", "compare"])
+def test_a_reader_that_stops_reading_is_not_a_regression(tmp_path, command):
+    """compare exited 1 (its regression code) when its output pipe closed (| head): now the
+    exit of a program a closed pipe stopped, 141, quietly."""
+    probe_run(tmp_path / "a")
+    probe_run(tmp_path / "b")
+    args = {
+        "decide": ("decide", "--payload", "1KB", "--rows", "1:1024", "--chunk", "64:65536"),
+        "compare": ("compare", tmp_path / "a", tmp_path / "b"),
+    }[command]
+    proc = subprocess.Popen(
+        [str(BIN / "xbench"), *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
+    proc.stdout.close()  # nobody reads: the first write meets a closed pipe
+    stderr = proc.stderr.read()
+    assert proc.wait(timeout=120) == 141, stderr
+    assert "Traceback" not in stderr and "Exception ignored" not in stderr, stderr
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (("probe", "--", "--fabric", "nosuch"), "unknown fabric 'nosuch'"),
+        (("kernel", "--gpus-per-node", "0", "--nodes", "3"), "--nodes 3: a kernel sweep runs"),
+        (("kernel", "--nodes", "2"), "--nodes 2: a kernel sweep runs on one node"),
+        (("probe", "--baseline", "/runs/base"), "--baseline: xbench slurm probe does not take it"),
+        (("kernel", "--sweep", "probe", "--launches", "3"), "--sweep and --launches: xbench"),
+    ],
+)
+def test_a_slurm_script_never_holds_what_its_job_would_ignore_or_refuse(
+    xbench, tmp_path, args, words
+):
+    """An unknown --fabric after -- was written into the script; --nodes 3 for a kernel
+    sweep asked sbatch for 3 nodes and srun for 1; --baseline for a probe was ignored."""
+    line = one_line(xbench("slurm", *args[:1], "--out", tmp_path / "job.sh", *args[1:]))
+    assert words in line, line
+    assert not (tmp_path / "job.sh").exists()
+
+
+def test_a_slurm_kernel_job_asks_for_the_one_node_it_uses(xbench, tmp_path):
+    r = xbench("slurm", "kernel", "--out", tmp_path / "job.sh")
+    assert r.returncode == 0, r.stderr
+    script = (tmp_path / "job.sh").read_text()
+    assert "#SBATCH --nodes=1" in script and "srun --nodes=1 --ntasks=1" in script
+
+
+def test_a_table_another_command_wrote_meanwhile_is_kept(tmp_path):
+    """Two decide --out r.parquet started together both said "written" and one result was
+    lost: the file is claimed as it is written, so the second is refused and the first
+    kept (with --force, replaced as asked)."""
+    from xbench.files import write_atomically
+
+    path = tmp_path / "r.parquet"
+    write_atomically(path, lambda tmp: tmp.write_text("first"), replace=False)
+
+    with pytest.raises(XbenchError, match="appeared while this ran"):
+        write_atomically(path, lambda tmp: tmp.write_text("second"), replace=False)
+    assert path.read_text() == "first" and sorted(p.name for p in tmp_path.iterdir()) == [
+        "r.parquet"
+    ]
+    write_atomically(path, lambda tmp: tmp.write_text("forced"), replace=True)
+    assert path.read_text() == "forced"
+
+
+def test_two_decides_started_together_on_one_out_leave_one_table_and_one_refusal(tmp_path):
+    out = tmp_path / "r.parquet"
+    cmd = [str(BIN / "xbench"), "decide", "--payload", "1KB", "--rows", "1:256", "--out", str(out)]
+    procs = [
+        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    results = [(p.wait(timeout=120), p.stderr.read()) for p in procs]
+    codes = sorted(code for code, _ in results)
+    # both may start before either writes (the race), or the second may see the first's
+    # file at once: either way one table, and the other command refused in one line
+    assert codes == [0, 2], results
+    said = next(err for code, err in results if code == 2)
+    assert "appeared while this ran" in said or "already exists" in said, said
+    assert out.exists() and [p.name for p in tmp_path.iterdir()] == ["r.parquet"]

@@ -913,7 +913,7 @@ def test_simulate_cli_bad_input(xbench, tmp_path):
     agentic = [s for s in SCENARIOS if s.stem == "agentic-codebase"][0]
     for args, words in [
         ((agentic, "--policy", "random"), "unknown policy"),
-        ((agentic, "--fabric", "warp"), "has no fabric warp"),
+        ((agentic, "--fabric", "warp"), "--fabric warp: profile h100-priors has no such fabric"),
         ((agentic, "--requests", "0"), "nothing to replay"),
         ((agentic, "--requests", "0", "--validate"), "nothing to replay"),
         # numpy cannot size the arrays (was a traceback); 10^11 is out of memory (test_bad_input)

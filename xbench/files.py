@@ -34,13 +34,34 @@ def read_toml(path, what: str, fix: str, error: type[XbenchError] = XbenchError)
         raise error(f"cannot read {what} {path} ({reason})", fix) from None
 
 
-def write_atomically(path, write) -> None:
-    """``write(tmp)`` to a hidden file beside ``path``, then rename it over ``path``."""
+def write_atomically(path, write, replace: bool = True) -> None:
+    """``write(tmp)`` to a hidden file beside ``path``, then rename it over ``path``; with
+    ``replace`` False, link it there only if ``path`` is still absent (two commands started
+    together on one --out: the second is refused, not both saying "written")."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         write(tmp)
-        os.replace(tmp, path)
+        if replace:
+            os.replace(tmp, path)
+        else:
+            try:
+                os.link(tmp, path)  # fails where path exists, atomically
+            except FileExistsError:
+                raise XbenchError(
+                    f"{path} appeared while this ran (another command wrote it)",
+                    "pass another --out, or --force to replace it",
+                ) from None
+            except OSError:  # a file system without hard links: the check, then the rename
+                if path.exists() or path.is_symlink():
+                    raise XbenchError(
+                        f"{path} appeared while this ran (another command wrote it)",
+                        "pass another --out, or --force to replace it",
+                    ) from None
+                os.replace(tmp, path)
+            finally:
+                with contextlib.suppress(OSError):
+                    tmp.unlink()
     except BaseException as exc:  # a full disk, an interrupt: no half-written file left
         with contextlib.suppress(OSError):  # a read-only file system refuses even this
             tmp.unlink(missing_ok=True)
@@ -51,5 +72,5 @@ def write_atomically(path, write) -> None:
         raise
 
 
-def write_text_atomically(path, text: str) -> None:
-    write_atomically(path, lambda tmp: tmp.write_text(text))
+def write_text_atomically(path, text: str, replace: bool = True) -> None:
+    write_atomically(path, lambda tmp: tmp.write_text(text), replace)

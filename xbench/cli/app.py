@@ -100,6 +100,12 @@ def main() -> None:
     """Run the CLI; a usage error (bad option value, unknown option) is one line too."""
     from xbench.cli.common import fail
 
+    if sys.stdout is None:  # started with standard output closed (>&-)
+        sys.stderr.write(
+            "xbench: error: standard output is closed, so nothing xbench prints can be "
+            "read; run it with standard output open (> FILE to keep it)\n"
+        )
+        sys.exit(2)
     command = typer.main.get_command(app)
     _refuse_blank_values(command)
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -17,11 +18,32 @@ from rich.text import Text
 
 from xbench.errors import XbenchError, from_os_error, missing_dependency
 
+
 # Markup off: what xbench prints holds the user's strings (paths, profile and scenario names,
 # descriptions) where "[/red]" must print as written, not raise or vanish. Colour is given
 # as styles (Text, style=), never as markup in a string.
-console = Console(markup=False)
-err_console = Console(stderr=True, markup=False)
+def _usable_columns() -> None:
+    """A COLUMNS that is no positive width (0, -5, "wide") made rich print nothing, error
+    lines included: such a value is dropped and the terminal's width (or 80) taken."""
+    import os
+
+    value = os.environ.get("COLUMNS")
+    if value is not None and not (value.strip().isdigit() and int(value) > 0):
+        del os.environ["COLUMNS"]
+
+
+class _Console(Console):
+    """rich's console, but a closed pipe is a BrokenPipeError for ``handles_errors`` to end
+    on (rich's own answer is exit 1, which compare means as a regression)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError("the output pipe was closed")
+
+
+_usable_columns()
+console = _Console(markup=False)
+err_console = _Console(stderr=True, markup=False)
 
 
 def coloured(text: str, style: str) -> Text:
@@ -185,6 +207,27 @@ def _stdout_filled(exc: OSError, run_dir: Path | None) -> XbenchError | None:
     )
 
 
+def _quiet_stdout() -> None:
+    """Point standard output at /dev/null, so the interpreter's last flush into the closed
+    pipe neither fails nor prints "Exception ignored"."""
+    import os
+
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+
+
+# What torch's allocators say when an allocation fails (its CPU allocator, CUDA's caching
+# allocator: torch.OutOfMemoryError is a RuntimeError)
+ALLOCATION_FAILED = ("can't allocate memory", "CUDA out of memory", "out of memory")
+
+
+def _allocation_failed(exc: RuntimeError) -> bool:
+    return type(exc).__name__ == "OutOfMemoryError" or any(
+        words in str(exc) for words in ALLOCATION_FAILED
+    )
+
+
 def handles_errors(fn):
     """Map library errors to one line on stderr and an exit code: the only such place."""
 
@@ -197,7 +240,17 @@ def handles_errors(fn):
         forget_run_dir()
         _catch_sigterm()
         try:
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
+            # what is still buffered is written here, where a full disk under a redirect
+            # is one line and exit 2 (at the interpreter's exit it was lost, and exit 0)
+            sys.stdout.flush()
+            return result
+        except BrokenPipeError:
+            # what read the output stopped reading (| head): the exit of a program a closed
+            # pipe stopped (128 + SIGPIPE), never 1, which compare means as a regression
+            mark_run_partial(run_dir_written_here(), "its output pipe was closed")
+            _quiet_stdout()
+            raise typer.Exit(128 + signal.SIGPIPE) from None
         except (XbenchError, OSError) as exc:  # OSError: a full disk, a refused path, a socket
             run_dir = run_dir_written_here()
             if isinstance(exc, XbenchError):
@@ -214,7 +267,12 @@ def handles_errors(fn):
                 raise
             mark_run_partial(run_dir_written_here(), str(error))
             raise fail(str(error), error.exit_code) from None
-        except MemoryError:  # what was asked for (requests, sizes, shapes) outgrew the machine
+        except (MemoryError, RuntimeError) as exc:
+            # what was asked for (requests, sizes, shapes) outgrew the machine: Python's
+            # MemoryError, or torch's allocators' RuntimeError (CPU and CUDA); any other
+            # RuntimeError is a bug, left to its traceback
+            if isinstance(exc, RuntimeError) and not _allocation_failed(exc):
+                raise
             mark_run_partial(run_dir_written_here(), "out of memory")
             raise fail(
                 "out of memory: what was asked for does not fit in this machine's memory; "

@@ -282,7 +282,7 @@ def compare(
     gates = _gates(threshold, alpha)
     allowed = _allowed(allow)
     if out is not None:  # before the comparison, not after it
-        refuse_overwrite(out, force)
+        refuse_overwrite(out, force, suffix=".parquet")
     try:
         comparison = compare_runs(baseline, candidate, gates, allowed, allow_missing)
     except XbenchError as exc:
@@ -311,7 +311,7 @@ def _write(comparison, out: Path, force: bool) -> None:
     from xbench.results.schema import COMPARISON
     from xbench.results.store import refuse_overwrite, write_table
 
-    refuse_overwrite(out, force)
+    refuse_overwrite(out, force, suffix=".parquet")
     meta = run_metadata(
         new_run_id("compare"),
         "compare",

@@ -161,7 +161,7 @@ def decide(
     if scenario is not None:
         _refuse_overridden(ctx)
         _refuse_overwrite(out, force)
-        return _decide_scenario(scenario, prof, out, fmt)
+        return _decide_scenario(scenario, prof, out, fmt, force)
     preset = mla_model(model, "--model") if model else None
     h, pays, ret, kvb = _request_shape(preset, heads, payload, return_, kv_bytes)
     moves = _fetch_costs(fetch_cost)
@@ -207,7 +207,7 @@ def decide(
         "holders": holders,
         "pipeline_layers": pipeline_layers,
     }
-    path = _write(table, prof, settings, out)
+    path = _write(table, prof, settings, out, force)
     thresholds = _thresholds(prof, min(row_list), chunks, settings, fabrics)
     emit_frame(table, fmt, lambda f: _render(f, thresholds, prof, settings, path))
 
@@ -216,7 +216,7 @@ def _refuse_overwrite(out: Path | None, force: bool) -> None:
     if out is not None:
         from xbench.results.store import refuse_overwrite
 
-        refuse_overwrite(out, force)
+        refuse_overwrite(out, force, suffix=".parquet")
 
 
 def _request_shape(preset, heads, payload, return_, kv_bytes) -> tuple:
@@ -322,7 +322,7 @@ def _scenario_step(path: Path, given, sc: dict) -> tuple[int, bool, int]:
     return fields["layers"], fields["pipeline_layers"], fields["holders"]
 
 
-def _decide_scenario(path: Path, prof, out, fmt) -> None:
+def _decide_scenario(path: Path, prof, out, fmt, force: bool = False) -> None:
     from xbench.core.grid import decide_grid, expand
     from xbench.core.scenario import load_scenario
     from xbench.resources import scenario_path
@@ -363,7 +363,7 @@ def _decide_scenario(path: Path, prof, out, fmt) -> None:
         "holders": holders,
         "pipeline_layers": pipelined,
     }
-    written = _write(table, prof, settings, out)
+    written = _write(table, prof, settings, out, force)
     thresholds = _thresholds(
         prof, min(sc["axes"]["rows"]), sc["axes"]["chunk_tokens"], settings, sc["axes"]["fabric"]
     )
@@ -393,6 +393,16 @@ _SHAPES = (
 )
 
 
+def _shown(value, show) -> str:
+    """A request field as an option writes it; a number of many digits by its first."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if abs(value) > 2**62:
+        digits = str(int(value))
+        return f"{digits[:8]}... ({len(digits)} digits)"
+    return show(value)
+
+
 def check_shapes(grid, where: str = "") -> None:
     """Refuse request shapes the model cannot mean: no rows, no tokens, no bytes, or more
     than any request holds."""
@@ -400,22 +410,38 @@ def check_shapes(grid, where: str = "") -> None:
         if column not in grid.columns or not len(grid):
             continue
         source = f"{where}: {column}" if where else option
-        if float(grid[column].min()) < least:
+        # compared as they are: an integer of hundreds of digits is no float
+        low, high = grid[column].min(), grid[column].max()
+        if low < least:
             raise XbenchError(
-                f"{source} {grid[column].min():g} is not a request shape (at least {least})",
+                f"{source} {_shown(low, lambda v: f'{v:g}')} is not a request shape (at least {least})",
                 f"give {option} of {least} or more",
             )
-        if float(grid[column].max()) > most:
+        if high > most:
             from xbench.core.units import format_size
 
             show = format_size if column.endswith(("bytes", "per_token")) else str
             raise XbenchError(
-                f"{source} {show(int(grid[column].max()))} is beyond any request",
+                f"{source} {_shown(high, lambda v, show=show: show(int(v)))} is beyond any request",
                 f"keep {option} at or below {show(most)}",
+            )
+    # a message of a fetch carries at least one token of each holder's share
+    if {"segments", "chunk_tokens"} <= set(grid.columns) and len(grid):
+        holders = grid["holders"] if "holders" in grid.columns else 1
+        share = grid["chunk_tokens"] // holders
+        over = grid[grid["segments"] > share]
+        if len(over):
+            row = over.iloc[0]
+            source = f"{where}: segments" if where else "--segments"
+            raise XbenchError(
+                f"{source} {int(row.segments):,} for a chunk of {int(row.chunk_tokens):,} "
+                "tokens: a fetch sends more messages than the tokens it moves",
+                f"pass at most {int(share.min()):,} (one a page: the chunk over the page's "
+                "tokens, 16 for 1,024 tokens in 64-token pages)",
             )
 
 
-def _write(table, prof, settings, out: Path | None) -> Path:
+def _write(table, prof, settings, out: Path | None, force: bool = False) -> Path:
     from xbench.results.metadata import new_run_id, run_metadata
     from xbench.results.schema import DECISIONS
     from xbench.results.store import ensure_writable_dir, write_table
@@ -443,7 +469,8 @@ def _write(table, prof, settings, out: Path | None) -> Path:
     frame["fetch_cost"] = frame["fetch_cost"].where(frame["fetch_cost"].notna(), None)
     for column in ("decision", "fabric_chosen", "ranked_by"):
         frame[column] = frame[column].astype(str)
-    return write_table(path, DECISIONS, frame, meta)
+    # without --force a file another command wrote meanwhile is kept, and this one refused
+    return write_table(path, DECISIONS, frame, meta, replace=force)
 
 
 def _first(value):

@@ -104,7 +104,7 @@ def fit(
         run_meta=metas,
         warnings=warnings,
     )
-    save_profile(profile, out)
+    save_profile(profile, out, replace=force)  # one written meanwhile is kept, this refused
     for line in warnings:
         warn(line)
     emit_frame(

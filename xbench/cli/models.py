@@ -12,9 +12,12 @@ def models(
     """List model presets: heads, widths, indexer top-k, layers, routed / returned / KV bytes."""
     import pandas as pd  # here, not at import: every command's start would pay for it
 
-    from xbench.core.models import PRESETS
+    from xbench.core.models import ALIASES, PRESETS, alias_words
 
     frame = pd.DataFrame([p.as_row() for p in PRESETS.values()])
+    frame["aliases"] = [
+        ",".join(a for a, name in ALIASES.items() if name == p.name) for p in PRESETS.values()
+    ]
     # a count or none (dense): not floats, which CSV would print as 2048.0
     frame["index_topk"] = pd.Series([p.index_topk for p in PRESETS.values()], dtype=object)
 
@@ -50,7 +53,7 @@ def models(
             "S_q, S_o: bytes per query row (one head of one token), routed and returned; "
             "KV: bytes per token per layer, by cache format;  GQA: grouped-query attention "
             "(xbench's kernels and device terms are MLA's: a GQA preset prices shared-KV "
-            "batching only)"
+            f"batching only);  also named: {alias_words()}"
         )
 
     emit_frame(frame, fmt, render)

@@ -167,15 +167,23 @@ def simulate(
         raise XbenchError("--replays counts --validate's replays", "add --validate, or drop it")
     names = {f.name for f in prof.fabrics}
     missing = [f for f in spec["fabrics"] if f not in names]
+    has = ", ".join(sorted(names))
+    if missing and fabric is not None:  # the user's word, not the scenario's
+        raise XbenchError(
+            f"--fabric {', '.join(missing)}: profile {prof.name} has no such fabric",
+            f"pass one it has ({has}), or a --profile with it",
+        )
     if missing:
         raise XbenchError(
             f"profile {prof.name} has no fabric {', '.join(missing)} that {scenario} simulates",
-            f"use a profile with it, or change [workload] fabric (the profile has {', '.join(sorted(names))})",
+            f"use a profile with it, or change [workload] fabric (the profile has {has})",
         )
     n = requests if requests is not None else spec["requests"]
+    _refuse_unresolved_times(spec, n, rate)
     prefill = spec["kind"] == "prefill"
     if out is not None:  # every file it would write, before any is
-        for path in (out, *(report_path(out, name) for name in _reports(spec))):
+        refuse_overwrite(out, force, suffix=".parquet")
+        for path in (report_path(out, name) for name in _reports(spec)):
             refuse_overwrite(path, force)
     if not prefill:
         spec["fields"]["move_on_compute"] = moves_on_compute(prof)
@@ -223,6 +231,25 @@ def simulate(
         )
         if line := saturated_line(frame):
             warn(line)
+
+
+# A trace's times are floats: past this span (s) their resolution is coarser than the
+# nanoseconds a latency is printed in, and latencies of microseconds read as 0
+LONGEST_TRACE_S = 2**-30 / 2**-52  # 1 ns at 2**-52 of the span: about 4.2e6 s
+
+
+def _refuse_unresolved_times(spec: dict, requests: int, rate: str | None) -> None:
+    """Refuse a rate so low that the trace's clock cannot resolve its latencies."""
+    per_s = spec["fields"]["rate_per_s"]
+    span = requests / per_s
+    if span > LONGEST_TRACE_S:
+        least = requests / LONGEST_TRACE_S
+        given = f"--rate {rate}" if rate is not None else f"the scenario's rate ({per_s:g}/s)"
+        raise XbenchError(
+            f"{given}: {requests:,} requests span {span:.3g} s, where the clock's resolution "
+            f"({span * 2**-52:.2g} s) is coarser than the latencies",
+            f"pass --rate {least:.3g}/s or more, or fewer --requests",
+        )
 
 
 def _set_step(
@@ -739,7 +766,7 @@ def _validate(
     if not replayed:
         raise XbenchError("no policy to replay", "pass --policy route, fetch or predicate")
     if out is not None:
-        refuse_overwrite(out, force)
+        refuse_overwrite(out, force, suffix=".parquet")
     w = replay_workload(spec, fab, spec["fields"]["rate_per_s"] if rate else None, prof)
     n = requests if requests is not None else 2000
     run_id = new_run_id("simulate-validate")

@@ -21,7 +21,9 @@ def slurm(
             help="Options for the sweep itself, after --, e.g. -- --transport nccl --fabric ib."
         ),
     ] = None,
-    nodes: Annotated[int, typer.Option(help="Nodes.")] = 2,
+    nodes: Annotated[
+        int | None, typer.Option(help="Nodes (default: 2; a kernel sweep runs on 1).")
+    ] = None,
     gpus_per_node: Annotated[int, typer.Option(help="GPUs per node (0 for CPU-only runs).")] = 8,
     ntasks_per_node: Annotated[int, typer.Option(help="Ranks per node (one GPU each).")] = 1,
     time: Annotated[str, typer.Option(help="Wall-clock limit, HH:MM:SS.")] = "00:30:00",
@@ -84,7 +86,7 @@ def slurm(
 
     job = SlurmJob(
         kind,
-        nodes,
+        nodes if nodes is not None else 2,
         gpus_per_node,
         ntasks_per_node,
         time,
@@ -98,6 +100,26 @@ def slurm(
     job.mpich_netmod = mpich_netmod_for(library, srun_mpi)
     if kind == "check":
         job.baseline, job.sweep, job.launches = _baseline(baseline, sweep, launches)
+    if nodes is None and (job.sweep if kind == "check" else kind) == "kernel":
+        job.nodes = 1  # a kernel sweep's one task
+    if (
+        kind != "check"
+    ):  # a check's options, given to another sweep, would be ignored without a word
+        given = [
+            option
+            for option, value in (
+                ("--baseline", baseline), ("--sweep", sweep), ("--launches", launches)
+            )
+            if value is not None
+        ]  # fmt: skip
+        if given:
+            from xbench.errors import XbenchError
+
+            raise XbenchError(
+                f"{' and '.join(given)}: xbench slurm {kind} does not take "
+                f"{'them (a check' if len(given) > 1 else 'it (a check'}'s)",
+                f"drop them, or write xbench slurm check {' '.join(given[:1])} ...",
+            )
     from xbench.results.store import refuse_overwrite
 
     job.validate()
@@ -240,6 +262,10 @@ def _check_values(params: dict) -> None:
         value = params.get(name)
         if isinstance(value, str):
             parse(value)
+    if isinstance(params.get("fabric"), str):  # a probe's label: one of the known fabrics
+        from xbench.fabric.registry import check_fabric
+
+        check_fabric(params["fabric"])
     if "wire" in params:  # a validate: how its messages may cross
         from xbench.cli.validate import check_wire
         from xbench.core.sweep_rules import resolve_launch

@@ -21,7 +21,7 @@ from xbench.cli.common import (
     interval_label,
     warn_conditions,
 )
-from xbench.errors import XbenchError
+from xbench.errors import XbenchError, require_installed
 
 
 @handles_errors
@@ -146,6 +146,9 @@ def validate(
     )
     from xbench.fabric.launch import inside_launcher, refuse_srun_without_pmi, require_mpiexec
 
+    # the ranks compute with torch: said here, before a launch whose rank would die of it
+    # (whether this process imported torch already depends on the CPU's attention path)
+    require_installed("torch")
     refuse_srun_without_pmi()
     if inside_launcher():  # srun or mpirun started the two ranks: each runs its side here
         if runs != 1:

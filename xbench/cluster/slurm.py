@@ -137,6 +137,14 @@ class SlurmJob:
                 f"xbench {self.kind} needs at least 2 ranks",
                 "use --nodes 2, or --ntasks-per-node 2 on one node",
             )
+        one_node = self.kind == "kernel" or (self.kind == "check" and self.sweep == "kernel")
+        if one_node and self.nodes != 1:
+            # its sweep runs in one task on one node: the others would be held idle
+            raise XbenchError(
+                f"--nodes {self.nodes}: a kernel sweep runs on one node (one task with its "
+                "CPUs and GPUs), so sbatch would hold the others idle",
+                "pass --nodes 1 (a job a node for several nodes' kernels)",
+            )
         if self.kind == "validate" and self.nodes * self.ntasks_per_node != 2:
             raise XbenchError(
                 "xbench validate runs exactly 2 ranks",

@@ -196,12 +196,17 @@ PRESETS: dict[str, ModelPreset] = {
 ALIASES = {"deepseek-r1": "deepseek-v3", "glm-5.1": "glm-5"}
 
 
+def alias_words() -> str:
+    """The other names of presets, as a reader finds them: "deepseek-r1 for deepseek-v3"."""
+    return ", ".join(f"{alias} for {name}" for alias, name in ALIASES.items())
+
+
 def get_model(name: str) -> ModelPreset:
     key = ALIASES.get(name.lower(), name.lower())
     if key not in PRESETS:
         raise XbenchError(
             f"unknown model {name!r}",
-            f"pick one of {', '.join([*PRESETS, *ALIASES])} (xbench models lists them)",
+            f"pick one of {', '.join(PRESETS)}, or {alias_words()} (xbench models lists them)",
         )
     return PRESETS[key]
 

@@ -104,6 +104,12 @@ def _coef(
     _known(raw, COEF_KEYS, where, path)
     unit = raw.get("unit")
     scale, si = _unit_scale(unit, where, kind, path, per)
+    for key in ("value", "low", "high"):
+        if isinstance(raw.get(key), bool):  # TOML's true is not the number 1
+            raise ProfileError(
+                f"profile {path}: {where} {key} is {str(raw[key]).lower()}, not a number",
+                "write the number, e.g. value = 1.5",
+            )
     try:
         value = float(raw["value"]) * scale
         low = float(raw.get("low", raw["value"])) * scale
@@ -181,7 +187,8 @@ def _rate(raw, where: str, units: dict, path: str) -> float:
     _known(raw, ("value", "unit"), where, path)
     value = raw.get("value") if isinstance(raw, dict) else None
     scale = units.get(raw.get("unit")) if isinstance(raw, dict) else None
-    if scale is None or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if scale is None or not number or not 0 < value < math.inf:
         raise ProfileError(
             f"profile {path}: {where} must be {{ value = <positive number>, unit = ... }}",
             f"use a unit among {', '.join(units)}",
@@ -220,7 +227,8 @@ def _ceilings(raw, path: str) -> Ceilings | None:
 
 def _min_tokens(seg, where: str, path: str) -> float:
     value = seg.get("min_tokens")  # seg: one of _tables' tables
-    if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not number or not math.isfinite(value) or value <= 0:
         raise ProfileError(
             f"profile {path}: {where} needs min_tokens > 0",
             "the flat device terms are the piece from 0 tokens",
@@ -263,7 +271,8 @@ def _spliced_saving(dev: dict, path: str) -> tuple:
         where = f"device spliced_saving {i + 1}"
         _known(point, ("tokens", "saving"), where, path)
         tokens = point.get("tokens")
-        if not isinstance(tokens, (int, float)) or not math.isfinite(tokens) or tokens <= 0:
+        number = isinstance(tokens, (int, float)) and not isinstance(tokens, bool)
+        if not number or not math.isfinite(tokens) or tokens <= 0:
             raise ProfileError(
                 f"profile {path}: {where} needs tokens > 0", "the chunk size it was measured at"
             )
@@ -294,7 +303,8 @@ def _segments(raw: dict, name: str, path: str) -> tuple[Segment, ...]:
         where = f"fabric {name} segment {j + 1}"
         _known(seg, ("min_bytes", "alpha", "beta"), where, path)
         min_bytes = seg.get("min_bytes", 0)
-        if not isinstance(min_bytes, (int, float)) or not math.isfinite(min_bytes) or min_bytes < 0:
+        number = isinstance(min_bytes, (int, float)) and not isinstance(min_bytes, bool)
+        if not number or not math.isfinite(min_bytes) or min_bytes < 0:
             raise ProfileError(
                 f"profile {path}: {where} min_bytes must be a non-negative number",
                 "give min_bytes in bytes",
@@ -529,14 +539,14 @@ def _ceilings_table(c: Ceilings) -> dict:
     return table
 
 
-def save_profile(profile: Profile, path) -> Path:
+def save_profile(profile: Profile, path, replace: bool = True) -> Path:
     import tomli_w
 
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         # whole or not at all: a --force onto a full disk keeps the profile that was there
-        write_text_atomically(path, tomli_w.dumps(profile_to_toml_dict(profile)))
+        write_text_atomically(path, tomli_w.dumps(profile_to_toml_dict(profile)), replace)
     except OSError as exc:
         raise XbenchError(
             f"cannot write profile {path} ({exc.strerror})", "pass --out with a writable path"

@@ -94,6 +94,11 @@ def parse_size_list(text: str, *, allow_zero: bool = False) -> list[int]:
     return sorted(sizes)
 
 
+# The most any counted option means (rows, tokens, reuses): a 64-bit integer's range, where
+# the tables' columns hold it; a longer number is refused by name before anything else
+MOST_COUNT = 2**62
+
+
 def parse_int_list(
     text: str, name: str, least: int = 1, most: int | None = None, what: str = ""
 ) -> list[int]:
@@ -121,6 +126,10 @@ def parse_int_list(
             raise XbenchError(
                 f"bad {name} {text!r}", f"write {name} as 1,8,64 or a doubling range 1:64"
             ) from None
+    if values and max(abs(v) for v in values) > MOST_COUNT:
+        digits = str(max(values, key=abs))
+        shown = digits if len(digits) < 20 else f"{digits[:8]}... ({len(digits)} digits)"
+        raise XbenchError(f"{name} {shown}: beyond any count", f"keep {name} within 2^62")
     if not values or min(values) < least:
         raise XbenchError(f"bad {name} {text!r}", f"{name} must be integers of {least} or more")
     if most is not None and max(values) > most:

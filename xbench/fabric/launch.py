@@ -353,8 +353,18 @@ def run_ranks(
     result = launch_worker(
         np, module, [str(config_path)], log_path, on_event, stall_timeout_s, bind, hostfile
     )
-    if result.returncode == 0 and not result.stalled and not result.error:
+    finished = any(event.get("event") == "finish" for event in result.events)
+    if result.returncode == 0 and not result.stalled and not result.error and finished:
         return result
+    if result.returncode == 0 and not result.stalled and not result.error:
+        # a launcher that ran something else, or no ranks at all, and exited 0
+        mark_partial(out_dir, "the launcher exited without xbench's ranks finishing")
+        raise RankFailure(
+            f"the launcher ({find_mpiexec()}) exited 0, but xbench's rank 0 never reported "
+            f"finishing ({len(result.events)} event(s) from it): it started no ranks, or not "
+            f"xbench's; {result.finished_cases} finished case(s){launch_label} are in {out_dir}",
+            f"see {log_path}; XBENCH_MPIEXEC, if set, must name an MPI launcher (mpiexec)",
+        )
     mark_partial(
         out_dir,
         "a case hung" if result.stalled else (result.error or f"exit {result.returncode}"),

@@ -13,6 +13,7 @@ never leaves a half-written file, and every finished case stays readable.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -44,6 +45,22 @@ def ensure_writable_dir(path: Path) -> Path:
 
 
 _held_locks: list = []  # open lock files: each holds its run directory until the process ends
+
+
+def _release_locks() -> None:
+    """At exit, however the command ended (a result, an error, a signal turned into an
+    exit), each held lock file is removed before its lock goes: a run directory keeps no
+    ``.xbench.lock`` behind. (A process killed outright leaves its file, whose lock the
+    kernel has released; the next run on the directory takes it over.)"""
+    while _held_locks:
+        handle = _held_locks.pop()
+        with contextlib.suppress(OSError):
+            os.unlink(handle.name)
+        with contextlib.suppress(OSError):
+            handle.close()
+
+
+atexit.register(_release_locks)
 
 
 def claim_run_dir(out_dir: Path) -> Path:
@@ -84,8 +101,11 @@ def announce_run(out_dir: Path, meta: dict) -> None:
     _write_meta(Path(out_dir), {**meta, "status": RUNNING})
 
 
-def write_table(path: Path, table_name: str, rows_or_frame, run_meta: dict) -> Path:
-    """Write rows (list of dicts or a DataFrame) as one Parquet file of a known schema."""
+def write_table(
+    path: Path, table_name: str, rows_or_frame, run_meta: dict, replace: bool = True
+) -> Path:
+    """Write rows (list of dicts or a DataFrame) as one Parquet file of a known schema
+    (``replace`` False: refused where the file appeared meanwhile)."""
     schema = SCHEMAS[table_name]
     frame = (
         rows_or_frame if isinstance(rows_or_frame, pd.DataFrame) else pd.DataFrame(rows_or_frame)
@@ -101,7 +121,7 @@ def write_table(path: Path, table_name: str, rows_or_frame, run_meta: dict) -> P
             b"xbench.run": json.dumps(run_meta, default=str).encode(),
         }
     )
-    write_atomically(path, lambda p: pq.write_table(table, p))
+    write_atomically(path, lambda p: pq.write_table(table, p), replace)
     return path
 
 
@@ -130,11 +150,27 @@ def refuse_existing_run(out_dir: Path, run_id: str | None = None) -> None:
         )
 
 
-def refuse_overwrite(path: Path, force: bool, option: str = "--out") -> Path:
-    """One-file outputs (a profile, a decision table) never replace a file silently."""
+def refuse_overwrite(
+    path: Path, force: bool, option: str = "--out", suffix: str | None = None
+) -> Path:
+    """One-file outputs (a profile, a decision table) never replace a file silently: nor
+    a symbolic link, dangling or not (what it names may be someone's). ``suffix``: the
+    only suffix the file may have (a Parquet table is written as nothing else)."""
     path = Path(path)
-    if path.is_dir():  # --force replaces a file, never a directory and what it holds
+    if path.is_dir() and not path.is_symlink():  # --force never replaces a directory
         raise XbenchError(f"{path} is a directory", f"pass {option} with a file path")
+    if suffix is not None and path.suffix.lower() != suffix:
+        named = f"a {path.suffix} name" if path.suffix else "a name without a suffix"
+        raise XbenchError(
+            f"{option} {path}: this writes {suffix[1:].capitalize()}, not under {named}",
+            f"name it {path.with_suffix(suffix).name}"
+            + (", or print CSV with --format csv > FILE" if suffix == ".parquet" else ""),
+        )
+    if path.is_symlink():
+        raise XbenchError(
+            f"{path} is a symbolic link (to {os.readlink(path)})",
+            f"pass {option} with the path of a file, not a link",
+        )
     if path.exists() and not force:
         raise XbenchError(
             f"{path} already exists", f"pass another {option}, or --force to replace it"
@@ -330,7 +366,45 @@ def read_run_meta(path: Path) -> dict:
         ) from None
     if not isinstance(meta, dict):
         raise XbenchError(f"{meta_file} is not a run.json object", "re-run that measurement")
+    _check_run_meta(meta, meta_file)
     return meta
+
+
+# The run.json fields xbench reads back, and what each must be (JSON's names)
+RUN_FIELDS = {
+    "run_id": (str, "a string"),
+    "command": (str, "a string"),
+    "status": (str, "a string"),
+    "stopped_because": (str, "a string"),
+    "hostname": (str, "a string"),
+    "planned_parts": (dict, "an object of part counts by table"),
+    "config": (dict, "an object"),
+    "conditions": (dict, "an object"),
+    "stopped_before": (str, "a string"),
+    "gpus": (list, "a list"),
+    "hosts": (list, "a list of host names"),
+}
+
+
+def _check_run_meta(meta: dict, meta_file: Path) -> None:
+    """Refuse a run.json whose fields xbench reads are of another type (a hand edit, a
+    tool's bug): each would fail later, deep inside compare, fit or report."""
+    fix = "restore it from a copy, or re-run that measurement"
+    for field, (kind, words) in RUN_FIELDS.items():
+        value = meta.get(field)
+        if value is not None and not isinstance(value, kind):
+            raise XbenchError(f"{meta_file}: {field} is {json.dumps(value)[:40]}, not {words}", fix)
+    status = meta.get("status")
+    if status is not None and status not in (RUNNING, COMPLETE, PARTIAL):
+        raise XbenchError(
+            f"{meta_file}: status {status!r} is none of {RUNNING}, {COMPLETE}, {PARTIAL}", fix
+        )
+    for table, planned in (meta.get("planned_parts") or {}).items():
+        if isinstance(planned, bool) or not isinstance(planned, int) or planned < 0:
+            raise XbenchError(
+                f"{meta_file}: planned_parts {table} is {json.dumps(planned)[:40]}, not a count",
+                fix,
+            )
 
 
 def run_identity(path: Path, meta: dict | None = None) -> str:
