@@ -158,6 +158,14 @@ def decide(
     # A GPU profile read on a host without GPUs is planning, not use: nothing to compare.
     fitted = prof.provenance.get("conditions") or {}
     warn_conditions(prof, host_conditions(gpu="gpu" in fitted))
+    if sources and payload is None and model is None and scenario is None:
+        # the profile's terms and where each comes from were asked, and no request: they
+        # are the whole answer (JSON and CSV hold the same frame)
+        if fmt is not OutputFormat.table:
+            from xbench.cli.terms import coefficient_frame
+
+            emit_frame(coefficient_frame(prof), fmt, lambda f: None)
+        return
     if scenario is not None:
         _refuse_overridden(ctx)
         _refuse_overwrite(out, force)

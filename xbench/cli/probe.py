@@ -110,7 +110,9 @@ def probe(
     fabric: Annotated[
         str | None,
         typer.Option(
-            help="Label what you measure: nvlink, ib, ibgda, roce, tcp, shm (inferred when absent)."
+            help="The fabric to measure: nvlink, ib, ibgda, roce, tcp, shm; it labels the "
+            "samples and, for nccl, nvshmem and mpi, sets the library's variables that force "
+            "it (fabric presets; inferred from the ranks' hosts when absent)."
         ),
     ] = None,
     pairs: Annotated[str, typer.Option(help="Rank pairs: 0-1, all, or 0-1,0-2.")] = "0-1",
