@@ -156,7 +156,8 @@ def test_each_bound_is_marked_once_with_one_line():
         fabrics=tuple(fitted_ib if f.name == "ib" else f for f in H200.fabrics),
         device=device,
     )
-    marked, lines = mark_bounds(profile, {"move_per_token", "compute_per_row_token"})
+    fitted = {"move_per_token", "compute_per_token", "compute_per_row_token"}
+    marked, lines = mark_bounds(profile, fitted)
     f = marked.fabric("ib")
     assert f.segments[0].alpha.bound and f.segments[0].beta.bound and not f.overhead.bound
     d = marked.device
@@ -176,3 +177,37 @@ def test_a_profile_says_prior_and_bound_as_true_or_false(tmp_path):
 
     with pytest.raises(ProfileError, match="true or false"):
         load_profile(tmp_path / "bad.toml")
+
+
+def test_what_a_fit_took_from_its_base_is_never_marked_and_the_sweeps_model_sets_the_check():
+    """A base's fabrics and pieces (a time at 0 there is the base's to answer for) stay as
+    they are; the ceiling check reads the swept model's bytes: v4-flash reads 528 B of KV
+    a token, where DeepSeek-V3.2's 1152 B would call its attention faster than HBM."""
+    from xbench.core.models import get_model
+
+    ib = PRIORS.fabric("ib")
+    zero_alpha = dataclasses.replace(
+        ib, segments=(dataclasses.replace(ib.segments[0], alpha=Coef(0.0, 0.0, 1e-6, "s")),)
+    )
+    segment = H200.device.compute_segments[0]
+    base = dataclasses.replace(
+        H200,
+        fabrics=tuple(zero_alpha if f.name == "ib" else f for f in H200.fabrics),
+        device=dataclasses.replace(
+            H200.device,
+            compute_segments=(
+                (segment[0], segment[1], Coef(0.0, 0.0, 1e-10, "s/token"), segment[3]),
+            ),  # fmt: skip
+        ),
+    )
+    marked, lines = mark_bounds(base, set(), set())
+    assert lines == [] and marked == base
+    # 528 B a token at 80 % of 4.8 TB/s: possible for v4-flash, not for 1152 B a token
+    fast = Coef(528 / 3.84e12, 528 / 3.84e12, 1e-9, "s/token")
+    fitted = dataclasses.replace(
+        H200, device=dataclasses.replace(H200.device, compute_per_token=fast)
+    )
+    _, default = mark_bounds(fitted, {"compute_per_token"}, set())
+    _, flash = mark_bounds(fitted, {"compute_per_token"}, set(), get_model("deepseek-v4-flash"))
+    assert any("compute_per_token implies" in line for line in default), default
+    assert not any("compute_per_token implies" in line for line in flash), flash

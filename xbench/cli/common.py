@@ -28,7 +28,9 @@ def _usable_columns() -> None:
     import os
 
     value = os.environ.get("COLUMNS")
-    if value is not None and not (value.strip().isdigit() and int(value) > 0):
+    if value is not None and not (
+        value.strip().isascii() and value.strip().isdigit() and int(value) > 0
+    ):
         del os.environ["COLUMNS"]
 
 
@@ -207,6 +209,21 @@ def _stdout_filled(exc: OSError, run_dir: Path | None) -> XbenchError | None:
     )
 
 
+def _stdout_closed(exc: BrokenPipeError) -> bool:
+    """Whether the broken pipe is standard output's: rich's (raised from the console with
+    no errno), or a pipe on stdout whose reader is gone (it polls as an error)."""
+    import select
+
+    if exc.errno is None:  # _Console.on_broken_pipe
+        return True
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(event & select.POLLERR for _, event in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def _quiet_stdout() -> None:
     """Point standard output at /dev/null, so the interpreter's last flush into the closed
     pipe neither fails nor prints "Exception ignored"."""
@@ -245,9 +262,15 @@ def handles_errors(fn):
             # is one line and exit 2 (at the interpreter's exit it was lost, and exit 0)
             sys.stdout.flush()
             return result
-        except BrokenPipeError:
+        except BrokenPipeError as exc:
             # what read the output stopped reading (| head): the exit of a program a closed
-            # pipe stopped (128 + SIGPIPE), never 1, which compare means as a regression
+            # pipe stopped (128 + SIGPIPE), never 1, which compare means as a regression;
+            # a broken socket of a transport is no closed stdout: the generic line below
+            if not _stdout_closed(exc):
+                run_dir = run_dir_written_here()
+                error = from_os_error(exc, run_dir)
+                mark_run_partial(run_dir, str(error))
+                raise fail(str(error), error.exit_code) from None
             mark_run_partial(run_dir_written_here(), "its output pipe was closed")
             _quiet_stdout()
             raise typer.Exit(128 + signal.SIGPIPE) from None

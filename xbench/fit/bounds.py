@@ -17,6 +17,7 @@ from dataclasses import replace
 from xbench.core import device_terms
 from xbench.core.costmodel import Coef, Profile
 from xbench.core.implied import beyond_ceilings
+from xbench.core.models import ModelPreset
 
 # The fastest time per byte a fit admits (a rate's cap is its inverse, 1e15 B/s): a fitted
 # slope at this floor means the times did not grow with the bytes.
@@ -101,13 +102,23 @@ class _Marker:
         return replace(profile, fabrics=fabrics, device=self.device)
 
 
-def mark_bounds(profile: Profile, fitted_device_terms) -> tuple[Profile, list[str]]:
+def mark_bounds(
+    profile: Profile,
+    fitted_device_terms,
+    fitted_fabrics=None,
+    model: ModelPreset | None = None,
+) -> tuple[Profile, list[str]]:
     """The profile with each coefficient its fit left at a bound (alpha or a per-unit
-    device term at 0, a rate at its cap), or beyond the profile's ceilings, marked; and a
-    line for each. ``fitted_device_terms``: the device terms this fit measured (the rest
-    came from its base and are left as they are)."""
+    device term at 0, a rate at its cap), or beyond the profile's ceilings for ``model``'s
+    shapes, marked; and a line for each. ``fitted_device_terms``: the device terms this fit
+    measured (flat terms by name; a piecewise term's pieces with its flat term);
+    ``fitted_fabrics``: the fabrics it measured (None: all). What came from its base is left
+    as it is."""
     marker = _Marker(profile)
+    fitted = {f.name for f in profile.fabrics} if fitted_fabrics is None else set(fitted_fabrics)
     for f in profile.fabrics:
+        if f.name not in fitted:
+            continue
         for s in f.segments:
             for field, rate in (("alpha", False), ("beta", True)):
                 if why := _pinned(getattr(s, field), rate):
@@ -121,12 +132,17 @@ def mark_bounds(profile: Profile, fitted_device_terms) -> tuple[Profile, list[st
             if why := _pinned(getattr(d, term.name), False):
                 marker.device_term(term.name, None, why)
     for kind, names in PIECES.items():
+        if names[1] not in fitted_device_terms:  # the pieces came with the base's flat term
+            continue
         for start, *coefs in getattr(d, kind):
             for name, c in zip(names[1:], coefs[1:], strict=True):
                 if why := _pinned(c, False):
                     marker.device_term(name, start, why)
-    for rate in beyond_ceilings(marker.profile(profile)):
+    for rate in beyond_ceilings(marker.profile(profile), model):
         owner, field, start = rate.coef
+        measured = field in fitted_device_terms if owner == "device" else owner in fitted
+        if not measured:  # the base's: its own source answers for it
+            continue
         why = f"implies {rate.line().split(' implies ', 1)[1]}: impossible"
         if owner == "device":
             marker.device_term(field, start, why)

@@ -708,6 +708,20 @@ def _rtt_warnings(errors: dict, warm: dict, wire_pattern: dict, warnings: list) 
         warnings.append(line)
 
 
+def _swept_model(kernel: pd.DataFrame):
+    """The model preset whose shapes the kernel sweep timed (the physics check's bytes and
+    FLOPs), or None (DeepSeek-V3.2's) where the samples name none or several."""
+    from xbench.core.models import get_model
+
+    names = set(kernel["model"].dropna().unique()) if "model" in kernel else set()
+    if len(names) != 1:
+        return None
+    try:
+        return get_model(str(names.pop()))
+    except XbenchError:  # a model this version does not know: the default shapes
+        return None
+
+
 def kernel_software(run_meta: list[dict]) -> dict:
     """What timed the device terms, from the first kernel run's metadata: the device, the
     attention backend, torch and Triton (fields a run did not record are left out)."""
@@ -785,8 +799,12 @@ def fit_profile(
     # the base's hardware ceilings hold a fit on that hardware's kind (a GPU's), not a CPU's
     ceilings = base.ceilings if base is not None and not on_cpu(fitted) else None
     fitted_terms = set(device_terms.BY_NAME) - set(notes.get("from_base", []))
+    measured_fabrics = set(probe.fabric.unique()) if not probe.empty else set()
     profile, bound = mark_bounds(
-        Profile(name, tuple(fabrics), device, provenance, ceilings), fitted_terms
+        Profile(name, tuple(fabrics), device, provenance, ceilings),
+        fitted_terms,
+        measured_fabrics,
+        _swept_model(kernel),
     )
     warnings.extend(bound)
     if warnings:
