@@ -45,19 +45,17 @@ def write_atomically(path, write, replace: bool = True) -> None:
         if replace:
             os.replace(tmp, path)
         else:
+            appeared = XbenchError(
+                f"{path} appeared while this ran (another command wrote it)",
+                "pass another --out, or --force to replace it",
+            )
             try:
                 os.link(tmp, path)  # fails where path exists, atomically
             except FileExistsError:
-                raise XbenchError(
-                    f"{path} appeared while this ran (another command wrote it)",
-                    "pass another --out, or --force to replace it",
-                ) from None
+                raise appeared from None
             except OSError:  # a file system without hard links: the check, then the rename
                 if path.exists() or path.is_symlink():
-                    raise XbenchError(
-                        f"{path} appeared while this ran (another command wrote it)",
-                        "pass another --out, or --force to replace it",
-                    ) from None
+                    raise appeared from None
                 os.replace(tmp, path)
             finally:
                 with contextlib.suppress(OSError):

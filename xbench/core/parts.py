@@ -75,9 +75,6 @@ class StepParts:
 
     request: Request
     device: Device
-    layers: int
-    holders: int
-    wired: int  # route's round trips a step: the layers, or 1 when pipelined
     side: DeviceSide  # one layer's device times, as decide reads them
     query: Leg  # one query to one holder (a layer's)
     answer: Leg  # one holder's answer (a layer's)
@@ -86,6 +83,20 @@ class StepParts:
     route: float  # per use, as decide's t_route
     fetch: float  # per use (amortised over 1 + reuse uses), as decide's t_fetch
     local: float  # as decide's t_local (inf without a recompute cost, blocks remote)
+
+    # the step's shape (the request's) ------------------------------------------------
+    @property
+    def layers(self) -> int:
+        return self.request.layers
+
+    @property
+    def holders(self) -> int:
+        return self.request.holders
+
+    @property
+    def wired(self) -> int:
+        """Route's round trips a step: the layers, or 1 when pipelined."""
+        return 1 if self.request.pipeline_layers else self.request.layers
 
     # the request's message sizes ------------------------------------------------------
     @property
@@ -242,9 +253,6 @@ def fabric_parts(fabric: Fabric, device: Device, r: Request, end: int = VALUE) -
     return StepParts(
         request=r,
         device=device,
-        layers=r.layers,
-        holders=r.holders,
-        wired=1 if r.pipeline_layers else r.layers,
         side=side,
         query=Leg(o + s_q * ib_q, a_q, o),
         answer=Leg(o + s_o * ib_o, a_o, o),
