@@ -506,18 +506,28 @@ def test_later_routes_pay_the_steady_queues_of_two_cores_and_a_fetched_chunk_one
 
 
 def test_steady_wait_is_pollaczek_khinchine():
-    from xbench.simulate.engine import BUSY_CAP, _Servers
+    from xbench.simulate.engine import BUSY_CAP, _Computes, _delay, _Links
 
-    servers = _Servers(1)
+    servers = _Computes(1)
     for k in range(100):  # 100 jobs of 1 ms over 0.2 s: M/D/1 at half busy waits S / 2
         servers.run(0, k * 2e-3, 1e-3)
-    assert servers.steady_wait(0, 0.2, 0, 0.0) == pytest.approx(0.5e-3)
+    assert servers.steady_wait(0, 0.2) == pytest.approx(0.5e-3)
     # a prior of jobs counted beside them: 100 more of 1 ms over 0.2 s more, the same load
-    assert servers.steady_wait(0, 0.4, 100, 1e-3) == pytest.approx(0.5e-3)
-    # saturated: the busy fraction stops at the cap instead of exploding
-    assert servers.steady_wait(0, 0.1, 0, 0.0) == pytest.approx(
-        100 * 1e-6 / (2 * 0.1 * (1 - BUSY_CAP))
-    )
+    primed = _Computes(1, 100, 1e-3)
+    for k in range(100):
+        primed.run(0, k * 2e-3, 1e-3)
+    assert primed.steady_wait(0, 0.4) == pytest.approx(0.5e-3)
+    # saturated: the busy fraction stops at the cap instead of exploding, and the backlog's
+    # growth (twice the capacity: 1 s a second) is met halfway through the horizon
+    steady = 100 * 1e-6 / (2 * 0.05 * (1 - BUSY_CAP))
+    assert servers.steady_wait(0, 0.05) == pytest.approx(steady)
+    assert _delay(0.1, 100 * 1e-6, 0.05, 0.5) == pytest.approx(steady + 0.25)
+    assert _delay(0.1, 100 * 1e-6, 0.2, 0.5) == pytest.approx(0.5e-3)  # under it: no growth
+    # a link's messages a second, its prior's beside them
+    links = _Links(1, 100)
+    for k in range(100):
+        links.run(0, k * 2e-3, 1e-6)
+    assert links.rate(0, 0.4) == pytest.approx(500.0)
 
 
 def test_a_routed_use_pays_the_links_it_would_overload_unless_the_compute_hides_them():
@@ -533,27 +543,32 @@ def test_a_routed_use_pays_the_links_it_would_overload_unless_the_compute_hides_
     c = sim.costs
     q, a = c.queries_occ, c.back_occ
     span = 1.0
-    sim.remote_out[0], sim.remote_in[0] = 96, 196  # with the prior's 4: 100 and 200 a second
+
+    def routed(i, queries, answers):  # link i's uses, the prior's 4 of each beside them
+        sim.remote_out[i], sim.remote_in[i] = queries - PRIOR_USES, answers - PRIOR_USES
+
+    routed(0, 100, 200)  # 100 queries and 200 answers a second
     load = 100 * q + 200 * a
     assert load < BUSY_CAP
-    wait, grows = sim.routed_load(0, span)
-    assert wait == pytest.approx((100 * q * q + 200 * a * a) / (2 * (1 - load))) and grows == 0
+    wait = (100 * q * q + 200 * a * a) / (2 * (1 - load))
     over = int(2 / (q + a))  # queries and answers that fill the link twice over
-    sim.remote_out[1] = sim.remote_in[1] = over - PRIOR_USES
-    wait1, grows1 = sim.routed_load(1, span)
-    assert grows1 == pytest.approx(over * (q + a) - 1)
-    assert wait1 == pytest.approx(over * (q * q + a * a) / (2 * (1 - BUSY_CAP)))
+    routed(1, over, over)
+    grows1 = over * (q + a) - 1
+    wait1 = over * (q * q + a * a) / (2 * (1 - BUSY_CAP))
     sim.reuse.end = sim.start + 0.5  # half a second left at 0: a use meets a quarter's growth
     sim.prior_span = span
     want = wait + wait1 + grows1 * 0.5 / 2
     # (the compute's prior, 4 attentions a second, is far under its capacity: no growth)
-    assert sim.compute.overload(1, span, PRIOR_USES, c.attend) == 0.0
+    assert sim.compute.overload(1, span) == 0.0
     assert sim.routed_links(0, 1, 0.0, span, 0.0) == pytest.approx(want)
+    routed(1, 100, 200)  # link 0's traffic on both: each waits M/G/1 alone, under capacity
+    assert sim.routed_links(0, 1, 0.0, span, 0.0) == pytest.approx(2 * wait)
+    routed(1, over, over)
     # the holder's compute holding more than that already: nothing more to pay
     assert sim.routed_links(0, 1, 0.0, span, want) == 0.0
     # asked twice what it does a second: the compute's backlog grows as fast as the link's
     sim.compute.time[1] = 1.0 + grows1 - PRIOR_USES * c.attend
-    assert sim.compute.overload(1, span, PRIOR_USES, c.attend) == pytest.approx(grows1)
+    assert sim.compute.overload(1, span) == pytest.approx(grows1)
     assert sim.routed_links(0, 1, 0.0, span, 0.0) == pytest.approx(wait + wait1)
     # the same growth from work asked at arrival, not yet there (its queries in flight)
     sim.compute.time[1] = 0.0
@@ -561,11 +576,25 @@ def test_a_routed_use_pays_the_links_it_would_overload_unless_the_compute_hides_
     assert sim.routed_links(0, 1, 0.0, span, 0.0) == pytest.approx(wait + wait1)
     # both links overloaded: its query meets one growth, its answer the other
     sim.asked[1] = 0.0
-    sim.remote_out[0] = sim.remote_in[0] = 3 * over // 4 - PRIOR_USES  # 1.5 times over
-    wait0, grows0 = sim.routed_load(0, span)
+    routed(0, 3 * over // 4, 3 * over // 4)  # 1.5 times over
+    grows0 = 3 * over // 4 * (q + a) - 1
     assert 0 < grows0 < grows1
+    wait0 = 3 * over // 4 * (q * q + a * a) / (2 * (1 - BUSY_CAP))
     want = wait0 + wait1 + (grows0 + grows1) / 4
     assert sim.routed_links(0, 1, 0.0, span, 0.0) == pytest.approx(want)
+
+
+def test_arrivals_count_the_links_messages_as_if_every_use_routed():
+    """A use of a chunk elsewhere counts a query on its requester's link and an answer on
+    its holder's; a use of a chunk here counts neither."""
+    from xbench.simulate.engine import Always, Simulation
+
+    w = Workload(instances=4, chunks=8, chunk_tokens=2048, rate_per_s=1000, fabric="ib")
+    trace = _trace((0.0, 0, 1), (1e-3, 0, 0), (2e-3, 2, 1))
+    sim = Simulation(PRIORS, w, trace, Always("route"), None, 0.0)
+    sim.run()
+    assert sim.remote_out == [1, 0, 1, 0]
+    assert sim.remote_in == [0, 2, 0, 0]
 
 
 def test_arrivals_count_the_batched_floor_of_the_work_they_would_ask():
@@ -604,13 +633,13 @@ def test_reuse_estimate_reads_counts_clocks_and_the_cache():
     w = Workload(instances=2, chunks=8, rate_per_s=800.0, cache_chunks=2)
     reuse = _Reuse(w, start=0.0, end=10.0)
     beta = w.chunks * w.instances / w.rate_per_s  # 20 ms: one use per chunk, per requester
-    reuse.used(0, 1, remote=True)
+    reuse.used(0, 1)
     # a first use reads the prior's rate (1/beta = 50/s); its 4 remote chunks compete for
     # 2 places, so a stay serves C / (n - C) = 1 use; joiners are the rate over the fetch
     joiners, after = reuse.expect(0, 1, now=0.0, fetch_time=0.01)
     assert joiners == pytest.approx(0.5) and after == pytest.approx(1.0)
     for _ in range(40):  # chunk 1 used often: its count stands out, nothing rivals it
-        reuse.used(0, 1, remote=True)
+        reuse.used(0, 1)
     rate = (PRIOR_USES + 40) / (PRIOR_USES * beta + 1.0)
     joiners, after = reuse.expect(0, 1, now=1.0, fetch_time=0.01)
     assert joiners == pytest.approx(rate * 0.01)
@@ -619,7 +648,7 @@ def test_reuse_estimate_reads_counts_clocks_and_the_cache():
     _, after = reuse.expect(0, 1, now=1.0, fetch_time=0.01)
     assert after == pytest.approx(math.expm1(rate * 0.002))
     none = _Reuse(Workload(instances=2, chunks=8, cache_chunks=0), 0.0, 10.0)
-    none.used(0, 1, remote=True)
+    none.used(0, 1)
     assert none.expect(0, 1, 0.0, 0.01)[1] == 0.0  # no cache: nothing after
 
 

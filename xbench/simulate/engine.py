@@ -36,6 +36,7 @@ at the backlog its links would grow if every use routed (``_predicate``).
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from collections import OrderedDict, deque
 from collections.abc import Callable
@@ -325,6 +326,7 @@ class _Costs:
             "kv": parts.kv.overhead,
         }
         self.queries_occ = k * self.send_occ
+        self.queries_square, self.back_square = self.queries_occ**2, self.back_occ**2
         self.answers_in = wired * parts.answer.arriving_behind(k - 1)
         self.kv_occ, self.kv_fly = parts.kv.occupancy, parts.kv.flight
         self.kv_in = parts.kv.arriving_behind(k - 1)
@@ -401,7 +403,8 @@ class _Reuse:
     def __init__(self, w: Workload, start: float, end: float):
         self.beta = w.shared_chunks * w.instances / w.shared_uses_per_s
         self.start, self.end = start, end
-        self.uses: list[dict[int, int]] = [{} for _ in range(w.instances)]  # per requester
+        # per requester, its uses of each chunk held elsewhere (a chunk here is never decided)
+        self.uses: list[dict[int, int]] = [{} for _ in range(w.instances)]
         self.places = w.cache_chunks
         shared = w.shared_chunks
         # the fewest any requester has (spread over k > 1 holders, none is whole anywhere)
@@ -412,15 +415,15 @@ class _Reuse:
         # only grow by one, so a use moves one chunk up one count: O(1), no sorted list)
         self.at_least: list[list[int]] = [[0] for _ in range(w.instances)]
 
-    def used(self, me: int, k: int, remote: bool) -> None:
+    def used(self, me: int, k: int) -> None:
+        """A use at ``me`` of chunk k held elsewhere (only those are ever decided)."""
         uses = self.uses[me]
         before = uses.get(k, 0)
         uses[k] = before + 1
-        if remote:
-            at_least = self.at_least[me]
-            if len(at_least) <= before + 1:
-                at_least.append(0)
-            at_least[before + 1] += 1
+        at_least = self.at_least[me]
+        if len(at_least) <= before + 1:
+            at_least.append(0)
+        at_least[before + 1] += 1
 
     def evicted(self, me: int, idle_age: float) -> None:
         self.evicted_age[me] += idle_age
@@ -432,15 +435,20 @@ class _Reuse:
         # at arrival instants, counting them, reads high)
         earlier = self.uses[me][k] - 1
         rate = (PRIOR_USES + earlier) / (PRIOR_USES * self.beta + now - self.start)
-        left = max(self.end - now, 0.0)
-        joiners = rate * min(fetch_time, left)
+        # (comparisons, not min() and max(): this runs on every decision)
+        left = self.end - now
+        left = left if left > 0.0 else 0.0
+        joiners = rate * (fetch_time if fetch_time < left else left)
         if not self.places:
             return joiners, 0.0
-        in_time = rate * max(left - fetch_time, 0.0)
+        in_time = rate * (left - fetch_time) if left > fetch_time else 0.0
         evictions = self.evictions[me]
         if evictions:
             x = rate * self.evicted_age[me] / evictions
-            return joiners, in_time if x > 30 else min(math.expm1(x), in_time)
+            if x > 30:
+                return joiners, in_time
+            stay = math.expm1(x)
+            return joiners, stay if stay < in_time else in_time
         # rivals: the remote chunks whose rate may read as k's (k among them): counts
         # within one Poisson standard deviation below k's earlier uses; a chunk not used yet
         # reads the prior's rate, as k does at its first use
@@ -452,7 +460,8 @@ class _Reuse:
             rivals = at_least[floor] if floor < len(at_least) else 0
         if rivals <= self.places:
             return joiners, in_time
-        return joiners, min(self.places / (rivals - self.places), in_time)
+        stay = self.places / (rivals - self.places)
+        return joiners, stay if stay < in_time else in_time
 
 
 def _predicate(
@@ -539,7 +548,8 @@ def _route_price(
     lam, shares = costs.arrivals_per_instance, costs.shares
     route = route_use + wait_holder + wait_me
     # later uses find the links drained
-    answer_wait = max(link_holder - wait_holder - costs.attend_share, 0.0)
+    answer_wait = link_holder - wait_holder - costs.attend_share
+    answer_wait = answer_wait if answer_wait > 0.0 else 0.0
     route += (link_me + answer_wait) * (1 + joiners)
     route += costs.device.after_idle(idle_holder) if idle_holder else 0.0
     route += shares * (lam * (wait_holder + holder_adds) * holder_adds) + route_later
@@ -576,63 +586,97 @@ def _fetch_price(
 
 
 class _Servers:
-    """One FIFO server per instance (its compute, or its egress link): the jobs queued, the
-    work they hold, whether it runs, when it frees, and its busy time. A server that is not
-    busy has nothing queued (a job ending starts the next), so the loop starts a job offered
-    to an idle server at once and queues (``add``) only behind a running one (an ``offer``
-    method doing both would cost one more call per job on the simulator's hottest path)."""
+    """One FIFO server per instance: the jobs queued, the work they hold, when the running
+    one ends and its busy time. Its two kinds (``_Computes``, ``_Links``) say when one is
+    free and what else they tally for the predicate; the loop starts a job offered to a free
+    server at once and queues (``add``) only behind a running one (an ``offer`` method
+    doing both would cost one more call per job on the simulator's hottest path)."""
 
     def __init__(self, n: int):
         self.queue = [deque() for _ in range(n)]
-        self.busy = [False] * n
         self.free_at = [0.0] * n
         self.backlog = [0.0] * n
         self.time = [0.0] * n  # busy time (a list: numpy scalars are slow in this loop)
-        self.square = [0.0] * n  # the sum of its jobs' squared times
-        self.jobs = [0] * n  # jobs started
 
     def add(self, i: int, job, work: float) -> None:
-        """Queue ``job`` behind the running one (an idle server starts a job at once)."""
+        """Queue ``job`` behind the running one (a free server starts a job at once)."""
         self.queue[i].append(job)
         self.backlog[i] += work
-
-    def run(self, i: int, now: float, work: float) -> float:
-        """Start ``work`` now (its job already taken off the queue); returns when it ends."""
-        self.busy[i] = True
-        self.free_at[i] = now + work
-        self.time[i] += work
-        self.square[i] += work * work
-        self.jobs[i] += 1
-        return now + work
 
     def wait(self, i: int, now: float) -> float:
         """What a job queued now would wait: the running job's rest and the queued work."""
         rest = self.free_at[i] - now  # (a comparison, not max(): this runs per request)
         return (rest if rest > 0.0 else 0.0) + self.backlog[i]
 
-    def rate(self, i: int, span: float, prior_jobs: float) -> float:
-        """Jobs started per second over ``span`` s, ``prior_jobs`` counted beside them."""
-        return (self.jobs[i] + prior_jobs) / span
 
-    def overload(
-        self, i: int, span: float, prior_jobs: float, prior_work: float, asked: float = 0.0
-    ) -> float:
-        """The work asked of server i a second beyond one second's (0 while it keeps up):
+class _Computes(_Servers):
+    """Each instance's compute (one core, or one GPU's SMs): busy until the event at its
+    job's end, which starts the next (so a compute that is not busy has nothing queued),
+    with the sum of its jobs' squared times for its steady-state wait, and a prior of
+    ``prior_jobs`` jobs of ``prior_work`` s counted beside its own so its first jobs do not
+    read as its load."""
+
+    def __init__(self, n: int, prior_jobs: int = 0, prior_work: float = 0.0):
+        super().__init__(n)
+        self.busy = [False] * n
+        self.square = [0.0] * n
+        self.prior_time = prior_jobs * prior_work
+        self.prior_square = prior_jobs * prior_work * prior_work
+
+    def run(self, i: int, now: float, work: float) -> float:
+        """Start ``work`` now (its job already taken off the queue); returns when it ends."""
+        self.busy[i] = True
+        end = self.free_at[i] = now + work
+        self.time[i] += work
+        self.square[i] += work * work
+        return end
+
+    def overload(self, i: int, span: float, asked: float = 0.0) -> float:
+        """The work asked of compute i a second beyond one second's (0 while it keeps up):
         what it ran and what it holds queued, or ``asked`` where that is more (work on its
-        way), with ``prior_jobs`` of ``prior_work`` s each counted beside them, over
-        ``span``."""
+        way), the prior's counted beside them, over ``span``."""
         work = self.time[i] + self.backlog[i]
-        load = ((asked if asked > work else work) + prior_jobs * prior_work) / span
+        load = ((asked if asked > work else work) + self.prior_time) / span
         return load - 1.0 if load > 1.0 else 0.0
 
-    def steady_wait(self, i: int, span: float, prior_jobs: float, prior_work: float) -> float:
-        """The mean wait of a job arriving at a random time (Pollaczek-Khinchine, M/G/1:
-        rate x E[S^2] / (2 (1 - busy)), busy capped at ``BUSY_CAP``) from the jobs started
-        over ``span`` s, with ``prior_jobs`` of ``prior_work`` s each counted beside them
-        (their span included) so a server's first jobs do not read as its load."""
-        busy = min((self.time[i] + prior_jobs * prior_work) / span, BUSY_CAP)
-        square = self.square[i] + prior_jobs * prior_work * prior_work
-        return square / (2 * span * (1 - busy))
+    def steady_wait(self, i: int, span: float) -> float:
+        """The mean wait of a job arriving at a random time (``_delay``) from the jobs
+        started over ``span`` s, the prior's counted beside them."""
+        return _delay(self.time[i] + self.prior_time, self.square[i] + self.prior_square, span)
+
+
+class _Links(_Servers):
+    """Each instance's egress link: free once its message has left and none waits
+    (``Simulation.to_link``), with the messages it carried, read as a rate with
+    ``prior_jobs`` counted beside them."""
+
+    def __init__(self, n: int, prior_jobs: int = 0):
+        super().__init__(n)
+        self.jobs = [0] * n
+        self.prior_jobs = prior_jobs
+
+    def run(self, i: int, now: float, work: float) -> float:
+        """Put ``work`` on the wire now; returns when it has left."""
+        end = self.free_at[i] = now + work
+        self.time[i] += work
+        self.jobs[i] += 1
+        return end
+
+    def rate(self, i: int, span: float) -> float:
+        """Messages started per second over ``span`` s, the prior's counted beside them."""
+        return (self.jobs[i] + self.prior_jobs) / span
+
+
+def _delay(work: float, square: float, span: float, horizon: float = 0.0) -> float:
+    """The mean wait of a job arriving at a random time within ``horizon`` s from now at a
+    server that took ``work`` s of jobs (their squares summing to ``square``) over ``span``
+    s: Pollaczek-Khinchine's M/G/1 wait, rate x E[S^2] / (2 (1 - busy)), busy capped at
+    ``BUSY_CAP``, and, past capacity, the backlog's growth by (load - 1) s a second, met
+    halfway through the horizon on average (0: the steady wait alone)."""
+    load = work / span
+    busy = load if load < BUSY_CAP else BUSY_CAP
+    wait = square / (2 * span * (1 - busy))
+    return wait + (load - 1.0) * horizon / 2 if load > 1.0 else wait
 
 
 @dataclass
@@ -674,8 +718,6 @@ class Job:
     work: float
     # a message's destination where its kind does not say it (a query to one of k holders)
     to: int = -1
-    # when a message has passed its destination's ingress (modelled with k holders)
-    through: float = 0.0
 
 
 # the jobs that attend: they pay what the device measured for starting after idle, and
@@ -733,10 +775,10 @@ class Predicate(Policy):
             adds,
             idle_holder,
             idle_me,
-            compute.steady_wait(me, span, PRIOR_USES, costs.attend),
-            compute.steady_wait(holder, span, PRIOR_USES, costs.attend),
-            link.rate(holder, span, PRIOR_USES),
-            link.rate(me, span, PRIOR_USES),
+            compute.steady_wait(me, span),
+            compute.steady_wait(holder, span),
+            link.rate(holder, span),
+            link.rate(me, span),
             sim.routed_links(me, holder, now, span, wait_holder),
         )
 
@@ -809,9 +851,9 @@ class Simulation:
         "per_use",
         "policy",
         "prior_span",
+        "remaining",
         "remote_in",
         "remote_out",
-        "remaining",
         "requesters",
         "reuse",
         "seq",
@@ -823,6 +865,7 @@ class Simulation:
         "times",
         "varied",
         "w",
+        "waking",
     )
 
     def __init__(self, profile, w: Workload, trace: Trace, policy: Policy, spread, message_cost):
@@ -839,7 +882,11 @@ class Simulation:
         self.reuse = _Reuse(w, self.start, self.start + n / w.uses_per_s)
         # per requester, the fetches in flight to it: chunk -> the uses waiting for it
         self.pending: list[dict[int, list]] = [{} for _ in range(inst)]
-        self.compute, self.link = _Servers(inst), _Servers(inst)
+        # the servers' priors: PRIOR_USES attentions on each compute, messages on each link
+        self.compute = _Computes(inst, PRIOR_USES, costs.attend)
+        self.link = _Links(inst, PRIOR_USES)
+        # per link, whether an event at its running message's end will start the next
+        self.waking = [False] * inst
         self.c_attq = [{} for _ in range(inst)]  # attentions queued per chunk (routed or here)
         # per instance, the uses asked here of chunks elsewhere (the queries it would send),
         # and those asked elsewhere of its chunks (the answers it would send), were all routed
@@ -848,7 +895,8 @@ class Simulation:
         # arrival as the links' messages are, so both loads read over the same span
         self.asked = [0.0] * inst
         self.events: list = []  # (time, seq, handler, instance, what)
-        self.seq = 0
+        # ties in time break by push order (handlers never compare): a C-level counter
+        self.seq = itertools.count().__next__
         self.moved = 0.0
         self.batches = self.batched_rows = 0
         self.last = 0.0  # when the last use ended
@@ -912,44 +960,28 @@ class Simulation:
 
     # ---- what the policies read ----
 
-    def routed_load(self, i: int, span: float) -> tuple[float, float]:
-        """i's link if every use routed: its queries and answers (``remote_out``,
-        ``remote_in``) at the rates seen so far over ``span``, ``PRIOR_USES`` of each
-        counted beside them. Returns (M/G/1's mean wait, busy capped at ``BUSY_CAP`` as
-        the computes' steady waits; the growth of its backlog in s a second past its
-        capacity, load - 1, else 0)."""
-        costs, prior = self.costs, PRIOR_USES
-        queries = (self.remote_out[i] + prior) / span
-        answers = (self.remote_in[i] + prior) / span
-        q, a = costs.queries_occ, costs.back_occ
-        load = queries * q + answers * a
-        busy = load if load < BUSY_CAP else BUSY_CAP
-        wait = (queries * q * q + answers * a * a) / (2 * (1 - busy))
-        return wait, (load - 1.0 if load > 1.0 else 0.0)
-
     def routed_links(self, me: int, holder: int, now: float, span: float, wait_holder) -> float:
         """What a later routed use of ``holder``'s chunk, asked at ``me``, would wait on
-        the two links if every use routed (``routed_load``), beyond what the holder's
-        compute makes it wait anyway: both links' steady waits and, where a link would be
-        overloaded, its backlog's growth, which a use meets on average over the ``left`` s
-        of the workload as ``growth x left / 2`` (its query crosses one link, its answer
-        the other, each growing with its own traffic). A query and its answer pass the
-        links and the holder's compute in tandem, so the compute's backlog now and its own
-        growth hide as much of the links' wait: the growth from the work it ran and holds
-        (``overload``: the prior's attentions counted beside its jobs, so a compute with
-        none yet does not read as idle) or, where more, from the work the uses asked so far
-        would bring it (``asked``, counted at arrival as the links' messages are: where
-        requests come at once, the queries still crossing the links are work the compute
-        has not seen yet)."""
+        the two links if every use routed (the queries and answers counted at arrival,
+        ``remote_out`` and ``remote_in``), beyond what the holder's compute makes it wait
+        anyway: both links' steady waits and, where a link would be overloaded, its
+        backlog's growth, met over what is left of the workload (``_delay``; its query
+        crosses one link, its answer the other, each growing with its own traffic). A query
+        and its answer pass the links and the holder's compute in tandem, so the compute's
+        backlog now and its own growth hide as much of the links' wait: the growth from the
+        work it ran and holds (``overload``: the prior's attentions counted beside its jobs,
+        so a compute with none yet does not read as idle) or, where more, from the work the
+        uses asked so far would bring it (``asked``, counted at arrival as the links'
+        messages are: where requests come at once, the queries still crossing the links are
+        work the compute has not seen yet)."""
         left = self.reuse.end - now
         left = left if left > 0.0 else 0.0
-        wait_h, grows_h = self.routed_load(holder, span)
-        wait_me, grows_me = self.routed_load(me, span)
-        links = wait_h + wait_me + (grows_h + grows_me) * left / 2
-        grows = self.compute.overload(
-            holder, span, PRIOR_USES, self.costs.attend, self.asked[holder]
-        )
-        hidden = wait_holder + grows * left / 2
+        costs, links = self.costs, 0.0
+        q, a, q2, a2 = costs.queries_occ, costs.back_occ, costs.queries_square, costs.back_square
+        for i in (holder, me):  # its queries and answers, PRIOR_USES of each beside them
+            queries, answers = self.remote_out[i] + PRIOR_USES, self.remote_in[i] + PRIOR_USES
+            links += _delay(queries * q + answers * a, queries * q2 + answers * a2, span, left)
+        hidden = wait_holder + self.compute.overload(holder, span, self.asked[holder]) * left / 2
         return links - hidden if links > hidden else 0.0
 
     def idled(self, i: int, now: float) -> float:
@@ -1044,12 +1076,15 @@ class Simulation:
                 key, batched = k, self.costs.batched
             else:  # a holder's share
                 key, batched = ~k, self.costs.batched_share
-            c_attq[key] -= 1
-            if c_attq[key]:  # others of this chunk are queued: they join this call
-                c_attq[key] -= self._batch(i, job, k)
+            queued = c_attq[key] - 1
+            if queued:  # others of this chunk are queued: they join this call
+                joined = self._batch(i, job, k)
+                c_attq[key] = queued - joined
+                rows = (joined + 1) * self.w.rows
             else:
+                c_attq[key] = 0
                 job.req = [r]
-            rows = len(job.req) * self.w.rows
+                rows = self.w.rows
             self.batches += 1
             self.batched_rows += rows
             job.work = dur = batched[rows]
@@ -1061,7 +1096,7 @@ class Simulation:
         if self.stretches:
             for stretch in self.stretches:
                 dur = stretch(i, job, dur, now)
-        seq = self.seq = self.seq + 1
+        seq = self.seq()
         end = compute.run(i, now, dur)
         if kind != "messages":
             self.computed_until[i] = end
@@ -1101,30 +1136,42 @@ class Simulation:
 
     def start_link(self, i: int, now: float, msg: Job | None = None) -> None:
         """Put link i's next queued message on the wire, or ``msg`` at once (an idle link
-        has none queued)."""
+        has none queued): it lands after its time on the wire and its flight (and after its
+        destination's ingress let it through, where that is modelled)."""
         link = self.link
         if msg is None:
             msg = link.queue[i].popleft()
             link.backlog[i] -= msg.work
-        ingress = self.ingress
-        if ingress is not None:
-            # its bytes (after its overhead, at the sender) pass its destination's ingress
-            # after those of the messages before them
-            kind = msg.kind
-            if msg.to < 0:  # where its kind sends it (a query's holder is set when sent)
-                msg.to = self.delivery[kind][1][msg.req]
-            to, overhead = msg.to, self.costs.overheads[kind]
-            begin = now + overhead
-            if ingress[to] > begin:
-                begin = ingress[to]
-            msg.through = ingress[to] = begin + msg.work - overhead
-        seq = self.seq = self.seq + 1
+        flight, dest = self.delivery[msg.kind]
+        seq = self.seq()
         end = link.run(i, now, msg.work)
-        _push(self.events, (end, seq, self._link_done, i, msg))
+        ingress = self.ingress
+        if ingress is None:
+            _push(self.events, (end + flight, seq, self.on_delivered, dest[msg.req], msg))
+            return
+        # its bytes (after its overhead, at the sender) pass its destination's ingress after
+        # those of the messages before them
+        if msg.to < 0:  # where its kind sends it (a query's holder is set when sent)
+            msg.to = dest[msg.req]
+        to, overhead = msg.to, self.costs.overheads[msg.kind]
+        begin = now + overhead
+        if ingress[to] > begin:
+            begin = ingress[to]
+        through = ingress[to] = begin + msg.work - overhead
+        if through < end:
+            through = end
+        _push(self.events, (through + flight, seq, self.on_delivered, to, msg))
 
     def to_link(self, i: int, msg: Job, now: float) -> None:
-        if self.link.busy[i]:
-            self.link.add(i, msg, msg.work)
+        """A message on link i: on the wire now, or queued behind those on it or waiting,
+        with one event at the running message's end to start the next (a message that finds
+        its link idle, most of them, costs no event for its end)."""
+        link = self.link
+        if link.queue[i] or link.free_at[i] > now:
+            link.add(i, msg, msg.work)
+            if not self.waking[i]:
+                self.waking[i] = True
+                _push(self.events, (link.free_at[i], self.seq(), self._link_done, i, None))
         else:
             self.start_link(i, now, msg)
 
@@ -1191,49 +1238,57 @@ class Simulation:
             self.to_compute(me, Job("own", r, self.costs.own), now)
             return
         holder = self.holders[r]
-        cache = self.caches[me]
         spread = self.spread_over
-        # here whole: its one holder, or a requester's own chunk (k holders share the others)
-        home = holder == me and (spread is None or k >= self.shared)
-        self.reuse.used(me, k, not home)
-        asked = self.asked
-        if home:
-            asked[me] += self.costs.query_floor
-        else:  # were it routed: a query from here, an answer from each holder
-            self.remote_out[me] += 1
-            if spread is None:
+        if spread is None:  # whole on its holder, who would attend it here or there
+            home = holder == me
+            self.asked[holder] += self.costs.query_floor
+            if not home:  # were it routed: a query from here, an answer from there
+                self.remote_out[me] += 1
                 self.remote_in[holder] += 1
-                asked[holder] += self.costs.query_floor
-            else:
-                floor = self.costs.share_floor
-                for h in spread[holder]:
-                    asked[h] += floor  # a requester holding a share attends it in place
-                    if h != me:
-                        self.remote_in[h] += 1
-        if home or k in cache:
+        else:
+            home = self._asked_of_shares(me, k, holder)
+        if not home:
+            self.reuse.used(me, k)
+            cache = self.caches[me]
             if k in cache:
                 cache[k] = now
                 cache.move_to_end(k)
-            self.path[r] = 0
-            self.to_attend(me, r, now)
-            return
-        waiting = self.pending[me].get(k)
-        if waiting is not None:  # on its way here: wait for it, then attend in place
-            self.path[r] = 0
-            waiting.append(r)
-            return
-        if spread is not None:  # the policy weighs the holder a route would wait on longest
-            holder = self._slowest(me, spread[holder], now)
-        choice = self.policy.choose(self, r, me, k, holder, now)
-        if choice == "route":
-            self.path[r] = 1
-            self.route(me, r, holder, now)
-        elif choice == "fetch":
-            self.path[r] = 2
-            self.fetch(me, r, holder, now)
-        else:
-            self.path[r] = 3
-            self.local(me, r, holder, now)
+            else:
+                waiting = self.pending[me].get(k)
+                if waiting is not None:  # on its way here: wait for it, then attend here
+                    self.path[r] = 0
+                    waiting.append(r)
+                    return
+                if spread is not None:  # the policy weighs the holder a route waits on longest
+                    holder = self._slowest(me, spread[holder], now)
+                choice = self.policy.choose(self, r, me, k, holder, now)
+                if choice == "route":
+                    self.path[r] = 1
+                    self.route(me, r, holder, now)
+                elif choice == "fetch":
+                    self.path[r] = 2
+                    self.fetch(me, r, holder, now)
+                else:
+                    self.path[r] = 3
+                    self.local(me, r, holder, now)
+                return
+        self.path[r] = 0
+        self.to_attend(me, r, now)
+
+    def _asked_of_shares(self, me: int, k: int, holder: int) -> bool:
+        """Chunk k spread over k holders from ``holder``: counts what a use from ``me``
+        would ask of them were it routed, and returns whether it is here whole (a
+        requester's own chunk, which k holders do not share)."""
+        if holder == me and k >= self.shared:
+            self.asked[me] += self.costs.query_floor
+            return True
+        self.remote_out[me] += 1
+        floor = self.costs.share_floor
+        for h in self.spread_over[holder]:
+            self.asked[h] += floor  # a requester holding a share attends it in place
+            if h != me:
+                self.remote_in[h] += 1
+        return False
 
     def _slowest(self, me: int, targets: tuple, now: float) -> int:
         """Of a chunk's holders other than ``me``, the one whose compute and link hold the
@@ -1247,20 +1302,15 @@ class Simulation:
                     slowest, most = h, held
         return slowest
 
-    def on_link_done(self, i: int, msg: Job, now: float) -> None:
-        """A message left link i: the next goes on the wire; it lands after its flight (and
-        after its destination's ingress let it through, where that is modelled)."""
+    def on_link_done(self, i: int, _, now: float) -> None:
+        """Link i's message has left and others wait: the next goes on the wire, and, if
+        more wait behind it, its end starts theirs."""
+        self.start_link(i, now)
         link = self.link
-        link.busy[i] = False
         if link.queue[i]:
-            self.start_link(i, now)
-        seq = self.seq = self.seq + 1
-        flight, dest = self.delivery[msg.kind]
-        if self.ingress is None:
-            _push(self.events, (now + flight, seq, self.on_delivered, dest[msg.req], msg))
-            return
-        through = msg.through if msg.through > now else now  # (msg.to set when it started)
-        _push(self.events, (through + flight, seq, self.on_delivered, msg.to, msg))
+            _push(self.events, (link.free_at[i], self.seq(), self._link_done, i, None))
+        else:
+            self.waking[i] = False
 
     def _delivered_between_jobs(self, i: int, msg: Job, now: float) -> None:
         """A message at core i: taken in now, or when the job it runs ends."""
@@ -1289,7 +1339,7 @@ class Simulation:
         else:  # the chunk: T_move (gather + splice) is a delay on this path, not a load on
             # the requester's compute: the GPU priors' move is its software stack, and a
             # splice kernel runs beside attention
-            seq = self.seq = self.seq + 1
+            seq = self.seq()
             _push(self.events, (now + costs.move, seq, self._moved, i, msg))
 
     def on_moved(self, i: int, job: Job, now: float) -> None:
@@ -1368,14 +1418,14 @@ class Simulation:
         million requests)."""
         times, events, n = self.times, self.events, self.n
         pop, on_arrival = heapq.heappop, self.on_arrival
-        nxt = 0
-        while nxt < n or events:
-            if nxt < n and (not events or times[nxt] <= events[0][0]):
-                on_arrival(nxt, times[nxt])
-                nxt += 1
-            else:
+        for nxt, arrival in enumerate(times):
+            while events and events[0][0] < arrival:  # (an arrival goes first on a tie)
                 now, _, handle, i, what = pop(events)
                 handle(i, what, now)
+            on_arrival(nxt, arrival)
+        while events:
+            now, _, handle, i, what = pop(events)
+            handle(i, what, now)
         return Result(
             np.array(self.latency),
             np.array(self.path, dtype=np.int8),
