@@ -14,6 +14,7 @@ from test_fit import _probe_frame, noisy
 
 from xbench.core.costmodel import Coef, Request, decide
 from xbench.core.implied import PROTOCOL_EFFICIENCY, beyond_ceilings, implied_rates
+from xbench.core.models import get_model
 from xbench.core.profile import load_profile, save_profile
 from xbench.fit.bounds import RATE_CAP, mark_bounds
 from xbench.fit.profile_fit import fit_fabrics, fit_profile
@@ -44,14 +45,14 @@ def _with_device(profile, **terms):
 
 
 def test_each_kind_of_term_beyond_its_ceiling_is_caught():
-    """The terms the shipped profiles once held: a recompute at 1.0 us a token (1,213
-    TFLOP/s against 989), an attention segment with no time per token (16 rows read KV
-    faster than HBM3e), a TCP link at the raw line rate; and a page rate above the link."""
+    """A recompute at 0.5 us a token (2,426 TFLOP/s, past even the FP8 peak), an attention
+    segment with no time per token (16 rows read KV faster than HBM3e), a TCP link at the
+    raw line rate; and a page rate above the link."""
     ns = 1e-9
     segment = H200.device.compute_segments[0]
     cases = {
         "device recompute_per_token": _with_device(
-            PRIORS, recompute_per_token=Coef(3e-6, 1e-6, 1e-5, "s/token", prior=True)
+            PRIORS, recompute_per_token=Coef(3e-6, 0.5e-6, 1e-5, "s/token", prior=True)
         ),
         "device compute_per_token (>= 11585 tokens)": _with_device(
             H200,
@@ -90,6 +91,35 @@ def test_each_kind_of_term_beyond_its_ceiling_is_caught():
         assert caught == [term], (term, caught)
     # the TCP ceiling is the line rate less its framing, not the raw rate
     assert 0.93 < PROTOCOL_EFFICIENCY["tcp"] < 0.95
+
+
+def test_the_prefills_matmuls_are_held_to_the_peak_of_the_weights_dtype():
+    """DeepSeek-V3's weights are FP8: its prefill's 1.21 GFLOP a token and layer at 1.0 us
+    is 1,213 TFLOP/s, past the H100's dense BF16 peak (989) but within its FP8 one (1,979);
+    a BF16 model at that rate is caught, and a profile naming no FP8 peak holds FP8 to the
+    BF16 one (the stricter check). Attention's FLOPs stay at the 16-bit rate."""
+    fast = _with_device(PRIORS, recompute_per_token=Coef(3e-6, 1e-6, 1e-5, "s/token"))
+    assert get_model("deepseek-v3.2").matmul_dtype == "fp8"
+    assert beyond_ceilings(fast) == []
+    bf16 = dataclasses.replace(get_model("deepseek-v3.2"), matmul_dtype="bf16")
+    assert [r.term for r in beyond_ceilings(fast, bf16)] == ["device recompute_per_token"]
+    no_fp8 = dataclasses.replace(
+        fast, ceilings=dataclasses.replace(PRIORS.ceilings, matmul_fp8=None)
+    )
+    caught = beyond_ceilings(no_fp8)
+    assert [r.term for r in caught] == ["device recompute_per_token"]
+    assert "in FP8" in caught[0].line() and "989.0 TFLOP/s" in caught[0].line()
+    rates = {r.term: r for r in implied_rates(PRIORS)}
+    assert rates["device recompute_per_token"].ceiling == pytest.approx(1979e12)
+    assert rates["device recompute_per_token2"].ceiling == pytest.approx(989e12)
+    assert rates["device compute_per_row_token"].ceiling == pytest.approx(989e12)
+
+
+def test_a_profile_keeps_its_fp8_peak_when_saved(tmp_path):
+    saved = load_profile(save_profile(PRIORS, tmp_path / "p.toml"))
+    assert saved.ceilings.matmul_fp8 == pytest.approx(1979e12)
+    assert saved.ceilings.matmul_for("fp8") == pytest.approx(1979e12)
+    assert saved.ceilings.matmul_for("bf16") == pytest.approx(989e12)
 
 
 def _pages_that_do_not_grow(rng, o):

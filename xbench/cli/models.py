@@ -14,6 +14,8 @@ def models(
 
     from xbench.core.models import ALIASES, PRESETS, alias_words
 
+    fp8 = [p.name for p in PRESETS.values() if p.matmul_dtype == "fp8"]
+
     frame = pd.DataFrame([p.as_row() for p in PRESETS.values()])
     frame["aliases"] = [
         ",".join(a for a, name in ALIASES.items() if name == p.name) for p in PRESETS.values()
@@ -53,7 +55,8 @@ def models(
             "S_q, S_o: bytes per query row (one head of one token), routed and returned; "
             "KV: bytes per token per layer, by cache format;  GQA: grouped-query attention "
             "(xbench's kernels and device terms are MLA's: a GQA preset prices shared-KV "
-            f"batching only);  also named: {alias_words()}"
+            f"batching only);  linear layers' matmuls in FP8 (their released weights): "
+            f"{', '.join(fp8)}, in BF16 the others;  also named: {alias_words()}"
         )
 
     emit_frame(frame, fmt, render)

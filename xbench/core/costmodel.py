@@ -465,13 +465,21 @@ def _dominates(a: Fabric, b: Fabric, strict: bool) -> bool:
 @dataclass(frozen=True)
 class Ceilings:
     """What the hardware a profile describes cannot exceed: its memory bandwidth (B/s), its
-    matmul rate (FLOP/s) and each fabric's link rate (B/s, by fabric name). A term faster
-    than these (``xbench.core.implied``) is impossible, whatever fitted it."""
+    dense matmul rate (FLOP/s) in 16-bit floats and, where given, in FP8, and each fabric's
+    link rate (B/s, by fabric name). A term faster than these (``xbench.core.implied``) is
+    impossible, whatever fitted it."""
 
     memory: float
     matmul: float
     links: dict = field(default_factory=dict)
     source: str = ""
+    matmul_fp8: float | None = None
+
+    def matmul_for(self, dtype: str) -> float:
+        """The dense matmul rate of ``dtype``'s tensor cores: FP8's where the profile gives
+        it; else, and for 16-bit floats, ``matmul`` (the stricter check where FP8's is not
+        given)."""
+        return self.matmul_fp8 if dtype == "fp8" and self.matmul_fp8 else self.matmul
 
 
 @dataclass(frozen=True)

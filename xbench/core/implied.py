@@ -11,8 +11,9 @@ Every term and every segment is checked, shipped or fitted:
 - the merge: each fp32 partial row and its LSE read, against the memory bandwidth;
 - the move (gather at the holder, splice at the requester), each piece: each token read
   and written at both ends; the splice, each piece: read and written once;
-- the prefill: a layer's matmuls (2 x active parameters / layers FLOP a token) and its
-  attention's token pairs (heads x (qk + v) FLOP a pair), against the matmul rate;
+- the prefill: a layer's matmuls (2 x active parameters / layers FLOP a token) against the
+  matmul rate of the model's weights' dtype (FP8 for DeepSeek-V3's), and its attention's
+  token pairs (heads x (qk + v) FLOP a pair) against the 16-bit rate attention runs at;
 - each fabric's beta, every segment, and its page rate: against its link's rate times the
   fraction of the wire its protocol leaves to payload (``PROTOCOL_EFFICIENCY``).
 
@@ -77,13 +78,13 @@ def implied_rates(profile: Profile, model: ModelPreset | None = None) -> list[Im
     """Every bandwidth- or FLOP-bound term and segment's implied rate against the
     profile's ceilings (inf where it has none)."""
     model = model or get_model("deepseek-v3.2")
-    inf = math.inf
-    c = profile.ceilings
+    return _device_rates(profile, model) + _fabric_rates(profile)
+
+
+def _device_rates(profile: Profile, model: ModelPreset) -> list:
+    c, inf = profile.ceilings, math.inf
     memory, matmul = (c.memory, c.matmul) if c else (inf, inf)
-    return _device_rates(profile, model, memory, matmul) + _fabric_rates(profile)
-
-
-def _device_rates(profile: Profile, model: ModelPreset, memory: float, matmul: float) -> list:
+    weights = c.matmul_for(model.matmul_dtype) if c else inf  # the prefill's linear layers
     d = profile.device
     kv = model.kv_bytes_per_token()
     partial = model.v_dim * DTYPE_BYTES["fp32"] + LSE_BYTES
@@ -120,9 +121,9 @@ def _device_rates(profile: Profile, model: ModelPreset, memory: float, matmul: f
             add(f"{kind}_per_token{where}", times * kv, (per_token,), "B/s", memory, why, start)
     if d.recompute_per_token is not None and model.active_params:
         layer = 2 * model.active_params / model.layers
-        add("recompute_per_token", layer, (d.recompute_per_token,), "FLOP/s", matmul,
+        add("recompute_per_token", layer, (d.recompute_per_token,), "FLOP/s", weights,
             f"{layer / 1e9:.2f} GFLOP a token: 2 x {model.active_params:.3g} active "
-            f"parameters / {model.layers} layers")  # fmt: skip
+            f"parameters / {model.layers} layers, in {model.matmul_dtype.upper()}")  # fmt: skip
     if d.recompute_per_token2 is not None:
         pair = model.q_heads * (model.prefill_qk_dim + model.prefill_v_dim)
         add("recompute_per_token2", pair, (d.recompute_per_token2,), "FLOP/s", matmul,

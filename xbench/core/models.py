@@ -45,6 +45,9 @@ class ModelPreset:
     # KV heads a token caches: 1 for MLA (one latent serves every query head), the group
     # count for GQA
     kv_heads: int = 1
+    # the dtype of its linear layers' matmuls as released: "fp8" where the published weights
+    # are FP8 (block-scaled e4m3, run on FP8 tensor cores), else "bf16"
+    matmul_dtype: str = "bf16"
 
     @property
     def attention(self) -> str:
@@ -87,6 +90,8 @@ class ModelPreset:
             "softmax_scale": self.softmax_scale,
             "attention": self.attention,
             "kv_heads": self.kv_heads,
+            "active_params": self.active_params,
+            "matmul_dtype": self.matmul_dtype,
         }
 
 
@@ -110,6 +115,7 @@ PRESETS: dict[str, ModelPreset] = {
             _V3_SCALE,
             "also DeepSeek-R1",
             active_params=37e9,
+            matmul_dtype="fp8",
         ),
         ModelPreset(
             "deepseek-v3.2",
@@ -123,6 +129,7 @@ PRESETS: dict[str, ModelPreset] = {
             _V3_SCALE,
             "DSA indexer 64 heads x 128",
             active_params=37e9,
+            matmul_dtype="fp8",
         ),
         ModelPreset(
             "glm-5",
@@ -148,6 +155,7 @@ PRESETS: dict[str, ModelPreset] = {
             1 / 192**0.5,
             "dense MLA",
             active_params=32e9,
+            matmul_dtype="fp8",
         ),
         ModelPreset(
             "deepseek-v4-flash",

@@ -200,7 +200,7 @@ def _ceilings(raw, path: str) -> Ceilings | None:
     """[ceilings]: the hardware's memory bandwidth, matmul rate and link rates."""
     if raw is None:
         return None
-    _known(raw, ("source", "memory", "matmul", "links"), "[ceilings]", path)
+    _known(raw, ("source", "memory", "matmul", "matmul_fp8", "links"), "[ceilings]", path)
     for key in ("memory", "matmul"):
         if key not in raw:
             raise ProfileError(
@@ -222,6 +222,9 @@ def _ceilings(raw, path: str) -> Ceilings | None:
             for name, rate in links.items()
         },
         str(raw.get("source", "")),
+        _rate(raw["matmul_fp8"], "[ceilings] matmul_fp8", FLOP_RATE_UNITS, path)
+        if "matmul_fp8" in raw
+        else None,
     )
 
 
@@ -534,6 +537,8 @@ def _ceilings_table(c: Ceilings) -> dict:
     table = {"source": c.source} if c.source else {}
     table["memory"] = {"value": c.memory / 1e12, "unit": "TB/s"}
     table["matmul"] = {"value": c.matmul / 1e12, "unit": "TFLOP/s"}
+    if c.matmul_fp8:
+        table["matmul_fp8"] = {"value": c.matmul_fp8 / 1e12, "unit": "TFLOP/s"}
     if c.links:
         table["links"] = {n: {"value": r / 1e9, "unit": "GB/s"} for n, r in c.links.items()}
     return table
