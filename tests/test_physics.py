@@ -241,3 +241,61 @@ def test_what_a_fit_took_from_its_base_is_never_marked_and_the_sweeps_model_sets
     _, flash = mark_bounds(fitted, {"compute_per_token"}, set(), get_model("deepseek-v4-flash"))
     assert any("compute_per_token implies" in line for line in default), default
     assert not any("compute_per_token implies" in line for line in flash), flash
+
+
+def test_a_prefill_calls_fixed_time_is_paid_once_a_call_and_a_layer():
+    """recompute_t0: a layer's prefill call costs it however few its tokens; decide's local
+    pays it once a layer, a prefill after cached tokens once (the pairs are the new tokens'
+    with all they attend), and a profile keeps it."""
+    from xbench.core.parts import prefill_time, step_parts
+
+    t0 = Coef(40e-6, 20e-6, 80e-6, "s", prior=True)
+    with_t0 = _with_device(PRIORS, recompute_t0=t0)
+    d, plain = with_t0.device, PRIORS.device
+    assert d.recompute(1000) == pytest.approx(plain.recompute(1000) + 40e-6, rel=1e-12)
+    p1, p2 = plain.recompute_per_token.value, plain.recompute_per_token2.value
+    assert d.recompute(1000, 3000) == pytest.approx(
+        40e-6 + 1000 * p1 + (4000**2 - 3000**2) * p2, rel=1e-12
+    )
+    assert prefill_time(d, 1000, 3000, layers=61, gpus=8) == pytest.approx(
+        61 * d.recompute(1000, 3000) / 8, rel=1e-12
+    )
+    request = Request(rows=1, heads=16, chunk_tokens=4096, payload_bytes=1152, layers=61)
+    local = decide(with_t0, request).t_local
+    assert local == pytest.approx(decide(PRIORS, request).t_local + 61 * 40e-6, rel=1e-9)
+    assert step_parts(with_t0, request).phases()["local"]["recompute"] == pytest.approx(
+        61 * d.recompute(4096), rel=1e-12
+    )
+    # each end of the intervals reads its own end of t0
+    from xbench.core.costmodel import HIGH, LOW, DeviceTerms
+
+    assert DeviceTerms(*d.terms(LOW)).recompute_t0 == 20e-6
+    assert DeviceTerms(*d.terms(HIGH)).recompute_t0 == 80e-6
+
+
+def test_the_prefill_fit_reads_the_calls_fixed_time_unscaled_by_heads():
+    from xbench.fit.profile_fit import _fit_prefill
+
+    rng = np.random.default_rng(0)
+    t0, a1, a2 = 30e-6, 2e-9, 5e-13  # per head swept: 16 of the model's 128
+    rows = []
+    for length in (256, 512, 1024, 2048, 4096, 8192):
+        for _ in range(5):
+            seconds = t0 + 16 * (a1 * length + a2 * length**2)
+            rows.append(
+                dict(model="deepseek-v3.2", heads=16, chunk_tokens=length,
+                     value=seconds * 1e6 * rng.normal(1, 0.003))
+            )  # fmt: skip
+    terms, notes = {}, {}
+    _fit_prefill(terms, notes, pd.DataFrame(rows), pd.DataFrame({"kernel": []}))
+    assert terms["recompute_t0"].value == pytest.approx(t0, rel=0.05)
+    assert terms["recompute_per_token2"].value == pytest.approx(128 * a2, rel=0.05)
+    assert terms["recompute_t0"].low <= terms["recompute_t0"].value <= terms["recompute_t0"].high
+
+
+def test_a_profile_keeps_a_prefill_calls_fixed_time(tmp_path):
+    t0 = Coef(40e-6, 20e-6, 80e-6, "s", prior=True, source="a measured launch")
+    saved = load_profile(save_profile(_with_device(PRIORS, recompute_t0=t0), tmp_path / "p.toml"))
+    assert saved.device.recompute_t0.value == pytest.approx(40e-6)
+    assert saved.device.recompute_t0.prior
+    assert saved.device.recompute(100) == pytest.approx(PRIORS.device.recompute(100) + 40e-6)

@@ -86,6 +86,7 @@ class DeviceTerms(NamedTuple):
     wait_tau: float  # 0 without the merge-wait terms
     saving_breaks: tuple
     saving_pieces: tuple  # (S0, per token) per piece
+    recompute_t0: float  # 0 without the term
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,6 +254,7 @@ class Device:
     merge_wait_per_row_partial: Coef | None = None
     merge_wait_tau: Coef | None = None
     spliced_saving: tuple = ()
+    recompute_t0: Coef | None = None
     _ends: tuple = field(init=False, repr=False, compare=False)
     _named_ends: tuple = field(init=False, repr=False, compare=False)
     _prior: bool = field(init=False, repr=False, compare=False)
@@ -366,6 +368,7 @@ class Device:
             getattr(self.merge_wait_per_row_partial, end) if self.merge_wait_tau else 0.0,
             getattr(self.merge_wait_tau, other) if self.merge_wait_tau else 0.0,
             *interpolation_pieces([(t, getattr(c, other)) for t, c in self.spliced_saving]),
+            getattr(self.recompute_t0, end) if self.recompute_t0 else 0.0,
         )
 
     def compute(self, rows: float, chunk: float) -> float:
@@ -389,10 +392,13 @@ class Device:
         extra = self.merge_wait_t0.value + rows * partials * self.merge_wait_per_row_partial.value
         return self.merge(rows, partials) - extra * math.expm1(-wait / self.merge_wait_tau.value)
 
-    def recompute(self, tokens: float) -> float:
-        """T_recompute: prefilling ``tokens`` (inf when the profile has no recompute cost)."""
-        terms = self._named_ends[VALUE]
-        return recompute_time(tokens, terms.recompute_per_token, terms.recompute_per_token2)
+    def recompute(self, tokens: float, context: float = 0.0) -> float:
+        """T_recompute: prefilling ``tokens`` after ``context`` cached ones, which they
+        attend, in one call (inf when the profile has no recompute cost)."""
+        t = self._named_ends[VALUE]
+        return recompute_time(
+            tokens, t.recompute_per_token, t.recompute_per_token2, t.recompute_t0, context
+        )
 
     def after_idle(self, idle: float) -> float:
         """What a call adds for starting after ``idle`` seconds of the device idle (0
@@ -622,11 +628,13 @@ class ScalarOps(NamedTuple):
 SCALAR = ScalarOps()
 
 
-def recompute_time(tokens, per_token: float, per_token2: float):
-    """T_recompute(c) = c * p1 + c^2 * p2 (inf without p1: the profile knows no cost)."""
+def recompute_time(tokens, per_token: float, per_token2: float, t0=0.0, context=0.0):
+    """T_recompute(c) = t0 + c * p1 + c^2 * p2 for one call over c tokens; after ``context``
+    cached tokens h that they attend, the pairs are (h + c)^2 - h^2 = c (c + 2 h). Inf
+    without p1: the profile knows no cost."""
     if per_token == INF:
         return INF
-    return tokens * (per_token + tokens * per_token2)
+    return t0 + tokens * (per_token + (tokens + 2 * context) * per_token2)
 
 
 def interpolation_pieces(points) -> tuple:
@@ -681,7 +689,7 @@ def device_side(
     one end; ``rows`` = b*h query rows; ``fetch_cost`` NaN where the device's T_move(c)
     applies; ``holders``: the instances the chunk is spread over (route's attention runs
     on each share at once and merges k + 1 partials; fetch and local attend it whole)."""
-    cb, cp, m0, m1, mb, mp, rec, sb, sp, has_splice, m2, rec2, w0, w1, wtau, hb, hp = terms
+    cb, cp, m0, m1, mb, mp, rec, sb, sp, has_splice, m2, rec2, w0, w1, wtau, hb, hp, rec0 = terms
     # (a term of one piece needs no lookup: the common case, and the hot path's)
     c0, c1, c2 = ops.piece(cb, cp, chunk) if cb else cp[0]
     t_c = c0 + chunk * (c1 + rows * c2)
@@ -700,7 +708,7 @@ def device_side(
         s0, s1 = ops.piece(sb, sp, chunk) if sb else sp[0]
         t_move = ops.where(segments != 1, s0 + chunk * s1, t_move)
     t_move = ops.where(fetch_cost == fetch_cost, fetch_cost, t_move)  # NaN: not given
-    local = recompute_time(chunk, rec, rec2) + t_c
+    local = recompute_time(chunk, rec, rec2, rec0) + t_c
     local = ops.where(blocks_local, t_c, local)
     wait_extra = w0 + rows * partials * w1 if wtau else 0.0
     if len(hb) > 1:  # (none or one point: flat, no lookup, as on the hot path)

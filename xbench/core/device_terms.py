@@ -38,6 +38,8 @@ TERMS: tuple[DeviceTerm, ...] = (
     # T_move of a fetch sent block by block from the holder's cache (no gather)
     DeviceTerm("splice_t0", None, 1e-6, "us", "fetch", "splice", False),
     DeviceTerm("splice_per_token", "token", 1e-9, "ns/token", "fetch", "splice", False),
+    # a layer's prefill call's fixed time, however few its tokens (0 if absent)
+    DeviceTerm("recompute_t0", None, 1e-6, "us", "local", "", False),
     DeviceTerm("recompute_per_token", "token", 1e-6, "us/token", "local", "", False),
     # attention's quadratic term of a prefill (0 if absent)
     DeviceTerm("recompute_per_token2", "token^2", 1e-12, "ps/token^2", "local", "", False),

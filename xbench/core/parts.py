@@ -279,8 +279,6 @@ def prefill_time(
 ) -> float:
     """A prefill of ``tokens`` new tokens after ``context`` cached ones (which they attend)
     over ``layers`` layers, split over ``gpus`` GPUs at ``speed`` of the profile's device:
-    layers x (T_recompute(context + tokens) - T_recompute(context)) / (gpus x speed); inf
-    without a recompute cost. Every device term is one layer's on one GPU."""
-    recompute = device.recompute
-    work = recompute(context + tokens) - recompute(context) if context else recompute(tokens)
-    return layers * work / (gpus * speed)
+    layers x T_recompute(tokens after context) / (gpus x speed); inf without a recompute
+    cost. Every device term is one layer's on one GPU."""
+    return layers * device.recompute(tokens, context) / (gpus * speed)

@@ -245,19 +245,23 @@ def _fit_per_token(terms: dict, kind: str, chunk: np.ndarray, seconds: np.ndarra
 
 def _fit_prefill(terms: dict, notes: dict, prefill: pd.DataFrame, samples: pd.DataFrame) -> None:
     """T_recompute's terms from a prefill sweep (xbench kernel --kernels prefill): its
-    attention over L tokens is a0 + a1 L + a2 L^2, and T_recompute is per layer on one
-    device for the model's every head, so a2 (times heads / heads swept) is
-    recompute_per_token2. recompute_per_token adds to a1 the layer's matmuls: 2 x active
-    parameters / layers FLOP per token at the matmul rate this run measured, where the
-    model publishes its active parameters (otherwise the linear term is left to the base)."""
+    attention over L tokens is a0 + (a1 L + a2 L^2) x heads swept / heads, as T_recompute
+    is per layer on one device for the model's every head: a0, the call's fixed time, is
+    recompute_t0 (a call's launch does not grow with its heads) and a2 recompute_per_token2.
+    recompute_per_token adds to a1 the layer's matmuls: 2 x active parameters / layers FLOP
+    per token at the matmul rate this run measured, where the model publishes its active
+    parameters (otherwise the linear term is left to the base)."""
     from xbench.core.models import get_model
     from xbench.kernels.summary import ceilings_from
 
     model = get_model(str(prefill["model"].iloc[0]))
     per_head = model.q_heads / prefill.heads.to_numpy(float)
     length = prefill.chunk_tokens.to_numpy(float)
-    seconds = prefill.value.to_numpy(float) * 1e-6 * per_head
-    _, a1, a2 = fit_linear(np.column_stack([np.ones_like(length), length, length**2]), seconds)
+    seconds = prefill.value.to_numpy(float) * 1e-6
+    # the swept heads' share of the model's: a1 and a2 come out for its every head
+    design = np.column_stack([np.ones_like(length), length / per_head, length**2 / per_head])
+    a0, a1, a2 = fit_linear(design, seconds)
+    terms["recompute_t0"] = _coef(a0, "s")
     terms["recompute_per_token2"] = _coef(a2, "s/token^2")
     rate = ceilings_from(samples).get("matmul_flops_per_s")
     swept = (

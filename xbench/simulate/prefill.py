@@ -11,8 +11,8 @@ a local prefill writing in place does not pay): on idle resources the prompt's t
 one layer of each stage and the slowest stage for every further layer, later behind
 what the link already carries.
 
-Prefill time, per layer on one GPU as every device term is: ``T_recompute(L) = L p1 + L^2
-p2`` (the cost model's; p2 is attention's quadratic term), times the model's layers, over
+Prefill time, per layer on one GPU as every device term is: ``T_recompute(L) = t0 + L p1 +
+L^2 p2`` (the cost model's; t0 a call's fixed time, p2 attention's quadratic term), times the model's layers, over
 the instance's GPUs and its speed. Its KV is ``L x kv_bytes_per_token x layers``. Since
 the KV grows linearly and the prefill faster, a long request produces its KV at a lower
 rate: the reason to offload long requests and keep short ones (whose KV would crowd the
@@ -23,7 +23,7 @@ shared prefixes (Zipf popularity, each its own lognormal length: system prompts,
 a conversation's history), and each cluster keeps an LRU cache of prefixes' KV
 (``local_cache_tokens``, ``remote_cache_tokens``). A prefix cached where a request is
 prefilled is not prefilled again: its new tokens are, attending the prefix as context
-(``T_recompute(h + u) - T_recompute(h)``). An offload ships the KV this cluster lacks (the
+(``t0 + u p1 + u (u + 2h) p2``). An offload ships the KV this cluster lacks (the
 new tokens', and the prefix's where it is not cached here); a prefix's KV enters the cache
 of each cluster that computed or received it once it is there, so a request that arrives
 before that misses. The caches drift apart as the policy places requests: uneven, as the
@@ -206,8 +206,7 @@ class PrefillCosts:
 
     def prefill(self, tokens: float, speed: float = 1.0, context: float = 0.0) -> float:
         """One instance's prefill of ``tokens`` at ``speed`` of the profile's device, after
-        ``context`` cached tokens they attend (a prefix): T_recompute(context + tokens) -
-        T_recompute(context)."""
+        ``context`` cached tokens they attend (a prefix), in one call a layer."""
         w = self.w
         return prefill_time(self.device, tokens, context, w.layers, w.gpus_per_instance, speed)
 
