@@ -259,6 +259,30 @@ def deliver(result, result_lse, out_view, lse_view):
     return result, result_lse
 
 
+def _refuse_unsupported(q, v_dim: int) -> None:
+    """MLA's shapes only, and CPU tensors only under the interpreter."""
+    dim = q.shape[-1]
+    if v_dim != LATENT or dim != LATENT + ROPE:
+        raise BackendUnavailable(
+            f"triton: MLA shapes only (576 = 512 latent + 64 RoPE), got {dim} with v_dim {v_dim}",
+            "use --backend torch for other head dimensions",
+        )
+    if q.device.type == "cpu" and not interpreting():
+        raise BackendUnavailable(
+            "triton: CPU tensors need TRITON_INTERPRET=1", "use --backend torch on CPU"
+        )
+
+
+def _combine_pdl(torch, pdl, splits: int, dev) -> bool:
+    """Whether the combine launches dependent on the split kernel: as asked (default
+    ``triton_mla.COMBINE_PDL``), where there is a combine and the device can."""
+    if pdl is None:
+        from xbench.kernels import triton_mla
+
+        pdl = triton_mla.COMBINE_PDL
+    return bool(pdl) and splits > 1 and not pdl_unavailable(torch, dev)
+
+
 def _outputs(torch, out, lse, rows: int, heads: int, dev):
     """(output, LSE) as returned (the caller's where given), and the contiguous views the
     kernels write (copied into the caller's after, where theirs are not contiguous)."""
@@ -328,15 +352,7 @@ class TritonBackend(TorchFallbacks):
         ``triton_mla.COMBINE_PDL``); ``last_plan`` says whether it was."""
         torch = self.torch
         rows, heads, dim = q.shape
-        if v_dim != LATENT or dim != LATENT + ROPE:
-            raise BackendUnavailable(
-                f"triton: MLA shapes only (576 = 512 latent + 64 RoPE), got {dim} with v_dim {v_dim}",
-                "use --backend torch for other head dimensions",
-            )
-        if q.device.type == "cpu" and not interpreting():
-            raise BackendUnavailable(
-                "triton: CPU tensors need TRITON_INTERPRET=1", "use --backend torch on CPU"
-            )
+        _refuse_unsupported(q, v_dim)
         dev = q.device
         idx, groups, rows_per_group, group_stride, n_selected, page = self._selection(
             indices, rows, heads, kv_cache.shape[1], dev
@@ -353,11 +369,7 @@ class TritonBackend(TorchFallbacks):
         round_out = interpreting() and out_view.dtype != torch.float32
         part_out, part_lse = partials(torch, splits, total_rows, out_view, lse_view)
         split_kernel, combine_kernel = _kernels(tiles)
-        if pdl is None:
-            from xbench.kernels import triton_mla
-
-            pdl = triton_mla.COMBINE_PDL
-        pdl = bool(pdl) and splits > 1 and not pdl_unavailable(torch, dev)
+        pdl = _combine_pdl(torch, pdl, splits, dev)
 
         def grid(meta):  # the tuner picks the tile, so the grid follows it
             return (groups, math.ceil(rows_per_group / meta["BLOCK_M"]) * meta["VSPLIT"], splits)

@@ -167,6 +167,80 @@ def _attend_by_pointers(
 
 
 @triton.jit
+def _load_query(
+    q_ptr, rows, row_ok, own, other, rp, DIM: tl.constexpr, LAT: tl.constexpr,
+    VSPLIT: tl.constexpr, UPCAST: tl.constexpr,
+):  # fmt: skip
+    """The query tile's columns this program accumulates, its RoPE part, and (VSPLIT 2)
+    the columns it only scores."""
+    q_own = tl.load(q_ptr + rows[:, None] * DIM + own[None, :], mask=row_ok[:, None], other=0.0)
+    q_rp = tl.load(q_ptr + rows[:, None] * DIM + LAT + rp[None, :], mask=row_ok[:, None], other=0.0)
+    q_other = q_rp
+    if VSPLIT == 2:
+        q_other = tl.load(
+            q_ptr + rows[:, None] * DIM + other[None, :], mask=row_ok[:, None], other=0.0
+        )
+    if UPCAST:
+        q_own = q_own.to(tl.float32)
+        q_rp = q_rp.to(tl.float32)
+        q_other = q_other.to(tl.float32)
+    return q_own, q_rp, q_other
+
+
+@triton.jit
+def _attend_whole_tiles(
+    table, start, tail, own_desc, rp_desc, v_part, q_own, q_rp, q_other, row_ok, m_i, l_i,
+    acc, qk_scale, BLOCK_N: tl.constexpr, PAGE: tl.constexpr, LAT: tl.constexpr,
+    VSPLIT: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    LOOKAHEAD: tl.constexpr,
+):  # fmt: skip
+    """The tiles from ``start`` to ``tail``, each BLOCK_N cache rows in a row of one page,
+    copied through the tensor descriptors."""
+    if LOOKAHEAD:  # the first tile's page; each step then looks up the next one's
+        page = tl.load(table + start // PAGE, mask=start < tail, other=0)
+    for tile in range(start, tail, BLOCK_N):
+        if LOOKAHEAD:
+            # the copy of this tile starts from a page looked up a step earlier, so its
+            # issue waits for no load (the next page arrives while this tile computes)
+            first = page * PAGE + tile % PAGE
+            ahead = tile + BLOCK_N
+            page = tl.load(table + ahead // PAGE, mask=ahead < tail, other=0)
+        else:
+            first = tl.load(table + tile // PAGE) * PAGE + tile % PAGE
+        k_own = own_desc.load([first, v_part * (LAT // VSPLIT)])
+        k_rp = rp_desc.load([first, LAT])
+        k_other = k_rp
+        if VSPLIT == 2:
+            k_other = own_desc.load([first, (1 - v_part) * (LAT // VSPLIT)])
+        m_i, l_i, acc = _attend(
+            q_own, q_rp, q_other, k_own, k_rp, k_other, row_ok, m_i, l_i, acc, qk_scale,
+            False, UPCAST, PRECISION, VSPLIT,
+        )  # fmt: skip
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _store_partial(
+    part_out_ptr, part_lse_ptr, base, own, row_ok, local, v_part, m_i, l_i, acc,
+    LAT: tl.constexpr, ROUND_OUT: tl.constexpr,
+):  # fmt: skip
+    """This split's partial output (its columns) and, from one part, its LSE."""
+    empty = l_i == 0.0
+    out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    if ROUND_OUT:  # one split writes the caller's bf16 output: rounded as the combine does
+        out = _round_to_bf16(out)
+    # the natural-log LSE the combine and the callers take
+    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * LN2)
+    tl.store(
+        part_out_ptr + base[:, None] * LAT + own[None, :],
+        out.to(part_out_ptr.dtype.element_ty),
+        mask=row_ok[:, None],
+    )
+    # one part writes the LSE (the parts add the score's halves in different orders)
+    tl.store(part_lse_ptr + base, lse, mask=row_ok & (local * 0 + v_part == 0))
+
+
+@triton.jit
 def split_kernel(
     q_ptr,
     kv_ptr,
@@ -212,17 +286,9 @@ def split_kernel(
     own = v_part * (LAT // VSPLIT) + tl.arange(0, LAT // VSPLIT)  # columns accumulated here
     other = (1 - v_part) * (LAT // VSPLIT) + tl.arange(0, LAT // VSPLIT)  # VSPLIT 2: scores only
     rp = tl.arange(0, RP)
-    q_own = tl.load(q_ptr + rows[:, None] * DIM + own[None, :], mask=row_ok[:, None], other=0.0)
-    q_rp = tl.load(q_ptr + rows[:, None] * DIM + LAT + rp[None, :], mask=row_ok[:, None], other=0.0)
-    q_other = q_rp
-    if VSPLIT == 2:
-        q_other = tl.load(
-            q_ptr + rows[:, None] * DIM + other[None, :], mask=row_ok[:, None], other=0.0
-        )
-    if UPCAST:
-        q_own = q_own.to(tl.float32)
-        q_rp = q_rp.to(tl.float32)
-        q_other = q_other.to(tl.float32)
+    q_own, q_rp, q_other = _load_query(
+        q_ptr, rows, row_ok, own, other, rp, DIM, LAT, VSPLIT, UPCAST
+    )
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.full([BLOCK_M], 0.0, tl.float32)
     acc = tl.full([BLOCK_M, LAT // VSPLIT], 0.0, tl.float32)
@@ -237,26 +303,10 @@ def split_kernel(
         # query rows (warpgroup MMA) only: a 16-row tile's last partial tile, read into
         # registers for mma.sync, spills (tests/test_triton_sm90.py)
         tail = start + (stop - start) // BLOCK_N * BLOCK_N
-        if LOOKAHEAD:  # the first tile's page; each step then looks up the next one's
-            page = tl.load(table + start // PAGE, mask=start < tail, other=0)
-        for tile in range(start, tail, BLOCK_N):
-            if LOOKAHEAD:
-                # the copy of this tile starts from a page looked up a step earlier, so its
-                # issue waits for no load (the next page arrives while this tile computes)
-                first = page * PAGE + tile % PAGE
-                ahead = tile + BLOCK_N
-                page = tl.load(table + ahead // PAGE, mask=ahead < tail, other=0)
-            else:
-                first = tl.load(table + tile // PAGE) * PAGE + tile % PAGE
-            k_own = own_desc.load([first, v_part * (LAT // VSPLIT)])
-            k_rp = rp_desc.load([first, LAT])
-            k_other = k_rp
-            if VSPLIT == 2:
-                k_other = own_desc.load([first, (1 - v_part) * (LAT // VSPLIT)])
-            m_i, l_i, acc = _attend(
-                q_own, q_rp, q_other, k_own, k_rp, k_other, row_ok, m_i, l_i, acc, qk_scale,
-                False, UPCAST, PRECISION, VSPLIT,
-            )  # fmt: skip
+        m_i, l_i, acc = _attend_whole_tiles(
+            table, start, tail, own_desc, rp_desc, v_part, q_own, q_rp, q_other, row_ok, m_i,
+            l_i, acc, qk_scale, BLOCK_N, PAGE, LAT, VSPLIT, UPCAST, PRECISION, LOOKAHEAD,
+        )  # fmt: skip
         if tail < stop:  # a last partial tile, whose rows past the selection may hold anything
             m_i, l_i, acc = _attend_by_pointers(
                 table, tail, stop, kv_ptr, own, other, rp, q_own, q_rp, q_other, m_i, l_i, acc,
@@ -268,20 +318,11 @@ def split_kernel(
                 table, tile, stop, kv_ptr, own, other, rp, q_own, q_rp, q_other, m_i, l_i, acc,
                 qk_scale, BLOCK_N, PAGE, DIM, LAT, VSPLIT, UPCAST, PRECISION,
             )  # fmt: skip
-    empty = l_i == 0.0
-    out = acc / tl.where(empty, 1.0, l_i)[:, None]
-    if ROUND_OUT:  # one split writes the caller's bf16 output: rounded as the combine does
-        out = _round_to_bf16(out)
-    # the natural-log LSE the combine and the callers take
-    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * LN2)
     base = split.to(tl.int64) * total_rows + rows  # one split: the caller's output and LSE
-    tl.store(
-        part_out_ptr + base[:, None] * LAT + own[None, :],
-        out.to(part_out_ptr.dtype.element_ty),
-        mask=row_ok[:, None],
-    )
-    # one part writes the LSE (the parts add the score's halves in different orders)
-    tl.store(part_lse_ptr + base, lse, mask=row_ok & (local * 0 + v_part == 0))
+    _store_partial(
+        part_out_ptr, part_lse_ptr, base, own, row_ok, local, v_part, m_i, l_i, acc, LAT,
+        ROUND_OUT,
+    )  # fmt: skip
 
 
 @triton.jit

@@ -904,12 +904,23 @@ class Simulation:
         self.requesters, self.chunks = trace.requester.tolist(), trace.chunk.tolist()
         holder = trace.holder if trace.holder is not None else trace.chunk % inst
         self.holders = holder.tolist()  # each use's chunk's (first) holder
-        # k holders: a shared chunk whose first holder is b lies on b, b + 1, ..., b + k - 1
-        # (mod instances), a share on each; a requester's own chunk (a span's prefix, ids
-        # from ``shared`` on) stays whole with it. Messages then also pass their
-        # destination's ingress, one after another (``ingress``: when each is next free), as
-        # the cost model counts k answers or shares sharing the requester's link.
-        k = w.holders
+        self._spread_chunks(w, n)
+        # where and after how long (alpha in flight) each kind of message lands
+        self.delivery = {
+            "send": (costs.send_fly, self.holders),
+            "back": (costs.back_fly, self.requesters),
+            "kv": (costs.kv_fly, self.requesters),
+        }
+        self.device = costs.device
+        self._one_core_each(w, spread, message_cost)
+
+    def _spread_chunks(self, w: Workload, n: int) -> None:
+        """k holders: a shared chunk whose first holder is b lies on b, b + 1, ..., b + k - 1
+        (mod instances), a share on each; a requester's own chunk (a span's prefix, ids from
+        ``shared`` on) stays whole with it. Messages then also pass their destination's
+        ingress, one after another (``ingress``: when each is next free), as the cost model
+        counts k answers or shares sharing the requester's link."""
+        k, inst = w.holders, w.instances
         if not 1 <= k <= inst:
             raise ValueError(f"holders = {k}: between 1 and the {inst} instances")
         self.shared = w.shared_chunks
@@ -919,13 +930,12 @@ class Simulation:
             self.spread_over = [tuple((b + j) % inst for j in range(k)) for b in range(inst)]
             self.ingress = [0.0] * inst
             self.remaining = [0] * n  # per use: the answers or shares it still waits for
-        # where and after how long (alpha in flight) each kind of message lands
-        self.delivery = {
-            "send": (costs.send_fly, self.holders),
-            "back": (costs.back_fly, self.requesters),
-            "kv": (costs.kv_fly, self.requesters),
-        }
-        device = self.device = costs.device
+
+    def _one_core_each(self, w: Workload, spread, message_cost: float) -> None:
+        """Where the move runs on the compute, the handlers that keep one core per instance
+        busy taking arrivals and messages in; and the effects that stretch a job where it
+        starts, those this profile and run have (``stretches``)."""
+        inst, device = w.instances, self.device
         self.cold = device.idle_extra is not None
         # one core per instance (as CPU ranks): it computes and it takes messages in, so what
         # arrives while it runs a job waits for the job's end (``arrived``, ``inbox``)
@@ -946,7 +956,7 @@ class Simulation:
         self.computed_until = [-math.inf] * inst
         self.spread, self.varied = spread, [0] * inst  # attending calls drawn a factor for
         # the steady-state waits' prior: PRIOR_USES attentions at the workload's rate
-        self.prior_span = PRIOR_USES / costs.arrivals_per_instance
+        self.prior_span = PRIOR_USES / self.costs.arrivals_per_instance
         self.stretches = [
             effect
             for effect, on in (

@@ -108,8 +108,7 @@ class Peer:
     def __init__(self, cfg: ValidateConfig, rows: int, chunk: int, comm, sets: int):
         import torch
 
-        from xbench.kernels import DensePages
-        from xbench.validate.wire import byte_view, make_wire
+        from xbench.validate.wire import make_wire
 
         self.cfg, self.rows, self.chunk, self.comm = cfg, rows, chunk, comm
         self.wire = make_wire(cfg.wire, comm, cfg.device)
@@ -123,12 +122,26 @@ class Peer:
         self.requester = 0  # which rank asks; samples alternate it (see run_validate)
         dt = {"bf16": torch.bfloat16, "fp32": torch.float32}[cfg.dtype]
         self.dt = dt
-        bs = cfg.block_size
-        pages = -(-chunk // bs)
-        self.sets = []
-        self.chosen_pages: list = []  # each fresh set's selected pages, on the host
+        pages = -(-chunk // cfg.block_size)
+        self._draw_sets(sets, pages, dev, place)
+        self._free_pages(sets, pages, dev)
+        self._landings(dev, place)
+        self.req = bytearray(1)  # a fetch's request: one byte through host MPI
+        self.stamps: list[float] = []  # phase boundaries of the iterations being timed
+        self._local_partials()
+
+    def _draw_sets(self, sets: int, pages: int, dev, place) -> None:
+        """The holder's cache, the pages selected of it, the requester's local KV and the
+        query, per set: drawn for the first FRESH_SETS (identical on both ranks: same
+        seeds), copies of them after (more memory to rotate over)."""
+        import torch
+
+        from xbench.kernels import DensePages
         from xbench.kernels.bench import FRESH_SETS
 
+        cfg, rows, chunk, dt, bs = self.cfg, self.rows, self.chunk, self.dt, self.cfg.block_size
+        self.sets = []
+        self.chosen_pages: list = []  # each fresh set's selected pages, on the host
         for s in range(min(sets, FRESH_SETS)):  # identical on both ranks: same seeds
             gen = torch.Generator().manual_seed(1000 * rows + chunk + 7919 * s)
             holder = place(torch.randn(2 * pages, bs, cfg.dim, generator=gen).to(dt).to(dev))
@@ -144,6 +157,14 @@ class Peer:
         for s in range(FRESH_SETS, sets):  # more memory to rotate over: copies, not draws
             holder, sel, local, q = self.sets[s % FRESH_SETS]
             self.sets.append((place(holder.clone()), sel, local, place(q.clone())))
+
+    def _free_pages(self, sets: int, pages: int, dev) -> None:
+        """Where each set's fetch splices the chunk."""
+        import torch
+
+        from xbench.kernels import DensePages
+
+        cfg, rows, chunk, dt, bs = self.cfg, self.rows, self.chunk, self.dt, self.cfg.block_size
         # A's free pages: one target per set, so a fetch writes pages not in cache, as a
         # serving cache's free pages are (the bench's splice rotates its targets the same way),
         # and scattered over it as a free list hands them out: attention over pages in order
@@ -158,6 +179,16 @@ class Peer:
         self.free_pages = [f.tolist() if dev.type == "cpu" else f.to(dev) for f in free]
         # where each set's fetch puts the chunk, in the chunk's token order
         self.spliced = [DensePages(_page_table(f, dev), chunk) for f in free]
+
+    def _landings(self, dev, place) -> None:
+        """Where each message lands and a fetch is packed, and the holder's page views a
+        per-page fetch sends from."""
+        import torch
+
+        from xbench.kernels.bench import FRESH_SETS
+        from xbench.validate.wire import byte_view
+
+        cfg, rows, chunk, dt, bs = self.cfg, self.rows, self.chunk, self.dt, self.cfg.block_size
         # each message lands in its own tensor, named by its tag (1 queries, 2 partials,
         # 5 a fetch's chunk)
         self.sq = place(torch.empty(rows, cfg.heads, cfg.dim, dtype=dt, device=dev), landing=1)
@@ -184,11 +215,15 @@ class Peer:
             ]
             for s, (holder, _, _, _) in enumerate(self.sets)
         ]
-        self.req = bytearray(1)  # a fetch's request: one byte through host MPI
-        self.stamps: list[float] = []  # phase boundaries of the iterations being timed
-        # A's local partials are computed once: route and fetch both need them equally.
-        from xbench.kernels import mla_partial_attention
 
+    def _local_partials(self) -> None:
+        """A's local partials, computed once: route and fetch both need them equally."""
+        import torch
+
+        from xbench.kernels import DensePages, mla_partial_attention
+        from xbench.kernels.bench import FRESH_SETS
+
+        cfg = self.cfg
         self.local_partials = [
             mla_partial_attention(
                 q, local, DensePages(torch.arange(local.shape[0]), cfg.local_tokens), cfg.scale
