@@ -1303,3 +1303,97 @@ def test_the_readmes_python_api_block_runs_as_written_from_an_empty_folder(tmp_p
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().splitlines()[-1] in ("route", "fetch", "local")
+
+
+def test_nvlink_is_refused_where_the_messages_cannot_cross_it(xbench, tmp_path):
+    """--fabric nvlink over host buffers (any host transport, or NCCL's gloo) is refused
+    before any rank starts; a pair NVML places on one GPU, on two GPUs without NVLink, or
+    on no known GPU is refused by the ranks; GPUs joined by NVLink, or on two hosts (a
+    multi-node NVLink domain), pass."""
+    from xbench.probe.runner import _refuse_a_fabric_not_crossed
+
+    for extra in ((), ("--transport", "tcp"), ("--transport", "nccl", "--backend", "gloo")):
+        out = tmp_path / f"run{len(extra)}"
+        line = one_line(xbench("probe", "--fabric", "nvlink", *extra, "--out", out))
+        assert "host memory never crosses NVLink" in line and "--fabric shm" in line
+        assert not out.exists()
+    gpu = {"uuid": "GPU-a"}
+    for label, why in (
+        ("same-node-pcie", "no NVLink between its GPUs"),
+        ("same-GPU", "one GPU"),
+        ("intra-node", "no GPU of its ranks"),
+    ):
+        with pytest.raises(XbenchError, match=why):
+            _refuse_a_fabric_not_crossed("nvlink", {"0-1": label}, [gpu, gpu])
+    with pytest.raises(XbenchError, match="no GPU of its ranks"):
+        _refuse_a_fabric_not_crossed("nvlink", {"0-1": "inter-node"}, [None, None])
+    _refuse_a_fabric_not_crossed("nvlink", {"0-1": "nvlink", "0-2": "inter-node"}, [gpu] * 3)
+    _refuse_a_fabric_not_crossed("shm", {"0-1": "intra-node"}, [None, None])
+    _refuse_a_fabric_not_crossed(None, {"0-1": "same-node-pcie"}, [gpu, gpu])
+
+
+def test_kernel_on_a_cuda_device_torch_cannot_see_is_one_line_before_any_folder(xbench, tmp_path):
+    """Every backend, any index: a CPU build of torch (or no GPU) is named, and nothing is
+    created; an index that is not a number is an unknown device."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible here: the refusal is for machines without one")
+    for device in ("cuda", "cuda:1"):
+        for backend in ("torch", "triton", "auto"):
+            out = tmp_path / f"{device}-{backend}"
+            line = one_line(
+                xbench("kernel", "--device", device, "--backend", backend, "--out", out)
+            )
+            assert f"--device {device}: torch {torch.__version__}" in line, line
+            assert "sees no CUDA device" in line and "--device cpu" in line
+            assert not out.exists()
+    assert "pick cpu, cuda or cuda:N" in one_line(
+        xbench("kernel", "--device", "cuda:x", "--out", tmp_path / "x")
+    )
+
+
+def test_buffers_too_large_for_memory_are_one_line_before_or_from_the_ranks(xbench, tmp_path):
+    """A bandwidth window past OSU's request arrays and gather blocks past this host's
+    memory are refused before any rank starts, nothing created; a validate chunk whose
+    tensors the ranks cannot allocate ends in the out-of-memory line, not "an xbench bug"."""
+    from xbench.errors import out_of_memory
+
+    window = one_line(xbench("probe", "-p", "bandwidth", "--window", "100000000", "--out",
+                             tmp_path / "w"))  # fmt: skip
+    assert "at most 1,000 messages in flight" in window and not (tmp_path / "w").exists()
+    blocks = one_line(xbench("probe", "-p", "gather", "--blocks", "100000000", "--out",
+                             tmp_path / "g"))  # fmt: skip
+    assert "GiB available" in blocks and "--blocks" in blocks and not (tmp_path / "g").exists()
+    out = tmp_path / "v"
+    r = xbench("validate", "--profile", "h100-priors", "--fabric", "ib", "--chunk",
+               "100000000", "--out", out)  # fmt: skip
+    assert r.returncode == 3 and "out of memory" in r.stderr and "xbench bug" not in r.stderr
+    assert "Traceback" not in r.stderr
+    assert out_of_memory(RuntimeError("DefaultCPUAllocator: can't allocate memory")) is not None
+    assert out_of_memory(MemoryError()) is not None
+    assert out_of_memory(RuntimeError("shapes do not match")) is None
+
+
+def test_a_launcher_that_never_starts_ranks_is_stopped_and_named(tmp_path, monkeypatch):
+    """A launcher that hangs without starting a rank: after the start allowance (here
+    shortened) the job is stopped, its process group gone, in one line that says the ranks
+    never started, with what was kept and where the log is."""
+    import subprocess
+
+    from xbench.errors import RankFailure
+    from xbench.fabric.launch import run_ranks
+
+    hang = tmp_path / "hang.sh"
+    hang.write_text("#!/bin/sh\nsleep 300\n")
+    hang.chmod(0o755)
+    monkeypatch.setenv("XBENCH_MPIEXEC", str(hang))
+    out = tmp_path / "run"
+    out.mkdir()
+    config = out / "probe-config.json"
+    config.write_text("{}")
+    with pytest.raises(RankFailure, match="the ranks never started") as caught:
+        run_ranks(2, "xbench.probe.worker", config, lambda event: None, 2.0)
+    assert f"are in {out}" in str(caught.value) and "launcher.log" in str(caught.value)
+    left = subprocess.run(["pgrep", "-f", str(hang)], capture_output=True, text=True)
+    assert not left.stdout.split(), left.stdout

@@ -98,3 +98,27 @@ def require_installed(module: str) -> None:
     error = missing_dependency(module)
     if error is not None:
         raise error
+
+
+# What torch's allocators say when an allocation fails (its CPU allocator, CUDA's caching
+# allocator: torch.OutOfMemoryError is a RuntimeError)
+ALLOCATION_FAILED = ("can't allocate memory", "CUDA out of memory", "out of memory")
+
+
+def out_of_memory(exc: BaseException) -> XbenchError | None:
+    """The one line for what was asked for (requests, sizes, shapes) outgrowing the
+    machine: Python's MemoryError, or torch's allocators' RuntimeError (CPU and CUDA);
+    None for anything else (any other RuntimeError is a bug)."""
+    failed = isinstance(exc, MemoryError) or (
+        isinstance(exc, RuntimeError)
+        and (
+            type(exc).__name__ == "OutOfMemoryError"
+            or any(words in str(exc) for words in ALLOCATION_FAILED)
+        )
+    )
+    if not failed:
+        return None
+    return XbenchError(
+        "out of memory: what was asked for does not fit in this machine's memory",
+        "ask for less (fewer --requests, smaller sizes, rows or chunks)",
+    )

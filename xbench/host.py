@@ -102,6 +102,16 @@ def llc_bytes() -> int:
     return best or 32 * 2**20
 
 
+def available_memory() -> int | None:
+    """Bytes this host can give a process without swapping (MemAvailable), or None where
+    the kernel does not say."""
+    text = _read("/proc/meminfo") or ""
+    for line in text.splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return None
+
+
 def usable_cores() -> int:
     """The cores this process may run on (its affinity, as a container or cgroup sets it)."""
     try:

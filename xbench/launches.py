@@ -56,7 +56,7 @@ def launch_probe(cfg, np: int, *, hostfile=None, runs: int = 1, progress=_quiet)
     """The probe sweep on ``np`` launched ranks, ``runs`` times (separate process sets:
     placement and start-up state vary), then NCCL's log checked against --fabric. The
     caller has prepared the loop (``prepare_loop``), before anything was written."""
-    from xbench.fabric.launch import run_ranks
+    from xbench.fabric.launch import STARTUP_S, run_ranks
 
     out_dir = Path(cfg.out_dir)
     config_path = out_dir / "probe-config.json"
@@ -70,7 +70,7 @@ def launch_probe(cfg, np: int, *, hostfile=None, runs: int = 1, progress=_quiet)
                 "xbench.probe.worker",
                 config_path,
                 on_event,
-                cfg.timeout_s + 60.0,
+                cfg.timeout_s + STARTUP_S,
                 bind=cfg.bind,
                 hostfile=str(hostfile) if hostfile else None,
                 launch_label=f" of launch {process_run + 1}/{runs}",

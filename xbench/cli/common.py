@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from xbench.errors import XbenchError, from_os_error, missing_dependency
+from xbench.errors import XbenchError, from_os_error, missing_dependency, out_of_memory
 
 
 # Markup off: what xbench prints holds the user's strings (paths, profile and scenario names,
@@ -234,17 +234,6 @@ def _quiet_stdout() -> None:
         os.dup2(devnull, sys.stdout.fileno())
 
 
-# What torch's allocators say when an allocation fails (its CPU allocator, CUDA's caching
-# allocator: torch.OutOfMemoryError is a RuntimeError)
-ALLOCATION_FAILED = ("can't allocate memory", "CUDA out of memory", "out of memory")
-
-
-def _allocation_failed(exc: RuntimeError) -> bool:
-    return type(exc).__name__ == "OutOfMemoryError" or any(
-        words in str(exc) for words in ALLOCATION_FAILED
-    )
-
-
 def handles_errors(fn):
     """Map library errors to one line on stderr and an exit code: the only such place."""
 
@@ -291,17 +280,11 @@ def handles_errors(fn):
             mark_run_partial(run_dir_written_here(), str(error))
             raise fail(str(error), error.exit_code) from None
         except (MemoryError, RuntimeError) as exc:
-            # what was asked for (requests, sizes, shapes) outgrew the machine: Python's
-            # MemoryError, or torch's allocators' RuntimeError (CPU and CUDA); any other
-            # RuntimeError is a bug, left to its traceback
-            if isinstance(exc, RuntimeError) and not _allocation_failed(exc):
+            error = out_of_memory(exc)
+            if error is None:  # any other RuntimeError is a bug, left to its traceback
                 raise
             mark_run_partial(run_dir_written_here(), "out of memory")
-            raise fail(
-                "out of memory: what was asked for does not fit in this machine's memory; "
-                "ask for less (fewer --requests, smaller sizes, rows or chunks)",
-                2,
-            ) from None
+            raise fail(str(error), error.exit_code) from None
         except KeyboardInterrupt as exc:
             what, code = SIGNALLED[signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT]
             raise fail(mark_stopped(what, run_dir_written_here()), code) from None

@@ -251,10 +251,35 @@ def _where_it_runs(dev: str, backend: str, launch: str, cpu_attention: str) -> t
 
     if dev not in ("cpu", "cuda") and not dev.startswith("cuda:"):
         raise XbenchError(f"unknown device {dev!r}", "pick cpu or cuda")
+    if dev != "cpu":
+        _require_cuda_device(dev)
     choose_cpu_attention(cpu_attention)
     backend = resolve(backend, dev)
     get_backend(backend)  # a backend that cannot run here says why before anything is measured
     return backend, resolve_launch(dev, launch)
+
+
+def _require_cuda_device(dev: str) -> None:
+    """A CUDA device torch can use, before any backend or folder is touched: a CPU build of
+    torch, a machine without a GPU or driver, or an index past the GPUs seen."""
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    index = dev.partition(":")[2]
+    if not index.isdigit() and index:
+        raise XbenchError(f"unknown device {dev!r}", "pick cpu, cuda or cuda:N")
+    if count == 0:
+        build = "a CPU build" if torch.version.cuda is None else f"CUDA {torch.version.cuda}"
+        raise XbenchError(
+            f"--device {dev}: torch {torch.__version__} ({build}) sees no CUDA device here",
+            "run on a GPU machine with a CUDA build of torch (xbench env says what it sees), "
+            "or pass --device cpu",
+        )
+    if index and int(index) >= count:
+        raise XbenchError(
+            f"--device {dev}: torch sees {count} CUDA device(s), 0 to {count - 1}",
+            f"pass --device cuda:0 to cuda:{count - 1}",
+        )
 
 
 # A server's idle times at moderate load span these.

@@ -28,6 +28,7 @@ from xbench.core.units import (
 )
 from xbench.errors import XbenchError
 from xbench.fabric.device_probe import PUT_SCOPES
+from xbench.fabric.launch import STARTUP_S
 from xbench.fabric.registry import INITIATORS, TRANSPORTS, check_fabric
 from xbench.probe.patterns import DEFAULT_PATTERNS, PATTERNS, SweepSpec
 from xbench.probe.runner import BACKENDS, BINDINGS, DEVICES, LOOPS
@@ -145,7 +146,11 @@ def probe(
         str, typer.Option(help="Calibrate iterations so one sample lasts at least this.")
     ] = "10ms",
     timeout: Annotated[
-        str, typer.Option(help="Fail a case that runs longer than this (a hung or dead rank).")
+        str,
+        typer.Option(
+            help="Fail a case that runs longer than this (a hung or dead rank); the ranks' "
+            f"start gets {STARTUP_S:g} s more."
+        ),
     ] = "120s",
     loop: Annotated[
         Loop, typer.Option(help="Timed inner loop: auto (C if mpicc works), c, python.")
@@ -209,7 +214,11 @@ def probe(
     """Measure latency and bandwidth between MPI ranks; write samples as Parquet."""
     from xbench.fabric.launch import inside_launcher, launcher_name
     from xbench.fabric.presets import preset_env
-    from xbench.probe.runner import ProbeConfig, check_transport_options
+    from xbench.probe.runner import (
+        ProbeConfig,
+        check_transport_options,
+        refuse_nvlink_from_host_memory,
+    )
     from xbench.results.metadata import new_run_id
 
     spec = SweepSpec(
@@ -253,6 +262,7 @@ def probe(
 
     if config_from is None:
         check_transport_options(transport, tcp_interface, backend.value)
+        refuse_nvlink_from_host_memory(cfg)
     else:
         cfg, np, stored_runs = ProbeConfig.from_stored_run(
             config_from,
@@ -297,6 +307,7 @@ def _launch_here(cfg, np: int, runs: int, hostfile, oversubscribe: bool, fmt) ->
     refuse_srun_without_pmi()
     require_mpiexec()
     _require_imports(cfg)
+    _require_host_memory(cfg, np if hostfile is None else 1)
     prepare_loop(cfg, warn)  # a loop that cannot be built is refused before --out exists
     # only now: a refused command leaves no empty run directory behind (under a launcher,
     # rank 0 alone creates it)
@@ -315,6 +326,26 @@ def _require_imports(cfg) -> None:
     if needs_torch(cfg.transport, cfg.device):
         require_installed("torch")
     require_installed("scipy")  # the summary's intervals, once the ranks are done
+
+
+def _require_host_memory(cfg, ranks_here: int) -> None:
+    """The host buffers the sweep's largest case maps in every rank (its messages, a
+    gather's blocks and their packed copy), against what this host has available for the
+    ranks it starts here (all of them without a hosts file; one with, as other hosts may
+    hold the rest): a rank that cannot map them dies before its first case."""
+    from xbench.fabric.transport import host_buffer_sizes
+    from xbench.host import available_memory
+    from xbench.probe.patterns import buffer_plan
+
+    available = available_memory()
+    need = sum(host_buffer_sizes(buffer_plan(cfg.sweep))) * ranks_here
+    if available is not None and need > available:
+        raise XbenchError(
+            f"the sweep's buffers need {need / 2**30:,.1f} GiB on this host ({ranks_here} "
+            f"rank(s) of its largest message and gather), and it has {available / 2**30:,.1f} "
+            "GiB available",
+            "pass smaller --sizes, --blocks, --block-size or --rows",
+        )
 
 
 def _announced(cfg, np: int) -> dict:

@@ -33,6 +33,10 @@ from xbench.ranks import (
     stacks_file_prefix,
 )
 
+# What launched ranks get beyond a command's --timeout to report their start: their
+# imports and MPI_Init, slower on a loaded machine than any case's own wait.
+STARTUP_S = 60.0
+
 # Variables that a process manager sets in each rank it starts.
 RANK_ENV = (
     *RANK_VARIABLES,
@@ -373,6 +377,13 @@ def run_ranks(
     if result.error:
         code = 124 if EXIT_TIMEOUT in (result.returncode, result.error_exit) else 3
         raise RankFailure(result.error, f"see {log_path}", exit_code=code)
+    if result.stalled and not result.events:
+        raise RankFailure(
+            f"the ranks never started: no word from them {stall_timeout_s:g} s after the "
+            f"launcher ({find_mpiexec()}) began; stopped it; {kept}",
+            f"see {log_path}; check the launcher runs (mpiexec -n 2 hostname), and "
+            "XBENCH_MPIEXEC, if set, names one",
+        )
     if result.stalled:
         raise RankFailure(
             f"no progress from the ranks for {stall_timeout_s:g} s during "

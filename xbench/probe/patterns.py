@@ -114,6 +114,11 @@ def osu_counts(case: Case) -> tuple[int, int]:
     return small if case.size_bytes <= OSU_LARGE_MESSAGE else large
 
 
+# The most messages a bandwidth window posts before its ack: OSU's MAX_REQ_NUM, the size
+# of the request arrays its window fills (osu_util.h).
+MOST_IN_FLIGHT = 1000
+
+
 @dataclass(frozen=True)
 class SweepSpec:
     patterns: tuple[str, ...] = DEFAULT_PATTERNS
@@ -136,6 +141,12 @@ class SweepSpec:
         if self.window < 1:
             raise XbenchError(
                 f"--window {self.window}: a window holds messages", "pass e.g. --window 64"
+            )
+        if self.window > MOST_IN_FLIGHT:
+            raise XbenchError(
+                f"--window {self.window:,}: at most {MOST_IN_FLIGHT:,} messages in flight (OSU's "
+                "request arrays hold as many; each posted message holds MPI's memory)",
+                "pass e.g. --window 64, OSU's default",
             )
 
     @classmethod

@@ -220,13 +220,32 @@ def parse_pairs(text: str, size: int) -> list[tuple[int, int]]:
     return pairs
 
 
+def uses_gpu_buffers(cfg) -> bool:
+    """Whether the messages leave and land in GPU memory: CUDA buffers, NVSHMEM's heap, or
+    NCCL on GPUs (gloo's are host memory)."""
+    return (
+        cfg.device == "cuda"
+        or cfg.transport == "nvshmem"
+        or (cfg.transport == "nccl" and cfg.backend == "nccl")
+    )
+
+
+def refuse_nvlink_from_host_memory(cfg) -> None:
+    """``--fabric nvlink`` with host buffers: they never cross NVLink, so the samples would
+    be shared memory's (or a network's) under NVLink's name, and a fit would make them the
+    profile's NVLink. Refused before any rank starts."""
+    if cfg.fabric == "nvlink" and not uses_gpu_buffers(cfg):
+        raise XbenchError(
+            f"--fabric nvlink with --transport {cfg.transport} on {cfg.device} buffers: host "
+            "memory never crosses NVLink, so the samples would be another path's under its name",
+            "probe GPU buffers (--device cuda, or --transport nccl or nvshmem) on GPUs joined "
+            "by NVLink, or name the path host memory takes (--fabric shm), or leave --fabric out",
+        )
+
+
 def _my_gpu(cfg, world) -> dict | None:
     """This rank's GPU in the topology format, when the transport uses one."""
-    if (
-        cfg.device != "cuda"
-        and cfg.transport != "nvshmem"
-        and not (cfg.transport == "nccl" and cfg.backend == "nccl")
-    ):
+    if not uses_gpu_buffers(cfg):
         return None
     from xbench.fabric.gpu import local_gpu, torch_module
     from xbench.host import gpu_by_uuid, gpu_topology
@@ -251,6 +270,29 @@ def _pair_labels(pairs_text: str, size: int, hosts, rank_gpus) -> dict:
         )
         for a, b in pairs
     }
+
+
+def _refuse_a_fabric_not_crossed(fabric: str | None, labels: dict, rank_gpus: list) -> None:
+    """``--fabric nvlink`` where a pair's messages cannot cross NVLink: host memory (no
+    GPU buffers), one GPU, or two GPUs NVML finds no NVLink between. The samples would be
+    shared memory's or PCIe's under NVLink's name, and a fit would make them the profile's
+    NVLink. (GPUs on two hosts pass: a multi-node NVLink domain joins them.)"""
+    if fabric != "nvlink":
+        return
+    for pair, label in labels.items():
+        a, b = (rank_gpus[int(rank)] for rank in pair.split("-"))
+        if label == "nvlink" or (label == "inter-node" and a and b):
+            continue
+        why = {
+            "same-GPU": "both its ranks use one GPU",
+            "same-node-pcie": "NVML finds no NVLink between its GPUs",
+        }.get(label, "no GPU of its ranks is known to NVML")
+        raise XbenchError(
+            f"--fabric nvlink: pair {pair}'s messages cannot cross NVLink: {why}; its samples "
+            "would be another path's under NVLink's name",
+            "probe GPUs joined by NVLink with --device cuda (or --transport nccl or nvshmem), "
+            "or name the path they take (--fabric shm), or leave --fabric out",
+        )
 
 
 def _inject_fault(world_rank: int, case_index: int) -> None:
@@ -373,6 +415,8 @@ def _open_run(r: _Rank, MPI, rank_gpus: list):
                     f"the probe needs at least 2 ranks, got {size}", "launch with -n 2 or more"
                 )
             pairs = parse_pairs(cfg.pairs, size)
+            labels = _pair_labels(cfg.pairs, size, r.hosts, rank_gpus)
+            _refuse_a_fabric_not_crossed(cfg.fabric, labels, rank_gpus)
             meta = run_metadata(
                 cfg.run_id,
                 "probe",
@@ -386,7 +430,7 @@ def _open_run(r: _Rank, MPI, rank_gpus: list):
                 mpi_thread_level=thread_level_name(MPI),
                 launcher=cfg.launcher,
                 rank_gpus=rank_gpus,
-                pair_labels=_pair_labels(cfg.pairs, size, r.hosts, rank_gpus),
+                pair_labels=labels,
                 preset_env=cfg.preset_env,
                 # UCX's settings only count when set before MPI_Init; say when they were
                 preset_applied=os.environ.get(

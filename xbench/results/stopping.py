@@ -73,11 +73,13 @@ def failures_stop_the_job(sink, out_dir=None):
 
         from mpi4py import MPI
 
-        from xbench.errors import XbenchError, from_os_error
+        from xbench.errors import XbenchError, from_os_error, out_of_memory
 
         rank = MPI.COMM_WORLD.Get_rank()
         if isinstance(exc, XbenchError):
             error = exc
+        elif out_of_memory(exc) is not None:  # what was asked for outgrew the rank's memory
+            error = out_of_memory(exc)
         else:
             traceback.print_exc()
             first = (str(exc).strip().splitlines() or [""])[0]
