@@ -1072,7 +1072,7 @@ def test_a_rate_whose_trace_the_clock_cannot_resolve_is_refused(xbench, tmp_path
     ok = xbench("simulate", "agentic-codebase", "--rate", "1/s", "--requests", "100",
                 "--policy", "route", "--format", "json")  # fmt: skip
     assert ok.returncode == 0, ok.stderr
-    assert all(row["p99_us"] > 0 for row in json.loads(ok.stdout))
+    assert all(row["p99_us"] > 0 for row in json.loads(ok.stdout)["simulation"])
 
 
 def test_an_unknown_fabric_given_on_the_command_line_is_the_users_not_the_scenarios(xbench):

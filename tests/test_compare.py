@@ -381,6 +381,12 @@ def test_check_reruns_the_baseline_and_writes_reports(xbench, probe_run, tmp_pat
     )
     assert again.returncode == 2 and "compare.md already exists" in again.stderr
     assert "--report-dir, or --force" in again.stderr and not (tmp_path / "n3").exists()
+    # the verdicts the table shows, as JSON on stdout, what it said beside them on stderr
+    js = xbench("check", "--baseline", baseline, "--out", tmp_path / "n4", "--report-dir",
+                tmp_path / "rep4", "--format", "json")  # fmt: skip
+    rows = json.loads(js.stdout)
+    assert len(rows) == len(read_table([tmp_path / "rep4" / "comparison.parquet"], COMPARISON))
+    assert {"verdict", "change"} <= set(rows[0]) and "reports:" in js.stderr
     # promoting on purpose: the new run becomes the baseline, the old one is kept
     old_id = read_run_meta(baseline)["run_id"]
     r = xbench("check", "--baseline", baseline, "--out", tmp_path / "night2", "--update-baseline")

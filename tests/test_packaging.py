@@ -97,7 +97,7 @@ def test_simulate_and_decide_find_the_shipped_scenarios_by_name(installed):
     xbench = str(target / "bin" / "xbench")
     r = _run([xbench, "simulate", "moska-shared-chunk", "--format", "json"], cwd=work, env=env)
     assert r.returncode == 0, r.stderr
-    rows = json.loads(r.stdout)
+    rows = json.loads(r.stdout)["simulation"]
     assert {row["policy"] for row in rows} >= {"route", "fetch", "predicate"}, rows
     r = _run([xbench, "decide", "--scenario", "span-fanout", "--format", "csv"], cwd=work, env=env)
     assert r.returncode == 0, r.stderr

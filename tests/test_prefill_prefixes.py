@@ -177,5 +177,6 @@ def test_simulate_prints_and_writes_the_hit_rate(xbench, tmp_path):
     assert all(len(line) <= 80 for line in r.stdout.splitlines())
     frame = pq.read_table(out).to_pandas()
     assert ((frame.hit_rate > 0) & (frame.hit_rate < 1)).all()
-    rows = json.loads(xbench("simulate", src, "--requests", "200", "--format", "json").stdout)
+    tables = json.loads(xbench("simulate", src, "--requests", "200", "--format", "json").stdout)
+    rows = tables["simulation"]
     assert {row["hit_rate"] for row in rows} == {0.0}

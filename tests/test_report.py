@@ -135,9 +135,14 @@ def test_report_draws_the_reports_a_simulation_wrote_beside_its_table(xbench, tm
     for png in pngs:
         assert coloured_share(png) > 0.0005, png
     alone = tmp_path / "alone"
-    r = xbench("report", tmp_path / "moska-shared-chunk.sharing-calls.parquet", "--out", alone)
+    r = xbench("report", tmp_path / "moska-shared-chunk.sharing-calls.parquet", "--out", alone,
+               "--format", "json")  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert [p.name.split("-")[0] for p in alone.glob("*.png")] == ["sharing"]
+    # what the screen lists, as JSON: each figure, then the page
+    made = json.loads(r.stdout)
+    assert [Path(m["path"]).name for m in made[:-1]] == [p.name for p in alone.glob("*.png")]
+    assert made[-1] == {"title": "report", "path": str(alone / "index.html")}
 
 
 def test_the_blank_check_tells_axes_from_data(tmp_path):

@@ -848,7 +848,7 @@ def test_simulate_cli_every_scenario_writes_parquet(xbench, tmp_path):
         out = tmp_path / f"{scenario.stem}.parquet"
         r = xbench("simulate", scenario, "--requests", "400", "--out", out, "--format", "json")
         assert r.returncode == 0, r.stderr
-        rows = json.loads(r.stdout)
+        rows = json.loads(r.stdout)["simulation"]
         fabrics = load_workload(scenario)["fabrics"]
         assert len(rows) == 4 * len(fabrics)
         frame = read_table([out], SIMULATION)
@@ -876,7 +876,7 @@ def test_simulate_cli_every_scenario_writes_parquet(xbench, tmp_path):
                 "--format",
                 "json",
             ).stdout
-        )[0]["throughput_per_s"]
+        )["simulation"][0]["throughput_per_s"]
         for rate in ("20000/s", "2000/s")
     )
     assert 8 < fast / slow < 12
@@ -891,7 +891,7 @@ def test_simulate_and_decide_take_a_scenarios_decode_step(xbench, tmp_path):
     step.write_text(src.read_text().replace("[workload]", "[workload]\nlayers = 61", 1))
     args = ("--requests", "300", "--fabric", "ib", "--rate", "20/s")
     runs = [
-        {r["policy"]: r for r in json.loads(xbench("simulate", *more, *args, "--format", "json").stdout)}
+        {r["policy"]: r for r in json.loads(xbench("simulate", *more, *args, "--format", "json").stdout)["simulation"]}
         for more in ((step,), (src, "--layers", "61"), (src,))
     ]  # fmt: skip
     by_file, by_flag, one = runs
@@ -921,7 +921,10 @@ def test_simulate_and_decide_take_a_scenarios_holders(xbench, tmp_path):
     spread.write_text(src.read_text().replace("[workload]", "[workload]\nholders = 4", 1))
     args = ("--requests", "300", "--fabric", "ib", "--rate", "20/s", "--format", "json")
     by_file, by_flag, one = (
-        {r["policy"]: r["mean_us"] for r in json.loads(xbench("simulate", *more, *args).stdout)}
+        {
+            r["policy"]: r["mean_us"]
+            for r in json.loads(xbench("simulate", *more, *args).stdout)["simulation"]
+        }
         for more in ((spread,), (src, "--holders", "4"), (src,))
     )
     assert by_file == by_flag and by_file["route"] != one["route"]
@@ -1484,3 +1487,25 @@ def test_decide_and_simulate_agree_on_every_shipped_scenario_or_say_why(xbench):
     lines = [line for line in r.stdout.splitlines() if line.startswith("decide on ")]
     assert len(lines) == 2 and "(decide prices idle resources)" in lines[1], r.stdout
     assert "here a fetch served" in lines[0] and "at which decide says fetch" in lines[0]
+
+
+def test_json_and_csv_carry_every_table_simulate_shows(xbench):
+    """A span workload's reuse and hit-rate tables and decide's answers beside the
+    simulation, and a prefill workload's deployments at saturation: in JSON, one object of
+    each table's rows by name; in CSV, one table whose first column names each row's."""
+    import csv
+    import io
+
+    span = ("simulate", "span-fanout", "--requests", "300")
+    tables = json.loads(xbench(*span, "--format", "json").stdout)
+    assert {"simulation", "decide", "span_reuse", "span_hits"} <= set(tables)
+    assert {"expr", "ttft_dependent_s", "ttft_independent_s"} <= set(tables["span_hits"][0])
+    rows = list(csv.DictReader(io.StringIO(xbench(*span, "--format", "csv").stdout)))
+    by_table = {name: [r for r in rows if r["table"] == name] for name in tables}
+    assert {name: len(r) for name, r in by_table.items()} == {
+        name: len(r) for name, r in tables.items()
+    }
+    assert by_table["simulation"][0]["requests"] == str(tables["simulation"][0]["requests"])
+    prefill = ("simulate", "prefill-as-a-service", "--requests", "300", "--format", "json")
+    tables = json.loads(xbench(*prefill).stdout)
+    assert set(tables) == {"simulation", "saturation"} and tables["saturation"]

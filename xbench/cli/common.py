@@ -302,6 +302,31 @@ def emit_frame(frame, fmt: OutputFormat, render_table) -> None:
         render_table(frame)
 
 
+def emit_frames(frames: dict, fmt: OutputFormat, render_tables) -> None:
+    """A command's tables, the first its result: on screen as ``render_tables`` draws
+    them; as JSON, one object of each table's rows by name; as CSV, one table whose first
+    column names the table each row belongs to (the columns of all of them, a row's others
+    empty). A table that is None or empty is left out."""
+    import pandas as pd
+
+    shown = {name: f for name, f in frames.items() if f is not None and len(f)}
+    if fmt == OutputFormat.json:
+        rows = {name: f.to_dict(orient="records") for name, f in shown.items()}
+        sys.stdout.write(strict_json(rows) + "\n")
+    elif fmt == OutputFormat.csv:
+        # counts and flags stay counts and flags where another table's rows leave them empty
+        nullable = {"integer": "Int64", "bool": "boolean"}
+        parts = [
+            f.astype(
+                {c: to for kind, to in nullable.items() for c in f.select_dtypes(kind)}
+            ).assign(table=name)[["table", *f.columns]]
+            for name, f in shown.items()
+        ]
+        sys.stdout.write(csv_text(pd.concat(parts, ignore_index=True)))
+    else:
+        render_tables()
+
+
 def csv_text(frame) -> str:
     """The frame as CSV, each dict or list cell as its JSON text: CSV readers parse that,
     not Python's repr of it."""

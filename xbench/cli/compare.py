@@ -39,6 +39,9 @@ class CompareFormat(str, Enum):
     junit = "junit"
 
 
+CompareFormatOption = Annotated[
+    CompareFormat, typer.Option("--format", help="table, json, csv, markdown or junit.")
+]
 ThresholdOption = Annotated[
     str,
     typer.Option(
@@ -271,9 +274,7 @@ def compare(
         Path | None, typer.Option("--out", "-o", help="Also write the verdicts as Parquet here.")
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace --out if it exists.")] = False,
-    fmt: Annotated[
-        CompareFormat, typer.Option("--format", help="table, json, csv, markdown or junit.")
-    ] = CompareFormat.table,
+    fmt: CompareFormatOption = CompareFormat.table,
 ) -> None:
     """Compare two stored runs case by case: slower, faster, unchanged, inconclusive, missing."""
     from xbench.compare import compare_runs
@@ -353,6 +354,7 @@ def check(
     force: Annotated[
         bool, typer.Option("--force", help="Replace the reports already in --report-dir.")
     ] = False,
+    fmt: CompareFormatOption = CompareFormat.table,
 ) -> None:
     """Re-run the sweep BASELINE was made with, compare, write Markdown and JUnit XML."""
     from xbench.cli.progress import bars
@@ -414,11 +416,10 @@ def check(
         reports / "compare.junit.xml", _report(comparison, gates, title, CompareFormat.junit)
     )
     _write(comparison, reports / "comparison.parquet", force=True)
-    for line in comparison.warnings:
-        warn(line)
-    _table(comparison, gates, title)
-    _say_gate(comparison)
-    console.print(f"reports: {reports}/compare.md, {reports}/compare.junit.xml", highlight=False)
+    emit(comparison, gates, fmt, title)
+    # (on stderr where stdout carries the verdicts for a program to read)
+    said = console if fmt == CompareFormat.table else err_console
+    said.print(f"reports: {reports}/compare.md, {reports}/compare.junit.xml", highlight=False)
     if update_baseline:
         if comparison.problems:
             raise XbenchError(

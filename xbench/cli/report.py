@@ -7,7 +7,14 @@ from typing import Annotated
 
 import typer
 
-from xbench.cli.common import console, handles_errors, warn
+from xbench.cli.common import (
+    FormatOption,
+    OutputFormat,
+    console,
+    emit_frame,
+    handles_errors,
+    warn,
+)
 from xbench.errors import XbenchError
 
 
@@ -26,6 +33,7 @@ def report(
         bool,
         typer.Option("--force", help="Replace the report already in --out (its PNGs too)."),
     ] = False,
+    fmt: FormatOption = OutputFormat.table,
 ) -> None:
     """Draw what the results hold: fabric curves, roofline, decision map, validate, comparison."""
     from xbench.report import build
@@ -46,11 +54,22 @@ def report(
         raise XbenchError(
             f"{out} already holds a report", "pass another --out, or --force to replace it"
         )
+    import pandas as pd  # here, not at import: every command's start would pay for it
+
     figures = build(results, out, heads)
-    for fig in figures:
-        console.print(f"{fig.title}: {fig.path}", highlight=False)
-    console.print(
-        f"report: {out / 'index.html'} ({len(figures)} figure{'s' if len(figures) > 1 else ''}, "
-        "self-contained)",
-        highlight=False,
+    # each figure, then the page that holds them all
+    made = pd.DataFrame(
+        [{"title": fig.title, "path": str(fig.path)} for fig in figures]
+        + [{"title": "report", "path": str(out / "index.html")}]
     )
+
+    def render(frame) -> None:
+        for row in frame.iloc[:-1].itertuples():
+            console.print(f"{row.title}: {row.path}", highlight=False)
+        console.print(
+            f"report: {frame.path.iloc[-1]} ({len(figures)} "
+            f"figure{'s' if len(figures) > 1 else ''}, self-contained)",
+            highlight=False,
+        )
+
+    emit_frame(made, fmt, render)

@@ -12,6 +12,7 @@ from xbench.cli.common import (
     OutputFormat,
     console,
     emit_frame,
+    emit_frames,
     handles_errors,
     warn,
 )
@@ -111,6 +112,8 @@ def simulate(
     fmt: FormatOption = OutputFormat.table,
 ) -> None:
     """Replay a workload: queueing at holders, batching, a requester cache, shared links."""
+    import pandas as pd  # here, not at import: every command's start would pay for it
+
     from xbench.cli.progress import make_progress
     from xbench.core.profile import load_profile
     from xbench.core.scenario import MOST_REQUESTS, load_workload
@@ -218,19 +221,29 @@ def simulate(
         reports = {name: made[name] for name in _reports(spec)}  # those refused above
         _write(out, frame, spec, prof, seed, prefill, reports, sharing and sharing[2])
     if prefill:
-        emit_frame(
-            frame, fmt, lambda f: _prefill_table(f, spec, prof.name, n, facts, out, saturated)
-        )
-    else:
-        emit_frame(
-            frame,
+        emit_frames(
+            {"simulation": frame, "saturation": saturated},
             fmt,
-            lambda f: _table(
-                f, spec, prof.name, n, gains, out, reuse, beside, hits, sharing, copies
-            ),
+            lambda: _prefill_table(frame, spec, prof.name, n, facts, out, saturated),
         )
-        if line := saturated_line(frame):
-            warn(line)
+        return
+    tables = {
+        "simulation": frame,
+        "decide": beside,
+        "batching": pd.DataFrame(gains),
+        "span_reuse": reuse,
+        "span_hits": hits,
+        "sharing_calls": sharing and sharing[0],
+        "sharing_steps": sharing and sharing[1],
+        "copies": copies,
+    }
+    emit_frames(
+        tables,
+        fmt,
+        lambda: _table(frame, spec, prof.name, n, gains, out, reuse, beside, hits, sharing, copies),
+    )
+    if line := saturated_line(frame):
+        warn(line)
 
 
 # A trace's times are floats: past this span (s) their resolution is coarser than the
