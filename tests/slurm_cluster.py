@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -73,7 +75,9 @@ class SlurmCluster:
         self.node_count = nodes
         self.form = form
         self.rate_bits = rate_bits
-        self.tag = f"{os.getpid() % 100000:05d}"
+        # the owning process's id names what it makes (15 characters an interface's name
+        # holds: xbs + 7 digits + the node's), so leftovers of a process gone are told apart
+        self.tag = str(os.getpid())
         self.nodes = [f"xbn{i}" for i in range(nodes)]
         self.namespaces: list[str] = []
         self.links: list[str] = []  # the node side of each veth, inside its namespace
@@ -87,6 +91,9 @@ class SlurmCluster:
     # ------------------------------------------------------------------ set-up
     def start(self, timeout: float = 30.0) -> SlurmCluster:
         self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / "owner").write_text(self.tag)
+        for line in remove_leftovers():
+            print(f"slurm_cluster: {line}", file=sys.stderr)
         try:
             if self.form == "hosts":
                 self._make_hosts()
@@ -348,6 +355,51 @@ class SlurmCluster:
         if self.bridge:
             _run("ip", "link", "del", self.bridge, check=False)
             self.bridge = None
+
+
+def _gone(pid: str) -> bool:
+    return pid.isdigit() and not Path(f"/proc/{pid}").exists()
+
+
+def remove_leftovers() -> list[str]:
+    """What clusters of processes now gone left behind (a test run killed before its
+    fixture stopped them): their daemons and jobs (each carries SLURM_CONF under a root
+    whose ``owner`` is gone), bridges ``xbr<pid>`` and namespaces ``xbs<pid><node>``. Left,
+    they hold the subnet and the node names, and every later cluster waits for idle nodes
+    that never come. Returns one line for each thing removed."""
+    said = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            env = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        conf = next((e[len(b"SLURM_CONF=") :] for e in env if e.startswith(b"SLURM_CONF=")), None)
+        if conf is None:
+            continue
+        owner = Path(conf.decode(errors="replace")).parent / "owner"
+        try:
+            pid = owner.read_text().strip()
+        except OSError:
+            continue  # not a cluster of these tests
+        if _gone(pid):
+            try:
+                os.kill(int(proc.name), signal.SIGKILL)
+                said.append(f"killed process {proc.name} of a cluster whose test ({pid}) is gone")
+            except OSError:
+                pass
+    names = _run("ip", "-o", "link", "show", "type", "bridge", check=False).stdout
+    for bridge in re.findall(r"^\d+: (xbr(\d+))[:@]", names, flags=re.M):
+        if _gone(bridge[1]):
+            _run("ip", "link", "del", bridge[0], check=False)
+            said.append(f"removed bridge {bridge[0]} of a test gone")
+    spaces = _run("ip", "netns", "list", check=False).stdout
+    for ns in re.findall(r"^(xbs(\d+)\d)\b", spaces, flags=re.M):
+        if _gone(ns[1]):
+            _run("ip", "netns", "del", ns[0], check=False)
+            said.append(f"removed network namespace {ns[0]} of a test gone")
+    return said
 
 
 if __name__ == "__main__":

@@ -296,3 +296,49 @@ def test_sbatch_accepts_the_nightly_example(cluster):
         env={**os.environ, **cluster.env},
     )
     assert r.returncode == 0 and "to start at" in r.stderr, r.stderr
+
+
+def _dead_pid() -> int:
+    """An id no process has now (what a killed test's cluster was named by)."""
+    pid = 4_000_000
+    while os.path.exists(f"/proc/{pid}"):
+        pid -= 1
+    return pid
+
+
+def test_a_cluster_cleans_what_a_killed_test_left_and_says_so(tmp_path):
+    """A test killed before its fixture stopped its cluster left a bridge, a node's network
+    namespace and a daemon carrying the cluster's SLURM_CONF; the next cluster's start
+    removes them (one line each), and leaves a live test's alone."""
+    import subprocess as sp
+    import sys
+
+    from slurm_cluster import remove_leftovers
+
+    if os.geteuid() != 0 or sp.run(["ip", "netns", "list"], capture_output=True).returncode:
+        pytest.skip("needs root and ip netns (bash .ci/run runs the suite so)")
+    dead = _dead_pid()
+    root = tmp_path / "old"
+    root.mkdir()
+    (root / "owner").write_text(str(dead))
+    bridge, ns = f"xbr{dead}", f"xbs{dead}0"
+    sp.run(["ip", "link", "add", bridge, "type", "bridge"], check=True)
+    sp.run(["ip", "netns", "add", ns], check=True)
+    live = f"xbr{os.getpid()}"
+    sp.run(["ip", "link", "add", live, "type", "bridge"], check=True)
+    daemon = sp.Popen(
+        [sys.executable, "-c", "import time; time.sleep(300)"],
+        env={**os.environ, "SLURM_CONF": str(root / "slurm.conf")},
+    )
+    try:
+        said = remove_leftovers()
+        assert daemon.wait(10) == -9  # killed
+        assert any(bridge in line for line in said) and any(ns in line for line in said)
+        assert any(f"process {daemon.pid}" in line for line in said)
+        links = sp.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+        assert f" {bridge}:" not in links and f" {live}:" in links
+        assert ns not in sp.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    finally:
+        daemon.kill()
+        for args in (["link", "del", bridge], ["netns", "del", ns], ["link", "del", live]):
+            sp.run(["ip", *args], capture_output=True)
