@@ -322,15 +322,16 @@ def test_a_cluster_cleans_what_a_killed_test_left_and_says_so(tmp_path):
     root.mkdir()
     (root / "owner").write_text(str(dead))
     bridge, ns = f"xbr{dead}", f"xbs{dead}0"
-    sp.run(["ip", "link", "add", bridge, "type", "bridge"], check=True)
-    sp.run(["ip", "netns", "add", ns], check=True)
-    live = f"xbr{os.getpid()}"
-    sp.run(["ip", "link", "add", live, "type", "bridge"], check=True)
-    daemon = sp.Popen(
-        [sys.executable, "-c", "import time; time.sleep(300)"],
-        env={**os.environ, "SLURM_CONF": str(root / "slurm.conf")},
-    )
+    live = "xbr1"  # a live process's (init's): left alone
+    daemon = None
     try:
+        sp.run(["ip", "link", "add", bridge, "type", "bridge"], check=True)
+        sp.run(["ip", "netns", "add", ns], check=True)
+        sp.run(["ip", "link", "add", live, "type", "bridge"], check=True)
+        daemon = sp.Popen(
+            [sys.executable, "-c", "import time; time.sleep(300)"],
+            env={**os.environ, "SLURM_CONF": str(root / "slurm.conf")},
+        )
         said = remove_leftovers()
         assert daemon.wait(10) == -9  # killed
         assert any(bridge in line for line in said) and any(ns in line for line in said)
@@ -339,6 +340,7 @@ def test_a_cluster_cleans_what_a_killed_test_left_and_says_so(tmp_path):
         assert f" {bridge}:" not in links and f" {live}:" in links
         assert ns not in sp.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     finally:
-        daemon.kill()
+        if daemon is not None:
+            daemon.kill()
         for args in (["link", "del", bridge], ["netns", "del", ns], ["link", "del", live]):
             sp.run(["ip", *args], capture_output=True)
