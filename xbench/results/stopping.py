@@ -78,8 +78,8 @@ def failures_stop_the_job(sink, out_dir=None):
         rank = MPI.COMM_WORLD.Get_rank()
         if isinstance(exc, XbenchError):
             error = exc
-        elif out_of_memory(exc) is not None:  # what was asked for outgrew the rank's memory
-            error = out_of_memory(exc)
+        elif oom := out_of_memory(exc):  # what was asked for outgrew the rank's memory
+            error = oom
         else:
             traceback.print_exc()
             first = (str(exc).strip().splitlines() or [""])[0]
