@@ -31,6 +31,7 @@ LAYERS = [
         "xbench.native",
         "xbench.resources",
         "xbench.ranks",
+        "xbench.mpi_leftovers",
     ),
     ("xbench.results",),
     ("xbench.fabric", "xbench.kernels"),

@@ -39,7 +39,22 @@ def start_mpi():
     from mpi4py import MPI
 
     release_init_segment(MPI)
+    _remove_leftovers_of_killed_jobs()
     return MPI
+
+
+def _remove_leftovers_of_killed_jobs() -> None:
+    """On a node of a cluster, where xbench's launcher is not there to, remove what jobs
+    killed inside MPI_Init left, once this one is past it (its own names are held or gone),
+    and say so on the job's stderr."""
+    import sys
+
+    from xbench.mpi_leftovers import remove_orphans
+
+    removed = remove_orphans()
+    if removed:
+        names = ", ".join(str(path) for path in removed)
+        print(f"xbench: removed what a killed MPI job left: {names}", file=sys.stderr)
 
 
 def release_init_segment(MPI) -> None:

@@ -24,8 +24,10 @@ from pathlib import Path
 
 from xbench.errors import RankFailure, XbenchError, require_installed
 from xbench.events import EVENT_PREFIX
+from xbench.fabric.orphans import LINGER_S, adopting_orphans, end_adopted
 from xbench.fabric.watchdog import EXIT_TIMEOUT
 from xbench.host import usable_cores
+from xbench.mpi_leftovers import remove_orphans
 from xbench.ranks import (
     RANK_VARIABLES,
     STACKS_ON_STOP,
@@ -311,24 +313,41 @@ def launch_worker(
         # the local ranks write their stacks when stopped to files of their own, added to
         # this log rank by rank once the job has ended
         stacks = f"{socket.gethostname()}:{stacks_file_prefix(log_path)}"
-        proc = subprocess.Popen(
-            cmd,
-            env={**outside_slurm(), STACKS_ON_STOP: stacks},
-            stdout=subprocess.PIPE,
-            stderr=log,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            text=True,
-            bufsize=1,
-        )
-        try:
-            _watch(proc, log, result, on_event, stall_timeout_s)
-            result.returncode = proc.wait()
-        finally:
-            append_stopped_stacks(log, log_path)
+        with adopting_orphans() as known:
+            proc = subprocess.Popen(
+                cmd,
+                env={**outside_slurm(), STACKS_ON_STOP: stacks},
+                stdout=subprocess.PIPE,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                text=True,
+                bufsize=1,
+            )
+            try:
+                _watch(proc, log, result, on_event, stall_timeout_s)
+                result.returncode = proc.wait()
+            finally:
+                stopped = end_adopted(known | {proc.pid})
+                if stopped:
+                    log.write(
+                        f"xbench: stopped {len(stopped)} process(es) of the job still running "
+                        f"{LINGER_S:g} s after the launcher exited\n"
+                    )
+                append_stopped_stacks(log, log_path)
+                _remove_leftovers(log)
     if result.returncode != 0 and result.error is None:
         result.error = rank_error(log_path, log_start)
     return result
+
+
+def _remove_leftovers(log) -> None:
+    """What a rank or launcher killed inside MPI_Init left (this job's, or an earlier one's
+    no process holds), named in the log."""
+    removed = remove_orphans()
+    if removed:
+        names = ", ".join(str(path) for path in removed)
+        log.write(f"xbench: removed what a killed MPI job left: {names}\n")
 
 
 def run_ranks(
