@@ -82,8 +82,7 @@ demo: $(STAMP)
 TEST_JOBS ?= 2
 # A worker's processes get a worker's share of the cores (nproc / TEST_JOBS, at least 1):
 # with torch's and OpenBLAS's default, a thread a core in every process, the workers'
-# threads outnumbered the cores and spun waiting on each other (on 2 cores the shared part
-# took 10:10 at 2 threads a process, 6:30 at 1; docs/measurements.md, session 55)
+# threads outnumbered the cores and spun waiting on each other.
 TEST_THREADS ?= $(shell expr $$(nproc) / $(TEST_JOBS) \| 1)
 ALONE := mpi or slurm or netns or not nompi
 test: $(STAMP)

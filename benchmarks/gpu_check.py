@@ -67,12 +67,12 @@ ROOT = HERE.parent
 PRIORS = ROOT / "profiles" / "h100-priors.toml"
 PY = sys.executable
 
-# what `tiles` times: the preferred tile (the full scan of tiles chose it in sessions 31, 34
-# and 43) without and with its page lookahead (triton_mla.GPU_TILES[:2]), at one, eight and
+# what `tiles` times: the preferred tile (the full scan of tiles chose it on every
+# H200 run) without and with its page lookahead (triton_mla.GPU_TILES[:2]), at one, eight and
 # 64 rows x 32K tokens, each count of several splits with the combine launched after the
 # split kernel and dependent on it (triton_mla.COMBINE_PDL): the two candidates no GPU has
-# timed yet; a dense selection as its page table (token indices built in the call were 18-22 %
-# slower in sessions 33 to 43). `triton_tiles.py --tiles ...` scans other tiles
+# timed yet; a dense selection as its page table (token indices built in the call are
+# slower). `triton_tiles.py --tiles ...` scans other tiles
 TILES = "64,64,8,2,1,0 64,64,8,2,1,1"
 # the gluon step, a kernel at a time: the line its tests start under in gluon.log, and the
 # seconds its tests, its timing beside triton's and its one-row costs may each take
@@ -215,8 +215,8 @@ def steps(out: Path, cpu: bool) -> list[tuple[str, int, str]]:
             'echo "exit $?"; done',
         ),
         # Last: pytest-gpu already checks the triton backend against torch on the tensor
-        # cores; this file's many small shapes each compile and tune (5 of its 16 tests in
-        # 120 s on an H200, session 43), so it takes what the budget has left.
+        # cores; this file's many small shapes each compile and tune (a few of its tests
+        # fit in 120 s on an H200), so it takes what the budget has left.
         (
             "triton-tests",
             150,
@@ -526,7 +526,7 @@ def step_device_probe(out: Path) -> int:
 # One decode row over 64 splits (two 64-row tiles each: 128 programs, one wave of an H100's or
 # H200's 132 SMs) with 1 to 16 tiles of 64 tokens a program: the split kernel's time is then
 # a fixed cost a call plus a cost a tile, and the one-row target (docs/gpu-check.md) depends
-# on which of the two is cut. Session 43's sweep put the whole call near 22 us + 3.6 us a tile
+# on which of the two is cut. An H200's sweep put the whole call near 22 us + 3.6 us a tile
 ONE_ROW_TOKENS = (4096, 8192, 16384, 32768, 65536)
 ONE_ROW_SPLITS = 64
 

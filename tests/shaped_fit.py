@@ -2,12 +2,12 @@
 a probe in one sitting, ``xbench fit`` on it, and the fitted rate against the link's
 goodput.
 
-Three of about twenty suite runs on the 2-vCPU VMs (sessions 44-48) fitted 20.9-22.4 MB/s
+Three of about twenty suite runs on the 2-vCPU VMs fitted 20.9-22.4 MB/s
 against the link's 23.91, each time while the same files alone passed; in one of them two of
 four samples at each of two sizes were 29-84 % slow. The cause, caught since: the link runs
 on the kernel's clock, so while the hypervisor holds the VM's CPUs it carries nothing.
 Sittings during which the hypervisor took 7.7-17.7 % of the CPUs' time (/proc/stat's steal)
-fitted 5.6-29 % slow (sessions 50-51), by no fixed ratio to the share taken; clean sittings
+fitted 5.6-29 % slow, by no fixed ratio to the share taken; clean sittings
 take 0.2-2.7 % and fit within 1 %. So a fit that misses gets one more sitting; where every
 sitting missed slow while the hypervisor took more than ``NOISY`` of the CPUs, the machine
 could not judge the link and the test is skipped with the figures; otherwise it fails. Either

@@ -151,9 +151,8 @@ def test_the_cost_model_imports_no_heavy_library(module, forbidden):
 
 def test_the_cli_starts_without_pandas_pyarrow_or_torch():
     """Every run of ``xbench`` (``--help``, a refusal, a probe's ranks' launcher) imports the
-    whole command tree first; pandas and pyarrow there would about double its start
-    (docs/measurements.md, session 39), torch more. The commands import them when they
-    run."""
+    whole command tree first; pandas and pyarrow there would about double its start, torch
+    more. The commands import them when they run."""
     code = (
         "import sys; import xbench.cli.app; "
         "print(sorted(m for m in ('pandas', 'pyarrow', 'torch', 'mpi4py') if m in sys.modules))"
@@ -164,8 +163,8 @@ def test_the_cli_starts_without_pandas_pyarrow_or_torch():
 
 def test_summarizing_samples_leaves_scipy_stats_unloaded():
     """probe, kernel and validate summarize their samples (median intervals from a binomial
-    CDF); scipy.stats would add about 0.7 s to each of those commands (docs/measurements.md,
-    session 40). compare, which tests hypotheses, imports it when it runs."""
+    CDF); scipy.stats' import would add most of a second to each of those commands.
+    compare, which tests hypotheses, imports it when it runs."""
     code = (
         "import sys; import xbench.probe.summary, xbench.kernels.summary, xbench.core.stats; "
         "from xbench.core.stats import summarize; summarize([1.0, 2.0, 3.0, 4.0, 5.0]); "
@@ -178,7 +177,7 @@ def test_summarizing_samples_leaves_scipy_stats_unloaded():
 def test_fitting_and_reporting_leave_torch_unloaded():
     """fit, report and compare read stored samples; torch (about 1.7 s to import) is for the
     commands that run kernels. Reading the backend registry (which backends a fit skips)
-    must not load it through the kernels package (docs/measurements.md, session 40)."""
+    must not load it through the kernels package."""
     code = (
         "import sys; import xbench.fit.profile_fit, xbench.kernels.summary, xbench.report, "
         "xbench.compare, xbench.kernels.backend; print('torch' in sys.modules)"
@@ -189,7 +188,7 @@ def test_fitting_and_reporting_leave_torch_unloaded():
 
 def test_a_refused_decide_answers_before_loading_pandas():
     """``decide`` parses its options before it loads the grid's pandas: a mistyped option
-    is answered in about 0.4 s, not 0.85 (docs/measurements.md, session 46)."""
+    is answered without waiting for pandas' import, which would double the wait."""
     code = (
         "import sys; from xbench.cli.app import app\n"
         "try:\n    app(['decide', '--payload', '1KB', '--rows', '1,,4'])\n"
@@ -207,8 +206,8 @@ NEWER_STDLIB = {"tomllib": (3, 11)}
 
 def test_stdlib_modules_newer_than_the_lowest_python_are_imported_under_a_version_check():
     """``xbench check --config`` imported tomllib unchecked: on Python 3.10, which
-    requires-python admits, it was a ModuleNotFoundError traceback (docs/measurements.md,
-    session 63). Each such import sits under ``if sys.version_info >= ...``."""
+    requires-python admits, it was a ModuleNotFoundError traceback. Each such import sits
+    under ``if sys.version_info >= ...``."""
     pyproject = (PACKAGE.parent / "pyproject.toml").read_text()
     lowest = tuple(
         int(p) for p in re.search(r'requires-python = ">=(\d+)\.(\d+)"', pyproject).groups()

@@ -1,7 +1,7 @@
 """The device-initiated probe program (cuda/probe_device_main.cu) built with nvcc here, without
 a GPU: the peer loops alone, and with NVSHMEM's wheel (relocatable device code linked against
 libnvshmem_host and libnvshmem_device). Without a GPU the program must fail in one JSON line;
-on a GPU, benchmarks/gpu_check.py runs it (its figures: docs/measurements.md)."""
+on a GPU, benchmarks/gpu_check.py runs it (its figures: docs/gpu-check.md)."""
 
 from __future__ import annotations
 

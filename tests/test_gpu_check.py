@@ -1,6 +1,6 @@
 """benchmarks/gpu_check.py, the one prepared GPU run, on tiny shapes under the Triton
 interpreter: its steps run in their own processes, each under its limit, and it writes a
-summary with each step's status and figures. (Its figures come from a GPU: docs/measurements.md.)"""
+summary with each step's status and figures. (Its figures come from a GPU: docs/gpu-check.md.)"""
 
 from __future__ import annotations
 
@@ -249,7 +249,7 @@ def test_validate_predicts_with_the_profile_shipped_for_the_gpu_when_the_run_fit
 def test_the_split_kernels_fixed_cost_and_cost_a_tile_come_from_a_line_fit():
     """The profile step's one-row decomposition: kernel times a launch read from a torch
     profile by name (none from a CPU-only profile), and the least-squares line in us a call
-    and us a 64-token tile; session 43's sweep (2, 8, 16 tiles a program: 29.5, 50.4, 80.3
+    and us a 64-token tile; an H200's sweep (2, 8, 16 tiles a program: 29.5, 50.4, 80.3
     us a whole call) gives about 22 us + 3.6 us a tile."""
     import importlib.util
 
@@ -270,8 +270,8 @@ def test_the_split_kernels_fixed_cost_and_cost_a_tile_come_from_a_line_fit():
     assert (round(fixed, 6), round(per_tile, 6)) == (10.0, 2.0)
     fixed, per_tile = gpu_check.fixed_and_per_tile([128, 512, 1024], [29.5, 50.4, 80.3])
     assert 21 < fixed < 23 and 3.5 < per_tile < 3.7
-    # a 64 x 64 tile: 64 x 64 x 2 x (576 + 512) = 8,912,896 FLOP; session 43's 3.62 us a
-    # tile over an H200's 132 SMs is 325 TFLOP/s, 41 % of that run's 794 matmul rate
+    # a 64 x 64 tile: 64 x 64 x 2 x (576 + 512) = 8,912,896 FLOP; 3.62 us a tile over an
+    # H200's 132 SMs is 325 TFLOP/s, 41 % of the 794 TFLOP/s matmul rate it measured
     assert gpu_check.tile_rate(1.0, 64) == pytest.approx(8.912896)
     line = gpu_check.tile_rate_line(3.62, 64, 132)
     assert line == "the tile: 2.46 TFLOP/s a program, 325 over 132 SMs (FlashMLA: 660 on an H800)"

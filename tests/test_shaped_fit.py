@@ -17,8 +17,8 @@ GOODPUT = 23.91e6  # the shaped link's, B/s
     [
         ([(23.81e6, 0.010)], "found"),  # a clean sitting
         ([(22.58e6, 0.077), (23.91e6, 0.020)], "found"),  # a noisy miss, then a clean find
-        ([(20.29e6, 0.091), (17.00e6, 0.177)], "noisy"),  # session 51, the Slurm test
-        ([(21.98e6, 0.129), (20.78e6, 0.138)], "noisy"),  # session 51, the netns test
+        ([(20.29e6, 0.091), (17.00e6, 0.177)], "noisy"),  # two noisy misses (a Slurm test's)
+        ([(21.98e6, 0.129), (20.78e6, 0.138)], "noisy"),  # two noisy misses (a netns test's)
         ([(20.29e6, 0.091), (22.58e6, 0.005)], "missed"),  # a clean sitting missed too
         ([(20.29e6, 0.091), (22.58e6, None)], "missed"),  # the share not read: no excuse
         ([(25.00e6, 0.138), (25.10e6, 0.150)], "missed"),  # faster than the link: no excuse

@@ -663,7 +663,7 @@ def _priors_tail(seeds):
 
 
 def _cpu_tail(seeds):
-    """The profile fitted on the 2-vCPU VM (tests/data, `make demo` of session 15), the move
+    """The profile fitted on the 2-vCPU VM (tests/data, from a `make demo` there), the move
     on the compute, where the better static policy kept every instance under 80 % busy."""
     from xbench.simulate import gain_tail, predicate_gains
 

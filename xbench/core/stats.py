@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 
 # the binomial CDF from scipy.special, not scipy.stats.binom: the same function without
-# scipy.stats' import (about 1.0 s on the 2-vCPU VM, scipy.special 0.25 s); probe and kernel
-# started 0.7 s sooner for it (docs/measurements.md, session 40)
+# scipy.stats' import, several times scipy.special's, which every probe and kernel summary
+# would wait for
 from scipy.special import bdtr
 
 

@@ -1,7 +1,7 @@
 """The ``gluon`` backend's split kernel: warp-specialized MLA decode for Hopper (sm_90).
 
 The ``triton`` backend's split kernel keeps the tensor cores about 42 % busy (64 rows x
-8K-64K on an H200, docs/measurements.md, session 43): each step computes the 576-wide score,
+8K-64K on an H200): each step computes the 576-wide score,
 waits for it, runs the softmax, waits, then multiplies by V, and the next tile's copy is
 issued from the same warps. Here the work is laid out by hand in Gluon (Triton's tile-level
 language, where layouts, shared memory, barriers and warp partitions are explicit), as

@@ -3,9 +3,8 @@ engine launches decode: on a GPU replayed from CUDA graphs (``--launch graph``),
 holding one call on one input set; else called as they are (CPU, ``--launch eager``).
 
 The kernel sweep the model is fitted from times graph replays on GPUs. Eager calls from
-Python add tens to hundreds of microseconds of host work to each phase (session 43, an H200:
-a local attention of 1 row x 1K tokens took 234 us in validate, 10 us replayed), which the
-model's device terms do not hold, so validate's compute phases would test the host instead.
+Python add tens to hundreds of microseconds of host work to each phase, which the model's
+device terms do not hold, so validate's compute phases would test the host instead.
 
 Every graph is captured before the case's first timed sample (``prepare``): a capture is an
 eager run plus the recording, and inside a timed sample it would be timed. The same
