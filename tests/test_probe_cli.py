@@ -68,6 +68,34 @@ def test_sweep_writes_every_size_and_prints_json(xbench, tmp_path):
 
 
 @pytest.mark.mpi  # starts MPI: runs under every MPI
+def test_each_launch_records_where_its_ranks_ran(xbench, tmp_path):
+    """run.json keeps, per launch, the CPU each rank was on and the CPUs it could use: pinned
+    (--bind core, the default) one CPU each, on CPUs of their own; unpinned, all of them."""
+    import os
+
+    from xbench.host import cpu_placement
+
+    cores = sorted(os.sched_getaffinity(0))
+    pinned, loose = tmp_path / "pinned", tmp_path / "loose"
+    sweep = ["--sizes", "8B", "-p", "latency", *QUICK]
+    assert xbench("probe", "--np", "2", *sweep, "--runs", "2", "--out", pinned).returncode == 0
+    placement = read_run_meta(pinned)["rank_placement"]
+    assert sorted(placement) == ["0", "1"]  # the second launch kept the first's
+    for ranks in placement.values():
+        assert len(ranks) == 2
+        for rank in ranks:
+            assert rank["cpu"] in cores
+            if len(cores) >= 2:
+                assert rank["allowed"] == str(rank["cpu"])
+        if len(cores) >= 2:
+            assert ranks[0]["cpu"] != ranks[1]["cpu"]
+    r = xbench("probe", "--np", "2", *sweep, "--bind", "none", "--out", loose)
+    assert r.returncode == 0, r.stderr
+    everywhere = read_run_meta(loose)["rank_placement"]["0"]
+    assert {rank["allowed"] for rank in everywhere} == {cpu_placement()["allowed"]}
+
+
+@pytest.mark.mpi  # starts MPI: runs under every MPI
 def test_all_patterns_over_tcp_with_python_loop(xbench, tmp_path):
     out = tmp_path / "tcp"
     r = xbench(
@@ -411,7 +439,7 @@ def test_hung_peer_times_out(xbench, tmp_path):
 @pytest.mark.mpi  # starts MPI: runs under every MPI (skipped where it is not Hydra)
 def test_a_launcher_that_leaves_a_hung_peer_running_is_ended_by_xbench(xbench, tmp_path):
     """Hydra sometimes misses rank 0's exit and leaves a hung peer running to the stall
-    timeout (2 of 51 runs like the test above, docs/measurements.md, session 63). Hydra's
+    timeout (now and then: the order of its socket-close and waitpid events). Hydra's
     -disable-auto-cleanup makes that certain: xbench ends the job itself, exits 124 as rank 0
     did, and the log says where the peer was."""
     from xbench.fabric.launch import AFTER_ERROR_S, _is_hydra, find_mpiexec

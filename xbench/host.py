@@ -120,6 +120,31 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def cpu_placement() -> dict:
+    """Where this process runs: the CPU it is on now (/proc's ``processor`` field, None
+    where it cannot be read) and the CPUs it may run on (its affinity, as ``0-3,8``). Two
+    launches of one benchmark differ by where their ranks land; pinned ranks stay put."""
+    cpu = None
+    stat = _read("/proc/self/stat")
+    if stat:
+        try:
+            cpu = int(stat.rsplit(")", 1)[1].split()[36])
+        except (IndexError, ValueError):
+            cpu = None
+    try:
+        allowed = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        allowed = []
+    spans, start = [], None
+    for i, c in enumerate(allowed):  # 0,1,2,3,8 -> 0-3,8
+        if start is None:
+            start = c
+        if i + 1 == len(allowed) or allowed[i + 1] != c + 1:
+            spans.append(f"{start}" if start == c else f"{start}-{c}")
+            start = None
+    return {"cpu": cpu, "allowed": ",".join(spans)}
+
+
 def host_metadata() -> dict:
     """What this process can say about its host (stored with every run)."""
     return {

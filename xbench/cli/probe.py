@@ -138,7 +138,11 @@ def probe(
         typer.Option(
             "--osu-compat",
             help="osu_latency / osu_bw / osu_bibw's own iteration and skip counts per size "
-            "(10000+100 or 1000+10 round trips; 100+10 or 20+2 windows), aggregate mean.",
+            "(10000+100 or 1000+10 round trips; 100+10 or 20+2 windows), aggregate mean. "
+            "From 1 MiB in shared memory both tools can still differ by 10-20 %: the copies "
+            "run faster between buffers mapped after more memory, and a Python rank holds "
+            "about 48 MiB before its buffers, OSU about 3 (benchmarks/compare_osu.py "
+            "--osu-ahead 48 gives OSU the same).",
         ),
     ] = False,
     warmups: Annotated[int, typer.Option(help="Warm-up samples per case (stored, flagged).")] = 2,

@@ -15,18 +15,29 @@ that the candidate lacks is missing (a gate fails on it); one only the candidate
 comparable.
 
 The test respects how the runs were made. Where each run holds at least ``MIN_LAUNCHES``
-process launches (``--runs``), the unit of replication is the launch: Welch's t-test on the
-log of each launch's median, because on a shared machine a launch's placement moves all of
-its samples together by 10-30 %, and a test that counted one launch's samples as
-independent would cry wolf. With fewer launches the test falls back to Mann-Whitney on the
-samples (pyperf's situation with one process), and the result says so (``test`` column).
-The ratio's interval is a percentile bootstrap over the same units.
+process launches (``--runs``), the unit of replication is the launch: on a shared machine a
+launch's placement moves all of its samples together by 10-30 %, and a test that counted one
+launch's samples as independent would cry wolf. Launch medians are often skewed or
+two-humped (where the ranks land: a quarter of the launches a step slower, a tenth far
+slower), and there Welch's t on their logs sees a wide standard deviation and misses a
+slowdown every launch shares; so from ``RANK_TEST_LAUNCHES`` launches a side the test is
+Mann-Whitney's rank test on the launch medians, which holds its level on any shape and
+keeps its power on these. Fewer launches than that give a rank test no p-value small
+enough to pass (3 against 3: 0.1 at best), and Welch's t on the log launch medians is used.
+With fewer than ``MIN_LAUNCHES`` the test falls back to Mann-Whitney on the samples
+(pyperf's situation with one process). The ``test`` column says which ran. The ratio's
+interval is a percentile bootstrap over the same units.
 
 Each case tested by launch also says how small a change its test could have caught
 (``detectable``: 80 % power at the FDR level, as if it were the only case compared) from
-its launch-to-launch spread (``launch_sd``): a case called unchanged with a detectable change
-of 20 % says little about a 10 % regression, and :func:`launches_for` gives the launches a
-side that would detect a change of the threshold at that spread.
+its launch-to-launch spread (``launch_sd``: for the rank test a robust sd of the log launch
+medians, 1.4826 times their median absolute deviation, each side about its own median, so
+that the far hump does not inflate it; for Welch's t their pooled sd): a case called
+unchanged with a detectable change of 20 % says little about a 10 % regression, and
+:func:`launches_for` gives the launches a side that would detect a change of the threshold
+at that spread. For the rank test both use the
+normal approximation with its efficiency against the t-test on normal data (3/pi), at two
+launches a side fewer (the exact test's discreteness on few launches).
 """
 
 from __future__ import annotations
@@ -39,6 +50,8 @@ import pandas as pd
 
 VERDICTS = ("slower", "faster", "unchanged", "inconclusive", "missing", "not comparable")
 MIN_LAUNCHES = 3
+RANK_TEST_LAUNCHES = 6  # launches a side from which the launch medians are rank-tested
+RANK_EFFICIENCY = 3 / math.pi  # Mann-Whitney against the t-test, normal data
 POWER = 0.8  # the chance of catching a change of the detectable size (the usual design figure)
 
 
@@ -63,11 +76,21 @@ def _units(group: pd.DataFrame, by_launch: bool) -> np.ndarray:
     return group.value.to_numpy(float)
 
 
-def _p_value(base: np.ndarray, cand: np.ndarray, by_launch: bool) -> float:
+def launch_test(n_base: int, n_cand: int, gates: Gates) -> str:
+    """The test a case with these launches a side gets (the ``test`` column)."""
+    fewest = min(n_base, n_cand)
+    if fewest >= RANK_TEST_LAUNCHES:
+        return "mann-whitney on launch medians"
+    if fewest >= gates.min_launches:
+        return "welch t on launch medians"
+    return "mann-whitney on samples"
+
+
+def _p_value(base: np.ndarray, cand: np.ndarray, test: str) -> float:
     from scipy import stats
 
     lb, lc = np.log(base), np.log(cand)
-    if by_launch:
+    if test == "welch t on launch medians":
         if np.ptp(lb) == 0 and np.ptp(lc) == 0:  # no spread at all: equal or certainly not
             return 1.0 if lb[0] == lc[0] else 0.0
         return float(stats.ttest_ind(lb, lc, equal_var=False).pvalue)
@@ -76,38 +99,62 @@ def _p_value(base: np.ndarray, cand: np.ndarray, by_launch: bool) -> float:
     return float(stats.mannwhitneyu(lb, lc, alternative="two-sided").pvalue)
 
 
-def _spread(base: np.ndarray, cand: np.ndarray) -> float:
-    """Pooled sd of the log launch medians, each side about its own mean."""
+def launch_spread(base: np.ndarray, cand: np.ndarray) -> float:
+    """The spread of the log launch medians the launch test meets: robust for the rank
+    test, the pooled sd (each side about its own mean) for Welch's t on few launches."""
+    if min(len(base), len(cand)) >= RANK_TEST_LAUNCHES:
+        return robust_spread(base, cand)
     lb, lc = np.log(base), np.log(cand)
     dof = len(lb) + len(lc) - 2
     return float(math.sqrt((((lb - lb.mean()) ** 2).sum() + ((lc - lc.mean()) ** 2).sum()) / dof))
 
 
-def detectable_change(base: np.ndarray, cand: np.ndarray, gates: Gates) -> float:
-    """The smallest ratio change (0.12 for 12 %) Welch's test on these launch medians would
-    catch with probability ``POWER`` at level ``gates.alpha``, for a case tested alone
-    (the FDR correction over many cases raises it unless many change together)."""
+def robust_spread(base: np.ndarray, cand: np.ndarray) -> float:
+    """Pooled robust sd of the log launch medians: 1.4826 x the median absolute deviation
+    of each side about its own median (the sd for normal data, unmoved by a far hump)."""
+    lb, lc = np.log(base), np.log(cand)
+    deviations = np.concatenate([np.abs(lb - np.median(lb)), np.abs(lc - np.median(lc))])
+    return float(1.4826 * np.median(deviations))
+
+
+def _reach(n: np.ndarray, gates: Gates) -> np.ndarray:
+    """Standard errors of the log ratio a change must span to be caught with ``POWER`` at
+    ``gates.alpha`` with ``n`` launches a side: Welch's t below RANK_TEST_LAUNCHES, the
+    rank test's normal approximation (at its efficiency) from there."""
     from scipy import stats
 
-    lb, lc = np.log(base), np.log(cand)
-    vb, vc = lb.var(ddof=1) / len(lb), lc.var(ddof=1) / len(lc)
-    se = math.sqrt(vb + vc)
-    if se == 0:
+    n = np.asarray(n, dtype=float)
+    # Welch's degrees of freedom on few launches fall below the pooled 2n - 2 (the sample
+    # variances differ): 1.5 (n - 1) matches its power at 3-5 a side (drawn normal medians)
+    dof = 1.5 * (n - 1)
+    welch = stats.t.ppf(1 - gates.alpha / 2, dof) + stats.t.ppf(POWER, dof)
+    rank = (stats.norm.ppf(1 - gates.alpha / 2) + stats.norm.ppf(POWER)) / math.sqrt(
+        RANK_EFFICIENCY
+    )
+    # the exact rank test on few launches falls short of the approximation: two launches a
+    # side fewer matches its power from 6 to 30 a side (drawn normal launch medians)
+    rank_n = np.maximum(n - 2, 1)
+    return np.where(n >= RANK_TEST_LAUNCHES, rank * np.sqrt(2 / rank_n), welch * np.sqrt(2 / n))
+
+
+def detectable_change(base: np.ndarray, cand: np.ndarray, gates: Gates) -> float:
+    """The smallest ratio change (0.12 for 12 %) the launch test would catch with
+    probability ``POWER`` at level ``gates.alpha`` on launch medians spread as these are,
+    for a case tested alone (the FDR correction over many cases raises it unless many
+    change together)."""
+    sd = launch_spread(base, cand)
+    if sd == 0:
         return 0.0
-    dof = (vb + vc) ** 2 / (vb**2 / (len(lb) - 1) + vc**2 / (len(lc) - 1))
-    reach = stats.t.ppf(1 - gates.alpha / 2, dof) + stats.t.ppf(POWER, dof)
-    return float(math.expm1(reach * se))
+    n = min(len(base), len(cand))
+    return float(math.expm1(float(_reach(np.array([n]), gates)[0]) * sd))
 
 
 def launches_for(change: float, sd: float, gates: Gates, most: int = 1000) -> int | None:
-    """Launches a side for Welch's test to catch a ``change`` (0.05 for 5 %) with
-    probability ``POWER`` at level ``gates.alpha``, when launch medians spread ``sd`` (log);
-    None if more than ``most``."""
-    from scipy import stats
-
+    """Launches a side for the launch test to catch a ``change`` (0.05 for 5 %) with
+    probability ``POWER`` at level ``gates.alpha``, when launch medians spread ``sd`` (log,
+    robust); None if more than ``most``."""
     n = np.arange(2, most + 1)
-    reach = stats.t.ppf(1 - gates.alpha / 2, 2 * n - 2) + stats.t.ppf(POWER, 2 * n - 2)
-    enough = n[reach * sd * np.sqrt(2 / n) <= math.log1p(change)]
+    enough = n[_reach(n, gates) * sd <= math.log1p(change)]
     return int(enough[0]) if len(enough) else None
 
 
@@ -150,7 +197,8 @@ def compare_frames(base: pd.DataFrame, cand: pd.DataFrame, gates: Gates = Gates(
             row.update(verdict="not comparable", reason="only in the candidate")
             rows.append(row)
             continue
-        by_launch = min(b.launch.nunique(), c.launch.nunique()) >= gates.min_launches
+        test = launch_test(b.launch.nunique(), c.launch.nunique(), gates)
+        by_launch = test != "mann-whitney on samples"
         ub, uc = _units(b, by_launch), _units(c, by_launch)
         low, high = _ratio_interval(ub, uc, gates, rng)
         row.update(
@@ -160,10 +208,10 @@ def compare_frames(base: pd.DataFrame, cand: pd.DataFrame, gates: Gates = Gates(
             ratio_low=low,
             ratio_high=high,
             ci_coverage=gates.confidence,
-            p_value=_p_value(ub, uc, by_launch),
-            launch_sd=_spread(ub, uc) if by_launch else math.nan,
+            p_value=_p_value(ub, uc, test),
+            launch_sd=launch_spread(ub, uc) if by_launch else math.nan,
             detectable=detectable_change(ub, uc, gates) if by_launch else math.nan,
-            test="welch t on launch medians" if by_launch else "mann-whitney on samples",
+            test=test,
             reason="",
         )
         rows.append(row)

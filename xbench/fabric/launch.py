@@ -214,7 +214,12 @@ def _mpiexec_command(np: int, module: str, args: list[str], log_path: Path, bind
     if mpiexec is None:
         raise XbenchError(*mpiexec_missing())
     hydra = _is_hydra(mpiexec)
-    binding = (["-bind-to", bind] if hydra else ["--bind-to", bind]) if bind != "none" else []
+    # Open MPI binds to cores by default (at 2 ranks), so its none must be said; Hydra's
+    # default is none
+    if hydra:
+        binding = ["-bind-to", bind] if bind != "none" else []
+    else:
+        binding = ["--bind-to", bind]
     if hostfile:  # the user's file, in whichever dialect, rewritten in this launcher's
         converted = Path(log_path).with_name("hosts")
         converted.write_text(render_hostfile(parse_hostfile(Path(hostfile).read_text()), hydra))
@@ -243,9 +248,8 @@ def _take_event(result: LaunchResult, line: str, on_event) -> None:
 
 # Rank 0 exits as it reports an error (stop_rank), and the launcher should then end the
 # other ranks at once. Hydra sometimes misses that exit (the order of its socket-close and
-# waitpid events: pmodels/mpich#5930, #7058), and a peer hung in a case then ran on until
-# the stall timeout: 63 s past a --timeout of 3 s, in 2 of 51 runs on a 2-core VM
-# (docs/measurements.md, session 63). Ending the job is then xbench's.
+# waitpid events: pmodels/mpich#5930, #7058), and a peer hung in a case then runs on until
+# the stall timeout, a minute past --timeout. Ending the job is then xbench's.
 AFTER_ERROR_S = 5.0
 
 

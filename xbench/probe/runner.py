@@ -33,6 +33,7 @@ from xbench.fabric.registry import (
 )
 from xbench.fabric.transport import Pair
 from xbench.fabric.watchdog import EXIT_TIMEOUT, Watchdog, write_hang_report
+from xbench.host import cpu_placement
 from xbench.probe.patterns import Case, SweepSpec, buffer_plan, osu_counts, plan_cases
 from xbench.ranks import mpi_library
 from xbench.results.stopping import stop_rank
@@ -400,7 +401,7 @@ class _Rank:
         stop_rank(self.rank, self.sink, message, code, self.cfg.out_dir)
 
 
-def _open_run(r: _Rank, MPI, rank_gpus: list):
+def _open_run(r: _Rank, MPI, rank_gpus: list, placements: list):
     """Rank 0 checks the launch and the pairs and opens the run's store; the verdict is
     shared, so every rank stops together on bad input. Returns (pairs, store: rank 0's)."""
     cfg, size = r.cfg, r.world.Get_size()
@@ -430,6 +431,8 @@ def _open_run(r: _Rank, MPI, rank_gpus: list):
                 mpi_thread_level=thread_level_name(MPI),
                 launcher=cfg.launcher,
                 rank_gpus=rank_gpus,
+                # where each rank of this launch ran (a launch's figures move with it)
+                rank_placement={str(cfg.process_run): placements},
                 pair_labels=labels,
                 preset_env=cfg.preset_env,
                 # UCX's settings only count when set before MPI_Init; say when they were
@@ -583,7 +586,8 @@ def run_probe(cfg: ProbeConfig, sink, comm=None) -> None:
     world = comm or MPI.COMM_WORLD
     hosts = world.allgather(socket.gethostname())
     r = _Rank(cfg, world, world.Get_rank(), hosts, sink)
-    pairs, store = _open_run(r, MPI, world.allgather(_my_gpu(cfg, world)))
+    placements = world.allgather(cpu_placement())
+    pairs, store = _open_run(r, MPI, world.allgather(_my_gpu(cfg, world)), placements)
     r.watchdog = Watchdog(cfg.timeout_s, r.timed_out)
     plan = buffer_plan(cfg.sweep)
     _set_up_world(r, plan)

@@ -337,7 +337,9 @@ COMPARISON_SCHEMA = pa.schema(
         pa.field("ci_coverage", pa.float64()),
         pa.field("p_value", pa.float64()),
         pa.field("q_value", pa.float64()),  # Benjamini-Hochberg over the cases tested
-        pa.field("test", pa.string()),  # welch t on launch medians / mann-whitney on samples
+        pa.field(
+            "test", pa.string()
+        ),  # mann-whitney or welch t on launch medians / mann-whitney on samples
         pa.field("reason", pa.string()),
         pa.field("verdict", pa.string(), nullable=False),
         pa.field("change", pa.float64()),  # fraction worse (+) or better (-)

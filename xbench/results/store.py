@@ -210,6 +210,10 @@ def mark_partial(out_dir: Path, reason: str) -> str | None:
     return PARTIAL
 
 
+# run.json fields keyed by launch (--runs N): kept from the earlier launches of a run
+PER_LAUNCH = ("rank_placement",)
+
+
 class RunStore:
     """Writer for one run directory.
 
@@ -224,6 +228,9 @@ class RunStore:
         before = read_run_meta(self.out_dir)  # an earlier launch of this run, or {}
         self._planned_before = dict(before.get("planned_parts") or {})
         self.run_meta = {**run_meta, "status": RUNNING}
+        for key in PER_LAUNCH:  # {launch: ...}: each launch adds its own to the earlier ones'
+            if isinstance(before.get(key), dict) and isinstance(run_meta.get(key), dict):
+                self.run_meta[key] = {**before[key], **run_meta[key]}
         if run_status(before) == PARTIAL:
             self.run_meta["stopped_before"] = before.get("stopped_because", "an earlier launch")
         self.run_meta["planned_parts"] = dict(self._planned_before)
