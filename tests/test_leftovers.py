@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import BIN
 
-from xbench.fabric.orphans import _is_subreaper, adopting_orphans, children
+from xbench.fabric.orphans import _is_subreaper, adopting_orphans, children, parents
 from xbench.mpi_leftovers import candidates, held_paths, remove_orphans
 
 QUICK = ["--samples", "3", "--warmups", "1", "--min-sample-time", "2ms"]
@@ -31,16 +31,10 @@ def _start_time(pid: int) -> str | None:
 def _descendants(pid: int) -> dict[int, str]:
     """pid -> start time of every process below ``pid`` now (pid reuse cannot fool a later
     look: the start time differs)."""
-    parents: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError):
-            continue
-        parents.setdefault(ppid, []).append(int(stat.parent.name))
+    tree = parents()
     found, todo = {}, [pid]
     while todo:
-        for child in parents.get(todo.pop(), []):
+        for child, _ in tree.get(todo.pop(), []):
             todo.append(child)
             found[child] = _start_time(child)
     return found
@@ -106,15 +100,16 @@ def test_a_launch_waits_for_the_orphans_of_what_it_started_and_stops_those_that_
     before = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     try:
         started = time.monotonic()
-        with adopting_orphans(linger_s=1.0) as known:
-            assert before.pid in known
+        with adopting_orphans(linger_s=1.0) as adoption:
+            assert before.pid in adoption.known
             # each parent exits at once, leaving its child (sleep) to be adopted
             for seconds in ("0.3", "600"):
                 subprocess.run(["sh", "-c", f"sleep {seconds} & echo $! > /dev/null"], check=True)
-            adopted = children() - known
+            adopted = children() - adoption.known
             assert len(adopted) == 2, adopted
         assert time.monotonic() - started < 1.0 + 5.0 + 5.0  # waited, then stopped, not hung
         assert not any(Path(f"/proc/{pid}").exists() for pid in adopted)
+        assert len(adoption.stopped) == 1  # the 600 s sleep, not the short one
         assert before.poll() is None, "a child from before the block was touched"
         assert not _is_subreaper()
     finally:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from xbench.errors import RankFailure, XbenchError, require_installed
 from xbench.events import EVENT_PREFIX
-from xbench.fabric.orphans import LINGER_S, adopting_orphans, end_adopted
+from xbench.fabric.orphans import LINGER_S, adopting_orphans, parents
 from xbench.fabric.watchdog import EXIT_TIMEOUT
 from xbench.host import usable_cores
 from xbench.mpi_leftovers import remove_orphans
@@ -317,29 +317,30 @@ def launch_worker(
         # the local ranks write their stacks when stopped to files of their own, added to
         # this log rank by rank once the job has ended
         stacks = f"{socket.gethostname()}:{stacks_file_prefix(log_path)}"
-        with adopting_orphans() as known:
-            proc = subprocess.Popen(
-                cmd,
-                env={**outside_slurm(), STACKS_ON_STOP: stacks},
-                stdout=subprocess.PIPE,
-                stderr=log,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                text=True,
-                bufsize=1,
-            )
-            try:
+        try:
+            # the launch ends once what the launcher left running (Hydra's proxy) has
+            # ended too, before the ranks' stacks and files are gathered
+            with adopting_orphans() as adoption:
+                proc = subprocess.Popen(
+                    cmd,
+                    env={**outside_slurm(), STACKS_ON_STOP: stacks},
+                    stdout=subprocess.PIPE,
+                    stderr=log,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                    text=True,
+                    bufsize=1,
+                )
                 _watch(proc, log, result, on_event, stall_timeout_s)
                 result.returncode = proc.wait()
-            finally:
-                stopped = end_adopted(known | {proc.pid})
-                if stopped:
-                    log.write(
-                        f"xbench: stopped {len(stopped)} process(es) of the job still running "
-                        f"{LINGER_S:g} s after the launcher exited\n"
-                    )
-                append_stopped_stacks(log, log_path)
-                _remove_leftovers(log)
+        finally:
+            if adoption.stopped:
+                log.write(
+                    f"xbench: stopped {len(adoption.stopped)} process(es) of the job still "
+                    f"running {LINGER_S:g} s after the launcher exited\n"
+                )
+            append_stopped_stacks(log, log_path)
+            _remove_leftovers(log)
     if result.returncode != 0 and result.error is None:
         result.error = rank_error(log_path, log_start)
     return result
@@ -516,16 +517,10 @@ def _outside_group(pid: int) -> list[int]:
     """The processes below ``pid`` in process groups of their own, where the launcher's
     group's signal does not reach them: Open MPI's prterun puts each rank in one, and
     MPICH's Hydra its proxy and each rank. Read from /proc; none where it cannot be read."""
-    parents: dict[int, list[tuple[int, int]]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # ended meanwhile
-        parents.setdefault(int(fields[1]), []).append((int(stat.parent.name), int(fields[2])))
+    tree = parents()
     found, todo = [], [pid]
     while todo:
-        for child, group in parents.get(todo.pop(), []):
+        for child, group in tree.get(todo.pop(), []):
             todo.append(child)
             if group != pid:
                 found.append(child)

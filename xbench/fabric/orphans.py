@@ -16,6 +16,7 @@ import signal
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -37,17 +38,21 @@ def _is_subreaper() -> bool:
     return _prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(flag)) and flag.value != 0
 
 
-def children() -> set[int]:
-    """The pids whose parent is this process (zombies included), read from /proc."""
-    me, found = os.getpid(), set()
+def parents() -> dict[int, list[tuple[int, int]]]:
+    """Every process readable in /proc under its parent: ppid -> [(pid, process group)]."""
+    found: dict[int, list[tuple[int, int]]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             continue  # ended meanwhile
-        if int(fields[1]) == me:
-            found.add(int(stat.parent.name))
+        found.setdefault(int(fields[1]), []).append((int(stat.parent.name), int(fields[2])))
     return found
+
+
+def children() -> set[int]:
+    """The pids whose parent is this process (zombies included)."""
+    return {pid for pid, _ in parents().get(os.getpid(), [])}
 
 
 def _reap(pid: int) -> bool:
@@ -79,20 +84,29 @@ def end_adopted(known: set[int], linger_s: float = LINGER_S) -> list[int]:
         time.sleep(0.05)
 
 
+@dataclass
+class Adoption:
+    """What :func:`adopting_orphans` found: the children this process already had (left
+    alone), and, once the block has ended, the adopted processes it had to kill."""
+
+    known: set[int]
+    stopped: list[int] = field(default_factory=list)
+
+
 @contextmanager
-def adopting_orphans(linger_s: float = LINGER_S) -> Iterator[set[int]]:
+def adopting_orphans(linger_s: float = LINGER_S) -> Iterator[Adoption]:
     """Within the block, this process adopts the orphans of what it starts; at its end it
-    waits up to ``linger_s`` for every process adopted (then stops them), and returns to how
-    it was. Yields the set of children it already had (left alone)."""
+    waits up to ``linger_s`` for every process adopted (then stops them, listed in the
+    yielded ``stopped``), and returns to how it was."""
     was = _is_subreaper()
-    known = children()
+    adoption = Adoption(children())
     if not was:
         _prctl(PR_SET_CHILD_SUBREAPER, 1)
     try:
-        yield known
+        yield adoption
     finally:
         try:
-            end_adopted(known, linger_s)
+            adoption.stopped = end_adopted(adoption.known, linger_s)
         finally:
             if not was:
                 _prctl(PR_SET_CHILD_SUBREAPER, 0)
