@@ -197,25 +197,25 @@ def pytest_collection_modifyitems(config, items):
     # starts no MPI measures nothing new there (XBENCH_EVERY_MPI=1 runs it anyway). A module
     # marked nompi may hold tests that do start MPI: each is marked mpi, and runs.
     # A test marked mpi_inputs starts MPI ranks only to make what it reads (a probe run for
-    # report or compare), and what it checks starts none: the Open MPI run skips it too.
+    # report or compare), and what it checks starts none: the Open MPI run skips it too, as
+    # a test marked mpi_default: a whole sequence (probe to validate, a doc's commands, OSU
+    # built and compared) whose MPI parts other tests run under every MPI, kept from the
+    # Open MPI run for CI's time.
     once = _open_mpi_wheel() and os.environ.get("XBENCH_EVERY_MPI") != "1"
+    default_only = (
+        "run under the default mpich (make test); XBENCH_EVERY_MPI=1 runs it under this MPI too"
+    )
     for item in items:
         starts_mpi = item.get_closest_marker("mpi") is not None
-        if item.get_closest_marker("mpi_inputs") is not None and once:
-            item.add_marker(
-                pytest.mark.skip(
-                    reason="starts MPI only to make its inputs, checks code that starts none: "
-                    "run under the default mpich (make test); XBENCH_EVERY_MPI=1 runs it "
-                    "under this MPI too"
-                )
-            )
-        elif item.get_closest_marker("nompi") is not None and not starts_mpi and once:
-            item.add_marker(
-                pytest.mark.skip(
-                    reason="starts no MPI: run under the default mpich (make test); "
-                    "XBENCH_EVERY_MPI=1 runs it under this MPI too"
-                )
-            )
+        why = None
+        if item.get_closest_marker("mpi_inputs") is not None:
+            why = "starts MPI only to make its inputs, checks code that starts none"
+        elif item.get_closest_marker("mpi_default") is not None:
+            why = "a whole sequence whose MPI parts other tests run under this MPI"
+        elif item.get_closest_marker("nompi") is not None and not starts_mpi:
+            why = "starts no MPI"
+        if why and once:
+            item.add_marker(pytest.mark.skip(reason=f"{why}: {default_only}"))
         if "slow" in item.keywords and not slow:
             item.add_marker(
                 pytest.mark.skip(reason="slow test: run with XBENCH_SLOW=1 (make test-all)")

@@ -6,8 +6,8 @@ Three of about twenty suite runs on the 2-vCPU VMs fitted 20.9-22.4 MB/s
 against the link's 23.91, each time while the same files alone passed; in one of them two of
 four samples at each of two sizes were 29-84 % slow. The cause, caught since: the link runs
 on the kernel's clock, so while the hypervisor holds the VM's CPUs it carries nothing.
-Sittings during which the hypervisor took 7.7-17.7 % of the CPUs' time (/proc/stat's steal)
-fitted 5.6-29 % slow, by no fixed ratio to the share taken; clean sittings
+Sittings during which the hypervisor took 4.2-17.7 % of the CPUs' time (/proc/stat's steal)
+fitted 4.7-29 % slow, by no fixed ratio to the share taken; clean sittings
 take 0.2-2.7 % and fit within 1 %. So a fit that misses gets one more sitting; where every
 sitting missed slow while the hypervisor took more than ``NOISY`` of the CPUs, the machine
 could not judge the link and the test is skipped with the figures; otherwise it fails. Either
@@ -72,8 +72,9 @@ def fitted_rate(xbench, probe: Path, out: Path) -> float:
 
 
 # the hypervisor's share of the CPUs past which a sitting cannot judge the link (clean
-# sittings: 0.2-2.7 %; the five misses caught with it read: 7.7-17.7 %)
-NOISY = 0.05
+# sittings: 0.2-2.7 %; the misses caught with it read 4.2-17.7 %, one at 4.2 % fitting
+# 4.7 % slow while other work loaded the VM)
+NOISY = 0.03
 
 
 def judge(goodput: float, sittings: list[tuple[float, float | None]], rel: float) -> str:

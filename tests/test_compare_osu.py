@@ -117,7 +117,8 @@ def test_fewer_than_three_rounds_give_no_interval():
     assert compare_osu.verdict(65536, row) == "inconclusive (no interval)"
 
 
-@pytest.mark.mpi  # starts MPI: runs under every MPI
+@pytest.mark.mpi
+@pytest.mark.mpi_default  # both MPIs' figures: benchmarks/compare_osu.py
 def test_osu_is_built_from_the_reference_and_compared_side_by_side():
     """One small size of each pattern, three rounds, OSU built from ../shared/reference into
     this environment when missing: the tables come out for xbench and for the floor, with a
@@ -141,5 +142,10 @@ def test_osu_is_built_from_the_reference_and_compared_side_by_side():
     for table in tables:
         (row,) = [ln.split() for ln in table if ln.split()[:1] == ["1024"]]
         osu, other, ratio = map(float, row[1:4])
-        assert osu > 0 and other > 0 and ratio == pytest.approx(other / osu, rel=1e-2)
+        # the medians are printed to OSU's two decimals, the ratio from them unrounded:
+        # it lies where the printed pair, each off by up to half a last digit, puts it
+        half = 0.005
+        assert osu > half and other > half, row
+        low, high = (other - half) / (osu + half), (other + half) / (osu - half)
+        assert low - 1e-3 <= ratio <= high + 1e-3, row
         assert row[7] in ("agrees", "outside", "inconclusive"), row

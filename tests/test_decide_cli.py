@@ -232,7 +232,8 @@ def test_validate_bad_input(xbench):
         assert words in line and line.startswith("xbench: error:"), line
 
 
-@pytest.mark.mpi  # starts MPI: runs under every MPI
+@pytest.mark.mpi
+@pytest.mark.mpi_default  # each step runs under every MPI in its own tests
 def test_probe_kernel_fit_validate_end_to_end(xbench, tmp_path):
     quick = ["--samples", "3", "--warmups", "1"]
     assert xbench("probe", "--sizes", "8B:256KiB", *quick, "--out", tmp_path / "p").returncode == 0

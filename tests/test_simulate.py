@@ -1280,7 +1280,8 @@ print(json.dumps({
     }
 
 
-@pytest.mark.mpi  # starts MPI: runs under every MPI
+@pytest.mark.mpi
+@pytest.mark.mpi_default  # shorter replay tests run under every MPI
 def test_validate_replays_the_trace_between_two_ranks(xbench, tmp_path):
     scenario = tmp_path / "small.toml"
     scenario.write_text(

@@ -209,7 +209,8 @@ def documented_block() -> str:
     return after.split("```sh\n", 1)[1].split("```", 1)[0]
 
 
-@pytest.mark.mpi  # starts MPI: runs under every MPI
+@pytest.mark.mpi
+@pytest.mark.mpi_default  # the other two-node tests srun each MPI
 def test_the_documented_sequence_runs_as_written(cluster, tmp_path):
     """docs/gpu-clusters.md's block, as written, in an empty folder: a probe between the
     nodes, a kernel sweep, a fit of both, validate between the nodes, and the shipped
