@@ -804,6 +804,7 @@ def test_simulate_writes_its_reports_beside_the_table(xbench, tmp_path):
     cases = (
         ("moska-shared-chunk", {"sharing-calls": SHARING_CALLS, "sharing-steps": SHARING_STEPS}),
         ("span-fanout", {"span-hits": SPAN_HITS}),
+        ("span-generation", {"span-hits": SPAN_HITS}),
         ("prefill-as-a-service", {"saturation": PREFILL_SATURATION}),
         ("decode-route-vs-fetch", {}),
     )

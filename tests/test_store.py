@@ -337,9 +337,8 @@ def test_a_signal_on_a_full_disk_says_run_json_still_says_running(full_disk):
     assert read_run_meta(run)["status"] == "running"
 
 
-def test_span_hits_v1_files_read_as_one_layer_on_one_gpu(tmp_path):
-    """span_hits v1 priced its TTFT as one layer's prefill on one GPU: it says so."""
-    rows = [
+def _span_hit_rows():
+    return [
         dict(
             expr="a",
             tokens=16,
@@ -351,15 +350,40 @@ def test_span_hits_v1_files_read_as_one_layer_on_one_gpu(tmp_path):
             ttft_independent_s=ttft,
             prefill_layers=61 if ttft else None,
             prefill_gpus=8 if ttft else None,
+            request=i,
+            output="a1" if i else "",
+            **{name: ttft for name in schema.SPAN_TTFT_TERMS},
+            ttft_ratio=1.0 if ttft else None,
         )
-        for ttft in (1e-3, None)
+        for i, ttft in enumerate((1e-3, None))
     ]
+
+
+V3_SPAN_COLUMNS = ("request", "output", *schema.SPAN_TTFT_TERMS, "ttft_ratio")
+
+
+def test_span_hits_v1_files_read_as_one_layer_on_one_gpu(tmp_path):
+    """span_hits v1 priced its TTFT as one layer's prefill on one GPU: it says so."""
+    rows = _span_hit_rows()
     path = write_table(tmp_path / "h.parquet", schema.SPAN_HITS, rows, {"run_id": "s"})
-    old = _as_version(path, 1, tmp_path / "v1.parquet", ("prefill_layers", "prefill_gpus"))
+    old = _as_version(
+        path, 1, tmp_path / "v1.parquet", ("prefill_layers", "prefill_gpus", *V3_SPAN_COLUMNS)
+    )
     frame = read_table([old], schema.SPAN_HITS)
     assert list(frame.columns) == schema.SPAN_HITS_SCHEMA.names
     assert frame.prefill_layers.tolist()[0] == 1 and frame.prefill_gpus.tolist()[0] == 1
     assert frame.prefill_layers.isna().tolist() == [False, True]
+
+
+def test_span_hits_v2_files_read_as_one_data_call_per_expression(tmp_path):
+    """span_hits v3 made a row a call: a v2 row was an expression's one data-only call."""
+    path = write_table(tmp_path / "h.parquet", schema.SPAN_HITS, _span_hit_rows(), {"run_id": "s"})
+    old = _as_version(path, 2, tmp_path / "v2.parquet", V3_SPAN_COLUMNS)
+    frame = read_table([old, path], schema.SPAN_HITS)
+    assert list(frame.columns) == schema.SPAN_HITS_SCHEMA.names
+    assert frame.request.tolist() == [0, 1, 0, 1] and frame.output.tolist() == ["", "", "", "a1"]
+    assert frame.ttft_ratio.isna().tolist() == [True, True, False, True]
+    assert frame[schema.SPAN_TTFT_TERMS].iloc[:2].isna().all().all()
 
 
 def test_simulation_v1_files_read_without_the_rates(tmp_path):

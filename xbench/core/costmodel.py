@@ -400,6 +400,13 @@ class Device:
             tokens, t.recompute_per_token, t.recompute_per_token2, t.recompute_t0, context
         )
 
+    def recompute_terms(self, tokens: float, context: float = 0.0) -> tuple:
+        """T_recompute's terms (fixed, matmuls, attention) of :meth:`recompute`'s call."""
+        t = self._named_ends[VALUE]
+        return recompute_terms(
+            tokens, t.recompute_per_token, t.recompute_per_token2, t.recompute_t0, context
+        )
+
     def after_idle(self, idle: float) -> float:
         """What a call adds for starting after ``idle`` seconds of the device idle (0
         without the terms)."""
@@ -628,13 +635,23 @@ class ScalarOps(NamedTuple):
 SCALAR = ScalarOps()
 
 
+RECOMPUTE_TERMS = ("fixed", "matmul", "attention")  # recompute_terms' order
+
+
+def recompute_terms(tokens, per_token: float, per_token2: float, t0=0.0, context=0.0):
+    """T_recompute(c)'s terms for one call over c tokens: (the call's fixed time t0, the
+    matmuls' c * p1, attention's c^2 * p2); after ``context`` cached tokens h that they
+    attend, the pairs are (h + c)^2 - h^2 = c (c + 2 h)."""
+    return t0, tokens * per_token, tokens * (tokens + 2 * context) * per_token2
+
+
 def recompute_time(tokens, per_token: float, per_token2: float, t0=0.0, context=0.0):
-    """T_recompute(c) = t0 + c * p1 + c^2 * p2 for one call over c tokens; after ``context``
-    cached tokens h that they attend, the pairs are (h + c)^2 - h^2 = c (c + 2 h). Inf
-    without p1: the profile knows no cost."""
+    """T_recompute: the sum of :func:`recompute_terms`; inf without p1 (the profile knows
+    no cost)."""
     if per_token == INF:
         return INF
-    return t0 + tokens * (per_token + (tokens + 2 * context) * per_token2)
+    fixed, matmul, attention = recompute_terms(tokens, per_token, per_token2, t0, context)
+    return fixed + matmul + attention
 
 
 def interpolation_pieces(points) -> tuple:

@@ -282,3 +282,17 @@ def prefill_time(
     layers x T_recompute(tokens after context) / (gpus x speed); inf without a recompute
     cost. Every device term is one layer's on one GPU."""
     return layers * device.recompute(tokens, context) / (gpus * speed)
+
+
+def prefill_terms(
+    device: Device,
+    tokens: float,
+    context: float = 0.0,
+    layers: int = 1,
+    gpus: int = 1,
+    speed: float = 1.0,
+) -> tuple:
+    """:func:`prefill_time`'s terms, each scaled as it is: (the calls' fixed time, the
+    matmuls', attention's), summing to it where the profile has a recompute cost."""
+    scale = layers / (gpus * speed)
+    return tuple(term * scale for term in device.recompute_terms(tokens, context))

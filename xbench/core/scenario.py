@@ -26,6 +26,7 @@ from pathlib import Path
 
 from xbench.core.costmodel import MOST_LAYERS, MOST_SHAPE, MOST_TOKENS
 from xbench.core.models import get_model, mla_model
+from xbench.core.spans import calls as span_calls
 from xbench.core.spans import names as span_names
 from xbench.core.spans import parse as parse_span_tree
 from xbench.core.spans import positional_and_shared
@@ -197,6 +198,8 @@ WORKLOAD_KEYS = {
     # chunk_tokens)
     "block_tokens": (int, 1, MOST_TOKENS),
     "span_tokens": (dict, None),
+    # the server keeps the KV of what a gen(...) call generated (span queries' dual output)
+    "dual_output": (bool, None),
     # the shared-KV batching report (MoSKA): model, KV format, contexts, batch, top-k keep
     "sharing": (dict, None),
     "reports": (list, None),
@@ -264,9 +267,11 @@ WORKLOAD_KINDS = {"decode": WORKLOAD_KEYS, "prefill": PREFILL_KEYS}
 
 
 def parse_span(expr: str) -> tuple[str | None, tuple[str, ...]]:
-    """(the positional parts joined, or None; the commuting chunks) of one span expression;
+    """(the positional parts joined, or None; the commuting chunks) of one span expression,
+    as its outermost call reads them (an inner gen(...) call stands for its output);
     ValueError saying where it is wrong, or that it shares nothing."""
-    outside, inside = positional_and_shared(parse_span_tree(expr))
+    outermost, _ = span_calls(parse_span_tree(expr))[-1]
+    outside, inside = positional_and_shared(outermost)
     if not inside:
         raise ValueError("no commuting set: name the shared chunks in braces, e.g. {a, b}")
     repeated = sorted({c for c in inside if inside.count(c) > 1})
@@ -302,7 +307,8 @@ def _spans(path, raw) -> tuple:
             raise ScenarioError(
                 f"scenario {path}: [workload] spans[{i}] expr = {item['expr']!r}: {e}",
                 'write e.g. "system + tools + {doc1, {doc2, doc3}} + question": parts in '
-                "sequence joined by +, commuting ones in braces, each shared chunk named once",
+                "sequence joined by +, commuting ones in braces, each shared chunk named "
+                'once, a call as "gen(input -> output)"',
             ) from None
         out.append((prefix, chunks, float(weight)))
     # the simulator weighs each expression's uses (its chunks and prefix) by its weight
@@ -480,11 +486,11 @@ def _decode_fields(path: Path, table: dict, req: dict) -> dict:
             f"scenario {path}: [workload] reports {unknown} are not reports",
             f"use {', '.join(REPORTS)}, or drop reports",
         )
-    cache_keys = sorted({"block_tokens", "span_tokens"} & set(table))
+    cache_keys = sorted({"block_tokens", "span_tokens", "dual_output"} & set(table))
     if cache_keys and "spans" not in table:
         raise ScenarioError(
             f"scenario {path}: [workload] gives {' and '.join(cache_keys)} without spans",
-            "they size the span report's KV cache: add spans, or drop them",
+            "they describe the span report's KV cache: add spans, or drop them",
         )
     spans = _spans(path, table["spans"]) if "spans" in table else ()
     if spans and {"chunks", "zipf"} & set(table):
@@ -684,4 +690,5 @@ def _span_cache(path, table: dict, chunk_tokens: int) -> dict:
         "block": table.get("block_tokens", 16),
         "lengths": dict(lengths),
         "default_tokens": chunk_tokens,
+        "dual_output": table.get("dual_output", True),
     }

@@ -1,12 +1,13 @@
 """Span expressions (span queries, arXiv 2511.02749; spnl's ``seq`` and ``plus``) and what a
 KV cache finds of them.
 
-Grammar (``+`` joins parts in sequence; braces hold parts that commute)::
+Grammar (``+`` joins parts in sequence; braces hold parts that commute; ``gen`` is an
+inference call, the paper's ``g``)::
 
     expr  := seq
     seq   := part ("+" part)*
-    part  := NAME | "{" seq ("," seq)* [","] "}"
-    NAME  := [A-Za-z0-9_./:-]+
+    part  := NAME | "{" seq ("," seq)* [","] "}" | "gen" "(" seq "->" NAME ")"
+    NAME  := letters, digits and _ . / : - (a name does not end in "-" before ">")
 
 So ``system + tools + {a, b}`` (several prefixes), ``system + {a, b} + question`` (RAG's
 question after its documents) and ``{a, {b, c}}`` (nested sets) all parse. A set's members
@@ -14,8 +15,14 @@ are position-independent: each member's KV is computed from its own start (block
 and serves any request that names it, wherever it sits; the parts outside braces are
 positional, their KV depends on everything before them.
 
-Hit rates: for requests asked in order, the share of each request's tokens whose KV the cache
-already holds, from the requests before it (the cache keeps everything), in whole blocks of
+``gen(system + user -> answer)`` is a call that reads its input and generates ``answer``;
+written inside another expression it stands for its output, so a judge over two generated
+answers is ``gen(judge + {gen(s + q -> a1), gen(s + q -> a2)} -> verdict)``: three calls,
+the inner ones first. A later expression may name ``answer`` as data (a chat's next turn:
+``system + user + answer + user2``).
+
+Hit rates: for calls asked in order, the share of each call's input tokens whose KV the cache
+already holds, from the calls before it (the cache keeps everything), in whole blocks of
 ``block`` tokens (a partial block is recomputed, as vLLM's prefix cache does):
 
 - position-dependent (prefix caching): the request's tokens in written order, one stream;
@@ -23,6 +30,13 @@ already holds, from the requests before it (the cache keeps everything), in whol
 - position-independent (span queries): each set member is a stream of its own, from its own
   start; the positional parts are a stream in which each earlier set counts by its members,
   in any order (commuting: ``{a, b}`` then ``q`` is ``{b, a}`` then ``q``).
+
+Dual output (the paper's point, on unless turned off): the server returns a call's output as
+text but keeps its KV. Under either cache the output continues the call's own stream, so a
+later call that repeats the input and then the output (a chat's next turn) finds both; under
+position-independent caching the output is also held as a member of its own, its KV reused
+wherever it sits, as the paper reuses a generated answer inside a later call's set (an
+approximation of the same kind as block attention's: the answer's KV attended its prompt).
 """
 
 from __future__ import annotations
@@ -30,7 +44,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_TOKEN = re.compile(r"\s*(?:([A-Za-z0-9_./:-]+)|(\S))")
+_TOKEN = re.compile(r"\s*(?:(->)|((?:[A-Za-z0-9_./:]|-(?!>))+)|(\S))")
 
 
 class SpanSyntaxError(ValueError):
@@ -53,18 +67,28 @@ class Seq:
 
 @dataclass(frozen=True)
 class Set:
-    members: tuple  # Name | Seq | Set, one or more
+    members: tuple  # Name | Seq | Set | Gen, one or more
+
+
+@dataclass(frozen=True)
+class Gen:
+    """An inference call: reads ``input``, generates the tokens named ``output``."""
+
+    input: object  # Name | Seq | Set | Gen
+    output: str
 
 
 def _lex(expr: str) -> list[tuple[str, str, int]]:
-    """(kind, text, column) of each token: kind "name" or the character; an "end" last."""
+    """(kind, text, column) of each token: kind "name", "->" or the character; an "end"
+    last."""
     out, pos = [], 0
     while pos < len(expr):
         m = _TOKEN.match(expr, pos)
         if m is None:  # trailing blanks
             break
-        column = m.start(1 if m.group(1) is not None else 2) + 1
-        out.append(("name", m.group(1), column) if m.group(1) else (m.group(2), m.group(2), column))
+        group = m.lastindex
+        column, text = m.start(group) + 1, m.group(group)
+        out.append(("name" if group == 2 else text, text, column))
         pos = m.end()
     out.append(("end", "", len(expr.rstrip()) + 1))
     return out
@@ -85,9 +109,23 @@ def parse(expr: str):
             parts.append(part())
         return parts[0] if len(parts) == 1 else Seq(tuple(parts))
 
+    def expect(kind: str, what: str):
+        nonlocal i
+        if tokens[i][0] != kind:
+            raise SpanSyntaxError(expr, tokens[i][2], what, found(tokens[i]))
+        i += 1
+        return tokens[i - 1][1]
+
     def part():
         nonlocal i
         tok = tokens[i]
+        if tok[0] == "name" and tok[1] == "gen" and tokens[i + 1][0] == "(":
+            i += 2
+            call_input = seq()
+            expect("->", "'+' or '->' (gen(input -> output))")
+            output = expect("name", "the output's name after '->'")
+            expect(")", "')' after the output's name")
+            return Gen(call_input, output)
         if tok[0] == "name":
             i += 1
             return Name(tok[1])
@@ -100,21 +138,47 @@ def parse(expr: str):
             if tokens[i][0] == "}":  # a trailing comma
                 break
             members.append(seq())
-        if tokens[i][0] != "}":
-            raise SpanSyntaxError(expr, tokens[i][2], "',', '+' or '}'", found(tokens[i]))
-        i += 1
+        expect("}", "',', '+' or '}'")
         return Set(tuple(members))
 
     tree = seq()
     if tokens[i][0] != "end":
         raise SpanSyntaxError(expr, tokens[i][2], "'+' or the end", found(tokens[i]))
+    _check_outputs(tree)
     return tree
 
 
+def _check_outputs(tree) -> None:
+    """A call's output is new tokens: ValueError where an expression generates a name twice
+    or also reads it as data (which tokens would the name be?)."""
+    outputs: list[str] = []
+    read: set[str] = set()
+
+    def walk(node) -> None:
+        if isinstance(node, Name):
+            read.add(node.name)
+        elif isinstance(node, Gen):
+            walk(node.input)
+            outputs.append(node.output)
+        else:
+            for child in node.parts if isinstance(node, Seq) else node.members:
+                walk(child)
+
+    walk(tree)
+    twice = sorted({o for o in outputs if outputs.count(o) > 1} | (set(outputs) & read))
+    if twice:
+        raise ValueError(
+            f"{', '.join(twice)} generated twice or also read as data: name each call's "
+            "output anew (gen(input -> a new name))"
+        )
+
+
 def names(tree) -> list[str]:
-    """Every name in written order (repeats kept)."""
+    """Every name in written order (repeats kept); a call's output after its input."""
     if isinstance(tree, Name):
         return [tree.name]
+    if isinstance(tree, Gen):
+        return names(tree.input) + [tree.output]
     parts = tree.parts if isinstance(tree, Seq) else tree.members
     return [n for p in parts for n in names(p)]
 
@@ -125,6 +189,9 @@ def positional_and_shared(tree) -> tuple[list[str], list[str]]:
         return [], names(tree)
     if isinstance(tree, Name):
         return [tree.name], []
+    if isinstance(tree, Gen):  # its output follows its input, in its place
+        outside, inside = positional_and_shared(tree.input)
+        return outside + [tree.output], inside
     outside, inside = [], []
     for p in tree.parts:
         o, s = positional_and_shared(p)
@@ -136,6 +203,8 @@ def positional_and_shared(tree) -> tuple[list[str], list[str]]:
 def render(tree) -> str:
     if isinstance(tree, Name):
         return tree.name
+    if isinstance(tree, Gen):
+        return f"gen({render(tree.input)} -> {tree.output})"
     if isinstance(tree, Seq):
         return " + ".join(render(p) for p in tree.parts)
     return "{" + ", ".join(render(m) for m in tree.members) + "}"
@@ -196,35 +265,114 @@ def _blocks(root: str, tokens: list, block: int):
             count, pending = 0, []
 
 
+def calls(tree) -> list[tuple[object, str | None]]:
+    """The inference calls an expression makes, in the order they run (a call's inner calls
+    first, in written order): (its input, with each inner call replaced by its output's name;
+    its output's name, or None for an expression that is not itself a call)."""
+    out: list[tuple[object, str | None]] = []
+
+    def lower(node):
+        if isinstance(node, Name):
+            return node
+        if isinstance(node, Gen):
+            out.append((lower(node.input), node.output))
+            return Name(node.output)
+        if isinstance(node, Seq):
+            return Seq(tuple(lower(p) for p in node.parts))
+        return Set(tuple(lower(m) for m in node.members))
+
+    top = lower(tree.input if isinstance(tree, Gen) else tree)
+    out.append((top, tree.output if isinstance(tree, Gen) else None))
+    return out
+
+
+def _left_cached(streams, output, independent, lengths, default, block) -> list:
+    """The keys a call with ``output`` leaves besides its input's (dual output): the output
+    continues the call's own positional stream (``streams``' last: the top scope's), and,
+    position-independent, is held as a member of its own as well."""
+    root, tokens = streams[-1]
+    generated = _tokens(output, lengths, default)
+    keys = [key for key, _ in _blocks(root, tokens + generated, block)]
+    if independent:
+        keys += [key for key, _ in _blocks("member:" + output, generated, block)]
+    return keys
+
+
+def prefilled_tokens(tokens: int, hits: int) -> tuple[int, int]:
+    """(tokens prefilled, cached tokens they attend) of a call of ``tokens`` that found
+    ``hits``: what missed, but never none: the last token is computed even when every block
+    hit, its logits being the first token's (vLLM's prefix cache does the same)."""
+    prefilled = max(tokens - hits, min(tokens, 1))
+    return prefilled, tokens - prefilled
+
+
 def hit_rates(
-    exprs, *, block: int = 16, lengths=None, default_tokens: int = 1, prefill=None
+    exprs,
+    *,
+    block: int = 16,
+    lengths=None,
+    default_tokens: int = 1,
+    prefill=None,
+    dual_output: bool = True,
 ) -> list[dict]:
-    """Per expression (strings or trees), asked in order against the cache the earlier ones
-    left: tokens, the tokens the cache held, and the hit rate, position-dependent and
-    position-independent (``lengths``: tokens per name; others ``default_tokens``). With
-    ``prefill`` (seconds to prefill n tokens, the profile's T_recompute), the time to first
-    token: prefilling what missed after what hit, ``prefill(tokens) - prefill(hits)``, as if
-    the hits came first (for position-independent caching an upper bound: its members'
+    """Per call of the expressions (strings or trees), asked in order against the cache the
+    earlier calls left: the call's input tokens, those the cache held, and the hit rate,
+    position-dependent and position-independent (``lengths``: tokens per name; others
+    ``default_tokens``); ``request``: the expression's index, ``output``: what the call
+    generates (None where the expression is data only). ``dual_output``: a call's generated
+    KV stays in the cache (see the module's note). With ``prefill(tokens, context)``
+    (seconds to prefill ``tokens`` after ``context`` cached ones, which they attend), the
+    time to first token: prefilling what missed after what hit, at least the last token
+    (:func:`prefilled_tokens`; for position-independent caching an upper bound: its members'
     tokens attend within their member only)."""
     if block < 1:
         raise ValueError("block must be at least 1 token")
     lengths = lengths or {}
     caches = {False: set(), True: set()}
     out = []
-    for expr in exprs:
+    for request, expr in enumerate(exprs):
         tree = parse(expr) if isinstance(expr, str) else expr
-        total = sum(int(lengths.get(n, default_tokens)) for n in names(tree))
-        row = {"expr": render(tree), "tokens": total}
-        for independent, label in ((False, "dependent"), (True, "independent")):
-            cache, hits, seen = caches[independent], 0, []
-            for root, tokens in _streams(tree, independent, lengths, default_tokens):
-                for key, count in _blocks(root, tokens, block):
-                    hits += count if key in cache else 0
-                    seen.append(key)
-            cache.update(seen)
-            row[f"hit_tokens_{label}"] = hits
-            row[f"hit_rate_{label}"] = hits / total if total else 0.0
-            if prefill is not None:
-                row[f"ttft_{label}_s"] = prefill(total) - prefill(hits)
-        out.append(row)
+        for call_input, output in calls(tree):
+            total = sum(int(lengths.get(n, default_tokens)) for n in names(call_input))
+            shown = render(call_input if output is None else Gen(call_input, output))
+            row = {"request": request, "expr": shown, "output": output, "tokens": total}
+            for independent, label in ((False, "dependent"), (True, "independent")):
+                cache, hits, seen = caches[independent], 0, []
+                streams = _streams(call_input, independent, lengths, default_tokens)
+                for root, tokens in streams:
+                    for key, count in _blocks(root, tokens, block):
+                        hits += count if key in cache else 0
+                        seen.append(key)
+                if output is not None and dual_output:
+                    seen += _left_cached(
+                        streams, output, independent, lengths, default_tokens, block
+                    )
+                cache.update(seen)
+                row[f"hit_tokens_{label}"] = hits
+                row[f"hit_rate_{label}"] = hits / total if total else 0.0
+                if prefill is not None:
+                    row[f"ttft_{label}_s"] = prefill(*prefilled_tokens(total, hits))
+            out.append(row)
     return out
+
+
+def context_for_ratio(prefill, new_tokens: float, ratio: float, most: float = 1e9):
+    """The tokens C a call must find under position-independent caching and miss under
+    position-dependent caching for the latter's time to first token, ``prefill(C + q, 0)``,
+    to be ``ratio`` times the former's, ``prefill(q, C)`` (``q``: ``new_tokens``, what both
+    prefill; ``prefill(tokens, context)`` in seconds); None past ``most`` tokens. The ratio
+    grows with C: about (C + q) / q while the matmuls lead, C / 2q once attention's pairs do,
+    and no more than ``prefill(C + q, 0)`` over a call's fixed time."""
+    from scipy.optimize import brentq
+
+    def gap(context: float) -> float:
+        return prefill(context + new_tokens, 0.0) - ratio * prefill(new_tokens, context)
+
+    if gap(0.0) >= 0:
+        return 0.0
+    high = max(float(new_tokens), 1.0)
+    while gap(high) < 0:
+        high *= 2
+        if high > most:
+            return None
+    return float(brentq(gap, 0.0, high, xtol=0.5))

@@ -538,21 +538,35 @@ def sharing_figure(calls: pd.DataFrame, steps: pd.DataFrame, facts: dict) -> plt
 
 
 def span_hits_figure(frame: pd.DataFrame) -> plt.Figure | None:
-    """Per span expression, asked in order: its KV-cache hit rate under prefix caching and
-    under position-independent caching."""
+    """Per span call, asked in order: its KV-cache hit rate under prefix caching and under
+    position-independent caching, and beside it, where priced, each one's time to first
+    token (log scale: the ratio is what it shows)."""
     if frame.empty:
         return None
-    fig, ax = plt.subplots(figsize=(10, 0.35 * len(frame) + 1.6))
+    priced = "ttft_dependent_s" in frame and frame.ttft_dependent_s.notna().all()
+    fig, axes = plt.subplots(
+        1, 2 if priced else 1, figsize=(12 if priced else 10, 0.35 * len(frame) + 1.6),
+        squeeze=False, sharey=True,
+    )  # fmt: skip
     y = np.arange(len(frame))
+    ax = axes[0][0]
     ax.barh(y - 0.2, 100 * frame.hit_rate_dependent, 0.4, label="prefix caching")
     ax.barh(y + 0.2, 100 * frame.hit_rate_independent, 0.4, label="position-independent")
     ax.set_yticks(y, frame.expr, fontsize=7)
     ax.invert_yaxis()
     ax.set_xlim(0, 100)
-    ax.set_xlabel("KV-cache hit rate, % of the expression's tokens")
-    ax.set_title("span expressions, asked in order")
+    ax.set_xlabel("KV-cache hit rate, % of the call's input tokens")
+    ax.set_title("span calls, asked in order")
     ax.legend(fontsize=7)
     ax.grid(True, axis="x", alpha=0.3)
+    if priced:
+        ttft = axes[0][1]
+        ttft.barh(y - 0.2, 1e3 * frame.ttft_dependent_s, 0.4, label="prefix caching")
+        ttft.barh(y + 0.2, 1e3 * frame.ttft_independent_s, 0.4, label="position-independent")
+        ttft.set_xscale("log")
+        ttft.set_xlabel("time to first token, ms (the whole model's prefill of what missed)")
+        ttft.set_title("time to first token")
+        ttft.grid(True, axis="x", which="both", alpha=0.3)
     fig.tight_layout()
     return fig
 

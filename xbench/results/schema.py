@@ -48,6 +48,11 @@ simulation v2: adds ``offered_per_s`` and ``sustainable_per_s``, the rate the tr
 span_hits v2: adds ``prefill_layers`` and ``prefill_gpus``, the prefill its time to first
     token prices: the whole model's layers over the instance's GPUs; v1 priced one layer on
     one GPU, and its files read as 1 and 1.
+span_hits v3: a row per call (span expressions take ``gen(input -> output)`` calls): adds
+    ``request`` and ``output``, the TTFTs' terms (``ttft_<cache>_<fixed|matmul|attention>_s``)
+    and ``ttft_ratio``; a TTFT now prefills what missed after what hit in one call (v2
+    subtracted the hits' prefill from the whole's, which dropped a call's fixed time). v2
+    files read as one data-only call per expression (``output`` ""), their terms null.
 prefill_simulation v2: adds ``hit_rate``, the share of prompt tokens found in the prefix
     cache of the cluster that prefilled them (0 without shared prefixes); v1 files read
     with it null (not recorded).
@@ -443,6 +448,11 @@ SHARING_STEPS_SCHEMA = pa.schema(
     ]
 )
 SPAN_HITS = "span_hits"
+SPAN_TTFT_TERMS = [  # core.costmodel.RECOMPUTE_TERMS of each cache's TTFT
+    f"ttft_{cache}_{term}_s"
+    for cache in ("dependent", "independent")
+    for term in ("fixed", "matmul", "attention")
+]
 SPAN_HITS_SCHEMA = pa.schema(
     [
         pa.field("expr", pa.string(), nullable=False),  # as the parser renders it
@@ -457,6 +467,14 @@ SPAN_HITS_SCHEMA = pa.schema(
         # (null without a prefill cost)
         pa.field("prefill_layers", pa.int32()),
         pa.field("prefill_gpus", pa.int32()),
+        # v3: the calls (an expression's inner gen(...) calls, then itself): the expression
+        # each belongs to (its index in the workload) and what it generates ("" for data)
+        pa.field("request", pa.int64(), nullable=False),
+        pa.field("output", pa.string(), nullable=False),
+        # v3: each TTFT's terms (a call's fixed time, matmuls, attention), and prefix
+        # caching's TTFT over span caching's (null without a prefill cost)
+        *[pa.field(name, pa.float64()) for name in SPAN_TTFT_TERMS],
+        pa.field("ttft_ratio", pa.float64()),
     ]
 )
 OWN_COPIES = "own_copies"
@@ -554,7 +572,7 @@ SCHEMA_VERSIONS = {
     PREFILL_SATURATION: 1,
     SHARING_CALLS: 1,
     SHARING_STEPS: 1,
-    SPAN_HITS: 2,
+    SPAN_HITS: 3,
     OWN_COPIES: 1,
     SIMULATION_VALIDATION: 5,
 }
@@ -586,6 +604,15 @@ def _added_span_prefill_columns(table: pa.Table) -> pa.Table:
             pa.field(name, pa.int32()), pa.array([1 if p else None for p in priced], pa.int32())
         )
     return table
+
+
+def _added_span_call_columns(table: pa.Table) -> pa.Table:
+    """v2 had one data-only call per expression, in order; it recorded no terms."""
+    table = table.append_column(
+        pa.field("request", pa.int64(), nullable=False), pa.array(range(table.num_rows), pa.int64())
+    )
+    table = _added_columns(pa.string(), output="")(table)
+    return _added_null_columns(*SPAN_TTFT_TERMS, "ttft_ratio")(table)
 
 
 def _added_costs_column(table: pa.Table) -> pa.Table:
@@ -689,7 +716,7 @@ MIGRATIONS: dict[str, dict[int, object]] = {
     },
     COMPARISON: {1: _added_null_columns("launch_sd", "detectable")},  # v1: no detectable change
     PREFILL_SIMULATION: {1: _added_null_columns("hit_rate")},  # v1: not recorded
-    SPAN_HITS: {1: _added_span_prefill_columns},
+    SPAN_HITS: {1: _added_span_prefill_columns, 2: _added_span_call_columns},
     SIMULATION: {
         1: _added_null_columns("offered_per_s", "sustainable_per_s")
     },  # v1: one layer on one GPU

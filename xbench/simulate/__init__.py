@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from xbench.core import conditions
+from xbench.core.costmodel import RECOMPUTE_TERMS
 from xbench.simulate.engine import PATHS, POLICIES, Workload, make_trace, simulate
 
 
@@ -390,23 +391,29 @@ def prefill_shape(spec: dict) -> tuple[int, int]:
     return layers, gpus
 
 
+TTFT_TERMS = RECOMPUTE_TERMS  # each TTFT's terms, core.costmodel.recompute_terms' order
+PAPER_TTFT_RATIOS = (10.0, 20.0)  # span queries' reported TTFT gains (arXiv 2511.02749)
+
+
 def span_hit_rates(profile, spec: dict) -> pd.DataFrame:
-    """A span workload's expressions asked once each, in the order written: each one's KV-cache
-    hit rate against what the ones before it left, position-dependent (prefix caching) and
-    position-independent (its commuting sets cached member by member), and the time to first
-    token: the whole model's prefill of what missed (:func:`prefill_shape`'s layers and
-    GPUs, ``core.parts.prefill_time``), columns ``prefill_layers`` and ``prefill_gpus``."""
+    """A span workload's calls in the order written (each expression's inner gen(...) calls
+    first): each one's KV-cache hit rate against what the ones before it left,
+    position-dependent (prefix caching) and position-independent (its commuting sets cached
+    member by member), and the time to first token: the whole model's prefill of what missed
+    after what hit (:func:`prefill_shape`'s layers and GPUs, ``core.parts.prefill_time``),
+    columns ``prefill_layers`` and ``prefill_gpus``, with its terms (``ttft_<cache>_<term>_s``,
+    :data:`TTFT_TERMS`) and ``ttft_ratio``, prefix caching's TTFT over span caching's."""
     import math
 
-    from xbench.core.parts import prefill_time
-    from xbench.core.spans import hit_rates
+    from xbench.core.parts import prefill_terms, prefill_time
+    from xbench.core.spans import hit_rates, prefilled_tokens
 
     cache = spec["span_cache"]
     layers, gpus = prefill_shape(spec)
     device = profile.device
 
-    def prefill(tokens):
-        return prefill_time(device, tokens, layers=layers, gpus=gpus)
+    def prefill(tokens, context):
+        return prefill_time(device, tokens, context, layers=layers, gpus=gpus)
 
     frame = pd.DataFrame(
         hit_rates(
@@ -414,12 +421,52 @@ def span_hit_rates(profile, spec: dict) -> pd.DataFrame:
             block=cache["block"],
             lengths=cache["lengths"],
             default_tokens=cache["default_tokens"],
+            dual_output=cache["dual_output"],
             prefill=None if device.recompute(1) == math.inf else prefill,
         )
     )
+    frame["output"] = frame.output.fillna("")  # "": a data-only expression
     if "ttft_dependent_s" in frame:
         frame["prefill_layers"], frame["prefill_gpus"] = layers, gpus
+        for label in ("dependent", "independent"):
+            hits = frame[f"hit_tokens_{label}"]
+            terms = [
+                prefill_terms(device, *prefilled_tokens(total, hit), layers=layers, gpus=gpus)
+                for total, hit in zip(frame.tokens, hits, strict=True)
+            ]
+            for i, term in enumerate(TTFT_TERMS):
+                frame[f"ttft_{label}_{term}_s"] = [t[i] for t in terms]
+        frame["ttft_ratio"] = frame.ttft_dependent_s / frame.ttft_independent_s
     return frame
+
+
+def span_ttft_reach(profile, spec: dict, hits: pd.DataFrame) -> pd.DataFrame:
+    """Where span queries' reported 10-20x lower TTFT appears on this profile: for the calls'
+    span-caching misses (what both caches prefill, ``new_tokens``), the tokens a call must
+    find under span caching and miss under prefix caching for prefix caching's TTFT to be
+    each :data:`PAPER_TTFT_RATIOS` times span caching's (``context_tokens``; null past a
+    billion), the whole model's prefill as :func:`span_hit_rates` prices it."""
+    from xbench.core.parts import prefill_time
+    from xbench.core.spans import context_for_ratio, prefilled_tokens
+
+    layers, gpus = int(hits.prefill_layers.iloc[0]), int(hits.prefill_gpus.iloc[0])
+
+    def prefill(tokens, context):
+        return prefill_time(profile.device, tokens, context, layers=layers, gpus=gpus)
+
+    found = hits[hits.hit_tokens_independent > 0]  # calls that span caching helped
+    misses = sorted(
+        {
+            prefilled_tokens(t, h)[0]
+            for t, h in zip(found.tokens, found.hit_tokens_independent, strict=True)
+        }
+    )
+    rows = []
+    for new in misses or [1]:
+        for ratio in PAPER_TTFT_RATIOS:
+            context = context_for_ratio(prefill, new, ratio)
+            rows.append({"new_tokens": new, "ratio": ratio, "context_tokens": context})
+    return pd.DataFrame(rows)
 
 
 def span_reuse(profile, spec: dict, requests: int, seed: int) -> pd.DataFrame:
@@ -508,6 +555,7 @@ __all__ = [
     "sharing_report",
     "prefill_shape",
     "span_hit_rates",
+    "span_ttft_reach",
     "run",
     "saturated_line",
     "simulate",
