@@ -11,7 +11,14 @@ import pytest
 from xbench.core.models import get_model
 from xbench.core.profile import load_profile
 from xbench.core.scenario import load_workload
-from xbench.core.sharing import Attention, batched_against_separate, chunks_read, ridge_batch, step
+from xbench.core.sharing import (
+    Attention,
+    batched_against_separate,
+    chunks_read,
+    on_gpus,
+    ridge_batch,
+    step,
+)
 from xbench.errors import XbenchError
 
 pytestmark = pytest.mark.nompi  # starts no MPI (conftest: the Open MPI run skips it)
@@ -55,10 +62,39 @@ def test_scaling_to_a_preset_scales_the_token_term_by_bytes_and_the_row_term_by_
     assert att.knee(c) == pytest.approx(memory / flops, rel=1e-12)
     # the hardware's ridge in queries: matmul rate / bandwidth over one query's FLOP a byte
     ceilings = PRIORS.ceilings
+    # (an FP8 KV attended on FP8 tensor cores: the FP8 rate)
     assert ridge_batch(ceilings, LLAMA, "fp8", 32) == pytest.approx(
-        ceilings.matmul / ceilings.memory / (32 * 512 / 2048)
+        ceilings.matmul_fp8 / ceilings.memory / (32 * 512 / 2048)
+    )
+    assert ridge_batch(ceilings, LLAMA, "bf16", 32) == pytest.approx(
+        ceilings.matmul / ceilings.memory / (32 * 512 / 4096)
     )
     assert ridge_batch(None, LLAMA, "fp8", 32) is None
+
+
+@pytest.mark.parametrize(
+    ("kv_format", "kv_bytes", "rate"), [("fp8", 2048, 989 / 1979), ("bf16", 4096, 1.0)]
+)
+def test_the_batching_gain_at_each_b_is_the_kernel_terms_ratio_at_the_dtypes_rate(
+    kv_format, kv_bytes, rate
+):
+    """B calls over a chunk against one batched call, from the device terms by hand: the
+    token term scaled by the KV's bytes, the row term by the FLOPs a row-token and by the
+    matmul rate of the KV's dtype over the BF16 one the terms were fitted at."""
+    att = Attention.for_preset(
+        PRIORS.device, 32, LLAMA, kv_format, 1152, DS.flops_per_row_token(), PRIORS.ceilings
+    )
+    assert att.rate_ratio == pytest.approx(rate)
+    d, c = PRIORS.device, 65536
+    t0 = d.compute(0, 0)
+    memory = (d.compute(0, c) - t0) * kv_bytes / 1152
+
+    def call(rows):
+        return t0 + memory + (d.compute(rows, c) - d.compute(0, c)) * 512 / 2176 * rate
+
+    for row in batched_against_separate(att, c, [1, 4, 64, 1024]):
+        b = row["batch"]
+        assert row["gain"] == pytest.approx(b * call(32) / call(b * 32), rel=1e-12)
 
 
 def test_a_router_reads_the_chunks_any_query_chose():
@@ -92,6 +128,42 @@ def test_a_step_adds_its_parts_and_its_gain_stays_under_the_bound():
     assert gains[0] < gains[1] < gains[2]  # the more context is shared, the more it saves
 
 
+def test_a_step_on_gpus_holds_each_setups_kv_and_counts_every_gpu():
+    """Worked by hand: GPUs of 100 GB holding 10 GB of weights; Llama's FP8 KV is 64 KiB a
+    token over its 32 layers; 4 requests, 1M shared tokens, 64K unique each."""
+    att = Attention.for_preset(
+        PRIORS.device, 32, LLAMA, "fp8", 1152, DS.flops_per_row_token(), PRIORS.ceilings
+    )
+    row = step(
+        att, PRIORS.device.merge, batch=4, shared=2**20, unique=2**16, chunk=2**16, layers=32
+    )
+    placed = on_gpus(att, row, LLAMA, "fp8", chunk=2**16, hbm=100e9, weights=10e9)
+    assert placed["kv_bytes_per_token"] == 2048 * 32
+    # MoSKA: 2^36 B shared + 4 x 2^32 B unique = 85.9 GB: one GPU of 90 GB free, busy the
+    # whole step; copies: 73.0 GB each, one a GPU: 4 GPUs, each busy all the time
+    assert (placed["moska_gpus"], placed["copies_gpus"], placed["apart_gpus"]) == (1, 4, 2)
+    assert placed["gpus_per_copy"] == 1
+    assert placed["moska_hbm_share"] == pytest.approx((2**36 + 2**34 + 10e9) / 100e9)
+    assert placed["copies_hbm_share"] == pytest.approx(((2**20 + 2**16) * 2**16 + 10e9) / 100e9)
+    assert placed["moska_utilisation"] == pytest.approx(1.0)
+    assert placed["copies_utilisation"] == pytest.approx(1.0)
+    assert placed["moska_per_gpu_per_s"] == pytest.approx(4 / row["step_s"])
+    # every GPU busy: the gain per GPU is the device time's
+    assert placed["moska_gain_per_gpu"] == pytest.approx(row["gain"])
+    # apart: two GPUs, each waiting for the other's part: less than the step's gain
+    wall = max(row["shared_s"] + row["merge_s"], row["unique_s"])
+    assert placed["apart_utilisation"] == pytest.approx(row["step_s"] / (2 * wall))
+    assert placed["apart_gain_per_gpu"] < row["gain"]
+    # a copy larger than a GPU's free memory spreads over several, a GPU each part
+    big = step(
+        att, PRIORS.device.merge, batch=4, shared=2**22, unique=2**16, chunk=2**16, layers=32
+    )
+    spread = on_gpus(att, big, LLAMA, "fp8", chunk=2**16, hbm=100e9, weights=10e9)
+    assert spread["gpus_per_copy"] == 4 and spread["copies_gpus"] == 16  # 279 GB a copy
+    with pytest.raises(ValueError, match="the weights"):
+        on_gpus(att, row, LLAMA, "fp8", chunk=2**16, hbm=10e9, weights=10e9)
+
+
 def test_simulate_prints_the_sharing_report_against_the_papers_figure(xbench):
     r = xbench("simulate", "moska-shared-chunk", "--requests", "2000", env={"COLUMNS": "220"})
     assert r.returncode == 0, r.stderr
@@ -104,7 +176,13 @@ def test_simulate_prints_the_sharing_report_against_the_papers_figure(xbench):
     narrow = xbench("simulate", "moska-shared-chunk", "--requests", "500", env={"COLUMNS": "80"})
     tail = narrow.stdout[narrow.stdout.index("shared-KV batching") :]
     assert "…" not in tail and max(map(len, tail.splitlines())) <= 80, tail
-    assert re.search(r"against MoSKA's x538\.7: .* at most x\d+\.\d here", flat), flat
+    assert re.search(r"against MoSKA's x538\.7: per GPU the step gains x\d+\.\d-x\d+\.\d", flat)
+    assert re.search(r"at most x\d+\.\d, each request's unique KV", flat), flat
+    assert "16 GPUs of 80 GB a copy" in flat, flat
+    # the README quotes the gains per GPU
+    low, high = re.search(r"per GPU the step gains x(\d+\.\d)-x(\d+\.\d)", flat).groups()
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert f"per GPU a step gains x{low} with 1M shared tokens to x{high} with 16M" in readme
 
 
 def _scenario(tmp_path, body: str, model: str = "deepseek-v3.2") -> Path:

@@ -395,3 +395,14 @@ def test_simulation_v1_files_read_without_the_rates(tmp_path):
     frame = read_table([old], schema.SIMULATION)
     assert list(frame.columns) == schema.SIMULATION_SCHEMA.names
     assert frame.offered_per_s.isna().all() and frame.sustainable_per_s.isna().all()
+
+
+def test_sharing_steps_v1_files_read_without_gpus(tmp_path):
+    """sharing_steps v2 placed a step on GPUs: v1 files read those columns null."""
+    row = {f.name: 1 for f in schema.SHARING_STEPS_SCHEMA}
+    path = write_table(tmp_path / "s.parquet", schema.SHARING_STEPS, [row], {"run_id": "s"})
+    old = _as_version(path, 1, tmp_path / "v1.parquet", schema.SHARING_GPU_COLUMNS)
+    frame = read_table([old, path], schema.SHARING_STEPS)
+    assert list(frame.columns) == schema.SHARING_STEPS_SCHEMA.names
+    assert frame[schema.SHARING_GPU_COLUMNS].iloc[0].isna().all()
+    assert (frame[schema.SHARING_GPU_COLUMNS].iloc[1] == 1).all()

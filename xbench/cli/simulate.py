@@ -483,7 +483,9 @@ def _sharing_tables(calls, sweep, facts: dict) -> None:
         f"shared-KV batching ({facts['model']}, {facts['kv_format']} KV, {facts['heads']} "
         "query heads): one call of B queries over a shared chunk against B calls, one layer",
         f"the profile's device terms (fitted on {facts['reference']}) scaled by KV bytes a "
-        f"token and FLOPs a row-token;  knee: B = {knee:.1f}, where a call's row term "
+        f"token and FLOPs a row-token, at {facts['kv_format']}'s matmul rate (x"
+        f"{facts['rate_ratio']:.2g} the BF16 one they were fitted at);  knee: "
+        f"B = {knee:.1f}, where a call's row term "
         "overtakes its token term (memory-bound below, compute-bound above)"
         + (f";  the [ceilings]' ridge point: B = {ridge:.1f}" if ridge else ""),
     )
@@ -506,11 +508,11 @@ def _sharing_tables(calls, sweep, facts: dict) -> None:
         "context: shared tokens;  read: chunks any query kept;  shared, unique: the step's "
         "parts (unique: each request's own KV, one call each), beside the partials' merge, "
         f"{format_duration(merge)} in one batched call;  copies: the step with a copy each;  "
-        "req/s: requests a second, with copies after the slash;  gain: the copies' step "
-        "over this one;  apart: the gain with the unique KV on nodes of its own",
+        "req/s: requests a second of one GPU's device time, with copies after the slash;  "
+        "gain: the copies' step over this one",
     )
     columns = ("context", "read", "shared", "unique", "step", "copies", "req/s", "gain")
-    for col in (*columns, "apart"):
+    for col in columns:
         table.add_column(col, justify="right", no_wrap=True)
     for r in sweep.itertuples():
         table.add_row(
@@ -522,19 +524,64 @@ def _sharing_tables(calls, sweep, facts: dict) -> None:
             format_duration(r.separate_step_s),
             f"{r.throughput_per_s:,.0f}/{r.separate_throughput_per_s:,.1f}",
             f"x{r.gain:.1f}",
-            f"x{r.gain_unique_elsewhere:.1f}",
         )
     console.print(table)
+    placed = facts["hbm"] is not None
+    if placed:
+        _sharing_gpu_table(sweep, facts)
+    copy = format_size(int(facts["copy_bytes"]))
+    if placed:
+        largest = sweep.iloc[sweep.shared_tokens.idxmax()]
+        copy += (
+            f": {int(largest.gpus_per_copy):,} GPUs of {facts['hbm'] / 1e9:g} GB a copy, "
+            f"{int(largest.copies_gpus):,} for the batch's copies against MoSKA's "
+            f"{int(largest.moska_gpus):,}"
+        )
+    per_gpu = (
+        f"per GPU the step gains x{sweep.moska_gain_per_gpu.min():.1f}-"
+        f"x{sweep.moska_gain_per_gpu.max():.1f} here (x{sweep.apart_gain_per_gpu.min():.1f}-"
+        f"x{sweep.apart_gain_per_gpu.max():.1f} with the unique KV on GPUs of its own); "
+        if placed
+        else ""
+    )
     console.print(
-        f"against MoSKA's x{facts['paper']}: one call's gain cannot pass "
+        f"against MoSKA's x{facts['paper']}: {per_gpu}one call's gain cannot pass "
         f"x{facts['call_bound']:.1f} (B calls' launches and token reads saved, none of their "
-        f"FLOPs), and routing multiplies it by 1 / keep: at most x{facts['ceiling']:.1f} "
-        f"here. The paper's figure needs a call bound near x{needed:.0f}, a matmul rate per "
-        f"byte read about {needed / facts['call_bound']:.1f} times this profile's, or a "
-        "baseline that pays more than reading its copy: one copy of the largest context is "
-        f"{format_size(int(facts['copy_bytes']))}, more than one GPU holds",
+        f"FLOPs), and routing multiplies it by 1 / keep: at most x{facts['ceiling']:.1f}, "
+        "each request's unique KV, read alone, taking the rest. The paper's figure needs a "
+        f"call bound near x{needed:.0f}, a matmul rate per byte read about "
+        f"{needed / facts['call_bound']:.1f} times this profile's {facts['kv_format']} one, "
+        "or a baseline that pays more than reading its copy at the HBM's rate (one copy of "
+        f"the largest context is {copy})",
         highlight=False,
     )
+
+
+def _sharing_gpu_table(sweep, facts: dict) -> None:
+    """The sharing step on GPUs (core.sharing.on_gpus): each setup's GPUs, memory used,
+    compute busy and requests a second per GPU, MoSKA's gains per GPU over the copies'."""
+    table = result_table(
+        f"the step on GPUs of {facts['hbm'] / 1e9:g} GB, each holding the weights "
+        f"({facts['weights_bytes'] / 1e9:.1f} GB) and the KV it is given",
+        "GPUs, HBM, busy: MoSKA / apart (the unique KV on GPUs of its own) / copies;  HBM: "
+        "the share of each GPU's memory used;  busy: compute, its device time over the "
+        "GPUs' wall time (a call runs on one GPU);  req/s/GPU: MoSKA / copies;  gain, "
+        "apart: requests a second per GPU over the copies'",
+    )
+    for col in ("context", "GPUs", "HBM", "busy", "req/s/GPU", "gain", "apart"):
+        table.add_column(col, justify="right", no_wrap=True)
+    setups = ("moska", "apart", "copies")
+    for r in sweep.itertuples():
+        table.add_row(
+            _tokens(r.shared_tokens),
+            "/".join(f"{getattr(r, f'{s}_gpus'):,}" for s in setups),
+            "/".join(f"{100 * getattr(r, f'{s}_hbm_share'):.0f}" for s in setups) + "%",
+            "/".join(f"{100 * getattr(r, f'{s}_utilisation'):.0f}" for s in setups) + "%",
+            f"{r.moska_per_gpu_per_s:,.0f}/{r.copies_per_gpu_per_s:,.1f}",
+            f"x{r.moska_gain_per_gpu:.1f}",
+            f"x{r.apart_gain_per_gpu:.1f}",
+        )
+    console.print(table)
 
 
 def _hit_table(hits, block: int) -> None:

@@ -478,8 +478,8 @@ def _dominates(a: Fabric, b: Fabric, strict: bool) -> bool:
 @dataclass(frozen=True)
 class Ceilings:
     """What the hardware a profile describes cannot exceed: its memory bandwidth (B/s), its
-    dense matmul rate (FLOP/s) in 16-bit floats and, where given, in FP8, and each fabric's
-    link rate (B/s, by fabric name). A term faster than these (``xbench.core.implied``) is
+    dense matmul rate (FLOP/s) in 16-bit floats and, where given, in FP8, each fabric's
+    link rate (B/s, by fabric name) and, where given, a GPU's memory capacity (bytes). A term faster than these (``xbench.core.implied``) is
     impossible, whatever fitted it."""
 
     memory: float
@@ -487,6 +487,7 @@ class Ceilings:
     links: dict = field(default_factory=dict)
     source: str = ""
     matmul_fp8: float | None = None
+    hbm: float | None = None  # a GPU's memory capacity (bytes), where given
 
     def matmul_for(self, dtype: str) -> float:
         """The dense matmul rate of ``dtype``'s tensor cores: FP8's where the profile gives

@@ -48,6 +48,9 @@ class ModelPreset:
     # the dtype of its linear layers' matmuls as released: "fp8" where the published weights
     # are FP8 (block-scaled e4m3, run on FP8 tensor cores), else "bf16"
     matmul_dtype: str = "bf16"
+    # parameters in all (the weights a GPU holds, MoE's experts included); None where not
+    # published
+    total_params: float | None = None
 
     @property
     def attention(self) -> str:
@@ -116,6 +119,7 @@ PRESETS: dict[str, ModelPreset] = {
             "also DeepSeek-R1",
             active_params=37e9,
             matmul_dtype="fp8",
+            total_params=671e9,
         ),
         ModelPreset(
             "deepseek-v3.2",
@@ -130,6 +134,7 @@ PRESETS: dict[str, ModelPreset] = {
             "DSA indexer 64 heads x 128",
             active_params=37e9,
             matmul_dtype="fp8",
+            total_params=671e9,
         ),
         ModelPreset(
             "glm-5",
@@ -155,6 +160,7 @@ PRESETS: dict[str, ModelPreset] = {
             1 / 192**0.5,
             "dense MLA",
             active_params=32e9,
+            total_params=1.0e12,  # "1T total parameters" (its model card)
             matmul_dtype="fp8",
         ),
         ModelPreset(
@@ -198,6 +204,7 @@ PRESETS: dict[str, ModelPreset] = {
             prefill_v_dim=128,
             active_params=8.0e9,
             kv_heads=8,
+            total_params=8.03e9,
         ),
     ]
 }

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from xbench.core import device_terms
 from xbench.core.costmodel import Ceilings, Coef, Device, Fabric, Profile, Segment
+from xbench.core.units import SIZE_UNITS
 from xbench.errors import XbenchError
 from xbench.files import read_toml, write_text_atomically
 
@@ -197,10 +198,10 @@ def _rate(raw, where: str, units: dict, path: str) -> float:
 
 
 def _ceilings(raw, path: str) -> Ceilings | None:
-    """[ceilings]: the hardware's memory bandwidth, matmul rate and link rates."""
+    """[ceilings]: the hardware's memory bandwidth, matmul rate, link rates and HBM."""
     if raw is None:
         return None
-    _known(raw, ("source", "memory", "matmul", "matmul_fp8", "links"), "[ceilings]", path)
+    _known(raw, ("source", "memory", "matmul", "matmul_fp8", "links", "hbm"), "[ceilings]", path)
     for key in ("memory", "matmul"):
         if key not in raw:
             raise ProfileError(
@@ -225,6 +226,7 @@ def _ceilings(raw, path: str) -> Ceilings | None:
         _rate(raw["matmul_fp8"], "[ceilings] matmul_fp8", FLOP_RATE_UNITS, path)
         if "matmul_fp8" in raw
         else None,
+        _rate(raw["hbm"], "[ceilings] hbm", SIZE_UNITS, path) if "hbm" in raw else None,
     )
 
 
@@ -539,6 +541,8 @@ def _ceilings_table(c: Ceilings) -> dict:
     table["matmul"] = {"value": c.matmul / 1e12, "unit": "TFLOP/s"}
     if c.matmul_fp8:
         table["matmul_fp8"] = {"value": c.matmul_fp8 / 1e12, "unit": "TFLOP/s"}
+    if c.hbm:
+        table["hbm"] = {"value": c.hbm / 1e9, "unit": "GB"}
     if c.links:
         table["links"] = {n: {"value": r / 1e9, "unit": "GB/s"} for n, r in c.links.items()}
     return table

@@ -18,7 +18,9 @@ batched call. Against it, the same B requests each holding its own copy of the w
 (S + U tokens, dense, B separate calls). Every time is the profile's, scaled from the model
 its terms were fitted on to the preset asked: the token term by the KV bytes a token, the row
 term by the FLOPs a row-token (2 (qk + v) elements: MLA's 2 x (576 + 512), GQA's 2 x (128 +
-128) per query head).
+128) per query head) and by the matmul rate of the KV's dtype (an FP8 KV attended on FP8
+tensor cores: twice the BF16 rate the terms were fitted at, where the profile's [ceilings]
+give it).
 """
 
 from __future__ import annotations
@@ -35,44 +37,62 @@ class Attention:
     heads: int  # query rows per decode token (per head group the device ran)
     bytes_ratio: float = 1.0  # KV bytes a token: preset / reference
     flops_ratio: float = 1.0  # FLOPs a row-token: preset / reference
+    # the reference kernel's matmul rate over this setup's: 1/2 where an FP8 KV is attended
+    # on FP8 tensor cores (twice BF16's dense rate) and the terms were fitted in BF16
+    rate_ratio: float = 1.0
 
     @classmethod
     def for_preset(
-        cls, device, heads: int, preset, kv_format, reference_bytes: float, reference_flops: float
+        cls,
+        device,
+        heads: int,
+        preset,
+        kv_format,
+        reference_bytes: float,
+        reference_flops: float,
+        ceilings=None,
     ):
-        """``preset`` in ``kv_format`` on terms fitted on a kernel whose token held
-        ``reference_bytes`` and whose row-token cost ``reference_flops``."""
+        """``preset`` in ``kv_format`` on terms fitted on a BF16 kernel whose token held
+        ``reference_bytes`` and whose row-token cost ``reference_flops``; its row term at
+        ``kv_format``'s matmul rate on ``ceilings`` (the BF16 rate's where they give none)."""
+        rate = 1.0
+        if ceilings is not None:
+            rate = ceilings.matmul / ceilings.matmul_for(kv_format)
         return cls(
             device,
             heads,
             preset.kv_bytes_per_token(kv_format) / reference_bytes,
             preset.flops_per_row_token() / reference_flops,
+            rate,
         )
 
-    def call(self, rows: float, tokens: float) -> float:
-        """One call of ``rows`` query rows over ``tokens`` tokens."""
+    def terms(self, rows: float, tokens: float) -> tuple[float, float, float]:
+        """One call's (fixed, token (memory), row (FLOPs)) terms, scaled to the preset."""
         d = self.device
         base = d.compute(0, 0)
         memory = d.compute(0, tokens) - base
         flops = d.compute(rows, tokens) - base - memory
-        return base + self.bytes_ratio * memory + self.flops_ratio * flops
+        return base, self.bytes_ratio * memory, self.flops_ratio * self.rate_ratio * flops
+
+    def call(self, rows: float, tokens: float) -> float:
+        """One call of ``rows`` query rows over ``tokens`` tokens."""
+        return sum(self.terms(rows, tokens))
 
     def knee(self, tokens: float) -> float:
         """B where a batched call's row term equals its token term (memory- to
         compute-bound, in the model's terms)."""
-        d = self.device
-        memory = self.bytes_ratio * (d.compute(0, tokens) - d.compute(0, 0))
-        per_query = self.flops_ratio * (d.compute(self.heads, tokens) - d.compute(0, tokens))
+        _, memory, per_query = self.terms(self.heads, tokens)
         return memory / per_query if per_query > 0 else math.inf
 
 
 def ridge_batch(ceilings, preset, kv_format, heads: int) -> float | None:
-    """The hardware's ridge point in queries a call: matmul rate / memory bandwidth FLOP per
-    byte, over what one query adds (heads x FLOPs a row-token per KV byte a token)."""
+    """The hardware's ridge point in queries a call: ``kv_format``'s matmul rate / memory
+    bandwidth FLOP per byte, over what one query adds (heads x FLOPs a row-token per KV byte
+    a token)."""
     if ceilings is None:
         return None
     per_query = heads * preset.flops_per_row_token() / preset.kv_bytes_per_token(kv_format)
-    return ceilings.matmul / ceilings.memory / per_query
+    return ceilings.matmul_for(kv_format) / ceilings.memory / per_query
 
 
 def batched_against_separate(att: Attention, tokens: float, batches) -> list[dict]:
@@ -142,3 +162,67 @@ def step(
         "separate_throughput_per_s": batch / alone,
         "gain": alone / moska,
     }
+
+
+def _gpus(kv_bytes: float, free: float) -> int:
+    """GPUs whose free memory holds ``kv_bytes`` (at least one)."""
+    return max(1, math.ceil(kv_bytes / free))
+
+
+def on_gpus(
+    att: Attention, row: dict, preset, kv_format, *, chunk: float, hbm: float, weights: float
+) -> dict:
+    """One :func:`step` row (every layer's times; ``chunk``: its router's chunk tokens)
+    placed on GPUs of ``hbm`` bytes that each hold the model's ``weights`` besides KV.
+
+    The KV each setup needs room for: MoSKA's shared context once and each request's unique
+    KV, on the same GPUs (``moska``) or the unique KV on GPUs of its own (``apart``); a copy
+    of both each (``copies``: as many a GPU as fit, or a copy larger than a GPU's free memory
+    spread over several). A step's wall time on G GPUs is its device time over G, never less
+    than its longest call, which one GPU runs (a spread copy's read split over its GPUs;
+    apart, the slower of the two groups): per setup the GPUs, the share of their memory
+    used, the compute utilisation (device time over G walls) and the requests a second per
+    GPU, and MoSKA's gains per GPU over the copies'."""
+    per_token = preset.kv_bytes_per_token(kv_format) * preset.layers
+    free = hbm - weights
+    if free <= 0:
+        raise ValueError(f"the weights ({weights:.3g} B) fill a GPU of {hbm:.3g} B")
+    batch, shared, unique, layers = (
+        row["batch"], row["shared_tokens"], row["unique_tokens"], preset.layers
+    )  # fmt: skip
+    shared_bytes, unique_bytes = shared * per_token, batch * unique * per_token
+    copy_bytes = (shared + unique) * per_token
+    per_copy = _gpus(copy_bytes, free)
+    per_chunk = shared / max(1, math.ceil(shared / chunk))
+    one_chunk = layers * att.call(row["queries_per_chunk"] * att.heads, per_chunk)
+    one_unique = layers * att.call(att.heads, unique)
+    shared_gpus, unique_gpus = _gpus(shared_bytes, free), _gpus(unique_bytes, free)
+    apart_wall = max(
+        max((row["shared_s"] + row["merge_s"]) / shared_gpus, one_chunk),
+        max(row["unique_s"] / unique_gpus, one_unique),
+    )
+    setups = {  # name: (KV bytes, GPUs, device time, wall time)
+        "copies": (
+            batch * copy_bytes,
+            batch * per_copy if per_copy > 1 else math.ceil(batch / (free // copy_bytes)),
+            row["separate_step_s"],
+            layers * att.call(att.heads, (shared + unique) / per_copy),
+        ),
+        "moska": (
+            shared_bytes + unique_bytes,
+            _gpus(shared_bytes + unique_bytes, free),
+            row["step_s"],
+            max(one_chunk, one_unique),
+        ),
+        "apart": (shared_bytes + unique_bytes, shared_gpus + unique_gpus, row["step_s"], None),
+    }
+    out = {"kv_bytes_per_token": per_token, "copy_bytes": copy_bytes, "gpus_per_copy": per_copy}
+    for name, (kv, gpus, device_s, longest) in setups.items():
+        wall = apart_wall if longest is None else max(device_s / gpus, longest)
+        out[f"{name}_gpus"] = gpus
+        out[f"{name}_hbm_share"] = (kv / gpus + weights) / hbm
+        out[f"{name}_utilisation"] = device_s / (gpus * wall)
+        out[f"{name}_per_gpu_per_s"] = batch / (wall * gpus)
+    for name in ("moska", "apart"):
+        out[f"{name}_gain_per_gpu"] = out[f"{name}_per_gpu_per_s"] / out["copies_per_gpu_per_s"]
+    return out

@@ -502,7 +502,8 @@ def sharing_figure(calls: pd.DataFrame, steps: pd.DataFrame, facts: dict) -> plt
     """Shared-KV batching: one call of B queries over a shared chunk against B calls, with
     the knee and the device's ridge point marked (memory-bound to compute-bound); and a
     decode step's gain over each request holding its own copy, against the shared
-    context, with its bound and the paper's 538.7x."""
+    context, in device time and per GPU (where the profile gives a GPU's memory), with its
+    bound and the paper's 538.7x."""
     if calls.empty and steps.empty:
         return None
     fig, (per_call, per_step) = plt.subplots(1, 2, figsize=(12, 4))
@@ -519,10 +520,16 @@ def sharing_figure(calls: pd.DataFrame, steps: pd.DataFrame, facts: dict) -> plt
     per_call.set_title(f"{facts.get('model', '')}: batched against separate calls")
     per_call.legend(fontsize=7)
     per_call.grid(True, which="both", alpha=0.3)
-    per_step.plot(steps.shared_tokens, steps.gain, "o-", ms=3, label="step, unique KV beside")
-    per_step.plot(
-        steps.shared_tokens, steps.gain_unique_elsewhere, "s--", ms=3, label="unique KV elsewhere"
-    )
+    per_step.plot(steps.shared_tokens, steps.gain, "o-", ms=3, label="step, device time")
+    if "moska_gain_per_gpu" in steps and steps.moska_gain_per_gpu.notna().all():
+        per_step.plot(steps.shared_tokens, steps.moska_gain_per_gpu, "s--", ms=3, label="per GPU")
+        per_step.plot(
+            steps.shared_tokens,
+            steps.apart_gain_per_gpu,
+            "^:",
+            ms=3,
+            label="per GPU, unique KV on GPUs of its own",
+        )
     if facts.get("ceiling"):
         per_step.axhline(facts["ceiling"], color="grey", lw=1, label="bound")
     if facts.get("paper"):

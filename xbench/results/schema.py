@@ -48,6 +48,10 @@ simulation v2: adds ``offered_per_s`` and ``sustainable_per_s``, the rate the tr
 span_hits v2: adds ``prefill_layers`` and ``prefill_gpus``, the prefill its time to first
     token prices: the whole model's layers over the instance's GPUs; v1 priced one layer on
     one GPU, and its files read as 1 and 1.
+sharing_steps v2: adds the step on GPUs (``core.sharing.on_gpus``): the KV bytes a token,
+    a copy's bytes and GPUs, and per setup (``moska``, ``apart``: the unique KV on GPUs of
+    its own, ``copies``) the GPUs, the share of their memory used, their compute utilisation
+    and requests a second per GPU, with MoSKA's gains per GPU; v1 files read them null.
 span_hits v3: a row per call (span expressions take ``gen(input -> output)`` calls): adds
     ``request`` and ``output``, the TTFTs' terms (``ttft_<cache>_<fixed|matmul|attention>_s``)
     and ``ttft_ratio``; a TTFT now prefills what missed after what hit in one call (v2
@@ -428,6 +432,18 @@ SHARING_CALLS_SCHEMA = pa.schema(
     ]
 )
 SHARING_STEPS = "sharing_steps"
+SHARING_GPU_COLUMNS = [
+    "kv_bytes_per_token",  # every layer's
+    "copy_bytes",
+    "gpus_per_copy",
+    *[
+        f"{setup}_{what}"
+        for setup in ("moska", "apart", "copies")
+        for what in ("gpus", "hbm_share", "utilisation", "per_gpu_per_s")
+    ],
+    "moska_gain_per_gpu",
+    "apart_gain_per_gpu",
+]
 SHARING_STEPS_SCHEMA = pa.schema(
     [
         pa.field("batch", pa.int64(), nullable=False),
@@ -445,6 +461,15 @@ SHARING_STEPS_SCHEMA = pa.schema(
         pa.field("separate_throughput_per_s", pa.float64(), nullable=False),
         pa.field("gain", pa.float64(), nullable=False),
         pa.field("gain_unique_elsewhere", pa.float64(), nullable=False),
+        # v2: the step on GPUs of the profile's HBM, the weights on each (core.sharing.on_gpus;
+        # null where the profile gives no HBM or the model no parameter count)
+        *[
+            pa.field(
+                name,
+                pa.int64() if name.endswith("gpus") or name == "gpus_per_copy" else pa.float64(),
+            )
+            for name in SHARING_GPU_COLUMNS
+        ],
     ]
 )
 SPAN_HITS = "span_hits"
@@ -571,7 +596,7 @@ SCHEMA_VERSIONS = {
     PREFILL_SIMULATION: 2,
     PREFILL_SATURATION: 1,
     SHARING_CALLS: 1,
-    SHARING_STEPS: 1,
+    SHARING_STEPS: 2,
     SPAN_HITS: 3,
     OWN_COPIES: 1,
     SIMULATION_VALIDATION: 5,
@@ -613,6 +638,14 @@ def _added_span_call_columns(table: pa.Table) -> pa.Table:
     )
     table = _added_columns(pa.string(), output="")(table)
     return _added_null_columns(*SPAN_TTFT_TERMS, "ttft_ratio")(table)
+
+
+def _added_sharing_gpu_columns(table: pa.Table) -> pa.Table:
+    """v1 priced a step's device time only: no GPUs, memory or utilisation (null)."""
+    for f in SHARING_STEPS_SCHEMA:
+        if f.name in SHARING_GPU_COLUMNS:
+            table = table.append_column(f, pa.nulls(table.num_rows, f.type))
+    return table
 
 
 def _added_costs_column(table: pa.Table) -> pa.Table:
@@ -717,6 +750,7 @@ MIGRATIONS: dict[str, dict[int, object]] = {
     COMPARISON: {1: _added_null_columns("launch_sd", "detectable")},  # v1: no detectable change
     PREFILL_SIMULATION: {1: _added_null_columns("hit_rate")},  # v1: not recorded
     SPAN_HITS: {1: _added_span_prefill_columns, 2: _added_span_call_columns},
+    SHARING_STEPS: {1: _added_sharing_gpu_columns},  # v1: one GPU's device time only
     SIMULATION: {
         1: _added_null_columns("offered_per_s", "sustainable_per_s")
     },  # v1: one layer on one GPU

@@ -316,7 +316,13 @@ def sharing_report(profile, spec: dict) -> tuple[pd.DataFrame, pd.DataFrame, dic
     batched and routed top-k against each request holding its own copy, per shared context
     size; and the figures that bound the gain (the knee, the ridge, their ceiling)."""
     from xbench.core.models import get_model
-    from xbench.core.sharing import Attention, batched_against_separate, ridge_batch, step
+    from xbench.core.sharing import (
+        Attention,
+        batched_against_separate,
+        on_gpus,
+        ridge_batch,
+        step,
+    )
 
     cfg, fields = spec["sharing"], spec["fields"]
     preset = get_model(cfg["model"])
@@ -328,6 +334,7 @@ def sharing_report(profile, spec: dict) -> tuple[pd.DataFrame, pd.DataFrame, dic
         cfg["kv_format"],
         fields["kv_bytes_per_token"],
         reference.flops_per_row_token(),
+        profile.ceilings,
     )
     chunk = cfg["chunk_tokens"]
     calls = pd.DataFrame(batched_against_separate(att, chunk, cfg["batches"]))
@@ -348,6 +355,13 @@ def sharing_report(profile, spec: dict) -> tuple[pd.DataFrame, pd.DataFrame, dic
     )
     # with the unique KV on nodes of its own (MoSKA's disaggregation): the shared part alone
     sweep["gain_unique_elsewhere"] = sweep.separate_step_s / (sweep.shared_s + sweep.merge_s)
+    hbm, weights = _sharing_memory(profile, preset, cfg["kv_format"])
+    if hbm is not None:
+        placed = [
+            on_gpus(att, row, preset, cfg["kv_format"], chunk=chunk, hbm=hbm, weights=weights)
+            for row in sweep.to_dict("records")
+        ]
+        sweep = pd.concat([sweep, pd.DataFrame(placed)], axis=1)
     knee = att.knee(chunk)
     one = att.call(cfg["heads"], chunk)
     call_bound = one / (one - att.call(0, chunk))
@@ -370,8 +384,24 @@ def sharing_report(profile, spec: dict) -> tuple[pd.DataFrame, pd.DataFrame, dic
         * preset.kv_bytes_per_token(cfg["kv_format"])
         * preset.layers,
         "paper": 538.7,
+        # the setup's matmul rate over the BF16 one the device terms were fitted at
+        "rate_ratio": 1 / att.rate_ratio,
+        "hbm": hbm,
+        "weights_bytes": weights,
     }
     return calls, sweep, facts
+
+
+def _sharing_memory(profile, preset, kv_format) -> tuple[float | None, float | None]:
+    """(a GPU's memory, the model's weights on it) in bytes, for placing a sharing step on
+    GPUs: the weights in the KV's dtype (MoSKA's setup is FP8 throughout); (None, None)
+    where the profile gives no HBM or the model no parameter count."""
+    from xbench.core.models import DTYPE_BYTES
+
+    hbm = profile.ceilings.hbm if profile.ceilings else None
+    if hbm is None or preset.total_params is None:
+        return None, None
+    return hbm, preset.total_params * DTYPE_BYTES.get(kv_format, 2)
 
 
 def prefill_shape(spec: dict) -> tuple[int, int]:
