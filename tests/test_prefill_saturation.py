@@ -87,13 +87,36 @@ def test_a_deployment_that_keeps_up_with_nothing_compares_as_missing():
     assert frame.loc["homogeneous", "max_rate_per_s"] > 0
 
 
+def test_the_same_gpus_deployment_has_both_clusters_count_of_this_clusters_kind():
+    """Worked by hand on one length: as many GPUs as both clusters (2 + 1 instances), all
+    of this cluster's kind, keep up with 3 / T_local; the others compare against it."""
+    from xbench.simulate.prefill import saturation
+
+    w = _one_length()
+    c = PrefillCosts(PRIORS, w)
+    spec = {"fabrics": ["tcp"], "fields": dict(w.__dict__)}
+    spec["fields"].pop("fabric")
+    frame = saturation(PRIORS, spec, 2000, 0).set_index("deployment")
+    same = frame.loc["homogeneous, same GPUs", "max_rate_per_s"]
+    assert 0.96 * 3 / c.local(L) <= same <= 1.03 * 3 / c.local(L)
+    for name, row in frame.iterrows():
+        assert row.vs_same_gpus == pytest.approx(row.max_rate_per_s / same - 1), name
+
+
 def test_simulate_compares_the_deployments_at_saturation(xbench):
     r = xbench("simulate", "prefill-as-a-service", "--requests", "1000", env={"COLUMNS": "200"})
     assert r.returncode == 0, r.stderr
     flat = " ".join(r.stdout.split())
     assert "deployments at saturation" in flat
-    for name in ("homogeneous", "naive heterogeneous", "PrfaaS, threshold", "PrfaaS, predicate"):
+    for name in (
+        "homogeneous",
+        "homogeneous, same GPUs",
+        "naive heterogeneous",
+        "PrfaaS, threshold",
+        "PrfaaS, predicate",
+    ):
         assert f" {name} " in flat
+    assert "ends when its KV is here, no decode shares the GPUs" in flat
     assert "+54 %" in flat and "+32 %" in flat
 
 

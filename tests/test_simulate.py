@@ -825,6 +825,7 @@ def test_simulate_writes_its_reports_beside_the_table(xbench, tmp_path):
     )
     assert set(saturated.deployment) == {
         "homogeneous",
+        "homogeneous, same GPUs",
         "naive heterogeneous",
         "PrfaaS, threshold",
         "PrfaaS, predicate",

@@ -406,3 +406,13 @@ def test_sharing_steps_v1_files_read_without_gpus(tmp_path):
     assert list(frame.columns) == schema.SHARING_STEPS_SCHEMA.names
     assert frame[schema.SHARING_GPU_COLUMNS].iloc[0].isna().all()
     assert (frame[schema.SHARING_GPU_COLUMNS].iloc[1] == 1).all()
+
+
+def test_prefill_saturation_v1_files_read_without_the_same_gpus_comparison(tmp_path):
+    row = {f.name: 0.5 for f in schema.PREFILL_SATURATION_SCHEMA}
+    row.update(fabric="tcp", deployment="homogeneous", policy="local")
+    path = write_table(tmp_path / "p.parquet", schema.PREFILL_SATURATION, [row], {"run_id": "p"})
+    old = _as_version(path, 1, tmp_path / "v1.parquet", ("vs_same_gpus",))
+    frame = read_table([old, path], schema.PREFILL_SATURATION)
+    assert list(frame.columns) == schema.PREFILL_SATURATION_SCHEMA.names
+    assert frame.vs_same_gpus.isna().tolist() == [True, False]

@@ -770,10 +770,12 @@ def _saturation_table(saturated, n: int) -> None:
         "deployments at saturation: the highest arrival rate each keeps up with",
         f"bisection on the arrival rate ({n:,} requests a step, to 1 %): keeps up where "
         "98 % of the requests are done by the last arrival;  homogeneous: this cluster "
-        "prefills alone;  naive heterogeneous: every prefill offloaded;  PrfaaS: offload "
-        "above t (the best t on a grid, at saturation) or the predicate",
+        "prefills alone;  same GPUs: as many GPUs as both clusters, all of this cluster's "
+        "kind;  naive heterogeneous: every prefill offloaded;  PrfaaS: offload above t (the "
+        "best t on a grid, at saturation) or the predicate;  vs: the rate over homogeneous's "
+        "/ same GPUs' / naive's",
     )
-    for col in ("fabric", "deployment", "t", "requests/s", "vs homogeneous", "vs naive"):
+    for col in ("fabric", "deployment", "t", "requests/s", "vs"):
         table.add_column(col, justify="left" if col in ("fabric", "deployment") else "right")
     for r in saturated.itertuples():
         table.add_row(
@@ -781,18 +783,19 @@ def _saturation_table(saturated, n: int) -> None:
             r.deployment,
             _tokens(r.threshold_tokens) if r.threshold_tokens == r.threshold_tokens else "-",
             f"{r.max_rate_per_s:.2f}",
-            *(
+            " / ".join(
                 f"{100 * vs:+.0f}%" if vs == vs else "-"  # nan: the base kept up with none
-                for vs in (r.vs_homogeneous, r.vs_naive)
+                for vs in (r.vs_homogeneous, r.vs_same_gpus, r.vs_naive)
             ),
         )
     console.print(table)
     console.print(
         "the study reports PrfaaS +54 % over a homogeneous prefill-decode deployment and +32 % "
-        "over a naive heterogeneous one; here the homogeneous one is this cluster without the "
-        "remote one (the study's is not described in the stored text), so against it the "
-        "remote cluster's whole compute counts; against the naive one the difference is the "
-        "routing alone: short prompts' KV kept off the link",
+        "over a naive heterogeneous one; against this cluster alone the remote cluster's whole "
+        "compute counts, against as many GPUs of this cluster's kind what counts is the remote "
+        "GPUs' speed (the same cost would buy fewer of them: not modelled), against the naive "
+        "one the routing alone: short prompts' KV kept off the link. Prefill only: a request "
+        "ends when its KV is here, no decode shares the GPUs",
         highlight=False,
     )
 

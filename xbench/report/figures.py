@@ -468,7 +468,8 @@ PRFAAS_STUDY = {"vs_homogeneous": 0.54, "vs_naive": 0.32}
 
 def saturation_figure(frame: pd.DataFrame) -> plt.Figure | None:
     """Per fabric: the highest arrival rate each deployment keeps up with, its gain over
-    the homogeneous and the naive deployments written on its bar, the study's beside."""
+    the homogeneous deployments (this cluster alone; as many GPUs as both) and the naive
+    one written on its bar, the study's beside."""
     if frame.empty:
         return None
     fabrics = list(dict.fromkeys(frame.fabric))
@@ -480,7 +481,12 @@ def saturation_figure(frame: pd.DataFrame) -> plt.Figure | None:
             ax.text(
                 bar.get_width(),
                 bar.get_y() + bar.get_height() / 2,
-                f" {100 * row.vs_homogeneous:+.0f}% / {100 * row.vs_naive:+.0f}%",
+                " "
+                + " / ".join(
+                    f"{100 * vs:+.0f}%" if vs == vs else "-"
+                    for vs in (row.vs_homogeneous, getattr(row, "vs_same_gpus", None), row.vs_naive)
+                    if vs is not None
+                ),
                 va="center",
                 fontsize=8,
             )
@@ -488,7 +494,7 @@ def saturation_figure(frame: pd.DataFrame) -> plt.Figure | None:
         ax.set_xlim(0, 1.35 * f.max_rate_per_s.max())
         ax.set_xlabel("highest rate kept up with, requests/s")
         ax.set_title(
-            f"{fabric}: deployments at saturation\n(vs homogeneous / vs naive; the study: "
+            f"{fabric}: deployments at saturation\n(vs homogeneous / same GPUs / naive; the study: "
             f"+{100 * PRFAAS_STUDY['vs_homogeneous']:.0f}% / "
             f"+{100 * PRFAAS_STUDY['vs_naive']:.0f}%)",
             fontsize=9,

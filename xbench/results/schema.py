@@ -48,6 +48,9 @@ simulation v2: adds ``offered_per_s`` and ``sustainable_per_s``, the rate the tr
 span_hits v2: adds ``prefill_layers`` and ``prefill_gpus``, the prefill its time to first
     token prices: the whole model's layers over the instance's GPUs; v1 priced one layer on
     one GPU, and its files read as 1 and 1.
+prefill_saturation v2: adds the deployment ``homogeneous, same GPUs`` (both clusters' GPU
+    count, all of this cluster's kind) and ``vs_same_gpus``, each deployment's rate over its;
+    v1 files read it null.
 sharing_steps v2: adds the step on GPUs (``core.sharing.on_gpus``): the KV bytes a token,
     a copy's bytes and GPUs, and per setup (``moska``, ``apart``: the unique KV on GPUs of
     its own, ``copies``) the GPUs, the share of their memory used, their compute utilisation
@@ -420,6 +423,8 @@ PREFILL_SATURATION_SCHEMA = pa.schema(
         pa.field("max_rate_per_s", pa.float64(), nullable=False),  # highest rate kept up with
         pa.field("vs_homogeneous", pa.float64(), nullable=False),  # rate / homogeneous's - 1
         pa.field("vs_naive", pa.float64(), nullable=False),
+        # v2: against the homogeneous deployment of both clusters' GPU count (null in v1)
+        pa.field("vs_same_gpus", pa.float64()),
     ]
 )
 SHARING_CALLS = "sharing_calls"
@@ -594,7 +599,7 @@ SCHEMA_VERSIONS = {
     COMPARISON: 2,
     SIMULATION: 2,
     PREFILL_SIMULATION: 2,
-    PREFILL_SATURATION: 1,
+    PREFILL_SATURATION: 2,
     SHARING_CALLS: 1,
     SHARING_STEPS: 2,
     SPAN_HITS: 3,
@@ -749,6 +754,7 @@ MIGRATIONS: dict[str, dict[int, object]] = {
     },
     COMPARISON: {1: _added_null_columns("launch_sd", "detectable")},  # v1: no detectable change
     PREFILL_SIMULATION: {1: _added_null_columns("hit_rate")},  # v1: not recorded
+    PREFILL_SATURATION: {1: _added_null_columns("vs_same_gpus")},  # v1: no such deployment
     SPAN_HITS: {1: _added_span_prefill_columns, 2: _added_span_call_columns},
     SHARING_STEPS: {1: _added_sharing_gpu_columns},  # v1: one GPU's device time only
     SIMULATION: {

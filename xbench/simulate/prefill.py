@@ -546,22 +546,32 @@ def sustainable_rate(
 # at saturation) or the predicate
 DEPLOYMENTS = (
     ("homogeneous", "local"),
+    ("homogeneous, same GPUs", "local"),
     ("naive heterogeneous", "offload"),
     ("PrfaaS, threshold", "threshold"),
     ("PrfaaS, predicate", "predicate"),
 )
+# the deployment of as many GPUs as both clusters, all of this cluster's kind (its instances
+# and the remote one's count, at this cluster's speed): the study's homogeneous baseline of
+# the same GPU count
+SAME_GPUS = "homogeneous, same GPUs"
 
 
 def saturation(profile, spec: dict, requests: int, seed: int, on_step=None):
     """Per fabric and deployment, the highest rate it keeps up with (the threshold's best
-    over :func:`threshold_grid`), and each against the homogeneous and the naive ones."""
+    over :func:`threshold_grid`), and each against the homogeneous (this cluster alone and
+    as many GPUs as both clusters, of this cluster's kind) and the naive ones."""
+    from dataclasses import replace
+
     import pandas as pd
 
     rows = []
     for fabric in spec["fabrics"]:
-        w = PrefillWorkload(**spec["fields"], fabric=fabric)
         by = {}
         for name, policy in DEPLOYMENTS:
+            w = PrefillWorkload(**spec["fields"], fabric=fabric)
+            if name == SAME_GPUS:
+                w = replace(w, local_instances=w.local_instances + w.remote_instances)
             if policy == "threshold":
                 grid = threshold_grid(make_prefill_trace(w, requests, seed), points=17)
                 rates = [(sustainable_rate(profile, w, policy, requests, seed, t), t) for t in grid]
@@ -583,6 +593,7 @@ def saturation(profile, spec: dict, requests: int, seed: int, on_step=None):
         for row in rows[-len(DEPLOYMENTS) :]:  # nan against a deployment that kept up with none
             for key, base in (
                 ("vs_homogeneous", "homogeneous"),
+                ("vs_same_gpus", SAME_GPUS),
                 ("vs_naive", "naive heterogeneous"),
             ):
                 rate = by[base]
