@@ -1492,6 +1492,37 @@ def test_decide_and_simulate_agree_on_every_shipped_scenario_or_say_why(xbench):
     assert "here a fetch served" in lines[0] and "at which decide says fetch" in lines[0]
 
 
+def test_decide_and_simulate_part_on_requests_of_several_chunks_and_say_why(xbench, tmp_path):
+    """Requests that each attend 4 chunks of 8K tokens, far past u* uses a fetch: decide
+    (one use) says fetch, yet always-route's requests end sooner, their uses running at
+    once at 4 holders where fetch's queue on the requester's compute; with one chunk a
+    request, fetch wins as decide says."""
+    from xbench.simulate import decide_beside, parted_by_fanout, run
+
+    body = (
+        '[scenario]\nname = "fan"\nmodel = "deepseek-v3.2"\n[request]\nheads = 16\n'
+        '[workload]\ninstances = 8\nchunk_tokens = 8192\nrate = "50/s"\nfabric = ["ib"]\n'
+        "cache_chunks = 6\nrequests = 3000\nspans = [\n"
+        '  { expr = "system + {d1, d2, d3, d4} + q1" },\n'
+        '  { expr = "system + {d3, d1, d4, d2} + q2" },\n]\n'
+    )
+    sourced = load_profile(Path(__file__).resolve().parents[1] / "profiles" / "h100-priors.toml")
+    for chunks, parted in (("{d1, d2, d3, d4}", True), ("{d1}", False)):
+        path = tmp_path / f"fan{parted}.toml"
+        path.write_text(
+            body.replace("{d1, d2, d3, d4}", chunks).replace("{d3, d1, d4, d2}", chunks)
+        )
+        spec = load_workload(path)
+        beside = decide_beside(sourced, spec, run(sourced, spec, ["route", "fetch"], 3000, 0))
+        assert beside.decide_at_uses.tolist() == ["fetch"]
+        assert parted_by_fanout(beside).tolist() == [parted], beside
+        assert beside.better_static.tolist() == ["route" if parted else "fetch"]
+        if parted:
+            r = xbench("simulate", path, "--requests", "3000", env={"COLUMNS": "400"})
+            (line,) = [ln for ln in r.stdout.splitlines() if ln.startswith("decide on ib")]
+            assert "a request attends 4.0 chunks on average and ends with its slowest" in line
+
+
 def test_json_and_csv_carry_every_table_simulate_shows(xbench):
     """A span workload's reuse and hit-rate tables and decide's answers beside the
     simulation, and a prefill workload's deployments at saturation: in JSON, one object of

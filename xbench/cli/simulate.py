@@ -680,9 +680,10 @@ def _ttft_words(hits) -> str:
 def _decide_lines(beside):
     """Per fabric, decide's answer for one use of this shape beside what the simulation
     found, and, where they part, why."""
-    from xbench.simulate import BUSY
+    from xbench.simulate import BUSY, parted_by_fanout
 
-    for r in beside.itertuples():
+    fanout = parted_by_fanout(beside).tolist()
+    for r, by_fanout in zip(beside.itertuples(), fanout, strict=True):
         line = (
             f"decide on {r.fabric}, one use of this shape on idle resources: {r.decide_idle} "
             f"(a fetch pays from u* = {r.u_star:.1f} uses)"
@@ -697,6 +698,12 @@ def _decide_lines(beside):
             line += (
                 f", since always-route kept a link or compute {100 * r.route_busy:.0f} % busy "
                 "(decide prices idle resources)"
+            )
+        elif by_fanout:
+            line += (
+                f", since a request attends {r.chunks_per_request:.1f} chunks on average and "
+                "ends with its slowest: route runs them at once at their holders, fetch one "
+                "after another here (decide prices one use)"
             )
         elif r.decide_at_uses != r.better_static:
             line += (

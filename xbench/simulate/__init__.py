@@ -541,8 +541,8 @@ def decide_beside(profile, spec: dict, frame: pd.DataFrame) -> pd.DataFrame:
     uses, not at home, per fetch: those that joined one on its way or found the chunk
     cached), beside the better static policy and how busy always-route kept its busiest
     link or compute. decide prices a use on idle resources: where, at that reuse, it names
-    the policy that lost, a busy route (``route_busy`` >= ``BUSY``) is why. Empty without
-    both static policies."""
+    the policy that lost, a busy route (``route_busy`` >= ``BUSY``) or requests of several
+    chunks (:func:`parted_by_fanout`) is why. Empty without both static policies."""
     from xbench.core.costmodel import decide, thresholds
 
     rows = []
@@ -565,9 +565,23 @@ def decide_beside(profile, spec: dict, frame: pd.DataFrame) -> pd.DataFrame:
                 "decide_at_uses": decide(profile, at_served).choice,
                 "better_static": by.mean_us[["route", "fetch"]].idxmin(),
                 "route_busy": max(by.link_util_max["route"], by.compute_util_max["route"]),
+                # shared chunks a request attends: route runs them at once at their
+                # holders, fetch one after another on the requester's compute
+                "chunks_per_request": w.uses_per_request(prefixes=False),
             }
         )
     return pd.DataFrame(rows)
+
+
+def parted_by_fanout(beside: pd.DataFrame) -> pd.Series:
+    """Where decide (one use) says fetch and the simulation finds route better with
+    requests of several chunks: the request's latency is its slowest use, and route's uses
+    run at once at their holders where fetch's queue on the requester's compute."""
+    return (
+        (beside.decide_at_uses == "fetch")
+        & (beside.better_static == "route")
+        & (beside.chunks_per_request > 1)
+    )
 
 
 __all__ = [
@@ -578,6 +592,7 @@ __all__ = [
     "decide_beside",
     "make_trace",
     "own_copies",
+    "parted_by_fanout",
     "predicate_gains",
     "random_workloads",
     "request_latency",
