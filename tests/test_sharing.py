@@ -185,6 +185,19 @@ def test_simulate_prints_the_sharing_report_against_the_papers_figure(xbench):
     assert f"per GPU a step gains x{low} with 1M shared tokens to x{high} with 16M" in readme
 
 
+def test_a_model_whose_weights_fill_a_gpu_is_not_placed_and_says_why(xbench, tmp_path):
+    path = tmp_path / "m.toml"
+    path.write_text(
+        '[scenario]\nname = "m"\nmodel = "deepseek-v3.2"\n[workload]\ninstances = 2\n'
+        'chunks = 2\nchunk_tokens = 1024\nrate = "100/s"\nfabric = "ib"\n'
+        'sharing = { model = "deepseek-v3.2", kv_format = "fp8", shared_tokens = [65536] }\n'
+    )
+    r = xbench("simulate", path, "--requests", "200", env={"COLUMNS": "200"})
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    flat = " ".join(r.stdout.split())
+    assert "the step is not placed on GPUs: deepseek-v3.2's weights fill a GPU" in flat
+
+
 def _scenario(tmp_path, body: str, model: str = "deepseek-v3.2") -> Path:
     path = tmp_path / "s.toml"
     path.write_text(

@@ -1523,6 +1523,14 @@ def test_decide_and_simulate_part_on_requests_of_several_chunks_and_say_why(xben
             assert "a request attends 4.0 chunks on average and ends with its slowest" in line
 
 
+def test_one_policy_prints_its_table_without_decide_beside(xbench):
+    """decide's answer is set beside route and fetch run together: with one policy there is
+    nothing beside it, and the table prints whole."""
+    r = xbench("simulate", "span-fanout", "--policy", "route", "--requests", "300")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert "decide on" not in r.stdout and "span hit rates" in r.stdout
+
+
 def test_json_and_csv_carry_every_table_simulate_shows(xbench):
     """A span workload's reuse and hit-rate tables and decide's answers beside the
     simulation, and a prefill workload's deployments at saturation: in JSON, one object of

@@ -161,6 +161,8 @@ def test_a_call_parses_and_stands_for_its_output_where_it_is_written():
     assert parse("gen + x-y") == Seq((Name("gen"), Name("x-y")))
     assert parse("gen(a->b)") == Gen(Name("a"), "b")
     assert names(tree) == ["judge", "s", "q", "a1", "s", "q", "a2", "verdict"]
+    # where it is written a call stands for its output, as calls() reads it
+    assert positional_and_shared(parse("gen(s + {d1} -> a) + q")) == (["a", "q"], [])
     for expr in ("gen(a -> b) + gen(c -> b)", "gen(a + b -> b)", "{gen(a -> x), x}"):
         with pytest.raises(ValueError, match="generated twice or also read as data"):
             parse(expr)
@@ -260,6 +262,31 @@ def test_the_context_a_ratio_needs_is_worked_out_by_hand():
     assert context_for_ratio(fixed, 1, 10) == pytest.approx(9 * 1001, abs=1)
     assert context_for_ratio(fixed, 1, 10, most=1000) is None
     assert context_for_ratio(linear, 100, 1) == 0
+    # a root below ``most`` is found even where doubling would pass it; none past it
+    assert context_for_ratio(linear, 100, 10, most=1000) == pytest.approx(900, abs=1)
+    assert context_for_ratio(linear, 100, 10, most=800) is None
+    assert context_for_ratio(lambda n, context=0: float("inf"), 100, 10) is None
+
+
+def test_a_name_generated_again_must_be_the_same_call():
+    # asked again, the same call generates the same tokens; another input cannot reuse it
+    same = hit_rates(["gen(s + q -> a)", "gen(s + q -> a)", "{a, d} + q2"], block=1)
+    assert same[1]["hit_rate_dependent"] == 1
+    with pytest.raises(ValueError, match="a is generated from s \\+ q and from x"):
+        hit_rates(["gen(s + q -> a)", "gen(x -> a)"])
+
+
+def test_a_scenario_that_generates_a_name_from_two_inputs_is_refused(xbench, tmp_path):
+    path = tmp_path / "two.toml"
+    path.write_text(
+        '[scenario]\nname = "two"\nmodel = "deepseek-v3.2"\n[workload]\ninstances = 2\n'
+        'chunk_tokens = 64\nrate = "100/s"\nfabric = "ib"\n'
+        'spans = [{ expr = "gen(s + {d1} -> a)" }, { expr = "gen(t + {d2} -> a)" }]\n'
+    )
+    r = xbench("simulate", path, "--requests", "100")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    line = r.stderr.strip().splitlines()[-1]
+    assert "a is generated from s + {d1} and from t + {d2}" in line, line
 
 
 def test_simulate_runs_nested_generation_and_reuses_what_it_generated(xbench, tmp_path):

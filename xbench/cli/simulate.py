@@ -484,7 +484,7 @@ def _sharing_tables(calls, sweep, facts: dict) -> None:
         "query heads): one call of B queries over a shared chunk against B calls, one layer",
         f"the profile's device terms (fitted on {facts['reference']}) scaled by KV bytes a "
         f"token and FLOPs a row-token, at {facts['kv_format']}'s matmul rate (x"
-        f"{facts['rate_ratio']:.2g} the BF16 one they were fitted at);  knee: "
+        f"{facts['matmul_speedup']:.2g} the BF16 one they were fitted at);  knee: "
         f"B = {knee:.1f}, where a call's row term "
         "overtakes its token term (memory-bound below, compute-bound above)"
         + (f";  the [ceilings]' ridge point: B = {ridge:.1f}" if ridge else ""),
@@ -529,6 +529,8 @@ def _sharing_tables(calls, sweep, facts: dict) -> None:
     placed = facts["hbm"] is not None
     if placed:
         _sharing_gpu_table(sweep, facts)
+    else:
+        console.print(f"the step is not placed on GPUs: {facts['unplaced']}", highlight=False)
     copy = format_size(int(facts["copy_bytes"]))
     if placed:
         largest = sweep.iloc[sweep.shared_tokens.idxmax()]
@@ -646,7 +648,8 @@ def _ttft_lines(hits, reach) -> None:
         "both prefill;  the ratio grows about as (C + new) / new while matmuls lead, as "
         "C / (2 new) once attention's pairs do"
         + (
-            ";  this profile gives a call no fixed time (recompute_t0), so no ceiling"
+            ";  this profile gives a call no fixed time (recompute_t0), which would raise "
+            "the C short calls need"
             if no_fixed
             else ""
         ),

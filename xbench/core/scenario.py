@@ -27,9 +27,9 @@ from pathlib import Path
 from xbench.core.costmodel import MOST_LAYERS, MOST_SHAPE, MOST_TOKENS
 from xbench.core.models import get_model, mla_model
 from xbench.core.spans import calls as span_calls
+from xbench.core.spans import check_generated, positional_and_shared
 from xbench.core.spans import names as span_names
 from xbench.core.spans import parse as parse_span_tree
-from xbench.core.spans import positional_and_shared
 from xbench.core.units import parse_duration, parse_rate, parse_size
 from xbench.errors import XbenchError
 from xbench.files import read_toml
@@ -672,7 +672,16 @@ def _span_cache(path, table: dict, chunk_tokens: int) -> dict:
     """What the span report's KV cache reads: the expressions in the order written, its
     block, and each name's tokens (``chunk_tokens`` where span_tokens does not say)."""
     exprs = tuple(str(item["expr"]) for item in table["spans"])
-    named = {n for e in exprs for n in span_names(parse_span_tree(e))}
+    trees = [parse_span_tree(e) for e in exprs]
+    try:
+        check_generated(trees)
+    except ValueError as e:
+        raise ScenarioError(
+            f"scenario {path}: [workload] spans: {e}",
+            "a later call may read an output by name; one that generates it again must be "
+            "the same call",
+        ) from None
+    named = {n for tree in trees for n in span_names(tree)}
     lengths = table.get("span_tokens", {})
     for name, tokens in lengths.items():
         if name not in named:

@@ -41,6 +41,7 @@ approximation of the same kind as block attention's: the answer's KV attended it
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -62,7 +63,7 @@ class Name:
 
 @dataclass(frozen=True)
 class Seq:
-    parts: tuple  # Name | Set, two or more
+    parts: tuple  # Name | Set | Gen, two or more
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,8 @@ def _lex(expr: str) -> list[tuple[str, str, int]]:
 
 
 def parse(expr: str):
-    """The expression's tree (Name, Seq or Set); SpanSyntaxError where it is wrong."""
+    """The expression's tree (Name, Seq, Set or Gen); SpanSyntaxError where it is wrong, a
+    ValueError where a call's output is named twice (:func:`_check_outputs`)."""
     tokens, i = _lex(expr), 0
 
     def found(tok) -> str:
@@ -189,9 +191,8 @@ def positional_and_shared(tree) -> tuple[list[str], list[str]]:
         return [], names(tree)
     if isinstance(tree, Name):
         return [tree.name], []
-    if isinstance(tree, Gen):  # its output follows its input, in its place
-        outside, inside = positional_and_shared(tree.input)
-        return outside + [tree.output], inside
+    if isinstance(tree, Gen):  # a call stands for its output where it is written (calls)
+        return [tree.output], []
     outside, inside = [], []
     for p in tree.parts:
         o, s = positional_and_shared(p)
@@ -286,6 +287,22 @@ def calls(tree) -> list[tuple[object, str | None]]:
     return out
 
 
+def check_generated(trees) -> None:
+    """ValueError where expressions generate one name from different inputs (the same
+    name would be two token streams); the same call asked again generates the same."""
+    made: dict[str, str] = {}
+    for tree in trees:
+        for call_input, output in calls(tree):
+            if output is None:
+                continue
+            shown = render(call_input)
+            if made.setdefault(output, shown) != shown:
+                raise ValueError(
+                    f"{output} is generated from {made[output]} and from {shown}: name each "
+                    "call's output anew"
+                )
+
+
 def _left_cached(streams, output, independent, lengths, default, block) -> list:
     """The keys a call with ``output`` leaves besides its input's (dual output): the output
     continues the call's own positional stream (``streams``' last: the top scope's), and,
@@ -330,8 +347,9 @@ def hit_rates(
     lengths = lengths or {}
     caches = {False: set(), True: set()}
     out = []
-    for request, expr in enumerate(exprs):
-        tree = parse(expr) if isinstance(expr, str) else expr
+    trees = [parse(expr) if isinstance(expr, str) else expr for expr in exprs]
+    check_generated(trees)
+    for request, tree in enumerate(trees):
         for call_input, output in calls(tree):
             total = sum(int(lengths.get(n, default_tokens)) for n in names(call_input))
             shown = render(call_input if output is None else Gen(call_input, output))
@@ -360,19 +378,23 @@ def context_for_ratio(prefill, new_tokens: float, ratio: float, most: float = 1e
     """The tokens C a call must find under position-independent caching and miss under
     position-dependent caching for the latter's time to first token, ``prefill(C + q, 0)``,
     to be ``ratio`` times the former's, ``prefill(q, C)`` (``q``: ``new_tokens``, what both
-    prefill; ``prefill(tokens, context)`` in seconds); None past ``most`` tokens. The ratio
-    grows with C: about (C + q) / q while the matmuls lead, C / 2q once attention's pairs do,
-    and no more than ``prefill(C + q, 0)`` over a call's fixed time."""
+    prefill; ``prefill(tokens, context)`` in seconds); None past ``most`` tokens or where
+    the prefill has no finite cost. The ratio grows with C: about (C + q) / q while the
+    matmuls lead, C / 2q once attention's pairs do; a call's fixed time raises the C a short
+    call needs."""
     from scipy.optimize import brentq
 
     def gap(context: float) -> float:
         return prefill(context + new_tokens, 0.0) - ratio * prefill(new_tokens, context)
 
-    if gap(0.0) >= 0:
+    start = gap(0.0)
+    if not math.isfinite(start):
+        return None
+    if start >= 0:
         return 0.0
-    high = max(float(new_tokens), 1.0)
+    high = min(max(float(new_tokens), 1.0), most)
     while gap(high) < 0:
-        high *= 2
-        if high > most:
+        if high >= most:
             return None
+        high = min(2 * high, most)
     return float(brentq(gap, 0.0, high, xtol=0.5))

@@ -385,23 +385,30 @@ def sharing_report(profile, spec: dict) -> tuple[pd.DataFrame, pd.DataFrame, dic
         * preset.layers,
         "paper": 538.7,
         # the setup's matmul rate over the BF16 one the device terms were fitted at
-        "rate_ratio": 1 / att.rate_ratio,
+        "matmul_speedup": 1 / att.rate_ratio,
         "hbm": hbm,
-        "weights_bytes": weights,
+        "weights_bytes": weights if hbm is not None else None,
+        "unplaced": None if hbm is not None else weights,  # why the step is not on GPUs
     }
     return calls, sweep, facts
 
 
-def _sharing_memory(profile, preset, kv_format) -> tuple[float | None, float | None]:
+def _sharing_memory(profile, preset, kv_format) -> tuple[float | None, float | str]:
     """(a GPU's memory, the model's weights on it) in bytes, for placing a sharing step on
-    GPUs: the weights in the KV's dtype (MoSKA's setup is FP8 throughout); (None, None)
-    where the profile gives no HBM or the model no parameter count."""
+    GPUs: the weights in the KV's dtype (MoSKA's setup is FP8 throughout); (None, why not)
+    where the profile gives no HBM, the model no parameter count, or its weights fill a GPU
+    (they would be sharded over several: not modelled)."""
     from xbench.core.models import DTYPE_BYTES
 
     hbm = profile.ceilings.hbm if profile.ceilings else None
-    if hbm is None or preset.total_params is None:
-        return None, None
-    return hbm, preset.total_params * DTYPE_BYTES.get(kv_format, 2)
+    if hbm is None:
+        return None, f"profile {profile.name} gives no [ceilings] hbm"
+    if preset.total_params is None:
+        return None, f"{preset.name} has no published parameter count"
+    weights = preset.total_params * DTYPE_BYTES.get(kv_format, 2)
+    if weights >= hbm:  # sharded weights: a placement this step does not model
+        return None, f"{preset.name}'s weights fill a GPU (sharded weights are not modelled)"
+    return hbm, weights
 
 
 def prefill_shape(spec: dict) -> tuple[int, int]:
@@ -577,6 +584,8 @@ def parted_by_fanout(beside: pd.DataFrame) -> pd.Series:
     """Where decide (one use) says fetch and the simulation finds route better with
     requests of several chunks: the request's latency is its slowest use, and route's uses
     run at once at their holders where fetch's queue on the requester's compute."""
+    if beside.empty:  # a run without both static policies: nothing beside
+        return pd.Series(dtype=bool)
     return (
         (beside.decide_at_uses == "fetch")
         & (beside.better_static == "route")
