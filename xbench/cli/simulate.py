@@ -617,10 +617,10 @@ def _hit_table(hits, block: int) -> None:
 def _ttft_lines(hits, reach) -> None:
     """The calls' TTFT summed under each cache, term by term, with their ratio and the best
     call's; then where span queries' 10-20x appears on this profile (``span_ttft_reach``)."""
-    from xbench.simulate import TTFT_TERMS
+    from xbench.core.costmodel import RECOMPUTE_TERMS
 
     def said(label: str) -> str:
-        terms = [hits[f"ttft_{label}_{term}_s"].sum() for term in TTFT_TERMS]
+        terms = [hits[f"ttft_{label}_{term}_s"].sum() for term in RECOMPUTE_TERMS]
         parts = ", ".join(
             f"{format_duration(t)} {word}"
             for t, word in zip(terms, ("fixed", "matmuls", "attention"), strict=True)

@@ -479,8 +479,8 @@ def _dominates(a: Fabric, b: Fabric, strict: bool) -> bool:
 class Ceilings:
     """What the hardware a profile describes cannot exceed: its memory bandwidth (B/s), its
     dense matmul rate (FLOP/s) in 16-bit floats and, where given, in FP8, each fabric's
-    link rate (B/s, by fabric name) and, where given, a GPU's memory capacity (bytes). A term faster than these (``xbench.core.implied``) is
-    impossible, whatever fitted it."""
+    link rate (B/s, by fabric name) and, where given, a GPU's memory capacity (bytes). A term
+    faster than these (``xbench.core.implied``) is impossible, whatever fitted it."""
 
     memory: float
     matmul: float
@@ -639,20 +639,21 @@ SCALAR = ScalarOps()
 RECOMPUTE_TERMS = ("fixed", "matmul", "attention")  # recompute_terms' order
 
 
-def recompute_terms(tokens, per_token: float, per_token2: float, t0=0.0, context=0.0):
-    """T_recompute(c)'s terms for one call over c tokens: (the call's fixed time t0, the
-    matmuls' c * p1, attention's c^2 * p2); after ``context`` cached tokens h that they
-    attend, the pairs are (h + c)^2 - h^2 = c (c + 2 h)."""
-    return t0, tokens * per_token, tokens * (tokens + 2 * context) * per_token2
-
-
 def recompute_time(tokens, per_token: float, per_token2: float, t0=0.0, context=0.0):
-    """T_recompute: the sum of :func:`recompute_terms`; inf without p1 (the profile knows
-    no cost)."""
+    """T_recompute(c) = t0 + c * p1 + c^2 * p2 for one call over c tokens; after ``context``
+    cached tokens h that they attend, the pairs are (h + c)^2 - h^2 = c (c + 2 h). Inf
+    without p1: the profile knows no cost."""
     if per_token == INF:
         return INF
-    fixed, matmul, attention = recompute_terms(tokens, per_token, per_token2, t0, context)
-    return fixed + matmul + attention
+    return t0 + tokens * (per_token + (tokens + 2 * context) * per_token2)
+
+
+def recompute_terms(tokens, per_token: float, per_token2: float, t0=0.0, context=0.0):
+    """:func:`recompute_time`'s terms (:data:`RECOMPUTE_TERMS`): the call's fixed time t0,
+    the matmuls' c * p1, and attention's pairs, the rest of the sum (the formula stays
+    in one place, unchanged on decide's path)."""
+    matmul = tokens * per_token
+    return t0, matmul, recompute_time(tokens, per_token, per_token2, t0, context) - t0 - matmul
 
 
 def interpolation_pieces(points) -> tuple:

@@ -197,28 +197,39 @@ def on_gpus(
     one_chunk = layers * att.call(row["queries_per_chunk"] * att.heads, per_chunk)
     one_unique = layers * att.call(att.heads, unique)
     shared_gpus, unique_gpus = _gpus(shared_bytes, free), _gpus(unique_bytes, free)
-    apart_wall = max(
-        max((row["shared_s"] + row["merge_s"]) / shared_gpus, one_chunk),
-        max(row["unique_s"] / unique_gpus, one_unique),
-    )
+    copies_gpus = batch * per_copy if per_copy > 1 else math.ceil(batch / (free // copy_bytes))
+    moska_gpus = _gpus(shared_bytes + unique_bytes, free)
     setups = {  # name: (KV bytes, GPUs, device time, wall time)
         "copies": (
             batch * copy_bytes,
-            batch * per_copy if per_copy > 1 else math.ceil(batch / (free // copy_bytes)),
+            copies_gpus,
             row["separate_step_s"],
-            layers * att.call(att.heads, (shared + unique) / per_copy),
+            max(
+                row["separate_step_s"] / copies_gpus,
+                layers * att.call(att.heads, (shared + unique) / per_copy),
+            ),
         ),
         "moska": (
             shared_bytes + unique_bytes,
-            _gpus(shared_bytes + unique_bytes, free),
+            moska_gpus,
             row["step_s"],
-            max(one_chunk, one_unique),
+            max(row["step_s"] / moska_gpus, one_chunk, one_unique),
         ),
-        "apart": (shared_bytes + unique_bytes, shared_gpus + unique_gpus, row["step_s"], None),
+        # the shared context's GPUs and the unique KV's at once: the slower group's time
+        "apart": (
+            shared_bytes + unique_bytes,
+            shared_gpus + unique_gpus,
+            row["step_s"],
+            max(
+                (row["shared_s"] + row["merge_s"]) / shared_gpus,
+                one_chunk,
+                row["unique_s"] / unique_gpus,
+                one_unique,
+            ),
+        ),
     }
     out = {"kv_bytes_per_token": per_token, "copy_bytes": copy_bytes, "gpus_per_copy": per_copy}
-    for name, (kv, gpus, device_s, longest) in setups.items():
-        wall = apart_wall if longest is None else max(device_s / gpus, longest)
+    for name, (kv, gpus, device_s, wall) in setups.items():
         out[f"{name}_gpus"] = gpus
         out[f"{name}_hbm_share"] = (kv / gpus + weights) / hbm
         out[f"{name}_utilisation"] = device_s / (gpus * wall)

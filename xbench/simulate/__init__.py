@@ -355,7 +355,7 @@ def sharing_report(profile, spec: dict) -> tuple[pd.DataFrame, pd.DataFrame, dic
     )
     # with the unique KV on nodes of its own (MoSKA's disaggregation): the shared part alone
     sweep["gain_unique_elsewhere"] = sweep.separate_step_s / (sweep.shared_s + sweep.merge_s)
-    hbm, weights = _sharing_memory(profile, preset, cfg["kv_format"])
+    hbm, weights, unplaced = _sharing_memory(profile, preset, cfg["kv_format"])
     if hbm is not None:
         placed = [
             on_gpus(att, row, preset, cfg["kv_format"], chunk=chunk, hbm=hbm, weights=weights)
@@ -387,28 +387,28 @@ def sharing_report(profile, spec: dict) -> tuple[pd.DataFrame, pd.DataFrame, dic
         # the setup's matmul rate over the BF16 one the device terms were fitted at
         "matmul_speedup": 1 / att.rate_ratio,
         "hbm": hbm,
-        "weights_bytes": weights if hbm is not None else None,
-        "unplaced": None if hbm is not None else weights,  # why the step is not on GPUs
+        "weights_bytes": weights,
+        "unplaced": unplaced,  # why the step is not on GPUs (None where it is)
     }
     return calls, sweep, facts
 
 
-def _sharing_memory(profile, preset, kv_format) -> tuple[float | None, float | str]:
-    """(a GPU's memory, the model's weights on it) in bytes, for placing a sharing step on
-    GPUs: the weights in the KV's dtype (MoSKA's setup is FP8 throughout); (None, why not)
-    where the profile gives no HBM, the model no parameter count, or its weights fill a GPU
-    (they would be sharded over several: not modelled)."""
+def _sharing_memory(profile, preset, kv_format) -> tuple:
+    """(a GPU's memory, the model's weights on it, why not) for placing a sharing step on
+    GPUs, bytes: the weights in the KV's dtype (MoSKA's setup is FP8 throughout); (None,
+    None, the reason) where the profile gives no HBM, the model no parameter count, or its
+    weights fill a GPU (they would be sharded over several: not modelled)."""
     from xbench.core.models import DTYPE_BYTES
 
     hbm = profile.ceilings.hbm if profile.ceilings else None
     if hbm is None:
-        return None, f"profile {profile.name} gives no [ceilings] hbm"
+        return None, None, f"profile {profile.name} gives no [ceilings] hbm"
     if preset.total_params is None:
-        return None, f"{preset.name} has no published parameter count"
+        return None, None, f"{preset.name} has no published parameter count"
     weights = preset.total_params * DTYPE_BYTES.get(kv_format, 2)
-    if weights >= hbm:  # sharded weights: a placement this step does not model
-        return None, f"{preset.name}'s weights fill a GPU (sharded weights are not modelled)"
-    return hbm, weights
+    if weights >= hbm:
+        return None, None, f"{preset.name}'s weights fill a GPU (sharded weights are not modelled)"
+    return hbm, weights, None
 
 
 def prefill_shape(spec: dict) -> tuple[int, int]:
@@ -428,8 +428,18 @@ def prefill_shape(spec: dict) -> tuple[int, int]:
     return layers, gpus
 
 
-TTFT_TERMS = RECOMPUTE_TERMS  # each TTFT's terms, core.costmodel.recompute_terms' order
 PAPER_TTFT_RATIOS = (10.0, 20.0)  # span queries' reported TTFT gains (arXiv 2511.02749)
+
+
+def _whole_prefill(device, layers: int, gpus: int):
+    """``prefill(tokens, context)``: the whole model's prefill the span reports price
+    (``core.parts.prefill_time`` over ``layers`` layers and ``gpus`` GPUs)."""
+    from xbench.core.parts import prefill_time
+
+    def prefill(tokens, context):
+        return prefill_time(device, tokens, context, layers=layers, gpus=gpus)
+
+    return prefill
 
 
 def span_hit_rates(profile, spec: dict) -> pd.DataFrame:
@@ -439,18 +449,16 @@ def span_hit_rates(profile, spec: dict) -> pd.DataFrame:
     member by member), and the time to first token: the whole model's prefill of what missed
     after what hit (:func:`prefill_shape`'s layers and GPUs, ``core.parts.prefill_time``),
     columns ``prefill_layers`` and ``prefill_gpus``, with its terms (``ttft_<cache>_<term>_s``,
-    :data:`TTFT_TERMS`) and ``ttft_ratio``, prefix caching's TTFT over span caching's."""
+    :data:`~xbench.core.costmodel.RECOMPUTE_TERMS`) and ``ttft_ratio``, prefix caching's TTFT over span caching's."""
     import math
 
-    from xbench.core.parts import prefill_terms, prefill_time
+    from xbench.core.parts import prefill_terms
     from xbench.core.spans import hit_rates, prefilled_tokens
 
     cache = spec["span_cache"]
     layers, gpus = prefill_shape(spec)
     device = profile.device
-
-    def prefill(tokens, context):
-        return prefill_time(device, tokens, context, layers=layers, gpus=gpus)
+    prefill = _whole_prefill(device, layers, gpus)
 
     frame = pd.DataFrame(
         hit_rates(
@@ -471,7 +479,7 @@ def span_hit_rates(profile, spec: dict) -> pd.DataFrame:
                 prefill_terms(device, *prefilled_tokens(total, hit), layers=layers, gpus=gpus)
                 for total, hit in zip(frame.tokens, hits, strict=True)
             ]
-            for i, term in enumerate(TTFT_TERMS):
+            for i, term in enumerate(RECOMPUTE_TERMS):
                 frame[f"ttft_{label}_{term}_s"] = [t[i] for t in terms]
         frame["ttft_ratio"] = frame.ttft_dependent_s / frame.ttft_independent_s
     return frame
@@ -483,13 +491,10 @@ def span_ttft_reach(profile, spec: dict, hits: pd.DataFrame) -> pd.DataFrame:
     find under span caching and miss under prefix caching for prefix caching's TTFT to be
     each :data:`PAPER_TTFT_RATIOS` times span caching's (``context_tokens``; null past a
     billion), the whole model's prefill as :func:`span_hit_rates` prices it."""
-    from xbench.core.parts import prefill_time
     from xbench.core.spans import context_for_ratio, prefilled_tokens
 
     layers, gpus = int(hits.prefill_layers.iloc[0]), int(hits.prefill_gpus.iloc[0])
-
-    def prefill(tokens, context):
-        return prefill_time(profile.device, tokens, context, layers=layers, gpus=gpus)
+    prefill = _whole_prefill(profile.device, layers, gpus)
 
     found = hits[hits.hit_tokens_independent > 0]  # calls that span caching helped
     misses = sorted(
@@ -549,7 +554,7 @@ def decide_beside(profile, spec: dict, frame: pd.DataFrame) -> pd.DataFrame:
     cached), beside the better static policy and how busy always-route kept its busiest
     link or compute. decide prices a use on idle resources: where, at that reuse, it names
     the policy that lost, a busy route (``route_busy`` >= ``BUSY``) or requests of several
-    chunks (:func:`parted_by_fanout`) is why. Empty without both static policies."""
+    chunks (:func:`parted_by_fanout`) is why. No rows without both static policies."""
     from xbench.core.costmodel import decide, thresholds
 
     rows = []
@@ -577,15 +582,25 @@ def decide_beside(profile, spec: dict, frame: pd.DataFrame) -> pd.DataFrame:
                 "chunks_per_request": w.uses_per_request(prefixes=False),
             }
         )
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=BESIDE_COLUMNS)
+
+
+BESIDE_COLUMNS = (  # decide_beside's, there even where a run lacks a static policy
+    "fabric",
+    "decide_idle",
+    "u_star",
+    "uses_per_fetch",
+    "decide_at_uses",
+    "better_static",
+    "route_busy",
+    "chunks_per_request",
+)
 
 
 def parted_by_fanout(beside: pd.DataFrame) -> pd.Series:
     """Where decide (one use) says fetch and the simulation finds route better with
     requests of several chunks: the request's latency is its slowest use, and route's uses
     run at once at their holders where fetch's queue on the requester's compute."""
-    if beside.empty:  # a run without both static policies: nothing beside
-        return pd.Series(dtype=bool)
     return (
         (beside.decide_at_uses == "fetch")
         & (beside.better_static == "route")
