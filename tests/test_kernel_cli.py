@@ -3,6 +3,7 @@
 import json
 import re
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -229,8 +230,14 @@ def test_prefill_sweep_fits_the_quadratic_recompute_term(xbench, tmp_path):
     # the layer's matmuls at the matmul rate this run measured (deepseek-v3.2: 37e9 active)
     assert not d.recompute_per_token.prior and d.recompute_per_token.value > 1e-6
     assert "of 2 heads, scaled to 128" in fitted.provenance["device_notes"]["recompute"]
-    scenario = "scenarios/prefill-as-a-service.toml"
-    r = xbench("simulate", scenario, "--profile", profile, "--requests", "200")
+    # a CPU fit keeps no GPU's [ceilings], which decode reads: the shipped scenario says so
+    # in one line, and its prefill-only copy runs on the fitted prefill terms
+    shipped = Path("scenarios/prefill-as-a-service.toml")
+    r = xbench("simulate", str(shipped), "--profile", profile, "--requests", "200")
+    assert r.returncode == 2 and "set output_tokens = 0 (prefill only)" in r.stderr
+    scenario = tmp_path / "prefill-only.toml"
+    scenario.write_text(shipped.read_text().replace("output_tokens = 1024", "output_tokens = 0"))
+    r = xbench("simulate", str(scenario), "--profile", profile, "--requests", "200")
     assert r.returncode == 0, r.stderr
     assert "offload threshold (tcp):" in r.stdout
     # fitted on CPU kernels: a decode simulation runs gather and splice on the compute

@@ -104,7 +104,7 @@ def test_the_same_gpus_deployment_has_both_clusters_count_of_this_clusters_kind(
 
 
 def test_simulate_compares_the_deployments_at_saturation(xbench):
-    r = xbench("simulate", "prefill-as-a-service", "--requests", "1000", env={"COLUMNS": "200"})
+    r = xbench("simulate", "prefill-as-a-service", env={"COLUMNS": "200"})
     assert r.returncode == 0, r.stderr
     flat = " ".join(r.stdout.split())
     assert "deployments at saturation" in flat
@@ -116,8 +116,42 @@ def test_simulate_compares_the_deployments_at_saturation(xbench):
         "PrfaaS, predicate",
     ):
         assert f" {name} " in flat
-    assert "ends when its KV is here, no decode shares the GPUs" in flat
+    assert "its output tokens are decoded, decode at full batch" in flat
     assert "+54 %" in flat and "+32 %" in flat
+    # the README quotes PrfaaS's threshold against the same GPUs and the naive deployment
+    row = re.search(r" PrfaaS, threshold +\S+ +\d+/\d+ +(\d+\.\d\d) +\S+ / (\S+) / (\S+) ", flat)
+    rate, same, naive = row.groups()
+    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    quoted = f"keeps up with {rate} requests/s, {same[:-1]} % over as many GPUs of this cluster's"
+    assert quoted in readme and f"and {naive[:-1]} % over the naive deployment" in readme
+    assert " P/D " in flat and re.search(
+        r"decode \(tcp\): one instance of this cluster batches \d+", flat
+    )
+
+
+def test_decode_needs_the_models_parameters_and_the_profiles_memory(tmp_path, xbench):
+    from xbench.core.scenario import ScenarioError, load_workload
+
+    head = '[scenario]\nname = "p"\nmodel = "{}"\n[workload]\nkind = "prefill"\n'
+    path = tmp_path / "p.toml"
+    path.write_text(head.format("glm-5") + "output_tokens = 256\n")
+    with pytest.raises(ScenarioError, match="model glm-5 publishes no parameter counts"):
+        load_workload(path)
+    path.write_text(head.format("glm-5") + "output_tokens = 0\n")  # prefill only: fine
+    assert load_workload(path)["fields"]["output_tokens"] == 0
+    path.write_text(head.format("deepseek-v3.2") + "output_tokens = 256\n")
+    fields = load_workload(path)["fields"]
+    assert (fields["decode_rows"], fields["attended_tokens"]) == (128, 2048.0)
+    assert (fields["weight_bytes"], fields["matmul_dtype"]) == (1.0, "fp8")
+    # a profile without [ceilings] has no memory rate to read the weights at
+    bare = tmp_path / "bare.toml"
+    priors = (Path(__file__).resolve().parents[1] / "profiles" / "h100-priors.toml").read_text()
+    start = priors.index("\n[ceilings]") + 1
+    bare.write_text(priors[:start] + priors[priors.index("\n[[fabric]]", start) :])
+    r = xbench("simulate", str(path), "--profile", str(bare), "--requests", "50")
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert "no [ceilings] memory rate and GPU memory (hbm), which" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
 
 
 def test_bursts_keep_the_mean_rate_and_raise_the_dispersion():
@@ -189,3 +223,98 @@ def test_a_scenario_gives_its_link_trace_and_a_bad_one_is_refused(tmp_path):
         path.write_text(head + f"link_trace = {bad}\n")
         with pytest.raises(ScenarioError, match=r"link_trace\[\d\] = .* is not \[seconds"):
             load_workload(path)
+
+
+# Decode on this cluster (DeepSeek-V3.2's shape: 128 query rows, DSA's 2,048-token top-k,
+# 37e9 of 671e9 parameters active, FP8 weights) on H20-like GPUs: 96 GB each
+DECODE = dict(
+    decode_rows=128,
+    attended_tokens=2048.0,
+    active_params=37e9,
+    total_params=671e9,
+    weight_bytes=1.0,
+    matmul_dtype="fp8",
+    local_hbm_gb=96.0,
+    local_memory_speed=1.2,
+)
+
+
+def _decode_by_hand(w: PrefillWorkload) -> float:
+    """Requests a second one decode instance finishes at full batch, worked from the
+    profile's terms: each request holds and attends L + (out - 1) / 2 tokens on average
+    (attends at most the top-k), as many fit beside the weights as the memory holds; a step
+    reads every weight it uses once or runs their FLOPs, whichever is longer, and attends
+    each request's tokens on one of the instance's GPUs."""
+    d, ceilings, out = PRIORS.device, PRIORS.ceilings, w.output_tokens
+    held = L + (out - 1) / 2
+    free = 8 * 96e9 - 671e9 * 1.0
+    batch = min(w.decode_batch, int(free // (held * w.kv_bytes_per_token * w.layers)))
+    attended = min(held, 2048)
+    read = min(671e9, batch * 37e9) / (ceilings.memory * 1.2)
+    run = 2 * 37e9 * batch / (ceilings.matmul_fp8 * w.local_speed)
+    per_request = (
+        d.compute_t0.value
+        + attended * d.compute_per_token.value / 1.2
+        + attended * 128 * d.compute_per_row_token.value / w.local_speed
+    )
+    step = (max(read, run) + w.layers * batch * per_request) / 8
+    return batch / (out * step)
+
+
+def test_a_decode_step_is_its_weights_read_and_each_requests_attention():
+    w = _one_length(output_tokens=4096, **DECODE)
+    decode = PrefillCosts(PRIORS, w).decode(np.full(5, float(L)))
+    assert decode["batch_bound"] == "memory" and decode["batch"] < w.decode_batch
+    assert decode["per_instance_per_s"] == pytest.approx(_decode_by_hand(w))
+    assert decode["step_s"] == pytest.approx(decode["linear_s"] + decode["attention_s"])
+    # a batch of one: only the active weights are read, and nothing fits where the weights
+    # fill the GPUs
+    one = PrefillCosts(PRIORS, _one_length(output_tokens=4096, decode_batch=1, **DECODE))
+    single = one.decode(np.full(5, float(L)))
+    assert single["batch"] == 1 and single["batch_bound"] == "decode_batch"
+    assert single["linear_s"] == pytest.approx(37e9 / (PRIORS.ceilings.memory * 1.2) / 8)
+    full = PrefillCosts(PRIORS, _one_length(output_tokens=4096, **{**DECODE, "local_hbm_gb": 80}))
+    assert full.decode(np.full(5, float(L)))["per_instance_per_s"] == 0.0
+    assert PrefillCosts(PRIORS, _one_length()).decode(np.full(5, float(L))) is None
+
+
+def test_prefill_and_decode_at_saturation_worked_by_hand():
+    """One length, 4 instances here and 1 there: each split of this cluster's instances
+    keeps up with the lesser of its prefill's capacity (p / T_local) and its decode's (d
+    instances at full batch); each deployment runs its best split. Worked by hand: this
+    cluster alone is decode-bound at 2 / 2, as many GPUs of its kind prefill-bound at 2 / 3,
+    and the naive deployment decodes on all 4."""
+    from xbench.simulate.prefill import saturation
+
+    w = _one_length(local_instances=4, remote_instances=1, output_tokens=4096, **DECODE)
+    c = PrefillCosts(PRIORS, w)
+    per_decode, prefill = _decode_by_hand(w), 1 / c.local(L)
+    spec = {"fabrics": ["tcp"], "fields": dict(w.__dict__)}
+    spec["fields"].pop("fabric")
+    frame = saturation(PRIORS, spec, 2000, 0).set_index("deployment")
+
+    def best(instances):
+        splits = [(p, instances - p) for p in range(1, instances)]
+        return max(splits, key=lambda s: min(s[0] * prefill, s[1] * per_decode))
+
+    expected = {
+        "homogeneous": best(4),
+        "homogeneous, same GPUs": best(5),
+        "naive heterogeneous": (0, 4),
+    }
+    assert expected["homogeneous"] == (2, 2) and expected["homogeneous, same GPUs"] == (2, 3)
+    there = min(1 / c.prefill(L), 1 / c.transfer(L))  # the remote instance or the link
+    for name, (p, d) in expected.items():
+        row = frame.loc[name]
+        assert (row.prefill_instances, row.decode_instances) == (p, d), name
+        assert row.decode_rate_per_s == pytest.approx(d * per_decode)
+        capacity = min(p * prefill if p else there, d * per_decode)
+        assert 0.96 * capacity <= row.max_rate_per_s <= 1.03 * capacity, (name, capacity)
+    # PrfaaS may prefill nothing here, as the naive deployment: never below it
+    for name in ("PrfaaS, threshold", "PrfaaS, predicate"):
+        assert (
+            frame.loc[name, "max_rate_per_s"] >= frame.loc["naive heterogeneous", "max_rate_per_s"]
+        )
+    # decode bounds this cluster alone: its rate is the decode's exactly
+    assert frame.loc["homogeneous", "max_rate_per_s"] == pytest.approx(2 * per_decode)
+    assert frame["decode_per_instance_per_s"].iloc[0] == pytest.approx(per_decode)

@@ -408,11 +408,34 @@ def test_sharing_steps_v1_files_read_without_gpus(tmp_path):
     assert (frame[schema.SHARING_GPU_COLUMNS].iloc[1] == 1).all()
 
 
-def test_prefill_saturation_v1_files_read_without_the_same_gpus_comparison(tmp_path):
+def _saturation_row() -> dict:
     row = {f.name: 0.5 for f in schema.PREFILL_SATURATION_SCHEMA}
     row.update(fabric="tcp", deployment="homogeneous", policy="local")
-    path = write_table(tmp_path / "p.parquet", schema.PREFILL_SATURATION, [row], {"run_id": "p"})
-    old = _as_version(path, 1, tmp_path / "v1.parquet", ("vs_same_gpus",))
+    row.update(prefill_instances=5, decode_instances=3, decode_batch_bound="memory")
+    return row
+
+
+def test_prefill_saturation_v1_files_read_without_the_same_gpus_comparison(tmp_path):
+    path = write_table(
+        tmp_path / "p.parquet", schema.PREFILL_SATURATION, [_saturation_row()], {"run_id": "p"}
+    )
+    dropped = ("vs_same_gpus", *schema.SATURATION_DECODE_COLUMNS)
+    old = _as_version(path, 1, tmp_path / "v1.parquet", dropped)
     frame = read_table([old, path], schema.PREFILL_SATURATION)
     assert list(frame.columns) == schema.PREFILL_SATURATION_SCHEMA.names
     assert frame.vs_same_gpus.isna().tolist() == [True, False]
+
+
+def test_prefill_saturation_v2_files_read_without_decode(tmp_path):
+    """v3 split this cluster's instances between prefill and decode: v2 files, which
+    simulated no decode, read the split and the decode figures null."""
+    assert schema.SATURATION_DECODE_COLUMNS[0] == "prefill_instances"
+    path = write_table(
+        tmp_path / "p.parquet", schema.PREFILL_SATURATION, [_saturation_row()], {"run_id": "p"}
+    )
+    old = _as_version(path, 2, tmp_path / "v2.parquet", schema.SATURATION_DECODE_COLUMNS)
+    frame = read_table([old, path], schema.PREFILL_SATURATION)
+    assert list(frame.columns) == schema.PREFILL_SATURATION_SCHEMA.names
+    decode = frame[list(schema.SATURATION_DECODE_COLUMNS)]
+    assert decode.iloc[0].isna().all() and decode.iloc[1].notna().all()
+    assert frame.decode_instances.iloc[1] == 3 and frame.vs_same_gpus.notna().all()

@@ -159,6 +159,14 @@ def simulate(
             f"profile {prof.name} has no prefill cost (recompute_per_token) to simulate {scenario}",
             "use the shipped h100-priors, or fit with --base h100-priors to keep its prefill terms",
         )
+    if spec["kind"] == "prefill" and spec["fields"].get("output_tokens"):
+        ceilings = prof.ceilings
+        if ceilings is None or not (spec["fields"].get("local_hbm_gb") or ceilings.hbm):
+            raise XbenchError(
+                f"profile {prof.name} has no [ceilings] memory rate and GPU memory (hbm), "
+                f"which {scenario}'s decode steps read their weights and KV at",
+                "use the shipped h100-priors, or set output_tokens = 0 (prefill only)",
+            )
     if validate:
         from xbench.fabric.launch import refuse_launched_ranks
 
@@ -774,24 +782,33 @@ def _tokens(n: float) -> str:
 SATURATION_REQUESTS = 2000  # per bisection step: enough that 2 % of them is the run's tail
 
 
-def _saturation_table(saturated, n: int) -> None:
+def _saturation_table(saturated, n: int, output_tokens: int = 0) -> None:
     """The deployments' highest sustainable rates, and the study's comparison beside them."""
+    decodes = bool(output_tokens)
     table = result_table(
         "deployments at saturation: the highest arrival rate each keeps up with",
         f"bisection on the arrival rate ({n:,} requests a step, to 1 %): keeps up where "
         "98 % of the requests are done by the last arrival;  homogeneous: this cluster "
-        "prefills alone;  same GPUs: as many GPUs as both clusters, all of this cluster's "
-        "kind;  naive heterogeneous: every prefill offloaded;  PrfaaS: offload above t (the "
-        "best t on a grid, at saturation) or the predicate;  vs: the rate over homogeneous's "
-        "/ same GPUs' / naive's",
+        "alone;  same GPUs: as many GPUs as both clusters, all of this cluster's kind (the "
+        "study's baseline);  naive heterogeneous: every prefill offloaded;  PrfaaS: offload "
+        "above t (the best t on a grid, at saturation) or the predicate;  "
+        + (
+            "P/D: this cluster's instances prefilling / decoding, the split that keeps up "
+            "with the most;  "
+            if decodes
+            else ""
+        )
+        + "vs: the rate over homogeneous's / same GPUs' / naive's",
     )
-    for col in ("fabric", "deployment", "t", "requests/s", "vs"):
+    columns = ("fabric", "deployment", "t") + (("P/D",) if decodes else ()) + ("requests/s", "vs")
+    for col in columns:
         table.add_column(col, justify="left" if col in ("fabric", "deployment") else "right")
     for r in saturated.itertuples():
         table.add_row(
             r.fabric,
             r.deployment,
             _tokens(r.threshold_tokens) if r.threshold_tokens == r.threshold_tokens else "-",
+            *((f"{r.prefill_instances}/{r.decode_instances}",) if decodes else ()),
             f"{r.max_rate_per_s:.2f}",
             " / ".join(
                 f"{100 * vs:+.0f}%" if vs == vs else "-"  # nan: the base kept up with none
@@ -799,14 +816,40 @@ def _saturation_table(saturated, n: int) -> None:
             ),
         )
     console.print(table)
+    if decodes:
+        for fabric, rows in saturated.groupby("fabric", sort=False):
+            console.print(_decode_line(fabric, rows.iloc[0], output_tokens), highlight=False)
     console.print(
-        "the study reports PrfaaS +54 % over a homogeneous prefill-decode deployment and +32 % "
-        "over a naive heterogeneous one; against this cluster alone the remote cluster's whole "
-        "compute counts, against as many GPUs of this cluster's kind what counts is the remote "
-        "GPUs' speed (the same cost would buy fewer of them: not modelled), against the naive "
-        "one the routing alone: short prompts' KV kept off the link. Prefill only: a request "
-        "ends when its KV is here, no decode shares the GPUs",
+        "the study reports PrfaaS +54 % over a homogeneous prefill-decode deployment of the "
+        "same GPU count and +32 % over a naive heterogeneous one; against as many GPUs of "
+        "this cluster's kind what counts is the remote GPUs' speed (the same cost would buy "
+        "fewer of them: not modelled), against the naive one the routing alone: short "
+        "prompts' KV kept off the link. "
+        + (
+            "Serving at saturation: a request ends when its KV is here and its output "
+            "tokens are decoded, decode at full batch"
+            if decodes
+            else "Prefill only: a request ends when its KV is here, no decode shares the GPUs"
+        ),
         highlight=False,
+    )
+
+
+def _decode_line(fabric: str, r, output_tokens: int) -> str:
+    """One decode instance of this cluster at full batch, term by term."""
+    if not r.decode_batch >= 1:
+        return (
+            f"decode ({fabric}): no request fits beside the weights in a decode instance's "
+            "memory, so no deployment keeps up with any rate"
+        )
+    bound = "its GPUs' memory" if r.decode_batch_bound == "memory" else "decode_batch"
+    return (
+        f"decode ({fabric}): one instance of this cluster batches {r.decode_batch:.0f} "
+        f"requests (as many as {bound} allows); a step takes "
+        f"{format_duration(r.decode_step_s)} (linear layers "
+        f"{format_duration(r.decode_linear_s)}, attention "
+        f"{format_duration(r.decode_attention_s)}): {r.decode_per_instance_per_s:.2f} "
+        f"requests/s of {output_tokens:,} output tokens"
     )
 
 
@@ -865,7 +908,9 @@ def _prefill_table(frame, spec, profile: str, n: int, facts, out, saturated=None
             highlight=False,
         )
     if saturated is not None:
-        _saturation_table(saturated, min(n, SATURATION_REQUESTS))
+        _saturation_table(
+            saturated, min(n, SATURATION_REQUESTS), spec["fields"].get("output_tokens", 0)
+        )
 
 
 def _validate(

@@ -37,6 +37,7 @@ from xbench.core.costmodel import (
     route_legs,
     route_merge,
 )
+from xbench.core.sharing import Attention
 
 
 class Leg(NamedTuple):
@@ -296,3 +297,36 @@ def prefill_terms(
     matmuls', attention's), summing to it where the profile has a recompute cost."""
     scale = layers / (gpus * speed)
     return tuple(term * scale for term in device.recompute_terms(tokens, context))
+
+
+def decode_step_terms(
+    device: Device,
+    batch: float,
+    attended: float,
+    *,
+    rows: int,
+    layers: int,
+    gpus: int,
+    weight_bytes_read: float,
+    flops: float,
+    memory_rate: float,
+    matmul_rate: float,
+    memory_speed: float = 1.0,
+    compute_speed: float = 1.0,
+) -> tuple[float, float]:
+    """One decode step of ``batch`` requests on an instance of ``gpus`` GPUs, each request's
+    new token attending ``attended`` tokens: (the linear layers' time, attention's).
+
+    Linear layers: the weights the batch's tokens use, read once (``weight_bytes_read``) at
+    ``memory_rate``, or their ``flops`` at ``matmul_rate``, whichever takes longer (a
+    roofline), spread evenly over the GPUs. Attention: the device's T_c(rows, attended) a
+    request a layer (:class:`xbench.core.sharing.Attention`'s split), its token (memory)
+    term at ``memory_speed`` and its row (FLOPs) term at ``compute_speed`` of the profile's
+    device, the batch's requests spread over the GPUs (data-parallel attention, each GPU
+    attending its own requests with every query row)."""
+    linear = max(
+        weight_bytes_read / (memory_rate * memory_speed), flops / (matmul_rate * compute_speed)
+    )
+    fixed, memory, row = Attention(device, rows).terms(rows, attended)
+    attention = layers * batch * (fixed + memory / memory_speed + row / compute_speed)
+    return linear / gpus, attention / gpus

@@ -25,7 +25,7 @@ import math
 from pathlib import Path
 
 from xbench.core.costmodel import MOST_LAYERS, MOST_SHAPE, MOST_TOKENS
-from xbench.core.models import get_model, mla_model
+from xbench.core.models import DTYPE_BYTES, get_model, mla_model
 from xbench.core.spans import calls as span_calls
 from xbench.core.spans import check_generated, positional_and_shared
 from xbench.core.spans import names as span_names
@@ -250,6 +250,13 @@ PREFILL_KEYS = {
     "prefix_zipf": (float, 0),
     "local_cache_tokens": (int, 0, MOST_SHAPE),
     "remote_cache_tokens": (int, 0, MOST_SHAPE),
+    # decode on this cluster: each request's output tokens (0: no decode), the most requests
+    # a decode instance batches, this cluster's memory rate over the profile's [ceilings]
+    # memory, and a GPU's memory here (GB)
+    "output_tokens": (int, 0, MOST_TOKENS),
+    "decode_batch": (int, 1, MOST_SHAPE),
+    "local_memory_speed": (float, 1e-9),
+    "local_hbm_gb": (float, 1e-9),
 }
 # the prefix keys, which say nothing without prefixes
 PREFIX_KEYS = (
@@ -409,6 +416,35 @@ def _prefill_fields(path: Path, table: dict, scenario: dict) -> dict:
         **_bursts(path, table),
         "link_trace": _link_trace(path, table.get("link_trace", [])),
         **_prefixes(path, table),
+        **_decode(path, table, get_model(scenario["model"])),
+    }
+
+
+def _decode(path: Path, table: dict, model) -> dict:
+    """A prefill workload's decode fields: the keys given, and the model's decode shape
+    (refused where decode is asked of a model whose parameters are not published)."""
+    out = {
+        key: table[key]
+        for key in ("output_tokens", "decode_batch", "local_memory_speed", "local_hbm_gb")
+        if key in table
+    }
+    if out.get("output_tokens") and not (model.active_params and model.total_params):
+        raise ScenarioError(
+            f"scenario {path}: model {model.name} publishes no parameter counts, which a "
+            "decode step reads",
+            "set output_tokens = 0 (prefill only) or use a model xbench models lists with them",
+        )
+    return {
+        **{
+            k: float(v) if k in ("local_memory_speed", "local_hbm_gb") else v
+            for k, v in out.items()
+        },
+        "decode_rows": model.q_heads,
+        "attended_tokens": float(model.index_topk) if model.index_topk else math.inf,
+        "active_params": float(model.active_params or 0.0),
+        "total_params": float(model.total_params or 0.0),
+        "weight_bytes": float(DTYPE_BYTES[model.matmul_dtype]),
+        "matmul_dtype": model.matmul_dtype,
     }
 
 

@@ -51,6 +51,12 @@ span_hits v2: adds ``prefill_layers`` and ``prefill_gpus``, the prefill its time
 prefill_saturation v2: adds the deployment ``homogeneous, same GPUs`` (both clusters' GPU
     count, all of this cluster's kind) and ``vs_same_gpus``, each deployment's rate over its;
     v1 files read it null.
+prefill_saturation v3: decode on this cluster (a workload's ``output_tokens``): adds the
+    split of its instances each deployment runs (``prefill_instances``, ``decode_instances``),
+    what the decode instances keep up with, and one decode instance at full batch (its batch
+    and what bounds it, its step and the step's linear-layer and attention terms, requests a
+    second); without decode every instance prefills and the decode figures are null; v2
+    files read them all null.
 sharing_steps v2: adds the step on GPUs (``core.sharing.on_gpus``): the KV bytes a token,
     a copy's bytes and GPUs, and per setup (``moska``, ``apart``: the unique KV on GPUs of
     its own, ``copies``) the GPUs, the share of their memory used, their compute utilisation
@@ -425,8 +431,22 @@ PREFILL_SATURATION_SCHEMA = pa.schema(
         pa.field("vs_naive", pa.float64(), nullable=False),
         # v2: against the homogeneous deployment of both clusters' GPU count (null in v1)
         pa.field("vs_same_gpus", pa.float64()),
+        # v3: this cluster's instances split between prefill and decode, what its decode
+        # instances keep up with, and one decode instance at full batch (without decode,
+        # every instance prefills and the decode figures are null; all null in v2)
+        pa.field("prefill_instances", pa.int32()),
+        pa.field("decode_instances", pa.int32()),
+        pa.field("decode_rate_per_s", pa.float64()),
+        pa.field("decode_batch", pa.float64()),
+        pa.field("decode_batch_bound", pa.string()),  # memory or decode_batch
+        pa.field("decode_step_s", pa.float64()),
+        pa.field("decode_linear_s", pa.float64()),
+        pa.field("decode_attention_s", pa.float64()),
+        pa.field("decode_per_instance_per_s", pa.float64()),
     ]
 )
+# what v3 added: the split and the decode figures
+SATURATION_DECODE_COLUMNS = tuple(PREFILL_SATURATION_SCHEMA.names[-9:])
 SHARING_CALLS = "sharing_calls"
 SHARING_CALLS_SCHEMA = pa.schema(
     [
@@ -599,7 +619,7 @@ SCHEMA_VERSIONS = {
     COMPARISON: 2,
     SIMULATION: 2,
     PREFILL_SIMULATION: 2,
-    PREFILL_SATURATION: 2,
+    PREFILL_SATURATION: 3,
     SHARING_CALLS: 1,
     SHARING_STEPS: 2,
     SPAN_HITS: 3,
@@ -712,6 +732,14 @@ def _added_null_columns(*names):
     return migrate
 
 
+def _added_saturation_decode_columns(table: pa.Table) -> pa.Table:
+    """prefill_saturation v2 to v3: no decode, so no split and no decode figures (null)."""
+    for name in SATURATION_DECODE_COLUMNS:
+        field = PREFILL_SATURATION_SCHEMA.field(name)
+        table = table.append_column(field, pa.nulls(table.num_rows, field.type))
+    return table
+
+
 # MIGRATIONS[table][v] turns a pyarrow.Table of version v into version v + 1.
 def _added_columns(arrow_type, **defaults):
     """A migration for a version that added columns of one type: older rows read as these."""
@@ -754,7 +782,10 @@ MIGRATIONS: dict[str, dict[int, object]] = {
     },
     COMPARISON: {1: _added_null_columns("launch_sd", "detectable")},  # v1: no detectable change
     PREFILL_SIMULATION: {1: _added_null_columns("hit_rate")},  # v1: not recorded
-    PREFILL_SATURATION: {1: _added_null_columns("vs_same_gpus")},  # v1: no such deployment
+    PREFILL_SATURATION: {
+        1: _added_null_columns("vs_same_gpus"),  # v1: no such deployment
+        2: _added_saturation_decode_columns,  # v2: no decode
+    },
     SPAN_HITS: {1: _added_span_prefill_columns, 2: _added_span_call_columns},
     SHARING_STEPS: {1: _added_sharing_gpu_columns},  # v1: one GPU's device time only
     SIMULATION: {

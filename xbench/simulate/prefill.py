@@ -29,6 +29,14 @@ of each cluster that computed or received it once it is there, so a request that
 before that misses. The caches drift apart as the policy places requests: uneven, as the
 study says real ones are.
 
+Decode (``output_tokens`` > 0): a request then also decodes its output on one of this
+cluster's instances. Deployments split this cluster's instances between prefill and decode
+and are compared at saturation, where a decode instance runs a full batch: the rate a split
+keeps up with is the lesser of its prefill's (simulated request by request, as above) and
+its decode instances' (:meth:`PrefillCosts.decode`, one step's cost from
+``core.parts.decode_step_terms``), the best split per deployment, as the study grid-searches
+its prefill/decode ratio. The latencies stay prefill's: decode's own is not simulated.
+
 Policies: ``local`` and ``offload`` always, ``threshold`` (offload when more than ``t``
 tokens are uncached here: a request whose prefix is cached here stays, cache-aware
 placement as the study's), and ``predicate``: per request, the cost model's completion
@@ -45,7 +53,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from xbench.core.parts import prefill_time
+from xbench.core.parts import decode_step_terms, prefill_time
 
 PREFILL_POLICIES = ("local", "offload", "threshold", "predicate")
 
@@ -83,6 +91,25 @@ class PrefillWorkload:
     prefix_zipf: float = 1.0
     local_cache_tokens: float = 0.0
     remote_cache_tokens: float = 0.0
+    # decode (0 output tokens: none, a request ends when its KV is here): each request then
+    # generates ``output_tokens`` on one of this cluster's instances given to decode, up to
+    # ``decode_batch`` requests at once and as many as its GPUs' memory holds beside the
+    # weights; this cluster's memory rate is ``local_memory_speed`` of the profile's
+    # [ceilings] memory, its compute ``local_speed`` of the profile's device, a GPU's memory
+    # ``local_hbm_gb`` (0: the profile's [ceilings] hbm)
+    output_tokens: int = 0
+    decode_batch: int = 256
+    local_memory_speed: float = 1.0
+    local_hbm_gb: float = 0.0
+    # the model's decode: query rows a token (its query heads), the most tokens a token
+    # attends (a sparse attention's top-k; inf: all), parameters active a token and in all,
+    # bytes a parameter and its matmuls' dtype
+    decode_rows: int = 128
+    attended_tokens: float = math.inf
+    active_params: float = 0.0
+    total_params: float = 0.0
+    weight_bytes: float = 1.0
+    matmul_dtype: str = "bf16"
 
     def link_share(self, t: float) -> float:
         """The share of the fabric's bandwidth the link has at ``t`` s."""
@@ -203,6 +230,12 @@ class PrefillCosts:
             raise ValueError(f"profile {profile.name} has no recompute_per_token")
         self.w, self.fabric, self.device = w, profile.fabric(w.fabric), d
         self.kv_per_token = w.kv_bytes_per_token * w.layers
+        self.ceilings = profile.ceilings
+        if w.output_tokens and (self.ceilings is None or not (w.local_hbm_gb or self.ceilings.hbm)):
+            raise ValueError(
+                f"profile {profile.name} has no [ceilings] memory rate and GPU memory (hbm), "
+                "which a decode step reads its weights and KV at"
+            )
 
     def prefill(self, tokens: float, speed: float = 1.0, context: float = 0.0) -> float:
         """One instance's prefill of ``tokens`` at ``speed`` of the profile's device, after
@@ -251,6 +284,57 @@ class PrefillCosts:
             "transfer": self.transfer(tokens),
             "splice": layers * self.splice(tokens),
             "local_speed": self.w.local_speed,
+        }
+
+    def decode(self, prompts: np.ndarray) -> dict | None:
+        """One of this cluster's instances decoding at full batch (the steady state at
+        saturation; None without decode): the batch (``decode_batch``, or fewer where the
+        GPUs' memory beside the weights holds fewer requests' KV), one step's time in its two
+        terms (``core.parts.decode_step_terms``) and the requests a second it finishes.
+
+        A request's token attends its prompt and what it generated so far: on average over
+        its ``output_tokens`` steps, the prompt and (output_tokens - 1) / 2 more (the mean of
+        ``prompts``, the trace's), at most the model's ``attended_tokens``; the KV it holds,
+        the same tokens on every layer. The batch's tokens use ``active_params`` each, at most
+        ``total_params`` in all (an MoE's experts read once however many tokens chose them)."""
+        w, ceilings = self.w, self.ceilings
+        if not w.output_tokens:
+            return None
+        held = np.asarray(prompts, dtype=float) + (w.output_tokens - 1) / 2
+        hbm = w.local_hbm_gb * 1e9 or ceilings.hbm
+        free = w.gpus_per_instance * hbm - w.total_params * w.weight_bytes
+        fits = math.floor(free / (held.mean() * self.kv_per_token)) if free > 0 else 0
+        batch = min(w.decode_batch, fits)
+        out = {
+            "batch": batch,
+            "batch_bound": "memory" if fits < w.decode_batch else "decode_batch",
+            "free_bytes": free,
+            "context": float(held.mean()),
+        }
+        if batch < 1:
+            return {**out, "linear_s": math.nan, "attention_s": math.nan, "step_s": math.nan,
+                    "per_instance_per_s": 0.0}  # fmt: skip
+        linear, attention = decode_step_terms(
+            self.device,
+            batch,
+            float(np.minimum(held, w.attended_tokens).mean()),
+            rows=w.decode_rows,
+            layers=w.layers,
+            gpus=w.gpus_per_instance,
+            weight_bytes_read=min(w.total_params, batch * w.active_params) * w.weight_bytes,
+            flops=2 * w.active_params * batch,
+            memory_rate=ceilings.memory,
+            matmul_rate=ceilings.matmul_for(w.matmul_dtype),
+            memory_speed=w.local_memory_speed,
+            compute_speed=w.local_speed,
+        )
+        step = linear + attention
+        return {
+            **out,
+            "linear_s": linear,
+            "attention_s": attention,
+            "step_s": step,
+            "per_instance_per_s": batch / (w.output_tokens * step),
         }
 
     def kv_rate(self, tokens: float) -> float:
@@ -398,7 +482,8 @@ class _PrefillRun:
             zip(trace.arrival.tolist(), trace.length.tolist(), strict=True)
         ):
             self.commit(now)
-            i = min(range(w.local_instances), key=local_free.__getitem__)
+            # none where every instance here decodes (a deployment that offloads every prefill)
+            i = min(range(w.local_instances), key=local_free.__getitem__, default=None)
             j = min(range(w.remote_instances), key=remote_free.__getitem__)
             p = self.prefixes[r]
             prompt = tokens + self.prefix_tokens[r]
@@ -510,11 +595,18 @@ def keeps_up(result: PrefillResult, trace: PrefillTrace) -> bool:
 
 
 def sustainable_rate(
-    profile, w: PrefillWorkload, policy: str, requests: int, seed: int, threshold=math.inf
+    profile,
+    w: PrefillWorkload,
+    policy: str,
+    requests: int,
+    seed: int,
+    threshold=math.inf,
+    ceiling=math.inf,
 ) -> float:
     """The highest arrival rate ``policy`` keeps up with (``keeps_up``), by bisection on a
     log scale to 1 %, on one trace whose gaps are scaled with the rate (the same lengths
-    and the same draws at every rate)."""
+    and the same draws at every rate); ``ceiling`` where it keeps up with that (what
+    another part of the deployment caps it at: its decode)."""
     from dataclasses import replace
 
     def ok(rate: float) -> bool:
@@ -522,12 +614,14 @@ def sustainable_rate(
         trace = make_prefill_trace(wr, requests, seed)
         return keeps_up(simulate_prefill(profile, wr, trace, policy, threshold), trace)
 
+    if ceiling < math.inf and (ceiling <= 0 or ok(ceiling)):
+        return max(ceiling, 0.0)
     # bracket: the whole fleet's rate if every GPU prefilled the median length at full speed
     costs = PrefillCosts(profile, w)
     fleet = (w.local_instances * w.local_speed + w.remote_instances) / costs.prefill(
         w.length_median
     )
-    lo, hi = fleet / 1024, fleet * 4
+    lo, hi = fleet / 1024, min(fleet * 4, ceiling)
     # a policy on a small share of the fleet (a slow cluster alone, a thin link) may not
     # keep up even there: step the bracket down until it does, or call it none
     while not ok(lo):
@@ -541,9 +635,10 @@ def sustainable_rate(
 
 
 # Deployments compared at saturation (the study's comparison, in this simulator's terms):
-# the PD cluster prefilling alone (homogeneous), every prefill sent to the PrfaaS cluster
-# (naive heterogeneous), and PrfaaS's routing: offload above a threshold (the best on a grid,
-# at saturation) or the predicate
+# this cluster alone (homogeneous), as many GPUs as both clusters all of this cluster's kind
+# (homogeneous, same GPUs: the study's baseline, 96 H20 against its 32 H200 + 64 H20), every
+# prefill sent to the PrfaaS cluster (naive heterogeneous), and PrfaaS's routing: offload
+# above a threshold (the best on a grid, at saturation) or the predicate
 DEPLOYMENTS = (
     ("homogeneous", "local"),
     ("homogeneous, same GPUs", "local"),
@@ -552,41 +647,92 @@ DEPLOYMENTS = (
     ("PrfaaS, predicate", "predicate"),
 )
 # the deployment of as many GPUs as both clusters, all of this cluster's kind (its instances
-# and the remote one's count, at this cluster's speed): the study's homogeneous baseline of
-# the same GPU count
+# and the remote one's count, at this cluster's speed)
 SAME_GPUS = "homogeneous, same GPUs"
+
+
+def splits(policy: str, instances: int, decodes: bool) -> list[tuple[int, int]]:
+    """The (prefill, decode) splits of this cluster's ``instances`` a deployment of
+    ``policy`` may run, fewest prefill instances first: without decode, all prefill; with
+    it, at least one decoding and none prefilling (offload), at least one (local), or from
+    none (threshold and predicate: with none prefilling here every prefill is offloaded,
+    as the naive deployment's)."""
+    if not decodes:
+        return [(instances, 0)]
+    least = {"offload": 0, "local": 1}.get(policy, 0)
+    most = 0 if policy == "offload" else instances - 1
+    return [(p, instances - p) for p in range(least, most + 1)]
+
+
+def _best_split(profile, w, name, policy, per_decode, grid, requests, seed) -> dict:
+    """The split of :func:`splits` whose deployment keeps up with the highest rate: the
+    least of its prefill's rate (simulated; the threshold's best over ``grid``) and its
+    decode instances' (``per_decode`` each). The study grid-searches its prefill/decode
+    ratio as this does: fewer prefill instances leave more decoding, so the search stops
+    once the prefill keeps up with the decode, or the decode falls to the best found."""
+    from dataclasses import replace
+
+    instances = w.local_instances + (w.remote_instances if name == SAME_GPUS else 0)
+    best = None
+    for n_prefill, n_decode in splits(policy, instances, per_decode is not None):
+        decode = n_decode * per_decode if per_decode is not None else math.inf
+        if best is not None and decode <= best["max_rate_per_s"]:
+            break
+        wp = replace(w, local_instances=n_prefill)
+        if not n_prefill and policy != "offload":  # nothing prefills here: offload all
+            rate = sustainable_rate(profile, wp, "offload", requests, seed, ceiling=decode)
+            t = 0.0 if policy == "threshold" else math.nan
+        elif policy == "threshold":
+            rate, t = max(
+                (sustainable_rate(profile, wp, policy, requests, seed, t, decode), t) for t in grid
+            )
+        else:
+            rate, t = (
+                sustainable_rate(profile, wp, policy, requests, seed, ceiling=decode),
+                math.nan,
+            )
+        row = {
+            "threshold_tokens": float(t),
+            "max_rate_per_s": min(rate, decode),
+            "prefill_instances": n_prefill,
+            "decode_instances": n_decode,
+            "decode_rate_per_s": decode if decode < math.inf else math.nan,
+        }
+        if best is None or row["max_rate_per_s"] > best["max_rate_per_s"]:
+            best = row
+        if rate < decode:
+            continue
+        break  # the prefill keeps up with the decode: more prefill instances decode less
+    return best
+
+
+# what :meth:`PrefillCosts.decode` gives that the saturation table carries (as decode_<key>)
+DECODE_KEYS = ("batch", "step_s", "linear_s", "attention_s", "per_instance_per_s")
 
 
 def saturation(profile, spec: dict, requests: int, seed: int, on_step=None):
     """Per fabric and deployment, the highest rate it keeps up with (the threshold's best
-    over :func:`threshold_grid`), and each against the homogeneous (this cluster alone and
-    as many GPUs as both clusters, of this cluster's kind) and the naive ones."""
-    from dataclasses import replace
-
+    over :func:`threshold_grid`; with decode, at the best split of this cluster's instances
+    between prefill and decode), and each against the homogeneous deployments (this cluster
+    alone, and as many GPUs as both clusters of this cluster's kind) and the naive one."""
     import pandas as pd
 
     rows = []
     for fabric in spec["fabrics"]:
+        w = PrefillWorkload(**spec["fields"], fabric=fabric)
+        trace = make_prefill_trace(w, requests, seed)
+        decode = PrefillCosts(profile, w).decode(trace.prompts())
+        per_decode = decode["per_instance_per_s"] if decode else None
+        # one decode instance at full batch, beside every deployment (nan without decode)
+        decoding = {f"decode_{key}": (decode or {}).get(key, math.nan) for key in DECODE_KEYS}
+        decoding["decode_batch_bound"] = decode["batch_bound"] if decode else None
+        grid = threshold_grid(trace, points=17)
         by = {}
         for name, policy in DEPLOYMENTS:
-            w = PrefillWorkload(**spec["fields"], fabric=fabric)
-            if name == SAME_GPUS:
-                w = replace(w, local_instances=w.local_instances + w.remote_instances)
-            if policy == "threshold":
-                grid = threshold_grid(make_prefill_trace(w, requests, seed), points=17)
-                rates = [(sustainable_rate(profile, w, policy, requests, seed, t), t) for t in grid]
-                rate, t = max(rates)
-            else:
-                rate, t = sustainable_rate(profile, w, policy, requests, seed), float("nan")
-            by[name] = rate
+            best = _best_split(profile, w, name, policy, per_decode, grid, requests, seed)
+            by[name] = best["max_rate_per_s"]
             rows.append(
-                {
-                    "fabric": fabric,
-                    "deployment": name,
-                    "policy": policy,
-                    "threshold_tokens": float(t),
-                    "max_rate_per_s": rate,
-                }
+                {"fabric": fabric, "deployment": name, "policy": policy, **best, **decoding}
             )
             if on_step:
                 on_step(f"{fabric} {name} at saturation")
