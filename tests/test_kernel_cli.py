@@ -35,7 +35,16 @@ def test_models_json_derives_byte_counts(xbench):
     # the GQA preset says what it is (its KV bytes are every KV head's K and V)
     llama = rows["llama-3.1-8b"]
     assert (llama["attention"], llama["kv_heads"], llama["kv_bytes_per_token"]) == ("GQA", 8, 2048)
-    assert {row["attention"] for m, row in rows.items() if m != "llama-3.1-8b"} == {"MLA"}
+    gqa = ("llama-3.1-8b", "mimo-v2-flash")
+    assert {row["attention"] for m, row in rows.items() if m not in gqa} == {"MLA"}
+    # the hybrid says how many layers hold every token, and the window the others keep
+    mimo = rows["mimo-v2-flash"]
+    assert (mimo["attention"], mimo["full_attention_layers"], mimo["window_tokens"]) == (
+        "GQA",
+        9,
+        128,
+    )
+    assert llama["full_attention_layers"] == llama["layers"] and llama["window_tokens"] == 0
 
 
 def test_kernel_sweep_writes_samples_and_rates(xbench, tmp_path):

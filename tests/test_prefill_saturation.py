@@ -129,6 +129,24 @@ def test_simulate_compares_the_deployments_at_saturation(xbench):
     )
 
 
+def test_a_decode_that_fits_no_request_writes_its_rates_as_missing_comparisons(tmp_path, xbench):
+    """With 8 x 80 GB, DeepSeek-V3.2's weights leave no room for a request's KV: every
+    deployment keeps up with nothing, its comparisons are missing, and --out writes them."""
+    shipped = Path(__file__).resolve().parents[1] / "scenarios" / "prefill-as-a-service.toml"
+    path = tmp_path / "full.toml"
+    path.write_text(shipped.read_text().replace("local_hbm_gb = 96", "local_hbm_gb = 80"))
+    out = tmp_path / "runs" / "p.parquet"
+    r = xbench("simulate", str(path), "--requests", "200", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "no request fits beside the weights" in " ".join(r.stdout.split())
+    from xbench.results import schema
+    from xbench.results.store import read_table
+
+    frame = read_table([out.with_name("p.saturation.parquet")], schema.PREFILL_SATURATION)
+    assert (frame.max_rate_per_s == 0).all() and frame.vs_naive.isna().all()
+    assert (frame.output_tokens == 1024).all() and (frame.decode_batch == 0).all()
+
+
 def test_decode_needs_the_models_parameters_and_the_profiles_memory(tmp_path, xbench):
     from xbench.core.scenario import ScenarioError, load_workload
 
@@ -136,6 +154,9 @@ def test_decode_needs_the_models_parameters_and_the_profiles_memory(tmp_path, xb
     path = tmp_path / "p.toml"
     path.write_text(head.format("glm-5") + "output_tokens = 256\n")
     with pytest.raises(ScenarioError, match="model glm-5 publishes no parameter counts"):
+        load_workload(path)
+    path.write_text(head.format("deepseek-v3.2") + "output_tokens = 256\nlocal_instances = 1\n")
+    with pytest.raises(ScenarioError, match="one instance cannot both prefill and decode"):
         load_workload(path)
     path.write_text(head.format("glm-5") + "output_tokens = 0\n")  # prefill only: fine
     assert load_workload(path)["fields"]["output_tokens"] == 0
@@ -239,25 +260,27 @@ DECODE = dict(
 )
 
 
-def _decode_by_hand(w: PrefillWorkload) -> float:
+def _decode_by_hand(w: PrefillWorkload, prompts=(L,)) -> float:
     """Requests a second one decode instance finishes at full batch, worked from the
-    profile's terms: each request holds and attends L + (out - 1) / 2 tokens on average
-    (attends at most the top-k), as many fit beside the weights as the memory holds; a step
-    reads every weight it uses once or runs their FLOPs, whichever is longer, and attends
-    each request's tokens on one of the instance's GPUs."""
+    profile's terms: each request holds its prompt and (out - 1) / 2 tokens on average and
+    attends them (at most the top-k), as many fit beside the weights as the memory holds;
+    a step reads every weight it uses once or runs their FLOPs, whichever is longer, over
+    the 8 GPUs, and each GPU attends its share of the batch (the busiest ceil(B / 8)) in
+    one call a layer."""
     d, ceilings, out = PRIORS.device, PRIORS.ceilings, w.output_tokens
-    held = L + (out - 1) / 2
+    held = [p + (out - 1) / 2 for p in prompts]
+    mean_held = sum(held) / len(held)
     free = 8 * 96e9 - 671e9 * 1.0
-    batch = min(w.decode_batch, int(free // (held * w.kv_bytes_per_token * w.layers)))
-    attended = min(held, 2048)
+    batch = min(w.decode_batch, int(free // (mean_held * w.kv_bytes_per_token * w.layers)))
+    attended = sum(min(h, 2048) for h in held) / len(held)
     read = min(671e9, batch * 37e9) / (ceilings.memory * 1.2)
     run = 2 * 37e9 * batch / (ceilings.matmul_fp8 * w.local_speed)
     per_request = (
-        d.compute_t0.value
-        + attended * d.compute_per_token.value / 1.2
+        attended * d.compute_per_token.value / 1.2
         + attended * 128 * d.compute_per_row_token.value / w.local_speed
     )
-    step = (max(read, run) + w.layers * batch * per_request) / 8
+    busiest = -(-batch // 8)
+    step = max(read, run) / 8 + w.layers * (d.compute_t0.value + busiest * per_request)
     return batch / (out * step)
 
 
@@ -276,13 +299,23 @@ def test_a_decode_step_is_its_weights_read_and_each_requests_attention():
     full = PrefillCosts(PRIORS, _one_length(output_tokens=4096, **{**DECODE, "local_hbm_gb": 80}))
     assert full.decode(np.full(5, float(L)))["per_instance_per_s"] == 0.0
     assert PrefillCosts(PRIORS, _one_length()).decode(np.full(5, float(L))) is None
+    # prompts of two lengths: each request attends at most the top-k, averaged after the cap
+    mixed = _one_length(output_tokens=64, **DECODE)
+    decode = PrefillCosts(PRIORS, mixed).decode(np.array([1000.0, 9000.0]))
+    assert decode["per_instance_per_s"] == pytest.approx(_decode_by_hand(mixed, (1000, 9000)))
+    # compute this slow, the linear layers run their FLOPs longer than they read weights
+    slow = _one_length(output_tokens=4096, **{**DECODE, "local_speed": 0.001})
+    slow_decode = PrefillCosts(PRIORS, slow).decode(np.full(5, float(L)))
+    flops = 2 * 37e9 * slow_decode["batch"] / (PRIORS.ceilings.matmul_fp8 * 0.001)
+    assert slow_decode["linear_s"] == pytest.approx(flops / 8)
+    assert slow_decode["per_instance_per_s"] == pytest.approx(_decode_by_hand(slow))
 
 
 def test_prefill_and_decode_at_saturation_worked_by_hand():
     """One length, 4 instances here and 1 there: each split of this cluster's instances
     keeps up with the lesser of its prefill's capacity (p / T_local) and its decode's (d
     instances at full batch); each deployment runs its best split. Worked by hand: this
-    cluster alone is decode-bound at 2 / 2, as many GPUs of its kind prefill-bound at 2 / 3,
+    cluster alone is prefill-bound at 2 / 2, as many GPUs of its kind decode-bound at 3 / 2,
     and the naive deployment decodes on all 4."""
     from xbench.simulate.prefill import saturation
 
@@ -302,7 +335,7 @@ def test_prefill_and_decode_at_saturation_worked_by_hand():
         "homogeneous, same GPUs": best(5),
         "naive heterogeneous": (0, 4),
     }
-    assert expected["homogeneous"] == (2, 2) and expected["homogeneous, same GPUs"] == (2, 3)
+    assert expected["homogeneous"] == (2, 2) and expected["homogeneous, same GPUs"] == (3, 2)
     there = min(1 / c.prefill(L), 1 / c.transfer(L))  # the remote instance or the link
     for name, (p, d) in expected.items():
         row = frame.loc[name]
@@ -315,6 +348,90 @@ def test_prefill_and_decode_at_saturation_worked_by_hand():
         assert (
             frame.loc[name, "max_rate_per_s"] >= frame.loc["naive heterogeneous", "max_rate_per_s"]
         )
-    # decode bounds this cluster alone: its rate is the decode's exactly
-    assert frame.loc["homogeneous", "max_rate_per_s"] == pytest.approx(2 * per_decode)
+    # decode bounds the same GPUs' best split: its rate is the decode's exactly
+    assert frame.loc["homogeneous, same GPUs", "max_rate_per_s"] == pytest.approx(2 * per_decode)
     assert frame["decode_per_instance_per_s"].iloc[0] == pytest.approx(per_decode)
+
+
+def test_a_hybrid_models_kv_and_prefill_flops_worked_by_hand():
+    """MiMo-V2-Flash: 9 of 48 layers attend the whole context (4 KV heads of 192 + 128),
+    39 a 128-token window (8 KV heads); its prefill priced from DeepSeek-V3.2's terms FLOP
+    for FLOP."""
+    from xbench.core.models import get_model
+    from xbench.core.parts import PrefillScale, prefill_terms, prefill_time
+
+    mimo, ds = get_model("mimo-v2-flash"), get_model("deepseek-v3.2")
+    # bytes a token: K (192) and V (128) of each KV head, in bf16
+    full, windowed = 9 * 4 * (192 + 128) * 2, 39 * 8 * (192 + 128) * 2
+    assert mimo.prompt_kv_bytes(32768) == 32768 * full + 128 * windowed
+    assert mimo.prompt_kv_bytes(100) == 100 * (full + windowed)
+    assert ds.prompt_kv_bytes(1000) == 1000 * 61 * 1152  # every layer full
+    scale = PrefillScale.of(ds, mimo)
+    assert scale.matmul == pytest.approx((2 * 15e9 / 48) / (2 * 37e9 / 61))
+    assert scale.attention == pytest.approx((9 / 48) * 64 * 320 / (128 * 320))
+    assert scale.window == pytest.approx(128 * (39 / 48) * 2 * 64 * 320 / (128 * 320))
+    assert tuple(PrefillScale.of(ds, ds)) == (1.0, 1.0, 0.0)
+    d = PRIORS.device
+    p1, p2 = d.recompute_per_token.value, d.recompute_per_token2.value
+    t0 = d.recompute_t0.value if d.recompute_t0 else 0.0
+    u, h = 4096, 1024  # new tokens after cached ones
+    by_hand = (
+        t0,
+        u * p1 * scale.matmul,
+        (u * (u + 2 * h) * p2) * scale.attention + u * scale.window * p2,
+    )
+    terms = prefill_terms(d, u, h, layers=48, gpus=8, speed=0.5, scale=scale)
+    assert terms == pytest.approx(tuple(x * 48 / (8 * 0.5) for x in by_hand))
+    assert prefill_time(d, u, h, 48, 8, 0.5, scale) == pytest.approx(sum(terms))
+    assert prefill_time(d, u, h, 61, 8, 1.0, PrefillScale()) == pytest.approx(
+        prefill_time(d, u, h, 61, 8, 1.0)
+    )
+
+
+def _scenario(tmp_path, extra: str) -> Path:
+    path = tmp_path / "served.toml"
+    path.write_text(
+        '[scenario]\nname = "served"\nmodel = "deepseek-v3.2"\n[workload]\nkind = "prefill"\n'
+        'remote_instances = 1\nlocal_instances = 2\nlocal_speed = 0.3\nrate = "1/s"\n'
+        'fabric = "tcp"\n' + extra
+    )
+    return path
+
+
+def test_a_served_model_is_priced_from_the_scenario_models_terms(tmp_path, xbench):
+    from xbench.core.models import get_model
+    from xbench.core.scenario import load_workload
+    from xbench.errors import XbenchError
+
+    same = load_workload(_scenario(tmp_path, 'served_model = "deepseek-v3.2"\n'))["fields"]
+    plain = load_workload(_scenario(tmp_path, ""))["fields"]
+    a, b = (PrefillWorkload(**f, fabric="tcp") for f in (same, plain))
+    trace = make_prefill_trace(b, 300, 0)
+    for policy in ("local", "offload", "predicate"):  # serving the same model: the same run
+        x, y = (simulate_prefill(PRIORS, w, trace, policy) for w in (a, b))
+        assert x.latency == pytest.approx(y.latency) and x.bytes_moved == pytest.approx(
+            y.bytes_moved
+        )
+    mimo = load_workload(_scenario(tmp_path, 'served_model = "mimo-v2-flash"\n'))["fields"]
+    w = PrefillWorkload(**mimo, fabric="tcp")
+    c = PrefillCosts(PRIORS, w)
+    assert (w.layers, w.full_layers, w.window_tokens) == (48, 9, 128)
+    assert c.kv_bytes(32768) == get_model("mimo-v2-flash").prompt_kv_bytes(32768)
+    # the CLI sets the model's KV rate beside the study's, and the prefill time each implies
+    r = xbench("simulate", str(_scenario(tmp_path, 'served_model = "mimo-v2-flash"\n')),
+               "--requests", "200", env={"COLUMNS": "200"})  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    flat = " ".join(r.stdout.split())
+    implied = 8 * c.kv_bytes(32768) / 4.66e9
+    ratio = implied / c.prefill(32768)
+    assert "the study measured mimo-v2-flash at 4.66 Gb/s at 32K on 8 H200" in flat
+    assert f"(x{ratio:.1f})" in flat
+    for bad, words in (
+        ('served_model = "glm-5"', "one of them publishes no active parameters"),
+        ('served_model = "mimo-v2-flash"\noutput_tokens = 64', "decode prices the profile's"),
+        ('served_model = "nope"', "unknown model 'nope'"),
+    ):
+        with pytest.raises(XbenchError, match=re.escape(words)):
+            load_workload(_scenario(tmp_path, bad + "\n"))
+        r = xbench("simulate", str(_scenario(tmp_path, bad + "\n")), "--requests", "50")
+        assert r.returncode == 2 and "Traceback" not in r.stderr and words in r.stderr

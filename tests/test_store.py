@@ -412,6 +412,7 @@ def _saturation_row() -> dict:
     row = {f.name: 0.5 for f in schema.PREFILL_SATURATION_SCHEMA}
     row.update(fabric="tcp", deployment="homogeneous", policy="local")
     row.update(prefill_instances=5, decode_instances=3, decode_batch_bound="memory")
+    row.update(output_tokens=1024)
     return row
 
 

@@ -161,11 +161,17 @@ def simulate(
         )
     if spec["kind"] == "prefill" and spec["fields"].get("output_tokens"):
         ceilings = prof.ceilings
-        if ceilings is None or not (spec["fields"].get("local_hbm_gb") or ceilings.hbm):
+        if ceilings is None:
             raise XbenchError(
                 f"profile {prof.name} has no [ceilings] memory rate and GPU memory (hbm), "
                 f"which {scenario}'s decode steps read their weights and KV at",
                 "use the shipped h100-priors, or set output_tokens = 0 (prefill only)",
+            )
+        if not (spec["fields"].get("local_hbm_gb") or ceilings.hbm):
+            raise XbenchError(
+                f"profile {prof.name} gives no GPU memory ([ceilings] hbm), which holds "
+                f"{scenario}'s decode batch beside the weights",
+                "set local_hbm_gb in the scenario's [workload], or output_tokens = 0",
             )
     if validate:
         from xbench.fabric.launch import refuse_launched_ranks
@@ -907,6 +913,15 @@ def _prefill_table(frame, spec, profile: str, n: int, facts, out, saturated=None
             f"KV one remote instance produces while it prefills, Gb/s: {rates} tokens",
             highlight=False,
         )
+        if study := fact.get("study"):
+            console.print(
+                f"the study measured {study['model']} at {study['kv_gbps']:.2f} Gb/s at "
+                f"{_tokens(study['tokens'])} on 8 H200: its {study['kv_bytes'] / 1e9:.2f} GB "
+                f"of KV in {format_duration(study['implied_prefill_s'])}, against "
+                f"{format_duration(study['prefill_s'])} here, its FLOPs at the profile's "
+                f"prefill rates (x{study['implied_prefill_s'] / study['prefill_s']:.1f})",
+                highlight=False,
+            )
     if saturated is not None:
         _saturation_table(
             saturated, min(n, SATURATION_REQUESTS), spec["fields"].get("output_tokens", 0)

@@ -15,6 +15,7 @@ refused by ``kernel``, ``decide`` and a scenario's model (``mla_model``).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from xbench.errors import XbenchError
@@ -51,6 +52,42 @@ class ModelPreset:
     # parameters in all (the weights a GPU holds, MoE's experts included); None where not
     # published
     total_params: float | None = None
+    # hybrid attention: the layers whose KV grows with the context (None: every layer); the
+    # others attend a sliding window of ``window_tokens`` and cache a token's K and V in
+    # ``window_kv_bytes`` (bf16) while it is in the window
+    full_attention_layers: int | None = None
+    window_tokens: int = 0
+    window_kv_bytes: int = 0
+    window_q_heads: int = 0  # query heads of a windowed layer (0: q_heads)
+
+    @property
+    def full_layers(self) -> int:
+        """The layers whose KV grows with the context."""
+        return self.layers if self.full_attention_layers is None else self.full_attention_layers
+
+    def prompt_kv_bytes(self, tokens: float, kv_format: str | None = None) -> float:
+        """The whole model's KV of a prompt of ``tokens``: every full-attention layer's
+        KV a token, and each windowed layer's of the last ``window_tokens``."""
+        windowed = (self.layers - self.full_layers) * min(tokens, self.window_tokens)
+        return tokens * self.full_layers * self.kv_bytes_per_token(kv_format) + (
+            windowed * self.window_kv_bytes
+        )
+
+    def prefill_flops(self) -> tuple[float, float, float]:
+        """A prefill's FLOPs a layer on average: (a token's matmuls, a token pair's causal
+        attention in a full-attention layer, a token's attention to one windowed token):
+        2 x active parameters / layers; q_heads x (prefill_qk + prefill_v), which the causal
+        mask's half of the pairs doubles back; 2 x window heads x (prefill_qk + prefill_v).
+        Each averaged over the layers (a hybrid's full layers are a share of them); None
+        where the active parameters are not published."""
+        width = self.prefill_qk_dim + self.prefill_v_dim
+        full = self.full_layers / self.layers
+        window_heads = self.window_q_heads or self.q_heads
+        return (
+            2 * self.active_params / self.layers if self.active_params else math.nan,
+            full * self.q_heads * width,
+            (1 - full) * 2 * window_heads * width,
+        )
 
     @property
     def attention(self) -> str:
@@ -95,6 +132,8 @@ class ModelPreset:
             "kv_heads": self.kv_heads,
             "active_params": self.active_params,
             "matmul_dtype": self.matmul_dtype,
+            "full_attention_layers": self.full_layers,
+            "window_tokens": self.window_tokens,
         }
 
 
@@ -205,6 +244,32 @@ PRESETS: dict[str, ModelPreset] = {
             active_params=8.0e9,
             kv_heads=8,
             total_params=8.03e9,
+        ),
+        # MiMo-V2-Flash (one of the study's hybrid models: 4.66 Gb/s of KV at 32K on 8 H200):
+        # 48 layers, one full-attention GQA layer to each five sliding-window ones (9 full:
+        # hybrid_layer_pattern), full layers 64 query heads and 4 KV heads, windowed ones 8 KV
+        # heads, head dims 192 (K) and 128 (V), a 128-token window; 309e9 parameters, 15e9
+        # active, FP8 weights (SGLang's and Xiaomi's release notes; its config as ports read it)
+        ModelPreset(
+            "mimo-v2-flash",
+            64,
+            192,
+            128,
+            64,
+            48,
+            None,
+            {"bf16": 2 * 4 * (192 + 128)},
+            1 / 192**0.5,
+            "hybrid: 9 full-attention GQA layers (4 KV heads), 39 of a 128-token window",
+            prefill_qk_dim=192,
+            prefill_v_dim=128,
+            active_params=15e9,
+            kv_heads=4,
+            matmul_dtype="fp8",
+            total_params=309e9,
+            full_attention_layers=9,
+            window_tokens=128,
+            window_kv_bytes=2 * 8 * (192 + 128),
         ),
     ]
 }

@@ -270,6 +270,24 @@ def phase_times(fabric: Fabric, device: Device, r: Request, end: int = VALUE) ->
     return fabric_parts(fabric, device, r, end).phases()
 
 
+class PrefillScale(NamedTuple):
+    """A served model's prefill against the model whose terms the device holds (the
+    reference), FLOP for FLOP (``ModelPreset.prefill_flops``): its matmuls' FLOPs a token
+    over the reference's, its full-attention FLOPs a token pair over the reference's, and a
+    token's windowed attention in the reference's token pairs (a hybrid model's sliding
+    window: window x its FLOPs a windowed token over the reference's a pair)."""
+
+    matmul: float = 1.0
+    attention: float = 1.0
+    window: float = 0.0
+
+    @classmethod
+    def of(cls, reference, served) -> PrefillScale:
+        """``served``'s prefill FLOPs over ``reference``'s (both ``ModelPreset``)."""
+        r, s = reference.prefill_flops(), served.prefill_flops()
+        return cls(s[0] / r[0], s[1] / r[1], served.window_tokens * s[2] / r[1])
+
+
 def prefill_time(
     device: Device,
     tokens: float,
@@ -277,12 +295,16 @@ def prefill_time(
     layers: int = 1,
     gpus: int = 1,
     speed: float = 1.0,
+    scale: PrefillScale | None = None,
 ) -> float:
     """A prefill of ``tokens`` new tokens after ``context`` cached ones (which they attend)
     over ``layers`` layers, split over ``gpus`` GPUs at ``speed`` of the profile's device:
-    layers x T_recompute(tokens after context) / (gpus x speed); inf without a recompute
-    cost. Every device term is one layer's on one GPU."""
-    return layers * device.recompute(tokens, context) / (gpus * speed)
+    layers x T_recompute(tokens after context) / (gpus x speed), of another model than the
+    terms' where ``scale`` says how (:func:`prefill_terms`); inf without a recompute cost.
+    Every device term is one layer's on one GPU."""
+    if scale is None:
+        return layers * device.recompute(tokens, context) / (gpus * speed)
+    return sum(prefill_terms(device, tokens, context, layers, gpus, speed, scale))
 
 
 def prefill_terms(
@@ -292,11 +314,19 @@ def prefill_terms(
     layers: int = 1,
     gpus: int = 1,
     speed: float = 1.0,
+    scale: PrefillScale | None = None,
 ) -> tuple:
     """:func:`prefill_time`'s terms, each scaled as it is: (the calls' fixed time, the
-    matmuls', attention's), summing to it where the profile has a recompute cost."""
-    scale = layers / (gpus * speed)
-    return tuple(term * scale for term in device.recompute_terms(tokens, context))
+    matmuls', attention's), summing to it where the profile has a recompute cost. A
+    ``scale`` multiplies the matmuls' and the full attention's by its FLOP ratios, and adds
+    each token's windowed attention at the full attention's time a token pair."""
+    fixed, matmul, attention = device.recompute_terms(tokens, context)
+    if scale is not None:
+        per_pair = device.recompute_per_token2.value if device.recompute_per_token2 else 0.0
+        matmul *= scale.matmul
+        attention = attention * scale.attention + tokens * scale.window * per_pair
+    factor = layers / (gpus * speed)
+    return fixed * factor, matmul * factor, attention * factor
 
 
 def decode_step_terms(
@@ -319,14 +349,16 @@ def decode_step_terms(
 
     Linear layers: the weights the batch's tokens use, read once (``weight_bytes_read``) at
     ``memory_rate``, or their ``flops`` at ``matmul_rate``, whichever takes longer (a
-    roofline), spread evenly over the GPUs. Attention: the device's T_c(rows, attended) a
-    request a layer (:class:`xbench.core.sharing.Attention`'s split), its token (memory)
-    term at ``memory_speed`` and its row (FLOPs) term at ``compute_speed`` of the profile's
-    device, the batch's requests spread over the GPUs (data-parallel attention, each GPU
-    attending its own requests with every query row)."""
+    roofline), spread evenly over the GPUs. Attention: data-parallel, each GPU attending its
+    own requests with every query row, the busiest GPU ceil(batch / gpus) of them, in one
+    batched call a layer: the device's T_c(rows, attended) split
+    (:class:`xbench.core.sharing.Attention`), its fixed term once, its token (memory) term at
+    ``memory_speed`` and its row (FLOPs) term at ``compute_speed`` of the profile's device
+    for each request."""
     linear = max(
         weight_bytes_read / (memory_rate * memory_speed), flops / (matmul_rate * compute_speed)
     )
     fixed, memory, row = Attention(device, rows).terms(rows, attended)
-    attention = layers * batch * (fixed + memory / memory_speed + row / compute_speed)
-    return linear / gpus, attention / gpus
+    busiest = math.ceil(batch / gpus)
+    attention = layers * (fixed + busiest * (memory / memory_speed + row / compute_speed))
+    return linear / gpus, attention

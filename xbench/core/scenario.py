@@ -26,6 +26,7 @@ from pathlib import Path
 
 from xbench.core.costmodel import MOST_LAYERS, MOST_SHAPE, MOST_TOKENS
 from xbench.core.models import DTYPE_BYTES, get_model, mla_model
+from xbench.core.parts import PrefillScale
 from xbench.core.spans import calls as span_calls
 from xbench.core.spans import check_generated, positional_and_shared
 from xbench.core.spans import names as span_names
@@ -257,6 +258,9 @@ PREFILL_KEYS = {
     "decode_batch": (int, 1, MOST_SHAPE),
     "local_memory_speed": (float, 1e-9),
     "local_hbm_gb": (float, 1e-9),
+    # the model the clusters serve, where it is not the scenario's (whose the profile's
+    # device terms are): its prefill priced from those terms FLOP for FLOP, its own KV
+    "served_model": (str, None),
 }
 # the prefix keys, which say nothing without prefixes
 PREFIX_KEYS = (
@@ -417,6 +421,39 @@ def _prefill_fields(path: Path, table: dict, scenario: dict) -> dict:
         "link_trace": _link_trace(path, table.get("link_trace", [])),
         **_prefixes(path, table),
         **_decode(path, table, get_model(scenario["model"])),
+        **_served(path, table, get_model(scenario["model"]), scenario["request"]),
+    }
+
+
+def _served(path: Path, table: dict, reference, request: dict) -> dict:
+    """A prefill workload's served model (``served_model``), where it is not the scenario's:
+    its layers and KV, its prefill's FLOPs over the scenario model's (refused where either
+    publishes no active parameters, and with decode, which prices the scenario model's
+    attention kernel)."""
+    if "served_model" not in table:
+        return {}
+    served = get_model(table["served_model"])
+    if not (served.active_params and reference.active_params):
+        raise ScenarioError(
+            f"scenario {path}: served_model {served.name} is priced from {reference.name}'s "
+            "prefill FLOP for FLOP, and one of them publishes no active parameters",
+            "pick models xbench models lists with parameter counts",
+        )
+    if table.get("output_tokens"):
+        raise ScenarioError(
+            f"scenario {path}: served_model {served.name} with output_tokens: decode prices "
+            f"the profile's attention kernel, {reference.name}'s, not {served.name}'s",
+            "set output_tokens = 0 (prefill only), or drop served_model",
+        )
+    return {
+        "served_model": served.name,
+        "layers": served.layers,
+        "kv_bytes_per_token": served.kv_bytes_per_token(),
+        "reference_kv_bytes": request["kv_bytes_per_token"],
+        "prefill_scale": tuple(PrefillScale.of(reference, served)),
+        "full_layers": served.full_layers,
+        "window_tokens": served.window_tokens,
+        "window_kv_bytes": (served.layers - served.full_layers) * served.window_kv_bytes,
     }
 
 
@@ -428,6 +465,12 @@ def _decode(path: Path, table: dict, model) -> dict:
         for key in ("output_tokens", "decode_batch", "local_memory_speed", "local_hbm_gb")
         if key in table
     }
+    if out.get("output_tokens") and table.get("local_instances", 8) < 2:
+        raise ScenarioError(
+            f"scenario {path}: output_tokens with local_instances = 1: this cluster's one "
+            "instance cannot both prefill and decode",
+            "give local_instances = 2 or more, or output_tokens = 0 (prefill only)",
+        )
     if out.get("output_tokens") and not (model.active_params and model.total_params):
         raise ScenarioError(
             f"scenario {path}: model {model.name} publishes no parameter counts, which a "

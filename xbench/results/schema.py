@@ -55,8 +55,9 @@ prefill_saturation v3: decode on this cluster (a workload's ``output_tokens``): 
     split of its instances each deployment runs (``prefill_instances``, ``decode_instances``),
     what the decode instances keep up with, and one decode instance at full batch (its batch
     and what bounds it, its step and the step's linear-layer and attention terms, requests a
-    second); without decode every instance prefills and the decode figures are null; v2
-    files read them all null.
+    second, its output tokens); without decode every instance prefills and the decode
+    figures are null; v2 files read them all null. ``vs_homogeneous`` and ``vs_naive`` may
+    be null (against a deployment that kept up with none).
 sharing_steps v2: adds the step on GPUs (``core.sharing.on_gpus``): the KV bytes a token,
     a copy's bytes and GPUs, and per setup (``moska``, ``apart``: the unique KV on GPUs of
     its own, ``copies``) the GPUs, the share of their memory used, their compute utilisation
@@ -427,8 +428,9 @@ PREFILL_SATURATION_SCHEMA = pa.schema(
         pa.field("policy", pa.string(), nullable=False),
         pa.field("threshold_tokens", pa.float64()),  # the threshold's best t at saturation
         pa.field("max_rate_per_s", pa.float64(), nullable=False),  # highest rate kept up with
-        pa.field("vs_homogeneous", pa.float64(), nullable=False),  # rate / homogeneous's - 1
-        pa.field("vs_naive", pa.float64(), nullable=False),
+        # rate / homogeneous's - 1; null against a deployment that kept up with none
+        pa.field("vs_homogeneous", pa.float64()),
+        pa.field("vs_naive", pa.float64()),
         # v2: against the homogeneous deployment of both clusters' GPU count (null in v1)
         pa.field("vs_same_gpus", pa.float64()),
         # v3: this cluster's instances split between prefill and decode, what its decode
@@ -443,10 +445,11 @@ PREFILL_SATURATION_SCHEMA = pa.schema(
         pa.field("decode_linear_s", pa.float64()),
         pa.field("decode_attention_s", pa.float64()),
         pa.field("decode_per_instance_per_s", pa.float64()),
+        pa.field("output_tokens", pa.int32()),  # each request's, 0: no decode
     ]
 )
 # what v3 added: the split and the decode figures
-SATURATION_DECODE_COLUMNS = tuple(PREFILL_SATURATION_SCHEMA.names[-9:])
+SATURATION_DECODE_COLUMNS = tuple(PREFILL_SATURATION_SCHEMA.names[-10:])
 SHARING_CALLS = "sharing_calls"
 SHARING_CALLS_SCHEMA = pa.schema(
     [

@@ -53,7 +53,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from xbench.core.parts import decode_step_terms, prefill_time
+from xbench.core.parts import PrefillScale, decode_step_terms, prefill_time
 
 PREFILL_POLICIES = ("local", "offload", "threshold", "predicate")
 
@@ -110,6 +110,17 @@ class PrefillWorkload:
     total_params: float = 0.0
     weight_bytes: float = 1.0
     matmul_dtype: str = "bf16"
+    # a served model other than the one the device's terms are for (the scenario's model):
+    # its prefill FLOPs over that one's (core.parts.PrefillScale), its full-attention
+    # layers (0: every layer), and a hybrid's sliding window (tokens) and the KV a token in
+    # it holds over all windowed layers; a splice moves its bytes at the terms' per token
+    # per layer (``reference_kv_bytes``; 0: kv_bytes_per_token)
+    served_model: str = ""
+    prefill_scale: tuple = ()
+    full_layers: int = 0
+    window_tokens: int = 0
+    window_kv_bytes: float = 0.0
+    reference_kv_bytes: float = 0.0
 
     def link_share(self, t: float) -> float:
         """The share of the fabric's bandwidth the link has at ``t`` s."""
@@ -229,7 +240,9 @@ class PrefillCosts:
         if d.recompute_per_token is None:
             raise ValueError(f"profile {profile.name} has no recompute_per_token")
         self.w, self.fabric, self.device = w, profile.fabric(w.fabric), d
-        self.kv_per_token = w.kv_bytes_per_token * w.layers
+        # the KV a token of context holds over the layers whose KV grows with it
+        self.kv_per_token = w.kv_bytes_per_token * (w.full_layers or w.layers)
+        self.scale = PrefillScale(*w.prefill_scale) if w.prefill_scale else None
         self.ceilings = profile.ceilings
         if w.output_tokens and (self.ceilings is None or not (w.local_hbm_gb or self.ceilings.hbm)):
             raise ValueError(
@@ -241,14 +254,23 @@ class PrefillCosts:
         """One instance's prefill of ``tokens`` at ``speed`` of the profile's device, after
         ``context`` cached tokens they attend (a prefix), in one call a layer."""
         w = self.w
-        return prefill_time(self.device, tokens, context, w.layers, w.gpus_per_instance, speed)
+        return prefill_time(
+            self.device, tokens, context, w.layers, w.gpus_per_instance, speed, self.scale
+        )
+
+    def kv_bytes(self, tokens: float) -> float:
+        """The whole model's KV of ``tokens`` (a hybrid's windowed layers hold at most the
+        window's)."""
+        return (
+            tokens * self.kv_per_token + min(tokens, self.w.window_tokens) * self.w.window_kv_bytes
+        )
 
     def local(self, tokens: float, context: float = 0.0) -> float:
         return self.prefill(tokens, self.w.local_speed, context)
 
     def transfer(self, tokens: float) -> float:
         """The KV of ``tokens`` over the link, one message per layer."""
-        return self.fabric.wire(tokens * self.kv_per_token, self.w.layers)
+        return self.fabric.wire(self.kv_bytes(tokens), self.w.layers)
 
     def prompt(self, tokens: float) -> float:
         """The prompt's trip to the remote cluster: its token ids, one message."""
@@ -256,8 +278,13 @@ class PrefillCosts:
 
     def splice(self, tokens: float) -> float:
         """Splicing one layer's landed KV into this cluster's cache (the device's T_splice):
-        what a local prefill, writing its KV in place, does not pay."""
-        return self.device.splice(tokens)
+        what a local prefill, writing its KV in place, does not pay. A served model's layer
+        moves its mean layer's bytes: as many tokens of the terms' model as hold them."""
+        w = self.w
+        if not w.served_model:
+            return self.device.splice(tokens)
+        per_layer = self.kv_bytes(tokens) / w.layers
+        return self.device.splice(per_layer / (w.reference_kv_bytes or w.kv_bytes_per_token))
 
     def offload(self, tokens: float) -> float:
         """On idle resources: the prompt sent there, then remote prefill, transfer and
@@ -339,7 +366,7 @@ class PrefillCosts:
 
     def kv_rate(self, tokens: float) -> float:
         """Bytes per second one remote instance produces prefilling ``tokens``."""
-        return tokens * self.kv_per_token / self.prefill(tokens)
+        return self.kv_bytes(tokens) / self.prefill(tokens)
 
     def idle_threshold(self) -> float:
         """The shortest length from which offloading beats prefilling here on idle
@@ -458,7 +485,7 @@ class _PrefillRun:
         first_layer = start + remote_prefill / w.layers
         heapq.heappush(self.ready, (first_layer, r, r, x, start + remote_prefill, shipped))
         self.pending_work += x
-        self.moved += shipped * costs.kv_per_token
+        self.moved += costs.kv_bytes(shipped)
         self.offloaded[r] = True
         self.hit_tokens += there
         if p >= 0:
@@ -537,6 +564,32 @@ def threshold_grid(trace: PrefillTrace, points: int = 33) -> np.ndarray:
     return np.unique(np.quantile(trace.prompts(), np.linspace(0, 1, points)))
 
 
+# KV a prefill instance of 8 H200 produces at 32K tokens, Gb/s, per the study's table
+# (arXiv 2604.15039), for the public models xbench has a preset of
+STUDY_KV_GBPS_32K = {"mimo-v2-flash": 4.66}
+STUDY_TOKENS = 32768
+
+
+def _against_study(costs: PrefillCosts) -> dict:
+    """Where the study measured the served model's KV rate: its figure, and the prefill
+    time it implies for this KV (the KV's bytes over its rate) against the model's."""
+    name = costs.w.served_model
+    if name not in STUDY_KV_GBPS_32K:
+        return {}
+    kv = costs.kv_bytes(STUDY_TOKENS)
+    study = STUDY_KV_GBPS_32K[name]
+    return {
+        "study": {
+            "model": name,
+            "tokens": STUDY_TOKENS,
+            "kv_gbps": study,
+            "kv_bytes": kv,
+            "prefill_s": costs.prefill(STUDY_TOKENS),
+            "implied_prefill_s": 8 * kv / (study * 1e9),
+        }
+    }
+
+
 def run_prefill(profile, spec: dict, requests: int, seed: int, on_step=None):
     """Per fabric: local, offload and predicate, and the threshold policy at every point
     of :func:`threshold_grid`, one trace per fabric; the threshold with the least mean
@@ -572,6 +625,7 @@ def run_prefill(profile, spec: dict, requests: int, seed: int, on_step=None):
                 "idle_threshold": costs.idle_threshold(),
                 "idle_parts": costs.parts(costs.idle_threshold()),
                 "kv_gbps": {t: 8 * costs.kv_rate(t) / 1e9 for t in (4096, 32768, 131072)},
+                **_against_study(costs),
                 "link_gbps": 8 * 1e9 / costs.fabric.wire(1e9) / 1e9,  # what 1 GB moves at
             }
         )
@@ -668,16 +722,20 @@ def _best_split(profile, w, name, policy, per_decode, grid, requests, seed) -> d
     """The split of :func:`splits` whose deployment keeps up with the highest rate: the
     least of its prefill's rate (simulated; the threshold's best over ``grid``) and its
     decode instances' (``per_decode`` each). The study grid-searches its prefill/decode
-    ratio as this does: fewer prefill instances leave more decoding, so the search stops
-    once the prefill keeps up with the decode, or the decode falls to the best found."""
+    ratio; here the prefill's rate rises with its instances and the decode's falls, so the
+    best split is one of the two about where they cross, found by bisection, or the first
+    (none prefilling here, where the policy allows it)."""
     from dataclasses import replace
 
     instances = w.local_instances + (w.remote_instances if name == SAME_GPUS else 0)
-    best = None
-    for n_prefill, n_decode in splits(policy, instances, per_decode is not None):
+    candidates = splits(policy, instances, per_decode is not None)
+    rows: dict[int, dict] = {}
+
+    def at(k: int) -> dict:
+        if k in rows:
+            return rows[k]
+        n_prefill, n_decode = candidates[k]
         decode = n_decode * per_decode if per_decode is not None else math.inf
-        if best is not None and decode <= best["max_rate_per_s"]:
-            break
         wp = replace(w, local_instances=n_prefill)
         if not n_prefill and policy != "offload":  # nothing prefills here: offload all
             rate = sustainable_rate(profile, wp, "offload", requests, seed, ceiling=decode)
@@ -687,23 +745,26 @@ def _best_split(profile, w, name, policy, per_decode, grid, requests, seed) -> d
                 (sustainable_rate(profile, wp, policy, requests, seed, t, decode), t) for t in grid
             )
         else:
-            rate, t = (
-                sustainable_rate(profile, wp, policy, requests, seed, ceiling=decode),
-                math.nan,
-            )
-        row = {
+            rate = sustainable_rate(profile, wp, policy, requests, seed, ceiling=decode)
+            t = math.nan
+        rows[k] = {
             "threshold_tokens": float(t),
             "max_rate_per_s": min(rate, decode),
             "prefill_instances": n_prefill,
             "decode_instances": n_decode,
             "decode_rate_per_s": decode if decode < math.inf else math.nan,
+            "kept_up_with_decode": rate >= decode,
         }
-        if best is None or row["max_rate_per_s"] > best["max_rate_per_s"]:
-            best = row
-        if rate < decode:
-            continue
-        break  # the prefill keeps up with the decode: more prefill instances decode less
-    return best
+        return rows[k]
+
+    lo, hi = 0, len(candidates) - 1  # the first split whose prefill keeps up with its decode
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if at(mid)["kept_up_with_decode"] else (mid + 1, hi)
+    # the split with none prefilling here runs another policy (every prefill offloaded), off
+    # the others' curve: it is a candidate of its own
+    best = max((at(k) for k in {0, lo - 1, lo} if k >= 0), key=lambda r: r["max_rate_per_s"])
+    return {key: value for key, value in best.items() if key != "kept_up_with_decode"}
 
 
 # what :meth:`PrefillCosts.decode` gives that the saturation table carries (as decode_<key>)
@@ -726,6 +787,7 @@ def saturation(profile, spec: dict, requests: int, seed: int, on_step=None):
         # one decode instance at full batch, beside every deployment (nan without decode)
         decoding = {f"decode_{key}": (decode or {}).get(key, math.nan) for key in DECODE_KEYS}
         decoding["decode_batch_bound"] = decode["batch_bound"] if decode else None
+        decoding["output_tokens"] = w.output_tokens
         grid = threshold_grid(trace, points=17)
         by = {}
         for name, policy in DEPLOYMENTS:
