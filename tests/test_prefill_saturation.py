@@ -361,11 +361,8 @@ def test_a_hybrid_models_kv_and_prefill_flops_worked_by_hand():
     from xbench.core.parts import PrefillScale, prefill_terms, prefill_time
 
     mimo, ds = get_model("mimo-v2-flash"), get_model("deepseek-v3.2")
-    # bytes a token: K (192) and V (128) of each KV head, in bf16
-    full, windowed = 9 * 4 * (192 + 128) * 2, 39 * 8 * (192 + 128) * 2
-    assert mimo.prompt_kv_bytes(32768) == 32768 * full + 128 * windowed
-    assert mimo.prompt_kv_bytes(100) == 100 * (full + windowed)
-    assert ds.prompt_kv_bytes(1000) == 1000 * 61 * 1152  # every layer full
+    assert (mimo.layers, mimo.full_layers, mimo.window_tokens) == (48, 9, 128)
+    assert (ds.full_layers, ds.window_tokens) == (61, 0)  # every layer full
     scale = PrefillScale.of(ds, mimo)
     assert scale.matmul == pytest.approx((2 * 15e9 / 48) / (2 * 37e9 / 61))
     assert scale.attention == pytest.approx((9 / 48) * 64 * 320 / (128 * 320))
@@ -388,18 +385,19 @@ def test_a_hybrid_models_kv_and_prefill_flops_worked_by_hand():
     )
 
 
-def _scenario(tmp_path, extra: str) -> Path:
+def _scenario(tmp_path, extra: str, request: str = "") -> Path:
     path = tmp_path / "served.toml"
     path.write_text(
-        '[scenario]\nname = "served"\nmodel = "deepseek-v3.2"\n[workload]\nkind = "prefill"\n'
-        'remote_instances = 1\nlocal_instances = 2\nlocal_speed = 0.3\nrate = "1/s"\n'
-        'fabric = "tcp"\n' + extra
+        '[scenario]\nname = "served"\nmodel = "deepseek-v3.2"\n' + request + "[workload]\n"
+        'kind = "prefill"\nremote_instances = 1\nlocal_instances = 2\nlocal_speed = 0.3\n'
+        'rate = "1/s"\nfabric = "tcp"\n' + extra
     )
     return path
 
 
 def test_a_served_model_is_priced_from_the_scenario_models_terms(tmp_path, xbench):
     from xbench.core.models import get_model
+    from xbench.core.parts import PrefillScale
     from xbench.core.scenario import load_workload
     from xbench.errors import XbenchError
 
@@ -416,7 +414,28 @@ def test_a_served_model_is_priced_from_the_scenario_models_terms(tmp_path, xbenc
     w = PrefillWorkload(**mimo, fabric="tcp")
     c = PrefillCosts(PRIORS, w)
     assert (w.layers, w.full_layers, w.window_tokens) == (48, 9, 128)
-    assert c.kv_bytes(32768) == get_model("mimo-v2-flash").prompt_kv_bytes(32768)
+    # bytes a token: K (192) and V (128) of each KV head, in bf16, over 9 full layers and
+    # 39 windowed ones, which keep the last 128 tokens
+    full, windowed = 9 * 4 * (192 + 128) * 2, 39 * 8 * (192 + 128) * 2
+    assert c.kv_bytes(32768) == 32768 * full + 128 * windowed
+    assert c.kv_bytes(100) == 100 * (full + windowed)
+    # both FP8 models: the matmuls' FLOP ratio stands; a BF16 model's run at half the rate
+    assert (
+        c.scale.matmul
+        == PrefillScale.of(get_model("deepseek-v3.2"), get_model("mimo-v2-flash")).matmul
+    )
+    llama = load_workload(_scenario(tmp_path, 'served_model = "llama-3.1-8b"\n'))["fields"]
+    bf16 = PrefillCosts(PRIORS, PrefillWorkload(**llama, fabric="tcp")).scale
+    ratio = PRIORS.ceilings.matmul_fp8 / PRIORS.ceilings.matmul
+    base = PrefillScale.of(get_model("deepseek-v3.2"), get_model("llama-3.1-8b"))
+    assert bf16.matmul == pytest.approx(base.matmul * ratio)
+    # the scenario's own model with its KV given in [request]: the same KV as without
+    own = '[request]\nkv_bytes = "656B"\n'
+    same_kv = load_workload(_scenario(tmp_path, 'served_model = "deepseek-v3.2"\n', own))
+    plain_kv = load_workload(_scenario(tmp_path, "", own))
+    assert (
+        same_kv["fields"]["kv_bytes_per_token"] == plain_kv["fields"]["kv_bytes_per_token"] == 656
+    )
     # the CLI sets the model's KV rate beside the study's, and the prefill time each implies
     r = xbench("simulate", str(_scenario(tmp_path, 'served_model = "mimo-v2-flash"\n')),
                "--requests", "200", env={"COLUMNS": "200"})  # fmt: skip
@@ -427,9 +446,9 @@ def test_a_served_model_is_priced_from_the_scenario_models_terms(tmp_path, xbenc
     assert "the study measured mimo-v2-flash at 4.66 Gb/s at 32K on 8 H200" in flat
     assert f"(x{ratio:.1f})" in flat
     for bad, words in (
-        ('served_model = "glm-5"', "one of them publishes no active parameters"),
+        ('served_model = "glm-5"', "glm-5 publishes no active parameters"),
         ('served_model = "mimo-v2-flash"\noutput_tokens = 64', "decode prices the profile's"),
-        ('served_model = "nope"', "unknown model 'nope'"),
+        ('served_model = "nope"', "served_model: unknown model 'nope'"),
     ):
         with pytest.raises(XbenchError, match=re.escape(words)):
             load_workload(_scenario(tmp_path, bad + "\n"))

@@ -215,6 +215,10 @@ def _scenario(tmp_path, body: str, model: str = "deepseek-v3.2") -> Path:
         ("sharing = { colour = 1 }", "unknown [workload] sharing field 'colour'"),
         ('sharing = { kv_format = "fp4" }', "llama-3.1-8b has no KV format 'fp4'"),
         ('sharing = { model = "gpt-9" }', "unknown model 'gpt-9'"),
+        (
+            'sharing = { model = "mimo-v2-flash", kv_format = "bf16" }',
+            "model mimo-v2-flash is a hybrid (9 of its 48 layers attend the whole context)",
+        ),
     ],
 )
 def test_a_bad_sharing_table_is_named(tmp_path, body, words):

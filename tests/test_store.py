@@ -420,7 +420,7 @@ def test_prefill_saturation_v1_files_read_without_the_same_gpus_comparison(tmp_p
     path = write_table(
         tmp_path / "p.parquet", schema.PREFILL_SATURATION, [_saturation_row()], {"run_id": "p"}
     )
-    dropped = ("vs_same_gpus", *schema.SATURATION_DECODE_COLUMNS)
+    dropped = ("vs_same_gpus", *schema.SATURATION_DECODE_COLUMNS, "output_tokens")
     old = _as_version(path, 1, tmp_path / "v1.parquet", dropped)
     frame = read_table([old, path], schema.PREFILL_SATURATION)
     assert list(frame.columns) == schema.PREFILL_SATURATION_SCHEMA.names
@@ -434,9 +434,21 @@ def test_prefill_saturation_v2_files_read_without_decode(tmp_path):
     path = write_table(
         tmp_path / "p.parquet", schema.PREFILL_SATURATION, [_saturation_row()], {"run_id": "p"}
     )
-    old = _as_version(path, 2, tmp_path / "v2.parquet", schema.SATURATION_DECODE_COLUMNS)
+    dropped = (*schema.SATURATION_DECODE_COLUMNS, "output_tokens")
+    old = _as_version(path, 2, tmp_path / "v2.parquet", dropped)
     frame = read_table([old, path], schema.PREFILL_SATURATION)
     assert list(frame.columns) == schema.PREFILL_SATURATION_SCHEMA.names
-    decode = frame[list(schema.SATURATION_DECODE_COLUMNS)]
+    decode = frame[list(dropped)]
     assert decode.iloc[0].isna().all() and decode.iloc[1].notna().all()
     assert frame.decode_instances.iloc[1] == 3 and frame.vs_same_gpus.notna().all()
+
+
+def test_prefill_saturation_v3_files_read_without_their_output_tokens(tmp_path):
+    path = write_table(
+        tmp_path / "p.parquet", schema.PREFILL_SATURATION, [_saturation_row()], {"run_id": "p"}
+    )
+    old = _as_version(path, 3, tmp_path / "v3.parquet", ("output_tokens",))
+    frame = read_table([old, path], schema.PREFILL_SATURATION)
+    assert list(frame.columns) == schema.PREFILL_SATURATION_SCHEMA.names
+    assert frame.output_tokens.isna().tolist() == [True, False]
+    assert frame.decode_instances.tolist() == [3, 3]

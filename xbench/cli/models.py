@@ -55,7 +55,15 @@ def models(
             "S_q, S_o: bytes per query row (one head of one token), routed and returned; "
             "KV: bytes per token per layer, by cache format;  GQA: grouped-query attention "
             "(xbench's kernels and device terms are MLA's: a GQA preset prices shared-KV "
-            f"batching only);  linear layers' matmuls in FP8 (their released weights): "
+            "batching and a prefill workload's served_model);  "
+            + "".join(
+                f"{r.model}: hybrid, the KV of its {r.full_attention_layers} full-attention "
+                f"layers of {r.layers}, the others {r.window_kv_bytes} B a token of a "
+                f"{r.window_tokens}-token window;  "
+                for r in frame.itertuples()
+                if r.full_attention_layers != r.layers
+            )
+            + f"linear layers' matmuls in FP8 (their released weights): "
             f"{', '.join(fp8)}, in BF16 the others;  also named: {alias_words()}"
         )
 

@@ -918,8 +918,8 @@ def _prefill_table(frame, spec, profile: str, n: int, facts, out, saturated=None
                 f"the study measured {study['model']} at {study['kv_gbps']:.2f} Gb/s at "
                 f"{_tokens(study['tokens'])} on 8 H200: its {study['kv_bytes'] / 1e9:.2f} GB "
                 f"of KV in {format_duration(study['implied_prefill_s'])}, against "
-                f"{format_duration(study['prefill_s'])} here, its FLOPs at the profile's "
-                f"prefill rates (x{study['implied_prefill_s'] / study['prefill_s']:.1f})",
+                f"{format_duration(study['prefill_s'])} here on 8 GPUs, its FLOPs at the "
+                f"profile's prefill rates (x{study['implied_prefill_s'] / study['prefill_s']:.1f})",
                 highlight=False,
             )
     if saturated is not None:

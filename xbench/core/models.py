@@ -58,35 +58,26 @@ class ModelPreset:
     full_attention_layers: int | None = None
     window_tokens: int = 0
     window_kv_bytes: int = 0
-    window_q_heads: int = 0  # query heads of a windowed layer (0: q_heads)
 
     @property
     def full_layers(self) -> int:
         """The layers whose KV grows with the context."""
         return self.layers if self.full_attention_layers is None else self.full_attention_layers
 
-    def prompt_kv_bytes(self, tokens: float, kv_format: str | None = None) -> float:
-        """The whole model's KV of a prompt of ``tokens``: every full-attention layer's
-        KV a token, and each windowed layer's of the last ``window_tokens``."""
-        windowed = (self.layers - self.full_layers) * min(tokens, self.window_tokens)
-        return tokens * self.full_layers * self.kv_bytes_per_token(kv_format) + (
-            windowed * self.window_kv_bytes
-        )
-
     def prefill_flops(self) -> tuple[float, float, float]:
         """A prefill's FLOPs a layer on average: (a token's matmuls, a token pair's causal
         attention in a full-attention layer, a token's attention to one windowed token):
         2 x active parameters / layers; q_heads x (prefill_qk + prefill_v), which the causal
         mask's half of the pairs doubles back; 2 x window heads x (prefill_qk + prefill_v).
-        Each averaged over the layers (a hybrid's full layers are a share of them); None
-        where the active parameters are not published."""
+        Each averaged over the layers (a hybrid's full layers are a share of them; its
+        windowed layers' query heads taken as its full layers'); the first nan where the
+        active parameters are not published."""
         width = self.prefill_qk_dim + self.prefill_v_dim
         full = self.full_layers / self.layers
-        window_heads = self.window_q_heads or self.q_heads
         return (
             2 * self.active_params / self.layers if self.active_params else math.nan,
             full * self.q_heads * width,
-            (1 - full) * 2 * window_heads * width,
+            (1 - full) * 2 * self.q_heads * width,
         )
 
     @property
@@ -134,6 +125,7 @@ class ModelPreset:
             "matmul_dtype": self.matmul_dtype,
             "full_attention_layers": self.full_layers,
             "window_tokens": self.window_tokens,
+            "window_kv_bytes": self.window_kv_bytes,
         }
 
 

@@ -432,25 +432,32 @@ def _served(path: Path, table: dict, reference, request: dict) -> dict:
     attention kernel)."""
     if "served_model" not in table:
         return {}
-    served = get_model(table["served_model"])
-    if not (served.active_params and reference.active_params):
-        raise ScenarioError(
-            f"scenario {path}: served_model {served.name} is priced from {reference.name}'s "
-            "prefill FLOP for FLOP, and one of them publishes no active parameters",
-            "pick models xbench models lists with parameter counts",
-        )
+    try:
+        served = get_model(table["served_model"])
+    except XbenchError as e:
+        raise ScenarioError(f"scenario {path}: served_model: {e.problem}", e.fix) from None
+    for model in (served, reference):
+        if not model.active_params:
+            raise ScenarioError(
+                f"scenario {path}: served_model {served.name} is priced from "
+                f"{reference.name}'s prefill FLOP for FLOP, and {model.name} publishes no "
+                "active parameters",
+                "pick models xbench models lists with parameter counts",
+            )
     if table.get("output_tokens"):
         raise ScenarioError(
             f"scenario {path}: served_model {served.name} with output_tokens: decode prices "
             f"the profile's attention kernel, {reference.name}'s, not {served.name}'s",
             "set output_tokens = 0 (prefill only), or drop served_model",
         )
+    own = served.name == reference.name  # its KV as [request] gives it (kv_bytes)
     return {
         "served_model": served.name,
         "layers": served.layers,
-        "kv_bytes_per_token": served.kv_bytes_per_token(),
+        "kv_bytes_per_token": request["kv_bytes_per_token"] if own else served.kv_bytes_per_token(),
         "reference_kv_bytes": request["kv_bytes_per_token"],
         "prefill_scale": tuple(PrefillScale.of(reference, served)),
+        "matmul_dtypes": (reference.matmul_dtype, served.matmul_dtype),
         "full_layers": served.full_layers,
         "window_tokens": served.window_tokens,
         "window_kv_bytes": (served.layers - served.full_layers) * served.window_kv_bytes,
@@ -743,6 +750,13 @@ def _sharing(path, raw: dict, scenario: dict) -> dict:
         preset.kv_bytes_per_token(out["kv_format"])  # refuses a format the model lacks
     except XbenchError as e:
         raise ScenarioError(f"{where}: {e.problem}", e.fix) from None
+    if preset.full_layers != preset.layers:
+        raise ScenarioError(
+            f"{where}: model {preset.name} is a hybrid ({preset.full_layers} of its "
+            f"{preset.layers} layers attend the whole context), which shared-KV batching "
+            "does not model",
+            "pick a model whose every layer attends the whole context (xbench models)",
+        )
     out["heads"] = out["heads"] or preset.q_heads
     return out
 

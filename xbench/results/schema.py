@@ -55,9 +55,11 @@ prefill_saturation v3: decode on this cluster (a workload's ``output_tokens``): 
     split of its instances each deployment runs (``prefill_instances``, ``decode_instances``),
     what the decode instances keep up with, and one decode instance at full batch (its batch
     and what bounds it, its step and the step's linear-layer and attention terms, requests a
-    second, its output tokens); without decode every instance prefills and the decode
-    figures are null; v2 files read them all null. ``vs_homogeneous`` and ``vs_naive`` may
-    be null (against a deployment that kept up with none).
+    second); without decode every instance prefills and the decode figures are null; v2
+    files read them all null. ``vs_homogeneous`` and ``vs_naive`` may be null (against a
+    deployment that kept up with none).
+prefill_saturation v4: adds ``output_tokens``, each request's (0: no decode); v3 files read
+    it null.
 sharing_steps v2: adds the step on GPUs (``core.sharing.on_gpus``): the KV bytes a token,
     a copy's bytes and GPUs, and per setup (``moska``, ``apart``: the unique KV on GPUs of
     its own, ``copies``) the GPUs, the share of their memory used, their compute utilisation
@@ -445,11 +447,12 @@ PREFILL_SATURATION_SCHEMA = pa.schema(
         pa.field("decode_linear_s", pa.float64()),
         pa.field("decode_attention_s", pa.float64()),
         pa.field("decode_per_instance_per_s", pa.float64()),
-        pa.field("output_tokens", pa.int32()),  # each request's, 0: no decode
+        # v4: each request's output tokens (0: no decode; null in v3)
+        pa.field("output_tokens", pa.int32()),
     ]
 )
 # what v3 added: the split and the decode figures
-SATURATION_DECODE_COLUMNS = tuple(PREFILL_SATURATION_SCHEMA.names[-10:])
+SATURATION_DECODE_COLUMNS = tuple(PREFILL_SATURATION_SCHEMA.names[-10:-1])
 SHARING_CALLS = "sharing_calls"
 SHARING_CALLS_SCHEMA = pa.schema(
     [
@@ -622,7 +625,7 @@ SCHEMA_VERSIONS = {
     COMPARISON: 2,
     SIMULATION: 2,
     PREFILL_SIMULATION: 2,
-    PREFILL_SATURATION: 3,
+    PREFILL_SATURATION: 4,
     SHARING_CALLS: 1,
     SHARING_STEPS: 2,
     SPAN_HITS: 3,
@@ -743,6 +746,12 @@ def _added_saturation_decode_columns(table: pa.Table) -> pa.Table:
     return table
 
 
+def _added_saturation_output_tokens(table: pa.Table) -> pa.Table:
+    """prefill_saturation v3 to v4: the output tokens were not recorded (null)."""
+    field = PREFILL_SATURATION_SCHEMA.field("output_tokens")
+    return table.append_column(field, pa.nulls(table.num_rows, field.type))
+
+
 # MIGRATIONS[table][v] turns a pyarrow.Table of version v into version v + 1.
 def _added_columns(arrow_type, **defaults):
     """A migration for a version that added columns of one type: older rows read as these."""
@@ -788,6 +797,7 @@ MIGRATIONS: dict[str, dict[int, object]] = {
     PREFILL_SATURATION: {
         1: _added_null_columns("vs_same_gpus"),  # v1: no such deployment
         2: _added_saturation_decode_columns,  # v2: no decode
+        3: _added_saturation_output_tokens,  # v3: its output tokens not recorded
     },
     SPAN_HITS: {1: _added_span_prefill_columns, 2: _added_span_call_columns},
     SHARING_STEPS: {1: _added_sharing_gpu_columns},  # v1: one GPU's device time only

@@ -111,13 +111,14 @@ class PrefillWorkload:
     weight_bytes: float = 1.0
     matmul_dtype: str = "bf16"
     # a served model other than the one the device's terms are for (the scenario's model):
-    # its prefill FLOPs over that one's (core.parts.PrefillScale), its full-attention
-    # layers (0: every layer), and a hybrid's sliding window (tokens) and the KV a token in
-    # it holds over all windowed layers; a splice moves its bytes at the terms' per token
-    # per layer (``reference_kv_bytes``; 0: kv_bytes_per_token)
+    # its prefill FLOPs over that one's (core.parts.PrefillScale; its matmuls at its dtype's
+    # rate), its full-attention layers, and a hybrid's sliding window (tokens) and the KV a
+    # token in it holds over all windowed layers; a splice moves its bytes at the terms'
+    # time a byte (``reference_kv_bytes`` a token a layer; 0: kv_bytes_per_token)
     served_model: str = ""
     prefill_scale: tuple = ()
-    full_layers: int = 0
+    matmul_dtypes: tuple = ()  # (the terms' model's, the served model's) matmul dtypes
+    full_layers: int | None = None  # None: every layer
     window_tokens: int = 0
     window_kv_bytes: float = 0.0
     reference_kv_bytes: float = 0.0
@@ -241,8 +242,15 @@ class PrefillCosts:
             raise ValueError(f"profile {profile.name} has no recompute_per_token")
         self.w, self.fabric, self.device = w, profile.fabric(w.fabric), d
         # the KV a token of context holds over the layers whose KV grows with it
-        self.kv_per_token = w.kv_bytes_per_token * (w.full_layers or w.layers)
+        self.kv_per_token = w.kv_bytes_per_token * (
+            w.layers if w.full_layers is None else w.full_layers
+        )
         self.scale = PrefillScale(*w.prefill_scale) if w.prefill_scale else None
+        if self.scale and w.matmul_dtypes and profile.ceilings:
+            # the terms' matmuls ran at their model's dtype's rate; the served model's run at
+            # its own (FP8's twice BF16's)
+            reference, served = (profile.ceilings.matmul_for(t) for t in w.matmul_dtypes)
+            self.scale = self.scale._replace(matmul=self.scale.matmul * reference / served)
         self.ceilings = profile.ceilings
         if w.output_tokens and (self.ceilings is None or not (w.local_hbm_gb or self.ceilings.hbm)):
             raise ValueError(
@@ -567,7 +575,7 @@ def threshold_grid(trace: PrefillTrace, points: int = 33) -> np.ndarray:
 # KV a prefill instance of 8 H200 produces at 32K tokens, Gb/s, per the study's table
 # (arXiv 2604.15039), for the public models xbench has a preset of
 STUDY_KV_GBPS_32K = {"mimo-v2-flash": 4.66}
-STUDY_TOKENS = 32768
+STUDY_TOKENS, STUDY_GPUS = 32768, 8
 
 
 def _against_study(costs: PrefillCosts) -> dict:
@@ -584,7 +592,8 @@ def _against_study(costs: PrefillCosts) -> dict:
             "tokens": STUDY_TOKENS,
             "kv_gbps": study,
             "kv_bytes": kv,
-            "prefill_s": costs.prefill(STUDY_TOKENS),
+            # on the study's instance of 8 GPUs, whatever this workload's instance has
+            "prefill_s": costs.prefill(STUDY_TOKENS) * costs.w.gpus_per_instance / STUDY_GPUS,
             "implied_prefill_s": 8 * kv / (study * 1e9),
         }
     }
@@ -721,21 +730,18 @@ def splits(policy: str, instances: int, decodes: bool) -> list[tuple[int, int]]:
 def _best_split(profile, w, name, policy, per_decode, grid, requests, seed) -> dict:
     """The split of :func:`splits` whose deployment keeps up with the highest rate: the
     least of its prefill's rate (simulated; the threshold's best over ``grid``) and its
-    decode instances' (``per_decode`` each). The study grid-searches its prefill/decode
-    ratio; here the prefill's rate rises with its instances and the decode's falls, so the
-    best split is one of the two about where they cross, found by bisection, or the first
-    (none prefilling here, where the policy allows it)."""
+    decode instances' (``per_decode`` each), as the study grid-searches its prefill/decode
+    ratio. Fewer prefill instances leave more decoding, so the search stops once the
+    prefill keeps up with the decode, or the decode falls to the best found; it steps
+    through every split before (a simulated rate need not rise with each instance)."""
     from dataclasses import replace
 
     instances = w.local_instances + (w.remote_instances if name == SAME_GPUS else 0)
-    candidates = splits(policy, instances, per_decode is not None)
-    rows: dict[int, dict] = {}
-
-    def at(k: int) -> dict:
-        if k in rows:
-            return rows[k]
-        n_prefill, n_decode = candidates[k]
+    best = None
+    for n_prefill, n_decode in splits(policy, instances, per_decode is not None):
         decode = n_decode * per_decode if per_decode is not None else math.inf
+        if best is not None and decode <= best["max_rate_per_s"]:
+            break
         wp = replace(w, local_instances=n_prefill)
         if not n_prefill and policy != "offload":  # nothing prefills here: offload all
             rate = sustainable_rate(profile, wp, "offload", requests, seed, ceiling=decode)
@@ -747,24 +753,18 @@ def _best_split(profile, w, name, policy, per_decode, grid, requests, seed) -> d
         else:
             rate = sustainable_rate(profile, wp, policy, requests, seed, ceiling=decode)
             t = math.nan
-        rows[k] = {
+        row = {
             "threshold_tokens": float(t),
             "max_rate_per_s": min(rate, decode),
             "prefill_instances": n_prefill,
             "decode_instances": n_decode,
             "decode_rate_per_s": decode if decode < math.inf else math.nan,
-            "kept_up_with_decode": rate >= decode,
         }
-        return rows[k]
-
-    lo, hi = 0, len(candidates) - 1  # the first split whose prefill keeps up with its decode
-    while lo < hi:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if at(mid)["kept_up_with_decode"] else (mid + 1, hi)
-    # the split with none prefilling here runs another policy (every prefill offloaded), off
-    # the others' curve: it is a candidate of its own
-    best = max((at(k) for k in {0, lo - 1, lo} if k >= 0), key=lambda r: r["max_rate_per_s"])
-    return {key: value for key, value in best.items() if key != "kept_up_with_decode"}
+        if best is None or row["max_rate_per_s"] > best["max_rate_per_s"]:
+            best = row
+        if rate >= decode:  # more prefill instances here only decode less
+            break
+    return best
 
 
 # what :meth:`PrefillCosts.decode` gives that the saturation table carries (as decode_<key>)
