@@ -413,7 +413,7 @@ def test_a_served_model_is_priced_from_the_scenario_models_terms(tmp_path, xbenc
     mimo = load_workload(_scenario(tmp_path, 'served_model = "mimo-v2-flash"\n'))["fields"]
     w = PrefillWorkload(**mimo, fabric="tcp")
     c = PrefillCosts(PRIORS, w)
-    assert (w.layers, w.full_layers, w.window_tokens) == (48, 9, 128)
+    assert (w.layers, c.kv_per_token / w.kv_bytes_per_token, c.window_tokens) == (48, 9, 128)
     # bytes a token: K (192) and V (128) of each KV head, in bf16, over 9 full layers and
     # 39 windowed ones, which keep the last 128 tokens
     full, windowed = 9 * 4 * (192 + 128) * 2, 39 * 8 * (192 + 128) * 2

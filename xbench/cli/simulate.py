@@ -788,9 +788,9 @@ def _tokens(n: float) -> str:
 SATURATION_REQUESTS = 2000  # per bisection step: enough that 2 % of them is the run's tail
 
 
-def _saturation_table(saturated, n: int, output_tokens: int = 0) -> None:
+def _saturation_table(saturated, n: int) -> None:
     """The deployments' highest sustainable rates, and the study's comparison beside them."""
-    decodes = bool(output_tokens)
+    decodes = bool(saturated.output_tokens.any())
     table = result_table(
         "deployments at saturation: the highest arrival rate each keeps up with",
         f"bisection on the arrival rate ({n:,} requests a step, to 1 %): keeps up where "
@@ -824,7 +824,7 @@ def _saturation_table(saturated, n: int, output_tokens: int = 0) -> None:
     console.print(table)
     if decodes:
         for fabric, rows in saturated.groupby("fabric", sort=False):
-            console.print(_decode_line(fabric, rows.iloc[0], output_tokens), highlight=False)
+            console.print(_decode_line(fabric, rows.iloc[0]), highlight=False)
     console.print(
         "the study reports PrfaaS +54 % over a homogeneous prefill-decode deployment of the "
         "same GPU count and +32 % over a naive heterogeneous one; against as many GPUs of "
@@ -841,7 +841,7 @@ def _saturation_table(saturated, n: int, output_tokens: int = 0) -> None:
     )
 
 
-def _decode_line(fabric: str, r, output_tokens: int) -> str:
+def _decode_line(fabric: str, r) -> str:
     """One decode instance of this cluster at full batch, term by term."""
     if not r.decode_batch >= 1:
         return (
@@ -855,7 +855,7 @@ def _decode_line(fabric: str, r, output_tokens: int) -> str:
         f"{format_duration(r.decode_step_s)} (linear layers "
         f"{format_duration(r.decode_linear_s)}, attention "
         f"{format_duration(r.decode_attention_s)}): {r.decode_per_instance_per_s:.2f} "
-        f"requests/s of {output_tokens:,} output tokens"
+        f"requests/s of {r.output_tokens:,} output tokens"
     )
 
 
@@ -923,9 +923,7 @@ def _prefill_table(frame, spec, profile: str, n: int, facts, out, saturated=None
                 highlight=False,
             )
     if saturated is not None:
-        _saturation_table(
-            saturated, min(n, SATURATION_REQUESTS), spec["fields"].get("output_tokens", 0)
-        )
+        _saturation_table(saturated, min(n, SATURATION_REQUESTS))
 
 
 def _validate(

@@ -282,10 +282,17 @@ class PrefillScale(NamedTuple):
     window: float = 0.0
 
     @classmethod
-    def of(cls, reference, served) -> PrefillScale:
-        """``served``'s prefill FLOPs over ``reference``'s (both ``ModelPreset``)."""
+    def of(cls, reference, served, ceilings=None) -> PrefillScale:
+        """``served``'s prefill FLOPs over ``reference``'s (both ``ModelPreset``), its
+        matmuls at its weights' dtype's rate against the reference's where ``ceilings``
+        give both (a BF16 model's at half the FP8 rate)."""
         r, s = reference.prefill_flops(), served.prefill_flops()
-        return cls(s[0] / r[0], s[1] / r[1], served.window_tokens * s[2] / r[1])
+        rates = 1.0
+        if ceilings is not None:
+            rates = ceilings.matmul_for(reference.matmul_dtype) / ceilings.matmul_for(
+                served.matmul_dtype
+            )
+        return cls(s[0] / r[0] * rates, s[1] / r[1], served.window_tokens * s[2] / r[1])
 
 
 def prefill_time(

@@ -26,7 +26,6 @@ from pathlib import Path
 
 from xbench.core.costmodel import MOST_LAYERS, MOST_SHAPE, MOST_TOKENS
 from xbench.core.models import DTYPE_BYTES, get_model, mla_model
-from xbench.core.parts import PrefillScale
 from xbench.core.spans import calls as span_calls
 from xbench.core.spans import check_generated, positional_and_shared
 from xbench.core.spans import names as span_names
@@ -452,15 +451,11 @@ def _served(path: Path, table: dict, reference, request: dict) -> dict:
         )
     own = served.name == reference.name  # its KV as [request] gives it (kv_bytes)
     return {
+        "model": reference.name,
         "served_model": served.name,
         "layers": served.layers,
         "kv_bytes_per_token": request["kv_bytes_per_token"] if own else served.kv_bytes_per_token(),
         "reference_kv_bytes": request["kv_bytes_per_token"],
-        "prefill_scale": tuple(PrefillScale.of(reference, served)),
-        "matmul_dtypes": (reference.matmul_dtype, served.matmul_dtype),
-        "full_layers": served.full_layers,
-        "window_tokens": served.window_tokens,
-        "window_kv_bytes": (served.layers - served.full_layers) * served.window_kv_bytes,
     }
 
 

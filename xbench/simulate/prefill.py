@@ -53,6 +53,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from xbench.core.models import get_model
 from xbench.core.parts import PrefillScale, decode_step_terms, prefill_time
 
 PREFILL_POLICIES = ("local", "offload", "threshold", "predicate")
@@ -110,17 +111,13 @@ class PrefillWorkload:
     total_params: float = 0.0
     weight_bytes: float = 1.0
     matmul_dtype: str = "bf16"
-    # a served model other than the one the device's terms are for (the scenario's model):
-    # its prefill FLOPs over that one's (core.parts.PrefillScale; its matmuls at its dtype's
-    # rate), its full-attention layers, and a hybrid's sliding window (tokens) and the KV a
-    # token in it holds over all windowed layers; a splice moves its bytes at the terms'
-    # time a byte (``reference_kv_bytes`` a token a layer; 0: kv_bytes_per_token)
+    # a served model other than ``model``, the one the device's terms are for (the
+    # scenario's): its prefill priced from those terms FLOP for FLOP (core.parts.
+    # PrefillScale), its KV its own (a hybrid's windowed layers hold the window's); a splice
+    # moves its bytes at the terms' time a byte (``reference_kv_bytes``, the terms' model's
+    # a token a layer)
+    model: str = ""
     served_model: str = ""
-    prefill_scale: tuple = ()
-    matmul_dtypes: tuple = ()  # (the terms' model's, the served model's) matmul dtypes
-    full_layers: int | None = None  # None: every layer
-    window_tokens: int = 0
-    window_kv_bytes: float = 0.0
     reference_kv_bytes: float = 0.0
 
     def link_share(self, t: float) -> float:
@@ -241,16 +238,16 @@ class PrefillCosts:
         if d.recompute_per_token is None:
             raise ValueError(f"profile {profile.name} has no recompute_per_token")
         self.w, self.fabric, self.device = w, profile.fabric(w.fabric), d
-        # the KV a token of context holds over the layers whose KV grows with it
-        self.kv_per_token = w.kv_bytes_per_token * (
-            w.layers if w.full_layers is None else w.full_layers
+        served = get_model(w.served_model) if w.served_model else None
+        # the layers whose KV grows with the context, and a hybrid's windowed layers' KV a
+        # token of the window
+        full = served.full_layers if served else w.layers
+        self.kv_per_token = w.kv_bytes_per_token * full
+        self.window_tokens = served.window_tokens if served else 0
+        self.window_kv_bytes = (w.layers - full) * served.window_kv_bytes if served else 0.0
+        self.scale = (
+            PrefillScale.of(get_model(w.model), served, profile.ceilings) if served else None
         )
-        self.scale = PrefillScale(*w.prefill_scale) if w.prefill_scale else None
-        if self.scale and w.matmul_dtypes and profile.ceilings:
-            # the terms' matmuls ran at their model's dtype's rate; the served model's run at
-            # its own (FP8's twice BF16's)
-            reference, served = (profile.ceilings.matmul_for(t) for t in w.matmul_dtypes)
-            self.scale = self.scale._replace(matmul=self.scale.matmul * reference / served)
         self.ceilings = profile.ceilings
         if w.output_tokens and (self.ceilings is None or not (w.local_hbm_gb or self.ceilings.hbm)):
             raise ValueError(
@@ -269,9 +266,7 @@ class PrefillCosts:
     def kv_bytes(self, tokens: float) -> float:
         """The whole model's KV of ``tokens`` (a hybrid's windowed layers hold at most the
         window's)."""
-        return (
-            tokens * self.kv_per_token + min(tokens, self.w.window_tokens) * self.w.window_kv_bytes
-        )
+        return tokens * self.kv_per_token + min(tokens, self.window_tokens) * self.window_kv_bytes
 
     def local(self, tokens: float, context: float = 0.0) -> float:
         return self.prefill(tokens, self.w.local_speed, context)
@@ -286,11 +281,10 @@ class PrefillCosts:
 
     def splice(self, tokens: float) -> float:
         """Splicing one layer's landed KV into this cluster's cache (the device's T_splice):
-        what a local prefill, writing its KV in place, does not pay. A served model's layer
-        moves its mean layer's bytes: as many tokens of the terms' model as hold them."""
+        what a local prefill, writing its KV in place, does not pay. A layer moves the mean
+        layer's bytes: as many tokens of the terms' model as hold them (``tokens`` where the
+        clusters serve that model)."""
         w = self.w
-        if not w.served_model:
-            return self.device.splice(tokens)
         per_layer = self.kv_bytes(tokens) / w.layers
         return self.device.splice(per_layer / (w.reference_kv_bytes or w.kv_bytes_per_token))
 
@@ -343,8 +337,6 @@ class PrefillCosts:
         out = {
             "batch": batch,
             "batch_bound": "memory" if fits < w.decode_batch else "decode_batch",
-            "free_bytes": free,
-            "context": float(held.mean()),
         }
         if batch < 1:
             return {**out, "linear_s": math.nan, "attention_s": math.nan, "step_s": math.nan,
@@ -743,16 +735,14 @@ def _best_split(profile, w, name, policy, per_decode, grid, requests, seed) -> d
         if best is not None and decode <= best["max_rate_per_s"]:
             break
         wp = replace(w, local_instances=n_prefill)
-        if not n_prefill and policy != "offload":  # nothing prefills here: offload all
-            rate = sustainable_rate(profile, wp, "offload", requests, seed, ceiling=decode)
-            t = 0.0 if policy == "threshold" else math.nan
-        elif policy == "threshold":
+        run = policy if n_prefill else "offload"  # nothing prefills here: offload all
+        if run == "threshold":
             rate, t = max(
-                (sustainable_rate(profile, wp, policy, requests, seed, t, decode), t) for t in grid
+                (sustainable_rate(profile, wp, run, requests, seed, t, decode), t) for t in grid
             )
         else:
-            rate = sustainable_rate(profile, wp, policy, requests, seed, ceiling=decode)
-            t = math.nan
+            rate = sustainable_rate(profile, wp, run, requests, seed, ceiling=decode)
+            t = 0.0 if policy == "threshold" else math.nan  # a threshold of 0: offload all
         row = {
             "threshold_tokens": float(t),
             "max_rate_per_s": min(rate, decode),
